@@ -1,0 +1,10 @@
+//! Zero-copy parsers and reply encoders for the three wire formats.
+//!
+//! Every parser has httparse's shape: it takes the bytes received so far, returns a request that
+//! borrows from them and the number of bytes it consumed, and treats incomplete input as
+//! `Incomplete`, never as an error. Parsers never allocate, never read a clock and never panic on
+//! any input.
+
+pub mod dlock;
+pub mod lockd;
+pub mod memcache;
