@@ -1,5 +1,41 @@
 //! holdfast: a lock server that speaks memcached (with yrmcds locks), old and dlock.
-//! (Thread-model overview to be written with the server.)
+//!
+//! ```text
+//!            clients (memcached text/binary :11211, old :2626, dlock :2627)
+//!                 │              │               │
+//!   ┌─────────────▼──────────────▼───────────────▼──────────────┐
+//!   │ worker 0 … worker N-1   (mio Poll, SO_REUSEPORT listeners,│
+//!   │   Slab<Conn>, ConnId = {worker, slot, generation})        │
+//!   │   read until WouldBlock → zero-copy parse → one copy into │
+//!   │   this turn's Batch (ops + byte arena)                    │
+//!   └─────────────┬──────────────────────────────▲──────────────┘
+//!    one Batch per│loop turn                     │ one Replies per worker per owner turn,
+//!    (crossbeam)  │                              │ then one mio::Waker::wake
+//!   ┌─────────────▼──────────────────────────────┴──────────────┐
+//!   │ owner (one thread, the only writer of lock state)         │
+//!   │   now = clock() once per turn                             │
+//!   │   store (items + yrmcds locks) · lockd table · dlock table│
+//!   │   each with its own timing wheel: expiry, orphans, leases,│
+//!   │   wait deadlines, idle timeouts                           │
+//!   └───────────────────────────────────────────────────────────┘
+//! ```
+//!
+//! The life of one request: a worker's `Poll` says a socket is readable; the worker reads into
+//! its 64 KiB scratch buffer and parses every complete request straight out of it (a partial
+//! request's bytes are kept in the connection's own buffer). Requests that need no lock state
+//! (`version`, old's PING) are answered on the spot, unless earlier requests of that connection
+//! are still at the owner, in which case the answer travels through the owner to keep its place.
+//! Everything else is copied once into the turn's [`server::msg::Batch`] and the batch is sent to
+//! the owner when the turn ends. The owner applies the operations in order with the turn's time,
+//! writes each reply into the per-worker reply arena (plus any grants to *other* connections the
+//! operation caused), fires due timers, then sends each worker its replies and wakes it once.
+//! The worker appends each reply to its connection's write buffer (a reply for a closed
+//! connection, recognised by its generation, is dropped) and writes each touched connection once.
+//!
+//! Modules: [`config`] (flags), [`core`] (the tables: pure state machines, time passed in),
+//! [`proto`] (zero-copy parsers and encoders), [`server`] (threads and glue).
 
+pub mod config;
 pub mod core;
 pub mod proto;
+pub mod server;

@@ -1,0 +1,255 @@
+//! Command-line flags, parsed raw with getopts and then validated into a typed [`Config`].
+//!
+//! The flags and their defaults are the contract's (`shared/specs/README.md`, "The daemon").
+
+use std::net::{SocketAddr, ToSocketAddrs};
+
+/// Everything the daemon needs to start, validated.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// memcached text + binary listener; `None` when `off`.
+    pub memcache: Option<SocketAddr>,
+    /// old lock-daemon listener.
+    pub lockd: Option<SocketAddr>,
+    /// dlock listener.
+    pub dlock: Option<SocketAddr>,
+    pub threads: usize,
+    pub memory_limit: usize,
+    pub max_item_size: usize,
+    pub max_connections: usize,
+    pub orphan_timeout_ms: u64,
+    pub dlock_idle_timeout_ms: u64,
+    pub dlock_max_keys: usize,
+    pub dlock_max_message: usize,
+    pub dlock_token: Option<String>,
+}
+
+/// What the command line asked for.
+#[derive(Debug)]
+pub enum Command {
+    Run(Config),
+    Help(String),
+    Version,
+}
+
+const DEFAULT_MEMCACHE: &str = "127.0.0.1:11211";
+const DEFAULT_LOCKD: &str = "127.0.0.1:2626";
+const DEFAULT_DLOCK: &str = "127.0.0.1:2627";
+/// memcached's default `-m 64` is small for a lock server; the contract says 1 GiB.
+const DEFAULT_MEMORY_MIB: usize = 1024;
+const DEFAULT_MAX_ITEM_SIZE: usize = 1024 * 1024;
+const DEFAULT_MAX_CONNECTIONS: usize = 65536;
+const DEFAULT_ORPHAN_TIMEOUT_MS: u64 = 5000;
+const DEFAULT_DLOCK_IDLE_TIMEOUT_MS: u64 = 60_000;
+const DEFAULT_DLOCK_MAX_KEYS: usize = 100;
+const DEFAULT_DLOCK_MAX_MESSAGE: usize = 1024 * 1024;
+/// The smallest item limit that still holds a key and a useful value; memcached's own minimum
+/// (`-I`) is 1 KiB.
+const MIN_ITEM_SIZE: usize = 1024;
+/// The binary protocol's 32-bit body length bounds the item size.
+const MAX_ITEM_SIZE_LIMIT: usize = 1 << 30;
+
+fn options() -> getopts::Options {
+    let mut o = getopts::Options::new();
+    o.optopt(
+        "m",
+        "memcache",
+        "memcached text+binary listener (or off)",
+        "ADDR",
+    )
+    .optopt("l", "lockd", "old lock-daemon listener (or off)", "ADDR")
+    .optopt("d", "dlock", "dlock listener (or off)", "ADDR")
+    .optopt("t", "threads", "I/O worker threads (default: cores)", "N")
+    .optopt(
+        "M",
+        "memory",
+        "item store memory limit (default 1024)",
+        "MIB",
+    )
+    .optopt(
+        "I",
+        "max-item-size",
+        "largest memcached value (default 1048576)",
+        "BYTES",
+    )
+    .optopt(
+        "c",
+        "max-connections",
+        "connection limit (default 65536)",
+        "N",
+    )
+    .optopt(
+        "",
+        "orphan-timeout",
+        "lockd orphan timeout (default 5000)",
+        "MS",
+    )
+    .optopt(
+        "",
+        "dlock-idle-timeout",
+        "dlock idle disconnect (default 60000)",
+        "MS",
+    )
+    .optopt(
+        "",
+        "dlock-max-keys",
+        "dlock keys per request (default 100)",
+        "N",
+    )
+    .optopt(
+        "",
+        "dlock-max-message",
+        "dlock largest frame (default 1048576)",
+        "BYTES",
+    )
+    .optopt(
+        "",
+        "dlock-token",
+        "dlock access token (default none)",
+        "TOKEN",
+    )
+    .optflag("h", "help", "print this help")
+    .optflag("V", "version", "print the version");
+    o
+}
+
+/// Parse the arguments after the program name.
+pub fn parse<I, S>(args: I) -> Result<Command, String>
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+{
+    let opts = options();
+    let m = opts.parse(args).map_err(|e| e.to_string())?;
+    if m.opt_present("help") {
+        let brief = "Usage: holdfast [options]\n\nA lock server: memcached (with yrmcds locks), old and dlock.";
+        return Ok(Command::Help(opts.usage(brief)));
+    }
+    if m.opt_present("version") {
+        return Ok(Command::Version);
+    }
+    if let Some(extra) = m.free.first() {
+        return Err(format!("unexpected argument '{extra}'"));
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let memory_mib: usize = number(&m, "memory", DEFAULT_MEMORY_MIB, 1, 1 << 30)?;
+    let config = Config {
+        memcache: address(&m, "memcache", DEFAULT_MEMCACHE)?,
+        lockd: address(&m, "lockd", DEFAULT_LOCKD)?,
+        dlock: address(&m, "dlock", DEFAULT_DLOCK)?,
+        threads: number(&m, "threads", cores, 1, 1024)?,
+        memory_limit: memory_mib.saturating_mul(1024 * 1024),
+        max_item_size: number(
+            &m,
+            "max-item-size",
+            DEFAULT_MAX_ITEM_SIZE,
+            MIN_ITEM_SIZE,
+            MAX_ITEM_SIZE_LIMIT,
+        )?,
+        max_connections: number(&m, "max-connections", DEFAULT_MAX_CONNECTIONS, 1, 1 << 24)?,
+        orphan_timeout_ms: number(
+            &m,
+            "orphan-timeout",
+            DEFAULT_ORPHAN_TIMEOUT_MS,
+            0,
+            u32::MAX as u64,
+        )?,
+        dlock_idle_timeout_ms: number(
+            &m,
+            "dlock-idle-timeout",
+            DEFAULT_DLOCK_IDLE_TIMEOUT_MS,
+            0,
+            u32::MAX as u64,
+        )?,
+        dlock_max_keys: number(&m, "dlock-max-keys", DEFAULT_DLOCK_MAX_KEYS, 1, 1 << 20)?,
+        dlock_max_message: number(
+            &m,
+            "dlock-max-message",
+            DEFAULT_DLOCK_MAX_MESSAGE,
+            64,
+            1 << 30,
+        )?,
+        dlock_token: m.opt_str("dlock-token"),
+    };
+    if config.memcache.is_none() && config.lockd.is_none() && config.dlock.is_none() {
+        return Err("every listener is off: nothing to serve".into());
+    }
+    Ok(Command::Run(config))
+}
+
+fn address(m: &getopts::Matches, name: &str, default: &str) -> Result<Option<SocketAddr>, String> {
+    let text = m.opt_str(name).unwrap_or_else(|| default.to_string());
+    if text == "off" {
+        return Ok(None);
+    }
+    let mut addrs = text
+        .to_socket_addrs()
+        .map_err(|e| format!("--{name} {text}: not an address ({e})"))?;
+    addrs
+        .next()
+        .map(Some)
+        .ok_or_else(|| format!("--{name} {text}: resolves to no address"))
+}
+
+fn number<T>(m: &getopts::Matches, name: &str, default: T, min: T, max: T) -> Result<T, String>
+where
+    T: std::str::FromStr + PartialOrd + std::fmt::Display + Copy,
+{
+    let Some(text) = m.opt_str(name) else {
+        return Ok(default);
+    };
+    let v: T = text
+        .parse()
+        .map_err(|_| format!("--{name} {text}: not a number"))?;
+    if v < min || v > max {
+        return Err(format!("--{name} {text}: must be between {min} and {max}"));
+    }
+    Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(args: &[&str]) -> Result<Config, String> {
+        match parse(args)? {
+            Command::Run(c) => Ok(c),
+            other => Err(format!("{other:?}")),
+        }
+    }
+
+    #[test]
+    fn defaults_are_the_contracts() {
+        let c = run(&[]).unwrap();
+        assert_eq!(c.memcache, Some("127.0.0.1:11211".parse().unwrap()));
+        assert_eq!(c.lockd, Some("127.0.0.1:2626".parse().unwrap()));
+        assert_eq!(c.dlock, Some("127.0.0.1:2627".parse().unwrap()));
+        assert_eq!(c.memory_limit, 1024 << 20);
+        assert_eq!(c.max_item_size, 1 << 20);
+        assert_eq!(c.max_connections, 65536);
+        assert_eq!(c.orphan_timeout_ms, 5000);
+        assert_eq!(c.dlock_idle_timeout_ms, 60000);
+        assert_eq!(c.dlock_max_keys, 100);
+        assert_eq!(c.dlock_max_message, 1 << 20);
+        assert_eq!(c.dlock_token, None);
+        assert!(c.threads >= 1);
+    }
+
+    #[test]
+    fn off_disables_a_listener_and_port_zero_is_accepted() {
+        let c = run(&["--lockd", "off", "--dlock", "127.0.0.1:0", "-t", "3"]).unwrap();
+        assert_eq!(c.lockd, None);
+        assert_eq!(c.dlock, Some("127.0.0.1:0".parse().unwrap()));
+        assert_eq!(c.threads, 3);
+    }
+
+    #[test]
+    fn bad_flags_are_errors() {
+        assert!(run(&["--threads", "0"]).is_err());
+        assert!(run(&["--threads", "x"]).is_err());
+        assert!(run(&["--memcache", "nonsense"]).is_err());
+        assert!(run(&["--bogus"]).is_err());
+        assert!(run(&["stray"]).is_err());
+        assert!(run(&["--memcache", "off", "--lockd", "off", "--dlock", "off"]).is_err());
+    }
+}

@@ -1,0 +1,308 @@
+//! Worker side of each wire format: parse what arrived, answer what needs no lock state, and copy
+//! everything else once into the owner's batch.
+
+use super::msg::{Batch, DlockKind, DlockOp, LockdOp, McOp, Op, OpMsg};
+use super::worker::Conn;
+use super::Proto;
+use crate::config::Config;
+use crate::core::ConnId;
+use crate::proto::dlock as dl;
+use crate::proto::lockd as ld;
+use crate::proto::memcache::{binary, text, BINARY_REQUEST_MAGIC};
+
+/// The version string `version` answers: memcached's form (clients parse the numbers), with our
+/// name after it.
+pub const VERSION_REPLY: &[u8] =
+    concat!("VERSION 1.6.0-holdfast-", env!("CARGO_PKG_VERSION"), "\r\n").as_bytes();
+
+/// Parse as many requests from `data` as backpressure allows. Returns the bytes consumed and
+/// whether the connection must be closed (after what was queued for it is written).
+pub fn parse(
+    conn: &mut Conn,
+    data: &[u8],
+    id: ConnId,
+    config: &Config,
+    batch: &mut Batch,
+) -> (usize, bool) {
+    let mut pos = 0;
+    while pos < data.len() {
+        if conn.skip > 0 {
+            let n = conn.skip.min(data.len() - pos);
+            conn.skip -= n;
+            pos += n;
+            continue;
+        }
+        if !conn.can_parse() {
+            break;
+        }
+        let rest = &data[pos..];
+        let step = match conn.proto {
+            Proto::Memcache => memcache(conn, rest, id, config, batch),
+            Proto::Lockd => lockd(conn, rest, id, batch),
+            Proto::Dlock => dlock(conn, rest, id, config, batch),
+        };
+        match step {
+            Step::Consumed(n) => pos += n,
+            Step::Incomplete => break,
+            Step::Fatal => return (pos, true),
+        }
+    }
+    (pos, false)
+}
+
+/// What one parse attempt did.
+pub enum Step {
+    Consumed(usize),
+    Incomplete,
+    Fatal,
+}
+
+fn push(conn: &mut Conn, id: ConnId, op: Op, batch: &mut Batch) {
+    batch.ops.push(OpMsg { conn: id, op });
+    conn.inflight += 1;
+}
+
+fn memcache(conn: &mut Conn, buf: &[u8], id: ConnId, config: &Config, batch: &mut Batch) -> Step {
+    if buf[0] == BINARY_REQUEST_MAGIC {
+        return match binary::parse(buf, config.max_item_size) {
+            Ok((req, n)) => {
+                let a = &mut batch.arena;
+                let op = McOp::Binary {
+                    opcode: req.opcode,
+                    opaque: req.opaque,
+                    cas: req.cas,
+                    extras: a.push(req.extras),
+                    key: a.push(req.key),
+                    value: a.push(req.value),
+                };
+                push(conn, id, Op::Mc(op), batch);
+                Step::Consumed(n)
+            }
+            Err(binary::ParseError::Incomplete) => Step::Incomplete,
+            Err(binary::ParseError::Refuse {
+                opcode,
+                opaque,
+                status,
+                skip,
+            }) => {
+                let mut out = Vec::with_capacity(64);
+                let msg: &[u8] = if status == binary::status::VALUE_TOO_LARGE {
+                    b"Too large."
+                } else {
+                    b"Invalid arguments"
+                };
+                binary::encode_response(&mut out, opcode, status, opaque, 0, &[], &[], msg);
+                conn.emit(&out, false, id, batch);
+                let here = skip.min(buf.len());
+                conn.skip = skip - here;
+                Step::Consumed(here)
+            }
+            Err(binary::ParseError::Fatal) => Step::Fatal,
+        };
+    }
+    match text::parse(buf, &mut conn.scanned, config.max_item_size) {
+        Ok((req, n)) => {
+            conn.scanned = 0;
+            text_request(conn, req, id, batch);
+            Step::Consumed(n)
+        }
+        Err(text::ParseError::Incomplete) => Step::Incomplete,
+        Err(text::ParseError::Invalid { reply, skip }) => {
+            conn.scanned = 0;
+            if !reply.is_empty() {
+                conn.emit(reply, false, id, batch);
+            }
+            let here = skip.min(buf.len());
+            conn.skip = skip - here;
+            Step::Consumed(here)
+        }
+        Err(text::ParseError::Fatal { reply }) => {
+            conn.scanned = 0;
+            conn.emit(reply, true, id, batch);
+            Step::Fatal
+        }
+    }
+}
+
+fn text_request(conn: &mut Conn, req: text::Request<'_>, id: ConnId, batch: &mut Batch) {
+    use text::Request as R;
+    let a = &mut batch.arena;
+    let op = match req {
+        R::Get { keys, cas } => McOp::TextGet {
+            keys: a.push(keys.raw),
+            cas,
+            exptime: None,
+        },
+        R::Gat { exptime, keys, cas } => McOp::TextGet {
+            keys: a.push(keys.raw),
+            cas,
+            exptime: Some(exptime),
+        },
+        R::Store {
+            cmd,
+            key,
+            flags,
+            exptime,
+            value,
+            cas_unique,
+            noreply,
+        } => McOp::TextStore {
+            cmd,
+            key: a.push(key),
+            flags,
+            exptime,
+            value: a.push(value),
+            cas: cas_unique,
+            noreply,
+        },
+        R::Delete { key, noreply } => McOp::TextDelete {
+            key: a.push(key),
+            noreply,
+        },
+        R::Incr {
+            key,
+            delta,
+            noreply,
+        } => McOp::TextArith {
+            key: a.push(key),
+            incr: true,
+            delta,
+            noreply,
+        },
+        R::Decr {
+            key,
+            delta,
+            noreply,
+        } => McOp::TextArith {
+            key: a.push(key),
+            incr: false,
+            delta,
+            noreply,
+        },
+        R::Touch {
+            key,
+            exptime,
+            noreply,
+        } => McOp::TextTouch {
+            key: a.push(key),
+            exptime,
+            noreply,
+        },
+        R::FlushAll { delay, noreply } => McOp::TextFlush { delay, noreply },
+        R::Stats { arg } => McOp::TextStats {
+            arg: arg.map(|x| a.push(x)),
+        },
+        R::Lock { key } => McOp::TextLock { key: a.push(key) },
+        R::Unlock { key } => McOp::TextUnlock { key: a.push(key) },
+        R::UnlockAll => McOp::TextUnlockAll,
+        R::Version => return conn.emit(VERSION_REPLY, false, id, batch),
+        R::Verbosity { noreply } => {
+            return conn.emit(if noreply { b"" } else { b"OK\r\n" }, false, id, batch)
+        }
+        R::Quit => return conn.emit(b"", true, id, batch),
+    };
+    push(conn, id, Op::Mc(op), batch);
+}
+
+fn lockd(conn: &mut Conn, buf: &[u8], id: ConnId, batch: &mut Batch) -> Step {
+    let Some((frame, n)) = ld::parse(buf) else {
+        return Step::Incomplete;
+    };
+    let mut out = Vec::new();
+    if frame.version != ld::VERSION {
+        // Contract: a version other than 1 gets ERR (empty), then the connection is closed.
+        ld::encode(&mut out, ld::op::ERR, &[]);
+        conn.emit(&out, true, id, batch);
+        return Step::Fatal;
+    }
+    match frame.opcode {
+        ld::op::PING => {
+            ld::encode(&mut out, ld::op::PONG, frame.payload);
+            conn.emit(&out, false, id, batch);
+        }
+        ld::op::ACQ | ld::op::REL | ld::op::TRY | ld::op::ADOPT | ld::op::SYNC => {
+            let payload = batch.arena.push(frame.payload);
+            push(
+                conn,
+                id,
+                Op::Lockd(LockdOp {
+                    opcode: frame.opcode,
+                    payload,
+                }),
+                batch,
+            );
+        }
+        _ => {
+            ld::encode(&mut out, ld::op::ERR, frame.payload);
+            conn.emit(&out, false, id, batch);
+        }
+    }
+    Step::Consumed(n)
+}
+
+fn dlock(conn: &mut Conn, buf: &[u8], id: ConnId, config: &Config, batch: &mut Batch) -> Step {
+    let (body, n) = match dl::parse_frame(buf, config.dlock_max_message) {
+        Ok(x) => x,
+        Err(dl::FrameError::Incomplete) => return Step::Incomplete,
+        Err(dl::FrameError::TooLarge) => return Step::Fatal,
+    };
+    let req = match dl::decode_request(body) {
+        Ok(r) => r,
+        Err(reason) => {
+            // Contract: bytes that are not a valid protobuf message close the connection, after a
+            // General response where the frame was complete. The answer goes through the owner
+            // (in order behind earlier requests) with the close.
+            let op = DlockOp {
+                id: None,
+                kind: DlockKind::Refuse {
+                    status: dl::status::GENERAL,
+                    text: reason,
+                },
+            };
+            push(conn, id, Op::Dlock(op), batch);
+            conn.closing = true;
+            return Step::Fatal;
+        }
+    };
+    let kind = dlock_kind(&req, config, batch);
+    push(conn, id, Op::Dlock(DlockOp { id: req.id, kind }), batch);
+    Step::Consumed(n)
+}
+
+/// Checks in this order: version, access token, type, keys.
+fn dlock_kind(req: &dl::Request<'_>, config: &Config, batch: &mut Batch) -> DlockKind {
+    let refuse = |status, text| DlockKind::Refuse { status, text };
+    if !matches!(req.version, None | Some(0) | Some(2)) {
+        return refuse(dl::status::VERSION, "unsupported version");
+    }
+    if let Some(token) = &config.dlock_token {
+        if req.access_token != Some(token.as_bytes()) {
+            return refuse(dl::status::GENERAL, "access denied");
+        }
+    }
+    match req.req_type {
+        Some(dl::req_type::PING) => DlockKind::Ping,
+        Some(t @ (dl::req_type::LOCK | dl::req_type::UNLOCK)) => {
+            let lock = req.lock.unwrap_or_default();
+            if lock.key_count == 0 {
+                return refuse(dl::status::GENERAL, "no keys");
+            }
+            if lock.key_count > config.dlock_max_keys {
+                return refuse(dl::status::TOO_MANY_KEYS, "too many keys");
+            }
+            let keys = batch.arena.push(lock.keys.raw);
+            let key_count = lock.key_count as u32;
+            if t == dl::req_type::LOCK {
+                DlockKind::Lock {
+                    keys,
+                    key_count,
+                    wait_us: lock.wait_micro,
+                    lease_us: lock.release_micro,
+                }
+            } else {
+                DlockKind::Unlock { keys, key_count }
+            }
+        }
+        _ => refuse(dl::status::INVALID_TYPE, "unknown request type"),
+    }
+}

@@ -1,0 +1,277 @@
+//! dlock requests applied to the dlock table (contract: "dlock protocol").
+//!
+//! One connection's requests are answered in order, and a waiting Lock delays that connection's
+//! later answers: while a connection has a Lock waiting, its later requests are kept here, in
+//! arrival order, and run when the Lock is granted or times out. (The worker bounds how many it
+//! sends, so this backlog is bounded too.)
+
+use std::collections::VecDeque;
+
+use hashbrown::HashMap;
+
+use super::msg::{DlockKind, DlockOp, Span};
+use super::owner::{Outbox, Tables};
+use super::Shared;
+use crate::core::dlock::{DlockEvent, LockResult};
+use crate::core::{ConnId, Now};
+use crate::proto::dlock::{self as dl, status, Keys};
+
+/// A request kept while its connection waits for a Lock: the op with its spans re-based on its
+/// own copy of the bytes.
+enum Deferred {
+    Request(DlockOp, Box<[u8]>),
+    Literal(Box<[u8]>, bool),
+}
+
+struct Waiting {
+    token: u64,
+    id: Option<u64>,
+    backlog: VecDeque<Deferred>,
+}
+
+/// Connections with a Lock waiting.
+#[derive(Default)]
+pub struct DlockSessions {
+    waiting: HashMap<ConnId, Waiting>,
+    next_token: u64,
+    /// Reused for the key slices of each Lock/Unlock.
+    keys_scratch: Vec<&'static [u8]>,
+}
+
+impl DlockSessions {
+    pub fn is_waiting(&self, conn: ConnId) -> bool {
+        !self.waiting.is_empty() && self.waiting.contains_key(&conn)
+    }
+
+    pub fn defer_literal(&mut self, conn: ConnId, bytes: &[u8], close: bool) {
+        if let Some(w) = self.waiting.get_mut(&conn) {
+            w.backlog.push_back(Deferred::Literal(bytes.into(), close));
+        }
+    }
+
+    pub fn remove(&mut self, conn: ConnId) {
+        if !self.waiting.is_empty() {
+            self.waiting.remove(&conn);
+        }
+    }
+}
+
+pub fn open(t: &mut Tables, conn: ConnId, now: Now) {
+    t.dlock.connect(conn, now.ms);
+}
+
+/// A request arrives: it resets the idle timer, then runs now or waits behind a pending Lock.
+pub fn receive(
+    t: &mut Tables,
+    out: &mut Outbox,
+    shared: &Shared,
+    conn: ConnId,
+    op: DlockOp,
+    arena: &[u8],
+    now: Now,
+) {
+    t.dlock.touch(conn, now.ms);
+    if let Some(w) = t.dlock_sessions.waiting.get_mut(&conn) {
+        let (op, bytes) = match op.kind {
+            DlockKind::Lock { keys, .. } | DlockKind::Unlock { keys, .. } => {
+                let bytes: Box<[u8]> = keys.get(arena).into();
+                (
+                    rebase(
+                        op,
+                        Span {
+                            start: 0,
+                            len: keys.len,
+                        },
+                    ),
+                    bytes,
+                )
+            }
+            _ => (op, Box::default()),
+        };
+        w.backlog.push_back(Deferred::Request(op, bytes));
+        return;
+    }
+    run(t, out, shared, conn, op, arena, now);
+    deliver_events(t, out, shared, now);
+}
+
+fn rebase(mut op: DlockOp, to: Span) -> DlockOp {
+    match &mut op.kind {
+        DlockKind::Lock { keys, .. } | DlockKind::Unlock { keys, .. } => *keys = to,
+        _ => {}
+    }
+    op
+}
+
+/// Collect the keys of a RequestLock into the reusable scratch vector.
+fn with_keys<R>(t: &mut Tables, raw: &[u8], f: impl FnOnce(&mut Tables, &[&[u8]]) -> R) -> R {
+    let mut scratch: Vec<&[u8]> = recycle(std::mem::take(&mut t.dlock_sessions.keys_scratch));
+    scratch.extend(Keys { raw });
+    let r = f(t, &scratch);
+    t.dlock_sessions.keys_scratch = recycle(scratch);
+    r
+}
+
+/// Reuse a vector's allocation for a vector of a different lifetime (the in-place collect keeps
+/// the allocation because the element layout is the same).
+fn recycle<'a, 'b>(mut v: Vec<&'a [u8]>) -> Vec<&'b [u8]> {
+    v.clear();
+    v.into_iter().map(|_| -> &'b [u8] { &[] }).collect()
+}
+
+fn respond<'k>(
+    out: &mut Outbox,
+    conn: ConnId,
+    done: u8,
+    id: Option<u64>,
+    status: u32,
+    text: Option<&str>,
+    keys: impl IntoIterator<Item = &'k [u8]>,
+    now: Now,
+) {
+    out.record(conn, done, false, |w| {
+        dl::encode_response(w, id, status, text, keys, now.unix as i64)
+    });
+}
+
+/// Run one request of a connection that has no Lock waiting.
+fn run(
+    t: &mut Tables,
+    out: &mut Outbox,
+    _shared: &Shared,
+    conn: ConnId,
+    op: DlockOp,
+    arena: &[u8],
+    now: Now,
+) {
+    let none: [&[u8]; 0] = [];
+    match op.kind {
+        DlockKind::Ping => respond(out, conn, 1, op.id, status::OK, None, none, now),
+        DlockKind::Refuse { status, text } => {
+            respond(out, conn, 1, op.id, status, Some(text), none, now)
+        }
+        DlockKind::Lock {
+            keys,
+            wait_us,
+            lease_us,
+            ..
+        } => {
+            let token = t.dlock_sessions.next_token;
+            t.dlock_sessions.next_token += 1;
+            let result = with_keys(t, keys.get(arena), |t, keys| {
+                t.dlock.lock(
+                    conn,
+                    token,
+                    keys,
+                    wait_us,
+                    lease_us,
+                    now.ms,
+                    &mut t.dlock_events,
+                )
+            });
+            match result {
+                LockResult::Granted => respond(out, conn, 1, op.id, status::OK, None, none, now),
+                LockResult::Timeout { busy } => respond(
+                    out,
+                    conn,
+                    1,
+                    op.id,
+                    status::ACQUIRE_TIMEOUT,
+                    None,
+                    busy.iter().map(|k| &k[..]),
+                    now,
+                ),
+                LockResult::Waiting => {
+                    let w = Waiting {
+                        token,
+                        id: op.id,
+                        backlog: VecDeque::new(),
+                    };
+                    t.dlock_sessions.waiting.insert(conn, w);
+                }
+            }
+        }
+        DlockKind::Unlock { keys, .. } => {
+            let result = with_keys(t, keys.get(arena), |t, keys| {
+                t.dlock.unlock(conn, keys, now.ms, &mut t.dlock_events)
+            });
+            match result {
+                Ok(()) => respond(out, conn, 1, op.id, status::OK, None, none, now),
+                Err(not_held) => respond(
+                    out,
+                    conn,
+                    1,
+                    op.id,
+                    status::GENERAL,
+                    Some("not held"),
+                    not_held.iter().map(|k| &k[..]),
+                    now,
+                ),
+            }
+        }
+    }
+}
+
+/// Answer the waiting Locks that the table resolved, then run what waited behind them; repeat
+/// until nothing more happens (a backlog may release keys that grant other waiters).
+pub fn deliver_events(t: &mut Tables, out: &mut Outbox, shared: &Shared, now: Now) {
+    let none: [&[u8]; 0] = [];
+    while !t.dlock_events.is_empty() {
+        let events = std::mem::take(&mut t.dlock_events);
+        for ev in events {
+            let (conn, backlog) = match ev {
+                DlockEvent::Granted { conn, token } => {
+                    let Some(w) = take_waiting(t, conn, token) else {
+                        continue;
+                    };
+                    respond(out, conn, 1, w.id, status::OK, None, none, now);
+                    (conn, w.backlog)
+                }
+                DlockEvent::TimedOut { conn, token, busy } => {
+                    let Some(w) = take_waiting(t, conn, token) else {
+                        continue;
+                    };
+                    let keys = busy.iter().map(|k| &k[..]);
+                    respond(out, conn, 1, w.id, status::ACQUIRE_TIMEOUT, None, keys, now);
+                    (conn, w.backlog)
+                }
+                DlockEvent::Idle { conn } => {
+                    t.dlock_sessions.remove(conn);
+                    out.record(conn, 0, true, |_| {});
+                    continue;
+                }
+            };
+            run_backlog(t, out, shared, conn, backlog, now);
+        }
+    }
+}
+
+fn take_waiting(t: &mut Tables, conn: ConnId, token: u64) -> Option<Waiting> {
+    match t.dlock_sessions.waiting.get(&conn) {
+        Some(w) if w.token == token => t.dlock_sessions.waiting.remove(&conn),
+        _ => None,
+    }
+}
+
+fn run_backlog(
+    t: &mut Tables,
+    out: &mut Outbox,
+    shared: &Shared,
+    conn: ConnId,
+    mut backlog: VecDeque<Deferred>,
+    now: Now,
+) {
+    while let Some(d) = backlog.pop_front() {
+        match d {
+            Deferred::Literal(bytes, close) => {
+                out.record(conn, 1, close, |w| w.extend_from_slice(&bytes))
+            }
+            Deferred::Request(op, bytes) => run(t, out, shared, conn, op, &bytes, now),
+        }
+        if let Some(w) = t.dlock_sessions.waiting.get_mut(&conn) {
+            // Blocked again: the rest waits behind this new Lock.
+            w.backlog.extend(backlog);
+            return;
+        }
+    }
+}

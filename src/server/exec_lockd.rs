@@ -1,0 +1,89 @@
+//! old lock-daemon requests applied to the lockd table (contract: "old lock-daemon protocol").
+
+use super::msg::LockdOp;
+use super::owner::{Outbox, Tables};
+use crate::core::lockd::AcquireOutcome;
+use crate::core::{ConnId, Now};
+use crate::proto::lockd::{self as ld, op, Frame};
+
+pub fn apply(t: &mut Tables, out: &mut Outbox, conn: ConnId, o: LockdOp, arena: &[u8], now: Now) {
+    let payload = o.payload.get(arena);
+    let reply = |out: &mut Outbox, opcode: u8, payload: &[u8]| {
+        out.record(conn, 1, false, |w| ld::encode(w, opcode, payload));
+    };
+    if o.opcode == op::SYNC {
+        return sync(t, out, conn);
+    }
+    // A lock operation needs a name: an empty payload gets ERR with an empty payload, one without
+    // a NUL gets ERR echoing it.
+    let frame = Frame {
+        version: ld::VERSION,
+        opcode: o.opcode,
+        payload,
+    };
+    let Some(name) = frame.name() else {
+        return reply(out, op::ERR, payload);
+    };
+    let lockd = &mut t.lockd;
+    match o.opcode {
+        op::ACQ => match lockd.acquire(conn, name, payload, now.ms) {
+            AcquireOutcome::Acquired => reply(out, op::ACQUIRED, payload),
+            AcquireOutcome::Queued => reply(out, op::ACK, payload),
+        },
+        op::TRY => {
+            let got = lockd.try_lock(conn, name, now.ms);
+            reply(out, if got { op::ACQUIRED } else { op::WBLOCK }, payload)
+        }
+        op::REL => {
+            let released = lockd.release(conn, name, now.ms, &mut t.grants);
+            reply(out, if released { op::RELEASED } else { op::ERR }, payload);
+            deliver_grants(t, out);
+        }
+        op::ADOPT => {
+            let adopted = lockd.adopt(conn, name, now.ms);
+            reply(out, if adopted { op::ACK } else { op::ERR }, payload)
+        }
+        _ => reply(out, op::ERR, payload),
+    }
+}
+
+/// Send ACQUIRED to every connection granted a lock it queued for.
+pub fn deliver_grants(t: &mut Tables, out: &mut Outbox) {
+    for g in t.grants.drain(..) {
+        out.record(g.conn, 0, false, |w| {
+            ld::encode(w, op::ACQUIRED, &g.payload)
+        });
+    }
+}
+
+/// SYNC: every locked name, NUL-terminated. One reply when it fits in one frame (as the original
+/// daemon answers); otherwise several replies each holding whole names, then an empty one.
+fn sync(t: &mut Tables, out: &mut Outbox, conn: ConnId) {
+    out.record(conn, 1, false, |w| {
+        let mut frame_start = w.len();
+        let mut split = false;
+        ld::encode(w, op::SYNC_REPLY, &[]);
+        t.lockd.for_each_locked(|name| {
+            let used = w.len() - frame_start - 4;
+            if used + name.len() + 1 > ld::MAX_PAYLOAD {
+                patch_length(w, frame_start);
+                frame_start = w.len();
+                split = true;
+                ld::encode(w, op::SYNC_REPLY, &[]);
+            }
+            w.extend_from_slice(name);
+            w.push(0);
+        });
+        patch_length(w, frame_start);
+        if split {
+            ld::encode(w, op::SYNC_REPLY, &[]);
+        }
+    });
+}
+
+/// Rewrite the header at `start` with the length of the payload that follows it.
+fn patch_length(w: &mut [u8], start: usize) {
+    let len = (w.len() - start - 4) as u32;
+    let header = u32::from(ld::VERSION) << 28 | u32::from(op::SYNC_REPLY) << 20 | len;
+    w[start..start + 4].copy_from_slice(&header.to_be_bytes());
+}

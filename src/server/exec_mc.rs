@@ -1,0 +1,703 @@
+//! memcached text and binary requests applied to the item store, replies encoded in place.
+//!
+//! Reply texts are memcached's (doc/protocol.txt) and yrmcds's (yrmcds-locking.md); the contract
+//! (`shared/specs/README.md`, "memcached + yrmcds locks") settles the rest.
+
+use super::msg::McOp;
+use super::owner::{push_u64, Outbox, Tables};
+use super::Shared;
+use crate::core::store::{
+    ArithOutcome, DeleteOutcome, ItemView, LockOutcome, RauOutcome, StoreMode, StoreOutcome,
+    UnlockOutcome,
+};
+use crate::core::{ConnId, Now};
+use crate::proto::memcache::binary::{self, opcode as opc, status as st};
+use crate::proto::memcache::text::{Keys, StoreCmd};
+
+pub fn apply(
+    t: &mut Tables,
+    out: &mut Outbox,
+    shared: &Shared,
+    conn: ConnId,
+    op: McOp,
+    arena: &[u8],
+    now: Now,
+) {
+    match op {
+        McOp::Binary {
+            opcode,
+            opaque,
+            cas,
+            extras,
+            key,
+            value,
+        } => {
+            let req = BinReq {
+                opcode,
+                opaque,
+                cas,
+                extras: extras.get(arena),
+                key: key.get(arena),
+                value: value.get(arena),
+            };
+            apply_binary(t, out, shared, conn, &req, now)
+        }
+        op => apply_text(t, out, shared, conn, op, arena, now),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Text
+
+fn apply_text(
+    t: &mut Tables,
+    out: &mut Outbox,
+    shared: &Shared,
+    conn: ConnId,
+    op: McOp,
+    arena: &[u8],
+    now: Now,
+) {
+    let s = &mut t.store;
+    match op {
+        McOp::TextGet { keys, cas, exptime } => {
+            out.record(conn, 1, false, |o| {
+                for key in (Keys {
+                    raw: keys.get(arena),
+                }) {
+                    t.counters.cmd_get += 1;
+                    let item = match exptime {
+                        Some(e) => {
+                            t.counters.cmd_touch += 1;
+                            s.get_and_touch(key, e, now)
+                        }
+                        None => s.get(key, now),
+                    };
+                    if let Some(item) = item {
+                        text_value(o, &item, cas);
+                    }
+                }
+                o.extend_from_slice(b"END\r\n");
+            });
+        }
+        McOp::TextStore {
+            cmd,
+            key,
+            flags,
+            exptime,
+            value,
+            cas,
+            noreply,
+        } => {
+            t.counters.cmd_set += 1;
+            let (mode, cas) = match cmd {
+                StoreCmd::Set => (StoreMode::Set, None),
+                StoreCmd::Add => (StoreMode::Add, None),
+                StoreCmd::Replace => (StoreMode::Replace, None),
+                StoreCmd::Append => (StoreMode::Append, None),
+                StoreCmd::Prepend => (StoreMode::Prepend, None),
+                StoreCmd::Cas => (StoreMode::Set, Some(cas)),
+            };
+            let r = s.store(
+                conn,
+                mode,
+                key.get(arena),
+                flags,
+                exptime,
+                value.get(arena),
+                cas,
+                now,
+            );
+            let reply: &[u8] = match r {
+                StoreOutcome::Stored { .. } => b"STORED\r\n",
+                StoreOutcome::NotStored => b"NOT_STORED\r\n",
+                StoreOutcome::Exists => b"EXISTS\r\n",
+                StoreOutcome::NotFound => b"NOT_FOUND\r\n",
+                StoreOutcome::Locked => b"LOCKED\r\n",
+                StoreOutcome::TooLarge => b"SERVER_ERROR object too large for cache\r\n",
+                StoreOutcome::OutOfMemory => b"SERVER_ERROR out of memory storing object\r\n",
+            };
+            text_reply(out, conn, noreply, reply);
+        }
+        McOp::TextDelete { key, noreply } => {
+            let reply: &[u8] = match s.delete(conn, key.get(arena), None, now) {
+                DeleteOutcome::Deleted => b"DELETED\r\n",
+                DeleteOutcome::NotFound => b"NOT_FOUND\r\n",
+                DeleteOutcome::Exists => b"EXISTS\r\n",
+                DeleteOutcome::Locked => b"LOCKED\r\n",
+            };
+            text_reply(out, conn, noreply, reply);
+        }
+        McOp::TextArith {
+            key,
+            incr,
+            delta,
+            noreply,
+        } => {
+            let r = s.incr_decr(conn, key.get(arena), incr, delta, None, None, now);
+            out.record(conn, 1, false, |o| {
+                if noreply {
+                    return;
+                }
+                match r {
+                    ArithOutcome::Value { value, .. } => {
+                        push_u64(o, value);
+                        o.extend_from_slice(b"\r\n");
+                    }
+                    ArithOutcome::NotFound => o.extend_from_slice(b"NOT_FOUND\r\n"),
+                    ArithOutcome::NonNumeric => o.extend_from_slice(
+                        b"CLIENT_ERROR cannot increment or decrement non-numeric value\r\n",
+                    ),
+                    ArithOutcome::Exists => o.extend_from_slice(b"EXISTS\r\n"),
+                    ArithOutcome::Locked => o.extend_from_slice(b"LOCKED\r\n"),
+                    ArithOutcome::OutOfMemory => {
+                        o.extend_from_slice(b"SERVER_ERROR out of memory\r\n")
+                    }
+                }
+            });
+        }
+        McOp::TextTouch {
+            key,
+            exptime,
+            noreply,
+        } => {
+            t.counters.cmd_touch += 1;
+            let hit = s.touch(key.get(arena), exptime, now);
+            text_reply(
+                out,
+                conn,
+                noreply,
+                if hit {
+                    b"TOUCHED\r\n"
+                } else {
+                    b"NOT_FOUND\r\n"
+                },
+            );
+        }
+        McOp::TextFlush { delay, noreply } => {
+            t.counters.cmd_flush += 1;
+            s.flush_all(delay, now);
+            text_reply(out, conn, noreply, b"OK\r\n");
+        }
+        McOp::TextStats { arg } => {
+            let arg = arg.map(|a| a.get(arena));
+            out.record(conn, 1, false, |o| {
+                let known = super::stats::write(t, shared, now, arg, &mut |name, value| {
+                    o.extend_from_slice(b"STAT ");
+                    o.extend_from_slice(name.as_bytes());
+                    o.push(b' ');
+                    o.extend_from_slice(value);
+                    o.extend_from_slice(b"\r\n");
+                });
+                o.extend_from_slice(if known { b"END\r\n" } else { b"ERROR\r\n" });
+            });
+        }
+        McOp::TextLock { key } => {
+            let reply: &[u8] = match s.lock(conn, key.get(arena), now) {
+                LockOutcome::Ok => b"OK\r\n",
+                LockOutcome::Locked => b"LOCKED\r\n",
+                LockOutcome::NotFound => b"NOT_FOUND\r\n",
+            };
+            text_reply(out, conn, false, reply);
+        }
+        McOp::TextUnlock { key } => {
+            let reply: &[u8] = match s.unlock(conn, key.get(arena), now) {
+                UnlockOutcome::Ok => b"OK\r\n",
+                UnlockOutcome::NotFound | UnlockOutcome::NotLocked => {
+                    b"CLIENT_ERROR object is not locked or not found\r\n"
+                }
+            };
+            text_reply(out, conn, false, reply);
+        }
+        McOp::TextUnlockAll => {
+            s.unlock_all(conn, now);
+            text_reply(out, conn, false, b"OK\r\n");
+        }
+        McOp::Binary { .. } => {}
+    }
+}
+
+fn text_reply(out: &mut Outbox, conn: ConnId, noreply: bool, reply: &[u8]) {
+    out.record(conn, 1, false, |o| {
+        if !noreply {
+            o.extend_from_slice(reply)
+        }
+    });
+}
+
+/// `VALUE <key> <flags> <bytes> [<cas>]\r\n<data>\r\n`
+fn text_value(o: &mut Vec<u8>, item: &ItemView<'_>, cas: bool) {
+    o.extend_from_slice(b"VALUE ");
+    o.extend_from_slice(item.key);
+    o.push(b' ');
+    push_u64(o, item.flags as u64);
+    o.push(b' ');
+    push_u64(o, item.value.len() as u64);
+    if cas {
+        o.push(b' ');
+        push_u64(o, item.cas);
+    }
+    o.extend_from_slice(b"\r\n");
+    o.extend_from_slice(item.value);
+    o.extend_from_slice(b"\r\n");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Binary
+
+struct BinReq<'a> {
+    opcode: u8,
+    opaque: u32,
+    cas: u64,
+    extras: &'a [u8],
+    key: &'a [u8],
+    value: &'a [u8],
+}
+
+/// The shape a request of one opcode must have (protocol-binary.xml's MUST / MUST NOT).
+#[derive(Clone, Copy)]
+enum Need {
+    No,
+    Yes,
+    Any,
+}
+
+fn shape_ok(r: &BinReq<'_>, extras: &[usize], key: Need, value: Need) -> bool {
+    let present = |n: Need, len: usize| match n {
+        Need::No => len == 0,
+        Need::Yes => len > 0,
+        Need::Any => true,
+    };
+    extras.contains(&r.extras.len()) && present(key, r.key.len()) && present(value, r.value.len())
+}
+
+fn be32(b: &[u8], at: usize) -> u32 {
+    let mut x = [0u8; 4];
+    x.copy_from_slice(&b[at..at + 4]);
+    u32::from_be_bytes(x)
+}
+
+fn be64(b: &[u8], at: usize) -> u64 {
+    let mut x = [0u8; 8];
+    x.copy_from_slice(&b[at..at + 8]);
+    u64::from_be_bytes(x)
+}
+
+/// memcached treats the 32-bit binary expiration like the text one: interpret it as signed so
+/// that "negative" means already expired.
+fn exptime(b: &[u8], at: usize) -> i64 {
+    be32(b, at) as i32 as i64
+}
+
+/// Error bodies, as memcached words them.
+fn status_text(status: u16) -> &'static [u8] {
+    match status {
+        st::KEY_NOT_FOUND => b"Not found",
+        st::KEY_EXISTS => b"Data exists for key.",
+        st::VALUE_TOO_LARGE => b"Too large.",
+        st::INVALID_ARGUMENTS => b"Invalid arguments",
+        st::ITEM_NOT_STORED => b"Not stored.",
+        st::NON_NUMERIC => b"Non-numeric server-side value for incr or decr",
+        st::LOCKED => b"Locked",
+        st::NOT_LOCKED => b"Not locked",
+        st::UNKNOWN_COMMAND => b"Unknown command",
+        st::OUT_OF_MEMORY => b"Out of memory",
+        _ => b"",
+    }
+}
+
+struct Bin<'o> {
+    out: &'o mut Outbox,
+    conn: ConnId,
+    opcode: u8,
+    opaque: u32,
+    quiet: bool,
+}
+
+impl Bin<'_> {
+    /// A reply that a quiet variant suppresses on success.
+    fn ok(self, cas: u64, extras: &[u8], key: &[u8], value: &[u8]) {
+        let Bin {
+            out,
+            conn,
+            opcode,
+            opaque,
+            quiet,
+        } = self;
+        out.record(conn, 1, false, |o| {
+            if !quiet {
+                binary::encode_response(o, opcode, st::NO_ERROR, opaque, cas, extras, key, value)
+            }
+        });
+    }
+
+    /// An error reply (quiet variants answer errors too).
+    fn err(self, status: u16) {
+        let Bin {
+            out,
+            conn,
+            opcode,
+            opaque,
+            ..
+        } = self;
+        out.record(conn, 1, false, |o| {
+            binary::encode_response(o, opcode, status, opaque, 0, &[], &[], status_text(status))
+        });
+    }
+
+    /// A miss that a quiet get suppresses.
+    fn miss(self, key: &[u8], with_key: bool) {
+        let Bin {
+            out,
+            conn,
+            opcode,
+            opaque,
+            quiet,
+        } = self;
+        out.record(conn, 1, false, |o| {
+            if !quiet {
+                let key = if with_key { key } else { &[] };
+                binary::encode_response(
+                    o,
+                    opcode,
+                    st::KEY_NOT_FOUND,
+                    opaque,
+                    0,
+                    &[],
+                    key,
+                    status_text(st::KEY_NOT_FOUND),
+                )
+            }
+        });
+    }
+}
+
+fn store_status(r: StoreOutcome) -> Result<u64, u16> {
+    match r {
+        StoreOutcome::Stored { cas } => Ok(cas),
+        StoreOutcome::NotStored => Err(st::ITEM_NOT_STORED),
+        StoreOutcome::Exists => Err(st::KEY_EXISTS),
+        StoreOutcome::NotFound => Err(st::KEY_NOT_FOUND),
+        StoreOutcome::Locked => Err(st::LOCKED),
+        StoreOutcome::TooLarge => Err(st::VALUE_TOO_LARGE),
+        StoreOutcome::OutOfMemory => Err(st::OUT_OF_MEMORY),
+    }
+}
+
+fn apply_binary(
+    t: &mut Tables,
+    out: &mut Outbox,
+    shared: &Shared,
+    conn: ConnId,
+    r: &BinReq<'_>,
+    now: Now,
+) {
+    let quiet = matches!(
+        r.opcode,
+        opc::GETQ
+            | opc::GETKQ
+            | opc::SETQ
+            | opc::ADDQ
+            | opc::REPLACEQ
+            | opc::DELETEQ
+            | opc::INCREMENTQ
+            | opc::DECREMENTQ
+            | opc::QUITQ
+            | opc::FLUSHQ
+            | opc::APPENDQ
+            | opc::PREPENDQ
+            | opc::GATQ
+            | opc::GATKQ
+            | opc::LOCKQ
+            | opc::UNLOCKQ
+            | opc::UNLOCK_ALLQ
+            | opc::LAGQ
+            | opc::LAGKQ
+            | opc::RAUQ
+    );
+    let b = Bin {
+        out,
+        conn,
+        opcode: r.opcode,
+        opaque: r.opaque,
+        quiet,
+    };
+    let cas = (r.cas != 0).then_some(r.cas);
+    let s = &mut t.store;
+    use Need::*;
+    match r.opcode {
+        opc::GET
+        | opc::GETQ
+        | opc::GETK
+        | opc::GETKQ
+        | opc::GAT
+        | opc::GATQ
+        | opc::GATK
+        | opc::GATKQ => {
+            let touch = matches!(r.opcode, opc::GAT | opc::GATQ | opc::GATK | opc::GATKQ);
+            let with_key = matches!(r.opcode, opc::GETK | opc::GETKQ | opc::GATK | opc::GATKQ);
+            if !shape_ok(r, if touch { &[4] } else { &[0] }, Yes, No) {
+                return b.err(st::INVALID_ARGUMENTS);
+            }
+            t.counters.cmd_get += 1;
+            let item = if touch {
+                t.counters.cmd_touch += 1;
+                s.get_and_touch(r.key, exptime(r.extras, 0), now)
+            } else {
+                s.get(r.key, now)
+            };
+            match item {
+                Some(item) => b.ok(
+                    item.cas,
+                    &item.flags.to_be_bytes(),
+                    if with_key { item.key } else { &[] },
+                    item.value,
+                ),
+                None => b.miss(r.key, with_key),
+            }
+        }
+        opc::SET | opc::SETQ | opc::ADD | opc::ADDQ | opc::REPLACE | opc::REPLACEQ => {
+            if !shape_ok(r, &[8], Yes, Any) {
+                return b.err(st::INVALID_ARGUMENTS);
+            }
+            t.counters.cmd_set += 1;
+            let mode = match r.opcode {
+                opc::SET | opc::SETQ => StoreMode::Set,
+                opc::ADD | opc::ADDQ => StoreMode::Add,
+                _ => StoreMode::Replace,
+            };
+            let flags = be32(r.extras, 0);
+            let res = s.store(
+                conn,
+                mode,
+                r.key,
+                flags,
+                exptime(r.extras, 4),
+                r.value,
+                cas,
+                now,
+            );
+            match store_status(res) {
+                Ok(cas) => b.ok(cas, &[], &[], &[]),
+                // memcached: add of an existing key answers "exists"; replace of a missing one
+                // "not found".
+                Err(st::ITEM_NOT_STORED) if mode == StoreMode::Add => b.err(st::KEY_EXISTS),
+                Err(st::ITEM_NOT_STORED) => b.err(st::KEY_NOT_FOUND),
+                Err(e) => b.err(e),
+            }
+        }
+        opc::APPEND | opc::APPENDQ | opc::PREPEND | opc::PREPENDQ => {
+            if !shape_ok(r, &[0], Yes, Any) {
+                return b.err(st::INVALID_ARGUMENTS);
+            }
+            t.counters.cmd_set += 1;
+            let mode = if matches!(r.opcode, opc::APPEND | opc::APPENDQ) {
+                StoreMode::Append
+            } else {
+                StoreMode::Prepend
+            };
+            match store_status(s.store(conn, mode, r.key, 0, 0, r.value, cas, now)) {
+                Ok(cas) => b.ok(cas, &[], &[], &[]),
+                Err(e) => b.err(e),
+            }
+        }
+        opc::DELETE | opc::DELETEQ => {
+            if !shape_ok(r, &[0], Yes, No) {
+                return b.err(st::INVALID_ARGUMENTS);
+            }
+            match s.delete(conn, r.key, cas, now) {
+                DeleteOutcome::Deleted => b.ok(0, &[], &[], &[]),
+                DeleteOutcome::NotFound => b.err(st::KEY_NOT_FOUND),
+                DeleteOutcome::Exists => b.err(st::KEY_EXISTS),
+                DeleteOutcome::Locked => b.err(st::LOCKED),
+            }
+        }
+        opc::INCREMENT | opc::INCREMENTQ | opc::DECREMENT | opc::DECREMENTQ => {
+            if !shape_ok(r, &[20], Yes, No) {
+                return b.err(st::INVALID_ARGUMENTS);
+            }
+            let incr = matches!(r.opcode, opc::INCREMENT | opc::INCREMENTQ);
+            let delta = be64(r.extras, 0);
+            let initial = be64(r.extras, 8);
+            let exp = be32(r.extras, 16);
+            // An expiration of all ones means "do not create".
+            let create = (exp != u32::MAX).then_some((initial, exp as i32 as i64));
+            match s.incr_decr(conn, r.key, incr, delta, create, cas, now) {
+                ArithOutcome::Value { value, cas } => b.ok(cas, &[], &[], &value.to_be_bytes()),
+                ArithOutcome::NotFound => b.err(st::KEY_NOT_FOUND),
+                ArithOutcome::NonNumeric => b.err(st::NON_NUMERIC),
+                ArithOutcome::Exists => b.err(st::KEY_EXISTS),
+                ArithOutcome::Locked => b.err(st::LOCKED),
+                ArithOutcome::OutOfMemory => b.err(st::OUT_OF_MEMORY),
+            }
+        }
+        opc::QUIT | opc::QUITQ => {
+            let Bin {
+                out,
+                conn,
+                opcode,
+                opaque,
+                quiet,
+            } = b;
+            out.record(conn, 1, true, |o| {
+                if !quiet {
+                    binary::encode_response(o, opcode, st::NO_ERROR, opaque, 0, &[], &[], &[])
+                }
+            });
+        }
+        opc::FLUSH | opc::FLUSHQ => {
+            if !shape_ok(r, &[0, 4], No, No) {
+                return b.err(st::INVALID_ARGUMENTS);
+            }
+            t.counters.cmd_flush += 1;
+            let delay = if r.extras.len() == 4 {
+                exptime(r.extras, 0)
+            } else {
+                0
+            };
+            s.flush_all(delay, now);
+            b.ok(0, &[], &[], &[]);
+        }
+        opc::NOOP => b.ok(0, &[], &[], &[]),
+        opc::VERSION => {
+            let v = super::VERSION_REPLY;
+            b.ok(0, &[], &[], &v[b"VERSION ".len()..v.len() - 2]);
+        }
+        opc::VERBOSITY => {
+            if !shape_ok(r, &[4], No, No) {
+                return b.err(st::INVALID_ARGUMENTS);
+            }
+            b.ok(0, &[], &[], &[]);
+        }
+        opc::STAT => {
+            let Bin {
+                out,
+                conn,
+                opcode,
+                opaque,
+                ..
+            } = b;
+            let arg = (!r.key.is_empty()).then_some(r.key);
+            out.record(conn, 1, false, |o| {
+                let known = super::stats::write(t, shared, now, arg, &mut |name, value| {
+                    binary::encode_response(
+                        o,
+                        opcode,
+                        st::NO_ERROR,
+                        opaque,
+                        0,
+                        &[],
+                        name.as_bytes(),
+                        value,
+                    )
+                });
+                if known {
+                    binary::encode_response(o, opcode, st::NO_ERROR, opaque, 0, &[], &[], &[]);
+                } else {
+                    binary::encode_response(
+                        o,
+                        opcode,
+                        st::KEY_NOT_FOUND,
+                        opaque,
+                        0,
+                        &[],
+                        &[],
+                        b"Not found",
+                    );
+                }
+            });
+        }
+        opc::TOUCH => {
+            if !shape_ok(r, &[4], Yes, No) {
+                return b.err(st::INVALID_ARGUMENTS);
+            }
+            t.counters.cmd_touch += 1;
+            if s.touch(r.key, exptime(r.extras, 0), now) {
+                b.ok(0, &[], &[], &[]);
+            } else {
+                b.err(st::KEY_NOT_FOUND);
+            }
+        }
+        opc::LOCK | opc::LOCKQ => {
+            if !shape_ok(r, &[0], Yes, No) {
+                return b.err(st::INVALID_ARGUMENTS);
+            }
+            match s.lock(conn, r.key, now) {
+                LockOutcome::Ok => b.ok(0, &[], &[], &[]),
+                LockOutcome::Locked => b.err(st::LOCKED),
+                LockOutcome::NotFound => b.err(st::KEY_NOT_FOUND),
+            }
+        }
+        opc::UNLOCK | opc::UNLOCKQ => {
+            if !shape_ok(r, &[0], Yes, No) {
+                return b.err(st::INVALID_ARGUMENTS);
+            }
+            match s.unlock(conn, r.key, now) {
+                UnlockOutcome::Ok => b.ok(0, &[], &[], &[]),
+                UnlockOutcome::NotFound => b.err(st::KEY_NOT_FOUND),
+                UnlockOutcome::NotLocked => b.err(st::NOT_LOCKED),
+            }
+        }
+        opc::UNLOCK_ALL | opc::UNLOCK_ALLQ => {
+            if !shape_ok(r, &[0], No, No) {
+                return b.err(st::INVALID_ARGUMENTS);
+            }
+            s.unlock_all(conn, now);
+            b.ok(0, &[], &[], &[]);
+        }
+        opc::LAG | opc::LAGQ | opc::LAGK | opc::LAGKQ => {
+            if !shape_ok(r, &[0, 4], Yes, No) {
+                return b.err(st::INVALID_ARGUMENTS);
+            }
+            let with_key = matches!(r.opcode, opc::LAGK | opc::LAGKQ);
+            let exp = (r.extras.len() == 4).then(|| exptime(r.extras, 0));
+            t.counters.cmd_get += 1;
+            match s.lock_and_get(conn, r.key, exp, now) {
+                Ok(item) => {
+                    // The quiet variants are silent only on a miss: a successful lock-and-get
+                    // must still deliver the value.
+                    let Bin {
+                        out,
+                        conn,
+                        opcode,
+                        opaque,
+                        ..
+                    } = b;
+                    let extras = item.flags.to_be_bytes();
+                    let key = if with_key { item.key } else { &[] };
+                    out.record(conn, 1, false, |o| {
+                        binary::encode_response(
+                            o,
+                            opcode,
+                            st::NO_ERROR,
+                            opaque,
+                            item.cas,
+                            &extras,
+                            key,
+                            item.value,
+                        )
+                    });
+                }
+                Err(LockOutcome::NotFound) => b.miss(r.key, with_key),
+                Err(_) => b.err(st::LOCKED),
+            }
+        }
+        opc::RAU | opc::RAUQ => {
+            if !shape_ok(r, &[8], Yes, Any) {
+                return b.err(st::INVALID_ARGUMENTS);
+            }
+            t.counters.cmd_set += 1;
+            let flags = be32(r.extras, 0);
+            match s.replace_and_unlock(conn, r.key, flags, exptime(r.extras, 4), r.value, cas, now)
+            {
+                RauOutcome::Stored { cas } => b.ok(cas, &[], &[], &[]),
+                RauOutcome::NotFound => b.err(st::KEY_NOT_FOUND),
+                RauOutcome::NotLocked => b.err(st::NOT_LOCKED),
+                RauOutcome::Exists => b.err(st::KEY_EXISTS),
+                RauOutcome::TooLarge => b.err(st::VALUE_TOO_LARGE),
+                RauOutcome::OutOfMemory => b.err(st::OUT_OF_MEMORY),
+            }
+        }
+        _ => b.err(st::UNKNOWN_COMMAND),
+    }
+}

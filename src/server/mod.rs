@@ -1,0 +1,155 @@
+//! The running daemon: listeners, worker threads, the owner thread, shutdown.
+
+mod decode;
+mod exec_dlock;
+mod exec_lockd;
+mod exec_mc;
+pub mod msg;
+mod owner;
+mod stats;
+mod worker;
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use crate::config::Config;
+
+pub use decode::VERSION_REPLY;
+pub use worker::{MAX_INFLIGHT, WBUF_HIGH};
+
+/// Which wire format a listener (and so each of its connections) speaks.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Proto {
+    Memcache,
+    Lockd,
+    Dlock,
+}
+
+impl Proto {
+    pub fn name(self) -> &'static str {
+        match self {
+            Proto::Memcache => "memcache",
+            Proto::Lockd => "lockd",
+            Proto::Dlock => "dlock",
+        }
+    }
+}
+
+/// State every thread may read: the configuration, counters kept by the workers, the clock base.
+pub struct Shared {
+    pub config: Config,
+    pub shutdown: AtomicBool,
+    pub curr_connections: AtomicU64,
+    pub total_connections: AtomicU64,
+    pub rejected_connections: AtomicU64,
+    pub started: Instant,
+    pub started_unix: u64,
+}
+
+/// A started daemon.
+pub struct Server {
+    shared: Arc<Shared>,
+    /// The addresses actually bound (port 0 resolved), one per enabled listener.
+    pub addresses: Vec<(Proto, SocketAddr)>,
+    wakers: Vec<Arc<mio::Waker>>,
+    to_owner: crossbeam_channel::Sender<msg::ToOwner>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Server {
+    /// Bind every listener and start the threads.
+    pub fn start(config: Config) -> io::Result<Server> {
+        let started = Instant::now();
+        let started_unix = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let shared = Arc::new(Shared {
+            config: config.clone(),
+            shutdown: AtomicBool::new(false),
+            curr_connections: AtomicU64::new(0),
+            total_connections: AtomicU64::new(0),
+            rejected_connections: AtomicU64::new(0),
+            started,
+            started_unix,
+        });
+
+        // Each worker binds its own listener on every address (SO_REUSEPORT). The first bind
+        // resolves port 0; the others bind that same port.
+        let wanted = [
+            (Proto::Memcache, config.memcache),
+            (Proto::Lockd, config.lockd),
+            (Proto::Dlock, config.dlock),
+        ];
+        let mut addresses = Vec::new();
+        let mut per_worker: Vec<Vec<(mio::net::TcpListener, Proto)>> =
+            (0..config.threads).map(|_| Vec::new()).collect();
+        for (proto, addr) in wanted {
+            let Some(mut addr) = addr else { continue };
+            for listeners in per_worker.iter_mut() {
+                let l = worker::bind(addr).map_err(|e| {
+                    io::Error::new(
+                        e.kind(),
+                        format!("cannot listen for {} on {addr}: {e}", proto.name()),
+                    )
+                })?;
+                addr = l.local_addr()?;
+                listeners.push((l, proto));
+            }
+            addresses.push((proto, addr));
+        }
+
+        let (to_owner, owner_rx) = crossbeam_channel::unbounded();
+        let mut wakers = Vec::new();
+        let mut worker_links = Vec::new();
+        let mut threads = Vec::new();
+        for (i, listeners) in per_worker.into_iter().enumerate() {
+            let poll = mio::Poll::new()?;
+            let waker = Arc::new(worker::waker(&poll)?);
+            let (reply_tx, reply_rx) = crossbeam_channel::unbounded();
+            let w = worker::Worker::new(
+                i as u16,
+                shared.clone(),
+                poll,
+                listeners,
+                to_owner.clone(),
+                reply_rx,
+            )?;
+            wakers.push(waker.clone());
+            worker_links.push((reply_tx, waker));
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("holdfast-worker-{i}"))
+                    .spawn(move || w.run())?,
+            );
+        }
+        let owner = owner::Owner::new(shared.clone(), owner_rx, worker_links);
+        threads.push(
+            std::thread::Builder::new()
+                .name("holdfast-owner".into())
+                .spawn(move || owner.run())?,
+        );
+        Ok(Server {
+            shared,
+            addresses,
+            wakers,
+            to_owner,
+            threads,
+        })
+    }
+
+    /// Stop accepting, close every connection, stop every thread.
+    pub fn stop(self) {
+        self.shared.shutdown.store(true, Ordering::Release);
+        for w in &self.wakers {
+            let _ = w.wake();
+        }
+        let _ = self.to_owner.send(msg::ToOwner::Shutdown);
+        for t in self.threads {
+            let _ = t.join();
+        }
+    }
+}

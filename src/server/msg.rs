@@ -1,0 +1,195 @@
+//! The messages that cross the thread boundary between workers and the owner.
+//!
+//! A worker parses requests zero-copy from its read buffer and copies each one exactly once, into
+//! the arena of the batch it is filling; the batch is sent to the owner once per loop turn. The
+//! owner answers with one [`Record`] per operation (plus unsolicited ones: lock grants, timeouts,
+//! idle closes), the reply bytes written into the arena of a per-worker [`Replies`] batch that is
+//! sent, and the worker woken, once per owner turn.
+
+use crate::core::ConnId;
+use crate::proto::memcache::text::StoreCmd;
+
+/// A byte range in a batch arena.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Span {
+    pub start: u32,
+    pub len: u32,
+}
+
+impl Span {
+    pub const EMPTY: Span = Span { start: 0, len: 0 };
+
+    #[inline]
+    pub fn get<'a>(&self, arena: &'a [u8]) -> &'a [u8] {
+        let start = self.start as usize;
+        &arena[start..start + self.len as usize]
+    }
+}
+
+/// A byte arena that hands out [`Span`]s.
+#[derive(Debug, Default)]
+pub struct Arena {
+    pub bytes: Vec<u8>,
+}
+
+impl Arena {
+    #[inline]
+    pub fn push(&mut self, data: &[u8]) -> Span {
+        let start = self.bytes.len() as u32;
+        self.bytes.extend_from_slice(data);
+        Span {
+            start,
+            len: data.len() as u32,
+        }
+    }
+}
+
+/// One memcached request in owned form.
+#[derive(Clone, Copy, Debug)]
+pub enum McOp {
+    /// get/gets/gat/gats: `keys` is the raw space-separated key list.
+    TextGet {
+        keys: Span,
+        cas: bool,
+        exptime: Option<i64>,
+    },
+    TextStore {
+        cmd: StoreCmd,
+        key: Span,
+        flags: u32,
+        exptime: i64,
+        value: Span,
+        cas: u64,
+        noreply: bool,
+    },
+    TextDelete {
+        key: Span,
+        noreply: bool,
+    },
+    TextArith {
+        key: Span,
+        incr: bool,
+        delta: u64,
+        noreply: bool,
+    },
+    TextTouch {
+        key: Span,
+        exptime: i64,
+        noreply: bool,
+    },
+    TextFlush {
+        delay: i64,
+        noreply: bool,
+    },
+    TextStats {
+        arg: Option<Span>,
+    },
+    TextLock {
+        key: Span,
+    },
+    TextUnlock {
+        key: Span,
+    },
+    TextUnlockAll,
+    /// Any binary request: the owner interprets the opcode.
+    Binary {
+        opcode: u8,
+        opaque: u32,
+        cas: u64,
+        extras: Span,
+        key: Span,
+        value: Span,
+    },
+}
+
+/// One old lock-daemon request that needs the lock table.
+#[derive(Clone, Copy, Debug)]
+pub struct LockdOp {
+    pub opcode: u8,
+    pub payload: Span,
+}
+
+/// One dlock request, already checked by the worker for version, type, token and key count.
+#[derive(Clone, Copy, Debug)]
+pub enum DlockKind {
+    Ping,
+    /// `keys` spans the raw RequestLock message (iterate with `proto::dlock::Keys`).
+    Lock {
+        keys: Span,
+        key_count: u32,
+        wait_us: Option<u64>,
+        lease_us: Option<u64>,
+    },
+    Unlock {
+        keys: Span,
+        key_count: u32,
+    },
+    /// Answer with this status and error text, touching nothing.
+    Refuse {
+        status: u32,
+        text: &'static str,
+    },
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct DlockOp {
+    pub id: Option<u64>,
+    pub kind: DlockKind,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub enum Op {
+    Mc(McOp),
+    Lockd(LockdOp),
+    Dlock(DlockOp),
+    /// Bytes the worker could answer itself but must keep in order behind operations still at
+    /// the owner; `close` closes the connection after them.
+    Literal {
+        bytes: Span,
+        close: bool,
+    },
+    /// A dlock connection was accepted (starts its idle timer).
+    DlockOpen,
+    /// The connection is gone: release or orphan what it held, drop its waits. Never answered.
+    Close,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct OpMsg {
+    pub conn: ConnId,
+    pub op: Op,
+}
+
+/// What a worker sends the owner once per loop turn.
+#[derive(Debug, Default)]
+pub struct Batch {
+    pub worker: u16,
+    pub ops: Vec<OpMsg>,
+    pub arena: Arena,
+}
+
+/// One answer for one connection.
+#[derive(Clone, Copy, Debug)]
+pub struct Record {
+    pub conn: ConnId,
+    pub bytes: Span,
+    /// 1 when this answers an operation the worker sent (its in-flight count drops), 0 for an
+    /// unsolicited message.
+    pub done: u8,
+    /// Close the connection once these bytes are written.
+    pub close: bool,
+}
+
+/// What the owner sends one worker once per turn.
+#[derive(Debug, Default)]
+pub struct Replies {
+    pub records: Vec<Record>,
+    pub arena: Arena,
+}
+
+/// Messages into the owner.
+#[derive(Debug)]
+pub enum ToOwner {
+    Batch(Batch),
+    Shutdown,
+}

@@ -1,0 +1,286 @@
+//! The owner thread: the only reader and writer of every lock table and of the item store.
+//!
+//! It takes the workers' batches in arrival order, applies each operation with the time of this
+//! turn, fires the tables' timers, and sends each worker one batch of replies per turn (one wake
+//! per worker per turn). Because everything that changes lock state passes through here in one
+//! serial order, two holders of one lock cannot exist. The tables themselves never read a clock:
+//! this loop reads it once per turn and passes it in.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use mio::Waker;
+
+use super::exec_dlock::DlockSessions;
+use super::msg::{Arena, Batch, Op, Record, Replies, Span, ToOwner};
+use super::Shared;
+use crate::core::dlock::{DlockConfig, DlockEvent, DlockTable};
+use crate::core::lockd::{Grant, LockdConfig, LockdTable};
+use crate::core::store::{Store, StoreConfig};
+use crate::core::{ConnId, Now};
+
+/// Batches taken in one turn before the owner answers and fires timers: bounds how long replies
+/// wait when workers keep the channel full.
+const MAX_BATCHES_PER_TURN: usize = 64;
+/// Longest sleep with no timer pending (the owner wakes for messages anyway).
+const IDLE_SLEEP: Duration = Duration::from_secs(1);
+
+/// Everything the owner holds.
+pub struct Tables {
+    pub store: Store,
+    pub lockd: LockdTable,
+    pub dlock: DlockTable,
+    pub dlock_sessions: DlockSessions,
+    pub counters: Counters,
+    /// Scratch for lockd grants and dlock events.
+    pub grants: Vec<Grant>,
+    pub dlock_events: Vec<DlockEvent>,
+}
+
+/// memcached command counters kept by the owner (the store keeps hit/miss counters).
+#[derive(Default, Debug)]
+pub struct Counters {
+    pub cmd_get: u64,
+    pub cmd_set: u64,
+    pub cmd_flush: u64,
+    pub cmd_touch: u64,
+}
+
+/// Replies being gathered this turn, one batch per worker.
+pub struct Outbox {
+    pub per_worker: Vec<Replies>,
+}
+
+impl Outbox {
+    /// Write one reply record for `conn`: `done` is 1 when it answers an operation the worker
+    /// sent, 0 for an unsolicited message.
+    #[inline]
+    pub fn record(
+        &mut self,
+        conn: ConnId,
+        done: u8,
+        close: bool,
+        write: impl FnOnce(&mut Vec<u8>),
+    ) {
+        let Some(replies) = self.per_worker.get_mut(conn.worker as usize) else {
+            return;
+        };
+        let start = replies.arena.bytes.len();
+        write(&mut replies.arena.bytes);
+        let len = replies.arena.bytes.len() - start;
+        let bytes = Span {
+            start: start as u32,
+            len: len as u32,
+        };
+        replies.records.push(Record {
+            conn,
+            bytes,
+            done,
+            close,
+        });
+    }
+}
+
+pub struct Owner {
+    shared: Arc<Shared>,
+    rx: Receiver<ToOwner>,
+    workers: Vec<(Sender<Replies>, Arc<Waker>)>,
+    tables: Tables,
+    outbox: Outbox,
+}
+
+impl Owner {
+    pub fn new(
+        shared: Arc<Shared>,
+        rx: Receiver<ToOwner>,
+        workers: Vec<(Sender<Replies>, Arc<Waker>)>,
+    ) -> Owner {
+        let c = &shared.config;
+        let now = clock(&shared);
+        let tables = Tables {
+            store: Store::new(
+                StoreConfig {
+                    memory_limit: c.memory_limit,
+                    max_item_size: c.max_item_size,
+                },
+                now,
+            ),
+            lockd: LockdTable::new(
+                LockdConfig {
+                    orphan_timeout_ms: c.orphan_timeout_ms,
+                },
+                now.ms,
+            ),
+            dlock: DlockTable::new(
+                DlockConfig {
+                    idle_timeout_ms: c.dlock_idle_timeout_ms,
+                },
+                now.ms,
+            ),
+            dlock_sessions: DlockSessions::default(),
+            counters: Counters::default(),
+            grants: Vec::new(),
+            dlock_events: Vec::new(),
+        };
+        let outbox = Outbox {
+            per_worker: workers.iter().map(|_| Replies::default()).collect(),
+        };
+        Owner {
+            shared,
+            rx,
+            workers,
+            tables,
+            outbox,
+        }
+    }
+
+    pub fn run(mut self) {
+        loop {
+            let now = clock(&self.shared);
+            let wait = match self.next_deadline() {
+                Some(d) if d <= now.ms => Duration::ZERO,
+                Some(d) => Duration::from_millis(d - now.ms).min(IDLE_SLEEP),
+                None => IDLE_SLEEP,
+            };
+            let first = match self.rx.recv_timeout(wait) {
+                Ok(msg) => Some(msg),
+                Err(RecvTimeoutError::Timeout) => None,
+                Err(RecvTimeoutError::Disconnected) => return,
+            };
+            let now = clock(&self.shared);
+            // Timers due by now fire before this turn's requests see the tables (an orphan whose
+            // time is up is released before anyone can TRY or ADOPT it), and again after them
+            // for timers the requests set at or before now (a zero orphan timeout).
+            self.fire_timers(now);
+            let mut taken = 0;
+            let mut next = first;
+            while let Some(msg) = next {
+                match msg {
+                    ToOwner::Shutdown => return,
+                    ToOwner::Batch(batch) => self.apply(batch, now),
+                }
+                taken += 1;
+                next = if taken < MAX_BATCHES_PER_TURN {
+                    self.rx.try_recv().ok()
+                } else {
+                    None
+                };
+            }
+            self.fire_timers(now);
+            self.send_replies();
+        }
+    }
+
+    fn next_deadline(&self) -> Option<u64> {
+        let t = &self.tables;
+        [
+            t.store.next_deadline(),
+            t.lockd.next_deadline(),
+            t.dlock.next_deadline(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    fn apply(&mut self, batch: Batch, now: Now) {
+        let arena = &batch.arena.bytes;
+        for msg in &batch.ops {
+            apply_op(
+                &mut self.tables,
+                &mut self.outbox,
+                &self.shared,
+                msg.conn,
+                msg.op,
+                arena,
+                now,
+            );
+        }
+    }
+
+    fn fire_timers(&mut self, now: Now) {
+        let t = &mut self.tables;
+        t.store.advance(now);
+        t.lockd.advance(now.ms, &mut t.grants);
+        super::exec_lockd::deliver_grants(t, &mut self.outbox);
+        t.dlock.advance(now.ms, &mut t.dlock_events);
+        super::exec_dlock::deliver_events(t, &mut self.outbox, &self.shared, now);
+    }
+
+    fn send_replies(&mut self) {
+        for (replies, (tx, waker)) in self.outbox.per_worker.iter_mut().zip(&self.workers) {
+            if replies.records.is_empty() {
+                continue;
+            }
+            let next = Replies {
+                records: Vec::with_capacity(replies.records.len()),
+                arena: Arena {
+                    bytes: Vec::with_capacity(replies.arena.bytes.len()),
+                },
+            };
+            let full = std::mem::replace(replies, next);
+            if tx.send(full).is_ok() {
+                let _ = waker.wake();
+            }
+        }
+    }
+}
+
+/// Apply one operation of one connection.
+pub fn apply_op(
+    t: &mut Tables,
+    out: &mut Outbox,
+    shared: &Shared,
+    conn: ConnId,
+    op: Op,
+    arena: &[u8],
+    now: Now,
+) {
+    match op {
+        Op::Mc(op) => super::exec_mc::apply(t, out, shared, conn, op, arena, now),
+        Op::Lockd(op) => super::exec_lockd::apply(t, out, conn, op, arena, now),
+        Op::Dlock(op) => super::exec_dlock::receive(t, out, shared, conn, op, arena, now),
+        Op::DlockOpen => super::exec_dlock::open(t, conn, now),
+        Op::Literal { bytes, close } => {
+            if t.dlock_sessions.is_waiting(conn) {
+                t.dlock_sessions
+                    .defer_literal(conn, bytes.get(arena), close);
+            } else {
+                out.record(conn, 1, close, |o| o.extend_from_slice(bytes.get(arena)));
+            }
+        }
+        Op::Close => {
+            t.store.disconnect(conn, now);
+            t.lockd.disconnect(conn, now.ms);
+            t.dlock_sessions.remove(conn);
+            t.dlock.disconnect(conn, now.ms, &mut t.dlock_events);
+            super::exec_dlock::deliver_events(t, out, shared, now);
+        }
+    }
+}
+
+/// The time of this turn.
+pub fn clock(shared: &Shared) -> Now {
+    let elapsed = shared.started.elapsed();
+    Now {
+        ms: elapsed.as_millis() as u64,
+        unix: shared.started_unix + elapsed.as_secs(),
+    }
+}
+
+/// Append a decimal number without going through `fmt`.
+#[inline]
+pub fn push_u64(out: &mut Vec<u8>, mut n: u64) {
+    let mut buf = [0u8; 20];
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&buf[i..]);
+}
