@@ -1,0 +1,213 @@
+//! Shared by the integration tests: start the real daemon on port 0, wait until it listens, talk
+//! to it with deadlines (never sleep-and-hope), stop it by its PID.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long any single expected answer may take before the test fails (generous: the machine is
+/// shared and noisy; a correct daemon answers in microseconds).
+pub const DEADLINE: Duration = Duration::from_secs(10);
+
+pub struct Daemon {
+    child: Child,
+    pub memcache: Option<SocketAddr>,
+    pub lockd: Option<SocketAddr>,
+    pub dlock: Option<SocketAddr>,
+}
+
+impl Daemon {
+    /// Start with every listener on 127.0.0.1:0 plus `extra` flags (which may override them).
+    pub fn start(extra: &[&str]) -> Daemon {
+        let mut args: Vec<&str> = vec![
+            "--memcache",
+            "127.0.0.1:0",
+            "--lockd",
+            "127.0.0.1:0",
+            "--dlock",
+            "127.0.0.1:0",
+            "--threads",
+            "2",
+        ];
+        args.extend_from_slice(extra);
+        let mut child = Command::new(env!("CARGO_BIN_EXE_holdfast"))
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn holdfast");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut lines = BufReader::new(stdout).lines();
+        let expected = ["memcache", "lockd", "dlock"]
+            .iter()
+            .filter(|p| {
+                // A listener turned off prints no line.
+                !args.windows(2).rev().find(|w| w[0] == format!("--{p}")).is_some_and(|w| w[1] == "off")
+            })
+            .count();
+        let mut d = Daemon { child, memcache: None, lockd: None, dlock: None };
+        for _ in 0..expected {
+            let line = lines.next().expect("daemon printed its listeners").expect("read stdout");
+            // "holdfast: memcache listening on 127.0.0.1:11211"
+            let mut words = line.split_whitespace().skip(1);
+            let proto = words.next().unwrap_or_default().to_string();
+            let addr: SocketAddr = words.last().expect("address").parse().expect("address parses");
+            match proto.as_str() {
+                "memcache" => d.memcache = Some(addr),
+                "lockd" => d.lockd = Some(addr),
+                "dlock" => d.dlock = Some(addr),
+                other => panic!("unexpected listener line {other}: {line}"),
+            }
+        }
+        d
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn memcache(&self) -> Client {
+        Client::connect(self.memcache.expect("memcache listener"))
+    }
+
+    pub fn lockd(&self) -> Client {
+        Client::connect(self.lockd.expect("lockd listener"))
+    }
+
+    pub fn dlock(&self) -> Client {
+        Client::connect(self.dlock.expect("dlock listener"))
+    }
+
+    /// Send SIGTERM and wait for the exit status.
+    pub fn terminate(mut self) -> std::process::ExitStatus {
+        // SAFETY: kill(2) on the PID of the child we started and have not reaped.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let status = self.child.wait().expect("wait");
+        std::mem::forget(self);
+        status
+    }
+
+    /// Resident memory in KiB (from /proc), for leak checks.
+    pub fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap_or_default();
+        status
+            .lines()
+            .find(|l| l.starts_with("VmRSS:"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Number of open file descriptors.
+    pub fn open_fds(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.pid())).map_or(0, |d| d.count())
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A blocking client connection with read deadlines.
+pub struct Client {
+    pub stream: TcpStream,
+    /// Bytes received but not consumed yet.
+    pub pending: Vec<u8>,
+}
+
+impl Client {
+    pub fn connect(addr: SocketAddr) -> Client {
+        let stream = TcpStream::connect(addr).expect("connect");
+        stream.set_nodelay(true).expect("nodelay");
+        Client { stream, pending: Vec::new() }
+    }
+
+    pub fn send(&mut self, bytes: &[u8]) {
+        self.stream.write_all(bytes).expect("send");
+    }
+
+    /// Read until at least `n` bytes are pending; panics after DEADLINE.
+    pub fn fill(&mut self, n: usize) {
+        let deadline = Instant::now() + DEADLINE;
+        while self.pending.len() < n {
+            let left = deadline.saturating_duration_since(Instant::now());
+            assert!(!left.is_zero(), "timed out waiting for {n} bytes, have {:?}", String::from_utf8_lossy(&self.pending));
+            self.stream.set_read_timeout(Some(left)).expect("timeout");
+            let mut buf = [0u8; 65536];
+            match self.stream.read(&mut buf) {
+                Ok(0) => panic!("connection closed with {:?} pending", String::from_utf8_lossy(&self.pending)),
+                Ok(k) => self.pending.extend_from_slice(&buf[..k]),
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => {}
+                Err(e) => panic!("read failed: {e}"),
+            }
+        }
+    }
+
+    /// Take exactly `n` bytes.
+    pub fn take(&mut self, n: usize) -> Vec<u8> {
+        self.fill(n);
+        self.pending.drain(..n).collect()
+    }
+
+    /// Take one line including its "\r\n".
+    pub fn line(&mut self) -> String {
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            if let Some(i) = self.pending.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = self.pending.drain(..=i).collect();
+                return String::from_utf8_lossy(&line).into_owned();
+            }
+            assert!(Instant::now() < deadline, "timed out waiting for a line");
+            let have = self.pending.len();
+            self.fill(have + 1);
+        }
+    }
+
+    /// Send a request and expect exactly this reply.
+    pub fn expect(&mut self, request: &[u8], reply: &[u8]) {
+        self.send(request);
+        let got = self.take(reply.len());
+        assert_eq!(
+            String::from_utf8_lossy(&got),
+            String::from_utf8_lossy(reply),
+            "reply to {:?}",
+            String::from_utf8_lossy(request)
+        );
+    }
+
+    /// Assert that nothing arrives within `wait` (for quiet commands and "not yet" checks).
+    pub fn expect_silence(&mut self, wait: Duration) {
+        self.stream.set_read_timeout(Some(wait)).expect("timeout");
+        let mut buf = [0u8; 4096];
+        match self.stream.read(&mut buf) {
+            Ok(0) => panic!("connection closed, expected silence"),
+            Ok(k) => panic!("expected silence, got {:?}", String::from_utf8_lossy(&buf[..k])),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            Err(e) => panic!("read failed: {e}"),
+        }
+        assert!(self.pending.is_empty(), "unexpected pending bytes {:?}", self.pending);
+    }
+
+    /// Wait until the server closes the connection (EOF or reset); panics after DEADLINE.
+    pub fn expect_closed(&mut self) {
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            assert!(!left.is_zero(), "connection still open");
+            self.stream.set_read_timeout(Some(left)).expect("timeout");
+            let mut buf = [0u8; 4096];
+            match self.stream.read(&mut buf) {
+                Ok(0) => return,
+                Ok(k) => self.pending.extend_from_slice(&buf[..k]),
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => {}
+                Err(_) => return,
+            }
+        }
+    }
+}
