@@ -1137,7 +1137,11 @@ mod tests {
         // `prefix` then keys of 'k' separated by spaces, "\r\n"-terminated, `total` bytes long.
         let mut v = prefix.to_vec();
         while v.len() < total - 2 {
-            v.push(if v.len() % 200 == 0 { b' ' } else { b'k' });
+            v.push(if v.len().is_multiple_of(200) {
+                b' '
+            } else {
+                b'k'
+            });
         }
         if v.last() == Some(&b' ') {
             v.pop();
