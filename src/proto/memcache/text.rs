@@ -28,7 +28,10 @@
 //! [`MAX_LINE`] bytes, or [`MAX_RETRIEVAL_LINE`] for get/gets/gat/gats.
 //!
 //! Errors are answered even when the line ends in `noreply`: a malformed line cannot be trusted
-//! to mean what its last token says (protocol.txt, "noreply" under Storage commands).
+//! to mean what its last token says (protocol.txt, "noreply" under Storage commands). memcached
+//! itself is inconsistent here: for set/add/..., touch, incr/decr and verbosity it looks for
+//! `noreply` first and then silences its own error line (`out_string` skips it), including
+//! `bad data chunk` and `object too large`; holdfast answers every error.
 
 /// Longest request line, `\n` included, for every command but get/gets/gat/gats. memcached
 /// closes a connection that sent 2048 bytes without a newline (proto_text.c,
@@ -1137,7 +1140,11 @@ mod tests {
         // `prefix` then keys of 'k' separated by spaces, "\r\n"-terminated, `total` bytes long.
         let mut v = prefix.to_vec();
         while v.len() < total - 2 {
-            v.push(if v.len() % 200 == 0 { b' ' } else { b'k' });
+            v.push(if v.len().is_multiple_of(200) {
+                b' '
+            } else {
+                b'k'
+            });
         }
         if v.last() == Some(&b' ') {
             v.pop();
