@@ -49,14 +49,10 @@ pub struct DlockTable {
 #[allow(unused_variables)]
 impl DlockTable {
     pub fn new(config: DlockConfig, now_ms: u64) -> Self {
-        unimplemented!()
+        DlockTable { _config: config }
     }
-    pub fn connect(&mut self, conn: ConnId, now_ms: u64) {
-        unimplemented!()
-    }
-    pub fn touch(&mut self, conn: ConnId, now_ms: u64) {
-        unimplemented!()
-    }
+    pub fn connect(&mut self, conn: ConnId, now_ms: u64) {}
+    pub fn touch(&mut self, conn: ConnId, now_ms: u64) {}
     #[allow(clippy::too_many_arguments)]
     pub fn lock(
         &mut self,
@@ -79,16 +75,12 @@ impl DlockTable {
     ) -> Result<(), Vec<Box<[u8]>>> {
         unimplemented!()
     }
-    pub fn disconnect(&mut self, conn: ConnId, now_ms: u64, events: &mut Vec<DlockEvent>) {
-        unimplemented!()
-    }
-    pub fn advance(&mut self, now_ms: u64, events: &mut Vec<DlockEvent>) {
-        unimplemented!()
-    }
+    pub fn disconnect(&mut self, conn: ConnId, now_ms: u64, events: &mut Vec<DlockEvent>) {}
+    pub fn advance(&mut self, now_ms: u64, events: &mut Vec<DlockEvent>) {}
     pub fn next_deadline(&self) -> Option<u64> {
-        unimplemented!()
+        None
     }
     pub fn stats(&self) -> DlockStats {
-        unimplemented!()
+        Default::default()
     }
 }
