@@ -154,7 +154,13 @@ impl Worker {
     pub fn run(mut self) {
         let mut events = Events::with_capacity(EVENTS);
         loop {
-            let timeout = self.accept_paused.then_some(ACCEPT_BACKOFF);
+            // Connections left to look at again (found while finishing the last turn) must not
+            // wait for an unrelated event.
+            let timeout = if !self.recheck.is_empty() || !self.dirty.is_empty() {
+                Some(Duration::ZERO)
+            } else {
+                self.accept_paused.then_some(ACCEPT_BACKOFF)
+            };
             if let Err(e) = self.poll.poll(&mut events, timeout) {
                 if e.kind() != ErrorKind::Interrupted {
                     eprintln!("holdfast: worker {}: poll failed: {e}", self.id);
@@ -387,7 +393,8 @@ impl Worker {
                     continue; // the connection this was for is gone; its slot was reused
                 }
                 conn.wbuf.extend_from_slice(rec.bytes.get(arena));
-                conn.inflight -= rec.done as u32;
+                debug_assert!(conn.inflight >= rec.done as u32, "reply without a request");
+                conn.inflight = conn.inflight.saturating_sub(rec.done as u32);
                 if rec.close {
                     conn.closing = true;
                 }
