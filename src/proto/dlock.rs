@@ -355,6 +355,170 @@ pub fn encode_response<'k>(
     out[start..start + PREFIX_LEN].copy_from_slice(&prefix.to_be_bytes());
 }
 
+// ---------------------------------------------------------------------------------------------
+// Client side (holdfast-lock, the bench tool, tests): encode a Request, decode a Response.
+
+/// The RequestLock part of a client's Lock or Unlock request.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LockFields<'a> {
+    pub wait_micro: Option<u64>,
+    pub release_micro: Option<u64>,
+    pub keys: &'a [&'a [u8]],
+}
+
+/// Append one length-prefixed Request frame (version 2) to `out`.
+pub fn encode_request(
+    out: &mut Vec<u8>,
+    id: Option<u64>,
+    access_token: Option<&[u8]>,
+    req_type: u64,
+    lock: Option<LockFields<'_>>,
+) {
+    let start = out.len();
+    out.extend_from_slice(&[0; PREFIX_LEN]);
+    put_varint_field(out, F_REQ_VERSION, API_VERSION);
+    if let Some(id) = id {
+        put_varint_field(out, F_REQ_ID, id);
+    }
+    if let Some(token) = access_token {
+        put_bytes_field(out, F_REQ_TOKEN, token);
+    }
+    put_varint_field(out, F_REQ_TYPE, req_type);
+    if let Some(lock) = lock {
+        // The embedded message's length prefix comes before it: compute its size first, so the
+        // message is written once, in place.
+        let mut size = 0;
+        let varint_len = |v: u64| (64 - (v | 1).leading_zeros()).div_ceil(7) as usize;
+        if let Some(w) = lock.wait_micro {
+            size += 1 + varint_len(w);
+        }
+        if let Some(r) = lock.release_micro {
+            size += 1 + varint_len(r);
+        }
+        for k in lock.keys {
+            size += 1 + varint_len(k.len() as u64) + k.len();
+        }
+        put_tag(out, F_REQ_LOCK, WT_LEN);
+        put_varint(out, size as u64);
+        if let Some(w) = lock.wait_micro {
+            put_varint_field(out, F_LOCK_WAIT, w);
+        }
+        if let Some(r) = lock.release_micro {
+            put_varint_field(out, F_LOCK_RELEASE, r);
+        }
+        for k in lock.keys {
+            put_bytes_field(out, F_LOCK_KEYS, k);
+        }
+    }
+    let body_len = out.len() - start - PREFIX_LEN;
+    let prefix = u32::try_from(body_len).unwrap_or(u32::MAX);
+    out[start..start + PREFIX_LEN].copy_from_slice(&prefix.to_be_bytes());
+}
+
+/// A Response as a client sees it (owned: this is not the server's hot path).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Response {
+    pub version: Option<u64>,
+    pub request_id: Option<u64>,
+    pub status: Option<u32>,
+    pub error_text: Option<Vec<u8>>,
+    pub keys: Vec<Vec<u8>>,
+    pub server_unix_time: Option<i64>,
+}
+
+/// Decode a Response body (the bytes after the length prefix).
+pub fn decode_response(body: &[u8]) -> Result<Response, &'static str> {
+    let mut c = Cursor::new(body);
+    let mut r = Response::default();
+    while !c.is_empty() {
+        match c.tag()? {
+            (F_RESP_VERSION, WT_VARINT) => r.version = Some(c.varint()?),
+            (F_RESP_REQUEST_ID, WT_VARINT) => r.request_id = Some(c.varint()?),
+            // int32 enum: the low 32 bits carry the value.
+            (F_RESP_STATUS, WT_VARINT) => r.status = Some(c.varint()? as u32),
+            (F_RESP_ERROR_TEXT, WT_LEN) => r.error_text = Some(c.bytes()?.to_vec()),
+            (F_RESP_KEYS, WT_LEN) => r.keys.push(c.bytes()?.to_vec()),
+            (F_RESP_TIME, WT_VARINT) => r.server_unix_time = Some(c.varint()? as i64),
+            (_, wire) => c.skip(wire)?,
+        }
+    }
+    Ok(r)
+}
+
+#[cfg(test)]
+mod client_tests {
+    use super::*;
+
+    #[test]
+    fn encoded_lock_request_decodes_to_the_same_fields() {
+        let keys: [&[u8]; 3] = [b"a", b"", &[0xff; 300]];
+        for (wait, lease) in [
+            (None, None),
+            (Some(0), Some(1)),
+            (Some(u64::MAX), Some(300)),
+        ] {
+            let mut out = Vec::new();
+            let lock = LockFields {
+                wait_micro: wait,
+                release_micro: lease,
+                keys: &keys,
+            };
+            encode_request(&mut out, Some(77), Some(b"tok"), req_type::LOCK, Some(lock));
+            let (body, n) = parse_frame(&out, 1 << 20).expect("one whole frame");
+            assert_eq!(n, out.len());
+            let req = decode_request(body).expect("valid");
+            assert_eq!(req.version, Some(2));
+            assert_eq!(req.id, Some(77));
+            assert_eq!(req.access_token, Some(&b"tok"[..]));
+            assert_eq!(req.req_type, Some(req_type::LOCK));
+            let l = req.lock.expect("lock field");
+            assert_eq!(
+                (l.wait_micro, l.release_micro, l.key_count),
+                (wait, lease, 3)
+            );
+            assert_eq!(l.keys.collect::<Vec<_>>(), keys.to_vec());
+        }
+    }
+
+    #[test]
+    fn ping_request_has_no_lock_field() {
+        let mut out = Vec::new();
+        encode_request(&mut out, None, None, req_type::PING, None);
+        let (body, _) = parse_frame(&out, 1 << 20).expect("frame");
+        let req = decode_request(body).expect("valid");
+        assert_eq!(
+            (req.id, req.req_type, req.lock.is_none()),
+            (None, Some(req_type::PING), true)
+        );
+    }
+
+    #[test]
+    fn encoded_response_decodes_to_the_same_fields() {
+        let mut out = Vec::new();
+        let keys: [&[u8]; 2] = [b"k1", b"k2"];
+        encode_response(
+            &mut out,
+            Some(9),
+            status::ACQUIRE_TIMEOUT,
+            Some("busy"),
+            keys,
+            -5,
+        );
+        let (body, _) = parse_frame(&out, 1 << 20).expect("frame");
+        let r = decode_response(body).expect("valid");
+        assert_eq!(r.version, Some(2));
+        assert_eq!(r.request_id, Some(9));
+        assert_eq!(r.status, Some(status::ACQUIRE_TIMEOUT));
+        assert_eq!(r.error_text.as_deref(), Some(&b"busy"[..]));
+        assert_eq!(r.keys, vec![b"k1".to_vec(), b"k2".to_vec()]);
+        assert_eq!(r.server_unix_time, Some(-5));
+        assert!(
+            decode_response(&body[..body.len() - 1]).is_err(),
+            "truncated"
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
