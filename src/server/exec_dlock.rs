@@ -119,18 +119,25 @@ fn recycle<'a, 'b>(mut v: Vec<&'a [u8]>) -> Vec<&'b [u8]> {
     v.into_iter().map(|_| -> &'b [u8] { &[] }).collect()
 }
 
-fn respond<'k>(
-    out: &mut Outbox,
+/// Where an answer goes: the connection, whether it answers an operation the worker sent, and
+/// the request id it echoes.
+#[derive(Clone, Copy)]
+struct To {
     conn: ConnId,
     done: u8,
     id: Option<u64>,
+}
+
+fn respond<'k>(
+    out: &mut Outbox,
+    to: To,
     status: u32,
     text: Option<&str>,
     keys: impl IntoIterator<Item = &'k [u8]>,
     now: Now,
 ) {
-    out.record(conn, done, false, |w| {
-        dl::encode_response(w, id, status, text, keys, now.unix as i64)
+    out.record(to.conn, to.done, false, |w| {
+        dl::encode_response(w, to.id, status, text, keys, now.unix as i64)
     });
 }
 
@@ -146,10 +153,30 @@ fn run(
 ) {
     let none: [&[u8]; 0] = [];
     match op.kind {
-        DlockKind::Ping => respond(out, conn, 1, op.id, status::OK, None, none, now),
-        DlockKind::Refuse { status, text } => {
-            respond(out, conn, 1, op.id, status, Some(text), none, now)
-        }
+        DlockKind::Ping => respond(
+            out,
+            To {
+                conn,
+                done: 1,
+                id: op.id,
+            },
+            status::OK,
+            None,
+            none,
+            now,
+        ),
+        DlockKind::Refuse { status, text } => respond(
+            out,
+            To {
+                conn,
+                done: 1,
+                id: op.id,
+            },
+            status,
+            Some(text),
+            none,
+            now,
+        ),
         DlockKind::Lock {
             keys,
             wait_us,
@@ -170,12 +197,25 @@ fn run(
                 )
             });
             match result {
-                LockResult::Granted => respond(out, conn, 1, op.id, status::OK, None, none, now),
+                LockResult::Granted => respond(
+                    out,
+                    To {
+                        conn,
+                        done: 1,
+                        id: op.id,
+                    },
+                    status::OK,
+                    None,
+                    none,
+                    now,
+                ),
                 LockResult::Timeout { busy } => respond(
                     out,
-                    conn,
-                    1,
-                    op.id,
+                    To {
+                        conn,
+                        done: 1,
+                        id: op.id,
+                    },
                     status::ACQUIRE_TIMEOUT,
                     None,
                     busy.iter().map(|k| &k[..]),
@@ -196,12 +236,25 @@ fn run(
                 t.dlock.unlock(conn, keys, now.ms, &mut t.dlock_events)
             });
             match result {
-                Ok(()) => respond(out, conn, 1, op.id, status::OK, None, none, now),
+                Ok(()) => respond(
+                    out,
+                    To {
+                        conn,
+                        done: 1,
+                        id: op.id,
+                    },
+                    status::OK,
+                    None,
+                    none,
+                    now,
+                ),
                 Err(not_held) => respond(
                     out,
-                    conn,
-                    1,
-                    op.id,
+                    To {
+                        conn,
+                        done: 1,
+                        id: op.id,
+                    },
                     status::GENERAL,
                     Some("not held"),
                     not_held.iter().map(|k| &k[..]),
@@ -224,7 +277,18 @@ pub fn deliver_events(t: &mut Tables, out: &mut Outbox, shared: &Shared, now: No
                     let Some(w) = take_waiting(t, conn, token) else {
                         continue;
                     };
-                    respond(out, conn, 1, w.id, status::OK, None, none, now);
+                    respond(
+                        out,
+                        To {
+                            conn,
+                            done: 1,
+                            id: w.id,
+                        },
+                        status::OK,
+                        None,
+                        none,
+                        now,
+                    );
                     (conn, w.backlog)
                 }
                 DlockEvent::TimedOut { conn, token, busy } => {
@@ -232,7 +296,18 @@ pub fn deliver_events(t: &mut Tables, out: &mut Outbox, shared: &Shared, now: No
                         continue;
                     };
                     let keys = busy.iter().map(|k| &k[..]);
-                    respond(out, conn, 1, w.id, status::ACQUIRE_TIMEOUT, None, keys, now);
+                    respond(
+                        out,
+                        To {
+                            conn,
+                            done: 1,
+                            id: w.id,
+                        },
+                        status::ACQUIRE_TIMEOUT,
+                        None,
+                        keys,
+                        now,
+                    );
                     (conn, w.backlog)
                 }
                 DlockEvent::Idle { conn } => {
