@@ -1273,3 +1273,971 @@ impl Store {
         }
     }
 }
+
+#[cfg(test)]
+impl Store {
+    /// Checks every structural invariant: lists, slab, index, lock tables, accounting, timers.
+    fn check_invariants(&self) {
+        let mut seen = vec![false; self.slots.len()];
+        let mut mark = |i: u32| {
+            assert!(!seen[i as usize], "slot {i} reachable twice");
+            seen[i as usize] = true;
+        };
+        let (mut lru_count, mut lru_bytes, mut dead_bytes) = (0usize, 0usize, 0usize);
+        for list in [LRU, DEAD] {
+            let mut prev = NIL;
+            let mut i = self.lists[list].head;
+            while i != NIL {
+                let item = &self.slots[i as usize];
+                assert_eq!(item.state & OCCUPIED, OCCUPIED);
+                assert!(!item.is_locked());
+                assert_eq!(item.prev, prev, "broken prev link");
+                assert_eq!(item.epoch == self.epoch, list == LRU);
+                if list == LRU {
+                    lru_count += 1;
+                    lru_bytes += item.charge();
+                    assert_eq!(item.timer.is_some(), item.deadline != NEVER);
+                } else {
+                    dead_bytes += item.charge();
+                }
+                mark(i);
+                prev = i;
+                i = item.next;
+            }
+            assert_eq!(self.lists[list].tail, prev);
+        }
+        let mut locked_bytes = 0;
+        let mut via_conns = 0;
+        for (conn, list) in &self.conns {
+            let (mut prev, mut i, mut n) = (NIL, list.head, 0);
+            while i != NIL {
+                let e = &self.locks[&i];
+                assert_eq!(e.holder, *conn);
+                assert_eq!(e.prev, prev);
+                let item = &self.slots[i as usize];
+                assert!(item.is_locked() && item.state & OCCUPIED != 0);
+                assert_eq!(item.epoch, self.epoch);
+                locked_bytes += item.charge();
+                mark(i);
+                n += 1;
+                prev = i;
+                i = e.next;
+            }
+            assert_eq!(list.tail, prev);
+            assert_eq!(list.count, n);
+            assert!(n > 0, "empty connection entry kept");
+            via_conns += n as usize;
+        }
+        assert_eq!(via_conns, self.locks.len());
+        let occupied = self
+            .slots
+            .iter()
+            .filter(|s| s.state & OCCUPIED != 0)
+            .count();
+        for (i, item) in self.slots.iter().enumerate() {
+            assert_eq!(seen[i], item.state & OCCUPIED != 0, "slot {i} orphaned");
+            if item.state & OCCUPIED != 0 {
+                assert_eq!(self.find(item.key()), Some(i as u32));
+            }
+        }
+        let mut free = 0;
+        let mut f = self.free_head;
+        while f != NIL {
+            assert_eq!(self.slots[f as usize].state, 0);
+            free += 1;
+            f = self.slots[f as usize].next;
+        }
+        assert_eq!(free + occupied, self.slots.len());
+        assert_eq!(self.index.len(), occupied);
+        assert_eq!(self.live_count, lru_count + self.locks.len());
+        assert_eq!(self.locked_bytes, locked_bytes);
+        assert_eq!(self.live_bytes, lru_bytes + locked_bytes);
+        assert_eq!(self.dead_bytes, dead_bytes);
+        assert!(self.live_bytes + self.dead_bytes <= self.config.memory_limit);
+    }
+
+    /// Keys of the unlocked live items, most recently used first.
+    fn lru_keys(&self) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        let mut i = self.lists[LRU].head;
+        while i != NIL {
+            out.push(self.slots[i as usize].key().to_vec());
+            i = self.slots[i as usize].next;
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: ConnId = ConnId::new(0, 1, 1);
+    const B: ConnId = ConnId::new(0, 2, 1);
+    const C: ConnId = ConnId::new(1, 1, 7);
+    const UNIX0: u64 = 1_700_000_000;
+
+    fn at(ms: u64) -> Now {
+        Now {
+            ms,
+            unix: UNIX0 + ms / 1000,
+        }
+    }
+
+    fn store_with(memory_limit: usize, max_item_size: usize) -> Store {
+        Store::new(
+            StoreConfig {
+                memory_limit,
+                max_item_size,
+            },
+            at(0),
+        )
+    }
+
+    fn big() -> Store {
+        store_with(1 << 20, 1024)
+    }
+
+    fn set(
+        s: &mut Store,
+        conn: ConnId,
+        key: &[u8],
+        value: &[u8],
+        exptime: i64,
+        now: Now,
+    ) -> StoreOutcome {
+        s.store(conn, StoreMode::Set, key, 0, exptime, value, None, now)
+    }
+
+    fn put(s: &mut Store, mode: StoreMode, key: &[u8], value: &[u8], now: Now) -> StoreOutcome {
+        s.store(A, mode, key, 0, 0, value, None, now)
+    }
+
+    fn val(s: &mut Store, key: &[u8], now: Now) -> Option<Vec<u8>> {
+        s.get(key, now).map(|v| v.value.to_vec())
+    }
+
+    fn cas_of(s: &Store, key: &[u8], now: Now) -> u64 {
+        s.peek(key, now).map_or(0, |v| v.cas)
+    }
+
+    fn stored(o: StoreOutcome) -> u64 {
+        match o {
+            StoreOutcome::Stored { cas } => cas,
+            other => panic!("expected Stored, got {other:?}"),
+        }
+    }
+
+    /// Charge of an item, as the memory limit counts it.
+    fn charge(key: &[u8], value_len: usize) -> usize {
+        key.len() + value_len + ITEM_OVERHEAD
+    }
+
+    #[test]
+    fn per_item_overhead_is_88_bytes_on_64_bit() {
+        if cfg!(target_pointer_width = "64") {
+            assert_eq!(std::mem::size_of::<Item>(), 64);
+            assert_eq!(ITEM_OVERHEAD, 88);
+        }
+    }
+
+    #[test]
+    fn set_then_get_returns_value_flags_and_cas() {
+        let mut s = big();
+        let cas = stored(s.store(A, StoreMode::Set, b"k", 42, 0, b"hello", None, at(0)));
+        let v = s.get(b"k", at(1)).expect("hit");
+        assert_eq!(
+            (v.key, v.value, v.flags, v.cas),
+            (&b"k"[..], &b"hello"[..], 42, cas)
+        );
+        assert_eq!(val(&mut s, b"other", at(1)), None);
+        let st = s.stats();
+        assert_eq!(
+            (st.get_hits, st.get_misses, st.curr_items, st.total_items),
+            (1, 1, 1, 1)
+        );
+        assert_eq!(st.bytes as usize, charge(b"k", 5));
+        s.check_invariants();
+    }
+
+    #[test]
+    fn every_modification_gets_a_new_cas_unique() {
+        let mut s = big();
+        let c1 = stored(set(&mut s, A, b"k", b"1", 0, at(0)));
+        let c2 = stored(put(&mut s, StoreMode::Append, b"k", b"2", at(0)));
+        let ArithOutcome::Value { cas: c3, value: 13 } =
+            s.incr_decr(A, b"k", true, 1, None, None, at(0))
+        else {
+            panic!("incr")
+        };
+        let c4 = stored(set(&mut s, A, b"other", b"x", 0, at(0)));
+        assert!(c1 < c2 && c2 < c3 && c3 < c4);
+        // touch, lock and unlock keep it.
+        assert!(s.touch(b"k", 100, at(0)));
+        assert_eq!(s.lock(A, b"k", at(0)), LockOutcome::Ok);
+        assert_eq!(s.unlock(A, b"k", at(0)), UnlockOutcome::Ok);
+        assert_eq!(cas_of(&s, b"k", at(0)), c3);
+    }
+
+    #[test]
+    fn add_on_present_key_is_not_stored() {
+        let mut s = big();
+        stored(put(&mut s, StoreMode::Add, b"k", b"1", at(0)));
+        assert_eq!(
+            put(&mut s, StoreMode::Add, b"k", b"2", at(0)),
+            StoreOutcome::NotStored
+        );
+        assert_eq!(val(&mut s, b"k", at(0)).as_deref(), Some(&b"1"[..]));
+    }
+
+    #[test]
+    fn replace_append_prepend_on_missing_key_are_not_stored() {
+        let mut s = big();
+        for mode in [StoreMode::Replace, StoreMode::Append, StoreMode::Prepend] {
+            assert_eq!(
+                put(&mut s, mode, b"k", b"x", at(0)),
+                StoreOutcome::NotStored
+            );
+        }
+        assert_eq!(s.stats().curr_items, 0);
+        stored(put(&mut s, StoreMode::Set, b"k", b"1", at(0)));
+        stored(put(&mut s, StoreMode::Replace, b"k", b"2", at(0)));
+        assert_eq!(val(&mut s, b"k", at(0)).as_deref(), Some(&b"2"[..]));
+    }
+
+    #[test]
+    fn append_and_prepend_keep_flags_and_expiry() {
+        let mut s = big();
+        stored(s.store(A, StoreMode::Set, b"k", 7, 10, b"mid", None, at(0)));
+        stored(s.store(A, StoreMode::Append, b"k", 99, 0, b">", None, at(1000)));
+        stored(s.store(A, StoreMode::Prepend, b"k", 98, 0, b"<", None, at(2000)));
+        let v = s.get(b"k", at(9999)).expect("hit");
+        assert_eq!((v.value, v.flags), (&b"<mid>"[..], 7));
+        assert_eq!(s.get(b"k", at(10_000)), None, "original 10 s expiry kept");
+    }
+
+    #[test]
+    fn cas_on_missing_mismatching_and_matching_item() {
+        let mut s = big();
+        assert_eq!(
+            s.store(A, StoreMode::Set, b"k", 0, 0, b"v", Some(1), at(0)),
+            StoreOutcome::NotFound
+        );
+        let c = stored(set(&mut s, A, b"k", b"v", 0, at(0)));
+        assert_eq!(
+            s.store(A, StoreMode::Set, b"k", 0, 0, b"w", Some(c + 1), at(0)),
+            StoreOutcome::Exists
+        );
+        let c2 = stored(s.store(A, StoreMode::Set, b"k", 0, 0, b"w", Some(c), at(0)));
+        // CAS checks apply with every mode: a stale unique fails an append too.
+        assert_eq!(
+            s.store(A, StoreMode::Append, b"k", 0, 0, b"!", Some(c), at(0)),
+            StoreOutcome::Exists
+        );
+        stored(s.store(A, StoreMode::Append, b"k", 0, 0, b"!", Some(c2), at(0)));
+        assert_eq!(val(&mut s, b"k", at(0)).as_deref(), Some(&b"w!"[..]));
+        let st = s.stats();
+        assert_eq!((st.cas_misses, st.cas_badval, st.cas_hits), (1, 2, 2));
+    }
+
+    #[test]
+    fn delete_answers_deleted_not_found_and_exists_on_cas_mismatch() {
+        let mut s = big();
+        assert_eq!(s.delete(A, b"k", None, at(0)), DeleteOutcome::NotFound);
+        let c = stored(set(&mut s, A, b"k", b"v", 0, at(0)));
+        assert_eq!(s.delete(A, b"k", Some(c + 1), at(0)), DeleteOutcome::Exists);
+        assert_eq!(s.delete(A, b"k", Some(c), at(0)), DeleteOutcome::Deleted);
+        assert_eq!(s.delete(A, b"k", None, at(0)), DeleteOutcome::NotFound);
+        let st = s.stats();
+        assert_eq!(
+            (st.delete_hits, st.delete_misses, st.curr_items, st.bytes),
+            (1, 2, 0, 0)
+        );
+        s.check_invariants();
+    }
+
+    #[test]
+    fn too_large_values_are_refused() {
+        let mut s = store_with(1 << 20, 4);
+        assert_eq!(
+            set(&mut s, A, b"k", b"12345", 0, at(0)),
+            StoreOutcome::TooLarge
+        );
+        stored(set(&mut s, A, b"k", b"1234", 0, at(0)));
+        assert_eq!(
+            put(&mut s, StoreMode::Append, b"k", b"5", at(0)),
+            StoreOutcome::TooLarge
+        );
+        assert_eq!(
+            s.replace_and_unlock(A, b"k", 0, 0, b"12345", None, at(0)),
+            RauOutcome::TooLarge
+        );
+        assert_eq!(val(&mut s, b"k", at(0)).as_deref(), Some(&b"1234"[..]));
+    }
+
+    #[test]
+    fn incr_wraps_at_2_pow_64() {
+        let mut s = big();
+        stored(set(&mut s, A, b"n", b"18446744073709551615", 0, at(0)));
+        let r = s.incr_decr(A, b"n", true, 2, None, None, at(0));
+        assert!(matches!(r, ArithOutcome::Value { value: 1, .. }), "{r:?}");
+        assert_eq!(val(&mut s, b"n", at(0)).as_deref(), Some(&b"1"[..]));
+        assert_eq!(s.stats().bytes as usize, charge(b"n", 1));
+    }
+
+    #[test]
+    fn decr_floors_at_zero() {
+        let mut s = big();
+        stored(set(&mut s, A, b"n", b"10", 0, at(0)));
+        assert!(matches!(
+            s.incr_decr(A, b"n", false, 3, None, None, at(0)),
+            ArithOutcome::Value { value: 7, .. }
+        ));
+        assert!(matches!(
+            s.incr_decr(A, b"n", false, 100, None, None, at(0)),
+            ArithOutcome::Value { value: 0, .. }
+        ));
+        assert_eq!(val(&mut s, b"n", at(0)).as_deref(), Some(&b"0"[..]));
+        let st = s.stats();
+        assert_eq!((st.decr_hits, st.decr_misses), (2, 0));
+    }
+
+    #[test]
+    fn incr_on_non_numeric_values_answers_non_numeric() {
+        let mut s = big();
+        for bad in [
+            &b""[..],
+            b"abc",
+            b"12a",
+            b" 12",
+            b"-1",
+            b"+1",
+            b"18446744073709551616",
+            b"1 2",
+        ] {
+            stored(set(&mut s, A, b"n", bad, 0, at(0)));
+            assert_eq!(
+                s.incr_decr(A, b"n", true, 1, None, None, at(0)),
+                ArithOutcome::NonNumeric,
+                "{bad:?}"
+            );
+            assert_eq!(val(&mut s, b"n", at(0)).as_deref(), Some(bad));
+        }
+    }
+
+    #[test]
+    fn incr_accepts_trailing_spaces_and_leading_zeros() {
+        let mut s = big();
+        stored(set(&mut s, A, b"n", b"41  ", 0, at(0)));
+        assert!(matches!(
+            s.incr_decr(A, b"n", true, 1, None, None, at(0)),
+            ArithOutcome::Value { value: 42, .. }
+        ));
+        assert_eq!(val(&mut s, b"n", at(0)).as_deref(), Some(&b"42"[..]));
+        stored(set(&mut s, A, b"n", b"0009", 0, at(0)));
+        assert!(matches!(
+            s.incr_decr(A, b"n", true, 1, None, None, at(0)),
+            ArithOutcome::Value { value: 10, .. }
+        ));
+    }
+
+    #[test]
+    fn incr_keeps_flags_and_expiry_and_checks_cas() {
+        let mut s = big();
+        let c = stored(s.store(A, StoreMode::Set, b"n", 5, 2, b"1", None, at(0)));
+        assert_eq!(
+            s.incr_decr(A, b"n", true, 1, None, Some(c + 1), at(0)),
+            ArithOutcome::Exists
+        );
+        assert!(matches!(
+            s.incr_decr(A, b"n", true, 1, None, Some(c), at(0)),
+            ArithOutcome::Value { value: 2, .. }
+        ));
+        assert_eq!(s.peek(b"n", at(1999)).map(|v| v.flags), Some(5));
+        assert_eq!(s.peek(b"n", at(2000)), None);
+    }
+
+    #[test]
+    fn incr_on_missing_key_creates_it_only_with_an_initial_value() {
+        let mut s = big();
+        assert_eq!(
+            s.incr_decr(A, b"n", true, 1, None, None, at(0)),
+            ArithOutcome::NotFound
+        );
+        assert_eq!(
+            s.incr_decr(A, b"n", true, 1, Some((10, 0)), Some(3), at(0)),
+            ArithOutcome::NotFound
+        );
+        let r = s.incr_decr(A, b"n", false, 1, Some((10, 1)), None, at(0));
+        assert!(matches!(r, ArithOutcome::Value { value: 10, .. }), "{r:?}");
+        let v = s.get(b"n", at(999)).expect("created");
+        assert_eq!((v.value, v.flags), (&b"10"[..], 0));
+        assert_eq!(
+            s.get(b"n", at(1000)),
+            None,
+            "created with the initial exptime"
+        );
+        let st = s.stats();
+        assert_eq!((st.incr_misses, st.decr_misses, st.total_items), (2, 1, 1));
+    }
+
+    #[test]
+    fn relative_expiry_boundary_is_exact_to_the_millisecond() {
+        let mut s = big();
+        stored(set(&mut s, A, b"k", b"v", 5, at(1_500)));
+        assert!(s.get(b"k", at(6_499)).is_some());
+        assert!(s.get(b"k", at(6_500)).is_none());
+        assert_eq!(s.stats().get_expired, 1);
+        assert_eq!(s.stats().curr_items, 0, "lazily removed on access");
+    }
+
+    #[test]
+    fn thirty_days_is_relative_and_one_second_more_is_an_absolute_time() {
+        let mut s = big();
+        stored(set(&mut s, A, b"rel", b"v", RELATIVE_EXPTIME_MAX, at(0)));
+        let day30 = RELATIVE_EXPTIME_MAX as u64 * 1000;
+        assert!(s.peek(b"rel", at(day30 - 1)).is_some());
+        assert!(s.peek(b"rel", at(day30)).is_none());
+        // 2592001 as a Unix time is in 1970: already expired.
+        stored(set(
+            &mut s,
+            A,
+            b"abs",
+            b"v",
+            RELATIVE_EXPTIME_MAX + 1,
+            at(0),
+        ));
+        assert!(s.get(b"abs", at(0)).is_none());
+    }
+
+    #[test]
+    fn absolute_expiry_counts_from_the_wall_clock() {
+        let mut s = big();
+        let now = Now {
+            ms: 500,
+            unix: UNIX0,
+        };
+        stored(set(&mut s, A, b"k", b"v", (UNIX0 + 3) as i64, now));
+        assert!(s
+            .peek(
+                b"k",
+                Now {
+                    ms: 3_499,
+                    unix: UNIX0 + 2
+                }
+            )
+            .is_some());
+        assert!(s
+            .peek(
+                b"k",
+                Now {
+                    ms: 3_500,
+                    unix: UNIX0 + 3
+                }
+            )
+            .is_none());
+        stored(set(&mut s, A, b"now", b"v", UNIX0 as i64, now));
+        assert!(
+            s.get(b"now", now).is_none(),
+            "an absolute time equal to now is past"
+        );
+    }
+
+    #[test]
+    fn negative_exptime_stores_an_already_invisible_item() {
+        let mut s = big();
+        stored(set(&mut s, A, b"k", b"old", 0, at(0)));
+        stored(set(&mut s, A, b"k", b"v", -1, at(0)));
+        assert!(s.get(b"k", at(0)).is_none());
+        assert_eq!(
+            put(&mut s, StoreMode::Replace, b"k", b"x", at(0)),
+            StoreOutcome::NotStored
+        );
+        stored(put(&mut s, StoreMode::Add, b"k", b"new", at(0)));
+        assert_eq!(val(&mut s, b"k", at(0)).as_deref(), Some(&b"new"[..]));
+    }
+
+    #[test]
+    fn expired_items_are_removed_by_the_wheel() {
+        let mut s = big();
+        stored(set(&mut s, A, b"a", b"v", 1, at(0)));
+        stored(set(&mut s, A, b"b", b"v", 2, at(0)));
+        stored(set(&mut s, A, b"c", b"v", 0, at(0)));
+        assert_eq!(s.next_deadline(), Some(1000));
+        s.advance(at(999));
+        assert_eq!(s.stats().curr_items, 3);
+        s.advance(at(1000));
+        assert_eq!(s.stats().curr_items, 2);
+        assert_eq!(s.next_deadline(), Some(2000));
+        s.advance(at(5000));
+        let st = s.stats();
+        assert_eq!(
+            (st.curr_items, st.reclaimed, st.expired_unfetched),
+            (1, 2, 2)
+        );
+        assert_eq!(s.next_deadline(), None);
+        s.check_invariants();
+    }
+
+    #[test]
+    fn touch_and_gat_replace_the_expiry_timer() {
+        let mut s = big();
+        stored(set(&mut s, A, b"k", b"v", 1, at(0)));
+        assert!(s.touch(b"k", 10, at(500)));
+        s.advance(at(1000));
+        assert!(s.peek(b"k", at(1000)).is_some(), "old timer cancelled");
+        let v = s.get_and_touch(b"k", 0, at(2000)).expect("hit");
+        assert_eq!(v.value, b"v");
+        s.advance(at(1_000_000));
+        assert!(s.peek(b"k", at(1_000_000)).is_some(), "0 means never");
+        assert!(!s.touch(b"missing", 1, at(0)));
+        assert!(s.get_and_touch(b"missing", 1, at(0)).is_none());
+        let st = s.stats();
+        assert_eq!((st.touch_hits, st.touch_misses), (2, 2));
+        assert_eq!(s.next_deadline(), None);
+    }
+
+    #[test]
+    fn flush_all_invalidates_unlocked_items_now() {
+        let mut s = big();
+        stored(set(&mut s, A, b"a", b"v", 0, at(0)));
+        stored(set(&mut s, A, b"b", b"v", 0, at(0)));
+        s.flush_all(0, at(10));
+        assert!(s.get(b"a", at(10)).is_none());
+        assert_eq!(s.stats().curr_items, 0);
+        assert_eq!(s.stats().bytes, 0);
+        stored(set(&mut s, A, b"a", b"new", 0, at(10)));
+        assert_eq!(val(&mut s, b"a", at(10)).as_deref(), Some(&b"new"[..]));
+        s.advance(at(10));
+        s.check_invariants();
+        assert_eq!(s.stats().curr_items, 1);
+    }
+
+    #[test]
+    fn flush_all_with_delay_invalidates_items_existing_at_that_time() {
+        let mut s = big();
+        stored(set(&mut s, A, b"before", b"v", 0, at(0)));
+        s.flush_all(2, at(0));
+        stored(set(&mut s, A, b"during", b"v", 0, at(1_000)));
+        assert!(s.get(b"before", at(1_999)).is_some());
+        assert_eq!(s.next_deadline(), Some(2_000));
+        // No advance yet: the first command at or after the flush time sees it done.
+        assert!(s.get(b"before", at(2_000)).is_none());
+        assert!(s.get(b"during", at(2_000)).is_none());
+        stored(set(&mut s, A, b"after", b"v", 0, at(2_000)));
+        s.advance(at(3_000));
+        assert!(s.get(b"after", at(3_000)).is_some());
+        s.check_invariants();
+    }
+
+    #[test]
+    fn later_flush_all_replaces_a_pending_delayed_one() {
+        let mut s = big();
+        s.flush_all(2, at(0));
+        s.flush_all(5, at(0));
+        stored(set(&mut s, A, b"k", b"v", 0, at(0)));
+        assert!(s.peek(b"k", at(2_000)).is_some());
+        s.advance(at(2_000));
+        assert!(s.get(b"k", at(4_999)).is_some());
+        assert!(s.get(b"k", at(5_000)).is_none());
+        // And an immediate flush cancels a pending delayed one.
+        s.flush_all(3, at(5_000));
+        s.flush_all(0, at(5_000));
+        stored(set(&mut s, A, b"k", b"v", 0, at(5_000)));
+        s.advance(at(9_000));
+        assert!(s.get(b"k", at(9_000)).is_some());
+        assert_eq!(s.next_deadline(), None);
+    }
+
+    #[test]
+    fn flush_all_spares_locked_items_even_after_unlock() {
+        let mut s = big();
+        stored(set(&mut s, A, b"locked", b"v", 0, at(0)));
+        stored(set(&mut s, A, b"free", b"v", 0, at(0)));
+        assert_eq!(s.lock(B, b"locked", at(0)), LockOutcome::Ok);
+        s.flush_all(0, at(0));
+        assert!(s.get(b"locked", at(0)).is_some());
+        assert!(s.get(b"free", at(0)).is_none());
+        assert_eq!(s.unlock(B, b"locked", at(1)), UnlockOutcome::Ok);
+        assert!(s.get(b"locked", at(1)).is_some());
+        assert_eq!(s.stats().curr_items, 1);
+        s.check_invariants();
+    }
+
+    #[test]
+    fn flushed_memory_is_freed_before_any_live_item_is_evicted() {
+        let c = charge(b"k0", 10);
+        let mut s = store_with(3 * c, 100);
+        for k in [b"k0", b"k1", b"k2"] {
+            stored(set(&mut s, A, k, b"0123456789", 0, at(0)));
+        }
+        s.flush_all(0, at(0));
+        for k in [b"k3", b"k4", b"k5"] {
+            stored(set(&mut s, A, k, b"0123456789", 0, at(0)));
+        }
+        let st = s.stats();
+        assert_eq!((st.evictions, st.reclaimed, st.curr_items), (0, 3, 3));
+        s.check_invariants();
+    }
+
+    #[test]
+    fn flushed_items_are_freed_in_batches_by_the_wheel() {
+        let mut s = big();
+        for i in 0..(RECLAIM_BATCH + 10) {
+            stored(set(&mut s, A, format!("k{i}").as_bytes(), b"v", 0, at(0)));
+        }
+        s.flush_all(0, at(0));
+        assert_eq!(s.next_deadline(), Some(0));
+        s.advance(at(0));
+        assert_eq!(s.dead_bytes, 10 * charge(b"k1000", 1));
+        assert_eq!(s.next_deadline(), Some(1));
+        s.advance(at(1));
+        assert_eq!(s.dead_bytes, 0);
+        assert_eq!(s.stats().reclaimed as usize, RECLAIM_BATCH + 10);
+        assert_eq!(s.next_deadline(), None);
+        s.check_invariants();
+    }
+
+    #[test]
+    fn lru_evicts_the_least_recently_used_item_first() {
+        let c = charge(b"k0", 1);
+        let mut s = store_with(3 * c, 100);
+        for k in [b"k0", b"k1", b"k2"] {
+            stored(set(&mut s, A, k, b"v", 0, at(0)));
+        }
+        assert!(s.get(b"k0", at(0)).is_some()); // k1 is now the LRU
+        stored(set(&mut s, A, b"k3", b"v", 0, at(0)));
+        assert!(s.peek(b"k1", at(0)).is_none());
+        assert!(s.touch(b"k2", 0, at(0))); // k0 is now the LRU
+        stored(set(&mut s, A, b"k4", b"v", 0, at(0)));
+        assert!(s.peek(b"k0", at(0)).is_none());
+        assert_eq!(
+            s.lru_keys(),
+            vec![b"k4".to_vec(), b"k2".to_vec(), b"k3".to_vec()]
+        );
+        // Replacing the LRU item itself never evicts it.
+        stored(set(&mut s, A, b"k3", b"w", 0, at(0)));
+        assert_eq!(
+            s.lru_keys(),
+            vec![b"k3".to_vec(), b"k4".to_vec(), b"k2".to_vec()]
+        );
+        assert_eq!(s.stats().evictions, 2);
+        s.check_invariants();
+    }
+
+    #[test]
+    fn locked_items_are_never_evicted() {
+        let c = charge(b"k10", 1);
+        let mut s = store_with(4 * c, 100);
+        for k in [b"k0", b"k1", b"k2", b"k3"] {
+            stored(set(&mut s, A, k, b"v", 0, at(0)));
+        }
+        // All but k3 locked, k0 (the LRU end) by A, the others by B.
+        assert_eq!(s.lock(A, b"k0", at(0)), LockOutcome::Ok);
+        assert_eq!(s.lock(B, b"k1", at(0)), LockOutcome::Ok);
+        assert_eq!(s.lock(B, b"k2", at(0)), LockOutcome::Ok);
+        for i in 4..20 {
+            stored(set(&mut s, C, format!("k{i}").as_bytes(), b"v", 0, at(0)));
+        }
+        for k in [b"k0", b"k1", b"k2"] {
+            assert!(s.peek(k, at(0)).is_some());
+        }
+        assert_eq!(s.stats().curr_items, 4);
+        assert_eq!(s.stats().evictions, 16);
+        s.check_invariants();
+    }
+
+    #[test]
+    fn out_of_memory_when_every_item_is_locked() {
+        let c = charge(b"k0", 1);
+        let mut s = store_with(3 * c, 100);
+        for k in [b"k0", b"k1", b"k2"] {
+            stored(set(&mut s, A, k, b"v", 0, at(0)));
+            assert_eq!(s.lock(A, k, at(0)), LockOutcome::Ok);
+        }
+        assert_eq!(
+            set(&mut s, B, b"k3", b"v", 0, at(0)),
+            StoreOutcome::OutOfMemory
+        );
+        assert_eq!(
+            s.incr_decr(B, b"n", true, 1, Some((1, 0)), None, at(0)),
+            ArithOutcome::OutOfMemory
+        );
+        // The holder may rewrite at the same size, not grow.
+        stored(set(&mut s, A, b"k0", b"w", 0, at(0)));
+        assert_eq!(
+            set(&mut s, A, b"k0", b"ww", 0, at(0)),
+            StoreOutcome::OutOfMemory
+        );
+        assert_eq!(
+            s.replace_and_unlock(A, b"k1", 0, 0, b"ww", None, at(0)),
+            RauOutcome::OutOfMemory
+        );
+        assert_eq!(s.stats().evictions, 0);
+        assert_eq!(s.unlock(A, b"k2", at(0)), UnlockOutcome::Ok);
+        stored(set(&mut s, B, b"k3", b"v", 0, at(0)));
+        assert!(s.peek(b"k2", at(0)).is_none());
+        s.check_invariants();
+    }
+
+    #[test]
+    fn lock_by_other_connection_answers_locked() {
+        let mut s = big();
+        stored(set(&mut s, A, b"k", b"v", 0, at(0)));
+        assert_eq!(s.lock(A, b"k", at(0)), LockOutcome::Ok);
+        assert_eq!(s.lock(B, b"k", at(0)), LockOutcome::Locked);
+        assert_eq!(
+            s.lock_and_get(B, b"k", None, at(0)),
+            Err(LockOutcome::Locked)
+        );
+        let st = s.stats();
+        assert_eq!(
+            (st.locks_held, st.lock_grants, st.lock_conflicts),
+            (1, 1, 2)
+        );
+        assert_eq!(s.lock_holder(b"k", at(0)), Some(A));
+    }
+
+    #[test]
+    fn lock_is_not_reentrant() {
+        let mut s = big();
+        stored(set(&mut s, A, b"k", b"v", 0, at(0)));
+        assert_eq!(s.lock(A, b"k", at(0)), LockOutcome::Ok);
+        assert_eq!(s.lock(A, b"k", at(0)), LockOutcome::Locked);
+        assert_eq!(
+            s.lock_and_get(A, b"k", None, at(0)),
+            Err(LockOutcome::Locked)
+        );
+        assert_eq!(s.unlock(A, b"k", at(0)), UnlockOutcome::Ok);
+        assert_eq!(s.unlock(A, b"k", at(0)), UnlockOutcome::NotLocked);
+    }
+
+    #[test]
+    fn lock_of_missing_or_expired_item_is_not_found() {
+        let mut s = big();
+        assert_eq!(s.lock(A, b"k", at(0)), LockOutcome::NotFound);
+        stored(set(&mut s, A, b"k", b"v", 1, at(0)));
+        assert_eq!(s.lock(A, b"k", at(1000)), LockOutcome::NotFound);
+        assert_eq!(
+            s.lock_and_get(A, b"k", None, at(1000)),
+            Err(LockOutcome::NotFound)
+        );
+        assert_eq!(s.stats().lock_grants, 0);
+    }
+
+    #[test]
+    fn others_may_get_gets_touch_and_gat_a_locked_item() {
+        let mut s = big();
+        stored(set(&mut s, A, b"k", b"v", 0, at(0)));
+        assert_eq!(s.lock(A, b"k", at(0)), LockOutcome::Ok);
+        assert_eq!(val(&mut s, b"k", at(0)).as_deref(), Some(&b"v"[..]));
+        assert!(s.touch(b"k", 5, at(0)));
+        assert!(s.get_and_touch(b"k", 6, at(0)).is_some());
+        assert_eq!(
+            s.lock_holder(b"k", at(0)),
+            Some(A),
+            "reads leave the lock alone"
+        );
+    }
+
+    #[test]
+    fn every_modification_by_another_connection_answers_locked() {
+        let mut s = big();
+        let c = stored(set(&mut s, A, b"k", b"5", 0, at(0)));
+        assert_eq!(s.lock(A, b"k", at(0)), LockOutcome::Ok);
+        for mode in [
+            StoreMode::Set,
+            StoreMode::Add,
+            StoreMode::Replace,
+            StoreMode::Append,
+            StoreMode::Prepend,
+        ] {
+            assert_eq!(
+                s.store(B, mode, b"k", 0, 0, b"x", None, at(0)),
+                StoreOutcome::Locked,
+                "{mode:?}"
+            );
+            // The lock is checked before the CAS.
+            assert_eq!(
+                s.store(B, mode, b"k", 0, 0, b"x", Some(c + 9), at(0)),
+                StoreOutcome::Locked
+            );
+        }
+        assert_eq!(s.delete(B, b"k", None, at(0)), DeleteOutcome::Locked);
+        assert_eq!(s.delete(B, b"k", Some(c + 9), at(0)), DeleteOutcome::Locked);
+        assert_eq!(
+            s.incr_decr(B, b"k", true, 1, None, None, at(0)),
+            ArithOutcome::Locked
+        );
+        assert_eq!(
+            s.incr_decr(B, b"k", false, 1, None, Some(c + 9), at(0)),
+            ArithOutcome::Locked
+        );
+        assert_eq!(
+            s.replace_and_unlock(B, b"k", 0, 0, b"x", None, at(0)),
+            RauOutcome::NotLocked
+        );
+        assert_eq!(s.unlock(B, b"k", at(0)), UnlockOutcome::NotLocked);
+        assert_eq!(s.unlock_all(B, at(0)), 0);
+        let v = s.peek(b"k", at(0)).expect("still there");
+        assert_eq!((v.value, v.cas), (&b"5"[..], c));
+        assert_eq!(s.lock_holder(b"k", at(0)), Some(A));
+    }
+
+    #[test]
+    fn holder_may_modify_and_keeps_the_lock() {
+        let mut s = big();
+        stored(set(&mut s, A, b"k", b"1", 0, at(0)));
+        assert_eq!(s.lock(A, b"k", at(0)), LockOutcome::Ok);
+        stored(set(&mut s, A, b"k", b"2", 0, at(0)));
+        stored(put(&mut s, StoreMode::Append, b"k", b"0", at(0)));
+        assert!(matches!(
+            s.incr_decr(A, b"k", true, 1, None, None, at(0)),
+            ArithOutcome::Value { value: 21, .. }
+        ));
+        assert_eq!(
+            put(&mut s, StoreMode::Add, b"k", b"x", at(0)),
+            StoreOutcome::NotStored
+        );
+        assert_eq!(s.lock_holder(b"k", at(0)), Some(A));
+        assert_eq!(set(&mut s, B, b"k", b"x", 0, at(0)), StoreOutcome::Locked);
+        assert_eq!(s.stats().locks_held, 1);
+        s.check_invariants();
+    }
+
+    #[test]
+    fn holder_deleting_the_item_drops_the_lock() {
+        let mut s = big();
+        stored(set(&mut s, A, b"k", b"v", 0, at(0)));
+        assert_eq!(s.lock(A, b"k", at(0)), LockOutcome::Ok);
+        assert_eq!(s.delete(A, b"k", None, at(0)), DeleteOutcome::Deleted);
+        assert_eq!(s.stats().locks_held, 0);
+        stored(set(&mut s, B, b"k", b"w", 0, at(0)));
+        assert_eq!(s.lock(B, b"k", at(0)), LockOutcome::Ok);
+        assert_eq!(s.unlock_all(A, at(0)), 0);
+        assert_eq!(s.lock_holder(b"k", at(0)), Some(B));
+        s.check_invariants();
+    }
+
+    #[test]
+    fn unlock_answers_not_found_not_locked_or_ok() {
+        let mut s = big();
+        assert_eq!(s.unlock(A, b"k", at(0)), UnlockOutcome::NotFound);
+        stored(set(&mut s, A, b"k", b"v", 0, at(0)));
+        assert_eq!(s.unlock(A, b"k", at(0)), UnlockOutcome::NotLocked);
+        assert_eq!(s.lock(B, b"k", at(0)), LockOutcome::Ok);
+        assert_eq!(s.unlock(A, b"k", at(0)), UnlockOutcome::NotLocked);
+        assert_eq!(s.unlock(B, b"k", at(0)), UnlockOutcome::Ok);
+        assert_eq!(s.lock(A, b"k", at(0)), LockOutcome::Ok);
+        assert_eq!(s.stats().locks_held, 1);
+    }
+
+    #[test]
+    fn unlock_all_releases_only_the_callers_locks() {
+        let mut s = big();
+        for k in [b"a", b"b", b"c", b"d"] {
+            stored(set(&mut s, A, k, b"v", 0, at(0)));
+        }
+        assert_eq!(s.lock(A, b"a", at(0)), LockOutcome::Ok);
+        assert_eq!(s.lock(B, b"b", at(0)), LockOutcome::Ok);
+        assert_eq!(s.lock(A, b"c", at(0)), LockOutcome::Ok);
+        assert_eq!(s.unlock_all(A, at(0)), 2);
+        assert_eq!(s.unlock_all(A, at(0)), 0);
+        assert_eq!(s.lock_holder(b"b", at(0)), Some(B));
+        assert_eq!(s.lock_holder(b"a", at(0)), None);
+        // Released in acquisition order, each to the MRU end.
+        assert_eq!(
+            s.lru_keys(),
+            vec![b"c".to_vec(), b"a".to_vec(), b"d".to_vec()]
+        );
+        s.check_invariants();
+    }
+
+    #[test]
+    fn lock_and_get_locks_returns_the_item_and_renews_expiry() {
+        let mut s = big();
+        let c = stored(s.store(A, StoreMode::Set, b"k", 3, 1, b"v", None, at(0)));
+        let v = s.lock_and_get(A, b"k", Some(10), at(0)).expect("locked");
+        assert_eq!((v.value, v.flags, v.cas), (&b"v"[..], 3, c));
+        assert_eq!(s.unlock(A, b"k", at(5_000)), UnlockOutcome::Ok);
+        assert!(s.peek(b"k", at(9_999)).is_some());
+        assert!(s.peek(b"k", at(10_000)).is_none());
+        let st = s.stats();
+        assert_eq!((st.get_hits, st.lock_grants), (1, 1));
+    }
+
+    #[test]
+    fn replace_and_unlock_answers_like_replace_for_the_holder_only() {
+        let mut s = big();
+        assert_eq!(
+            s.replace_and_unlock(A, b"k", 0, 0, b"x", None, at(0)),
+            RauOutcome::NotFound
+        );
+        let c = stored(set(&mut s, A, b"k", b"v", 0, at(0)));
+        assert_eq!(
+            s.replace_and_unlock(A, b"k", 0, 0, b"x", None, at(0)),
+            RauOutcome::NotLocked
+        );
+        assert_eq!(s.lock(A, b"k", at(0)), LockOutcome::Ok);
+        assert_eq!(
+            s.replace_and_unlock(B, b"k", 0, 0, b"x", None, at(0)),
+            RauOutcome::NotLocked
+        );
+        assert_eq!(
+            s.replace_and_unlock(A, b"k", 0, 0, b"x", Some(c + 1), at(0)),
+            RauOutcome::Exists
+        );
+        let RauOutcome::Stored { cas } = s.replace_and_unlock(A, b"k", 9, 2, b"x", Some(c), at(0))
+        else {
+            panic!("rau")
+        };
+        let v = s.peek(b"k", at(0)).expect("replaced");
+        assert_eq!((v.value, v.flags, v.cas), (&b"x"[..], 9, cas));
+        assert_eq!(s.lock_holder(b"k", at(0)), None);
+        assert!(s.peek(b"k", at(2_000)).is_none(), "new exptime applied");
+        s.check_invariants();
+    }
+
+    #[test]
+    fn locked_item_outlives_its_expiry_and_vanishes_on_unlock() {
+        let mut s = big();
+        stored(set(&mut s, A, b"k", b"v", 1, at(0)));
+        assert_eq!(s.lock(A, b"k", at(0)), LockOutcome::Ok);
+        s.advance(at(5_000));
+        assert_eq!(val(&mut s, b"k", at(5_000)).as_deref(), Some(&b"v"[..]));
+        assert_eq!(s.stats().curr_items, 1);
+        s.check_invariants();
+        assert_eq!(s.unlock(A, b"k", at(5_000)), UnlockOutcome::Ok);
+        assert!(s.get(b"k", at(5_000)).is_none());
+        assert_eq!(s.stats().curr_items, 0);
+        // The same through a disconnect, and for an expiry given while locked.
+        stored(set(&mut s, A, b"k", b"v", 0, at(5_000)));
+        assert_eq!(s.lock(B, b"k", at(5_000)), LockOutcome::Ok);
+        assert!(s.touch(b"k", -1, at(5_000)));
+        assert!(s.peek(b"k", at(6_000)).is_some());
+        assert_eq!(s.disconnect(B, at(6_000)), 1);
+        assert!(s.peek(b"k", at(6_000)).is_none());
+        assert_eq!(s.stats().curr_items, 0);
+        s.check_invariants();
+    }
+
+    #[test]
+    fn disconnect_releases_a_thousand_locks_at_once() {
+        let mut s = big();
+        for i in 0..1001 {
+            let key = format!("key{i}");
+            stored(set(&mut s, A, key.as_bytes(), b"v", 0, at(0)));
+            let holder = if i == 1000 { B } else { A };
+            assert_eq!(s.lock(holder, key.as_bytes(), at(0)), LockOutcome::Ok);
+        }
+        assert_eq!(s.unlock(A, b"key500", at(0)), UnlockOutcome::Ok);
+        assert_eq!(s.stats().locks_held, 1000);
+        assert_eq!(s.disconnect(A, at(0)), 999);
+        assert_eq!(s.disconnect(A, at(0)), 0);
+        let st = s.stats();
+        assert_eq!((st.locks_held, st.curr_items), (1, 1001));
+        assert_eq!(s.lock_holder(b"key1000", at(0)), Some(B));
+        stored(set(&mut s, C, b"key7", b"w", 0, at(0)));
+        s.check_invariants();
+    }
+}
