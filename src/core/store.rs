@@ -2240,4 +2240,668 @@ mod tests {
         stored(set(&mut s, C, b"key7", b"w", 0, at(0)));
         s.check_invariants();
     }
+
+    // ---- the store against a naive model, after every step of seeded random sequences ----
+
+    /// xorshift64*: a tiny deterministic PRNG (no new dependency).
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+        }
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n
+        }
+        fn chance(&mut self, percent: u64) -> bool {
+            self.below(100) < percent
+        }
+    }
+
+    #[derive(Clone, Debug)]
+    struct MItem {
+        value: Vec<u8>,
+        flags: u32,
+        deadline: u64,
+        cas: u64,
+        holder: Option<ConnId>,
+    }
+
+    /// The contract written the obvious way: a sorted map, an LRU vector (front = LRU end), a
+    /// vector of keys per lock holder, linear scans everywhere.
+    struct Model {
+        items: std::collections::BTreeMap<Vec<u8>, MItem>,
+        lru: Vec<Vec<u8>>,
+        held: std::collections::BTreeMap<ConnId, Vec<Vec<u8>>>,
+        pending_flush: Option<u64>,
+        last_cas: u64,
+        limit: usize,
+        max: usize,
+    }
+
+    fn m_deadline(exptime: i64, now: Now) -> u64 {
+        if exptime == 0 {
+            u64::MAX
+        } else if exptime < 0 {
+            now.ms
+        } else if exptime <= 2_592_000 {
+            now.ms + exptime as u64 * 1000
+        } else if exptime as u64 <= now.unix {
+            now.ms
+        } else {
+            now.ms + (exptime as u64 - now.unix) * 1000
+        }
+    }
+
+    fn m_counter(v: &[u8]) -> Option<u64> {
+        let mut t = v;
+        while let [rest @ .., b' '] = t {
+            t = rest;
+        }
+        if t.is_empty() || !t.iter().all(u8::is_ascii_digit) {
+            return None;
+        }
+        std::str::from_utf8(t).ok()?.parse().ok()
+    }
+
+    impl Model {
+        fn charge(key: &[u8], value: &[u8]) -> usize {
+            key.len() + value.len() + ITEM_OVERHEAD
+        }
+
+        fn sync(&mut self, now: Now) {
+            if self.pending_flush.is_some_and(|at| at <= now.ms) {
+                self.pending_flush = None;
+                self.flush();
+            }
+        }
+
+        fn flush(&mut self) {
+            self.items.retain(|_, it| it.holder.is_some());
+            self.lru.clear();
+        }
+
+        fn drop_key(&mut self, key: &[u8]) {
+            if let Some(it) = self.items.remove(key) {
+                match it.holder {
+                    Some(h) => {
+                        let list = self.held.get_mut(&h).expect("holder list");
+                        list.retain(|k| k != key);
+                        if list.is_empty() {
+                            self.held.remove(&h);
+                        }
+                    }
+                    None => self.lru.retain(|k| k != key),
+                }
+            }
+        }
+
+        /// Unlocked expired items go (what `advance` does).
+        fn reap(&mut self, now: Now) {
+            self.sync(now);
+            let dead: Vec<Vec<u8>> = self
+                .items
+                .iter()
+                .filter(|(_, it)| it.holder.is_none() && it.deadline <= now.ms)
+                .map(|(k, _)| k.clone())
+                .collect();
+            for k in dead {
+                self.drop_key(&k);
+            }
+        }
+
+        fn present(&mut self, key: &[u8], now: Now) -> bool {
+            match self.items.get(key) {
+                None => false,
+                Some(it) if it.holder.is_none() && it.deadline <= now.ms => {
+                    self.drop_key(key);
+                    false
+                }
+                Some(_) => true,
+            }
+        }
+
+        fn holder(&self, key: &[u8]) -> Option<ConnId> {
+            self.items.get(key).and_then(|it| it.holder)
+        }
+
+        fn bump(&mut self, key: &[u8]) {
+            if self.holder(key).is_none() {
+                self.lru.retain(|k| k != key);
+                self.lru.push(key.to_vec());
+            }
+        }
+
+        fn room(&mut self, charge: usize, target: Option<&[u8]>) -> bool {
+            let target_charge = target.map_or(0, |k| Self::charge(k, &self.items[k].value));
+            let pinned: usize = self
+                .items
+                .iter()
+                .filter(|(k, it)| it.holder.is_some() && Some(k.as_slice()) != target)
+                .map(|(k, it)| Self::charge(k, &it.value))
+                .sum();
+            if pinned + charge > self.limit {
+                return false;
+            }
+            loop {
+                let total: usize = self
+                    .items
+                    .iter()
+                    .map(|(k, it)| Self::charge(k, &it.value))
+                    .sum();
+                if total - target_charge + charge <= self.limit {
+                    return true;
+                }
+                let victim = self
+                    .lru
+                    .iter()
+                    .find(|k| Some(k.as_slice()) != target)
+                    .expect("a victim")
+                    .clone();
+                self.drop_key(&victim);
+            }
+        }
+
+        fn next_cas(&mut self) -> u64 {
+            self.last_cas += 1;
+            self.last_cas
+        }
+
+        fn view(&self, key: &[u8]) -> (Vec<u8>, u32, u64) {
+            let it = &self.items[key];
+            (it.value.clone(), it.flags, it.cas)
+        }
+
+        #[allow(clippy::too_many_arguments)]
+        fn store(
+            &mut self,
+            conn: ConnId,
+            mode: StoreMode,
+            key: &[u8],
+            flags: u32,
+            exptime: i64,
+            value: &[u8],
+            cas: Option<u64>,
+            now: Now,
+        ) -> StoreOutcome {
+            self.sync(now);
+            if value.len() > self.max {
+                return StoreOutcome::TooLarge;
+            }
+            let present = self.present(key, now);
+            if present && self.holder(key).is_some_and(|h| h != conn) {
+                return StoreOutcome::Locked;
+            }
+            if let Some(c) = cas {
+                if !present {
+                    return StoreOutcome::NotFound;
+                }
+                if self.items[key].cas != c {
+                    return StoreOutcome::Exists;
+                }
+            }
+            let new_value = match mode {
+                StoreMode::Add if present => {
+                    self.bump(key);
+                    return StoreOutcome::NotStored;
+                }
+                StoreMode::Replace | StoreMode::Append | StoreMode::Prepend if !present => {
+                    return StoreOutcome::NotStored;
+                }
+                StoreMode::Append => [&self.items[key].value[..], value].concat(),
+                StoreMode::Prepend => [value, &self.items[key].value[..]].concat(),
+                _ => value.to_vec(),
+            };
+            if new_value.len() > self.max {
+                return StoreOutcome::TooLarge;
+            }
+            if !self.room(Self::charge(key, &new_value), present.then_some(key)) {
+                return StoreOutcome::OutOfMemory;
+            }
+            let cas = self.next_cas();
+            if present {
+                let it = self.items.get_mut(key).expect("present");
+                it.value = new_value;
+                it.cas = cas;
+                if !matches!(mode, StoreMode::Append | StoreMode::Prepend) {
+                    it.flags = flags;
+                    it.deadline = m_deadline(exptime, now);
+                }
+                self.bump(key);
+            } else {
+                let it = MItem {
+                    value: new_value,
+                    flags,
+                    deadline: m_deadline(exptime, now),
+                    cas,
+                    holder: None,
+                };
+                self.items.insert(key.to_vec(), it);
+                self.lru.push(key.to_vec());
+            }
+            StoreOutcome::Stored { cas }
+        }
+
+        fn get(&mut self, key: &[u8], touch: Option<i64>, now: Now) -> Option<(Vec<u8>, u32, u64)> {
+            self.sync(now);
+            if !self.present(key, now) {
+                return None;
+            }
+            if let Some(e) = touch {
+                self.items.get_mut(key).expect("present").deadline = m_deadline(e, now);
+            }
+            self.bump(key);
+            Some(self.view(key))
+        }
+
+        fn delete(
+            &mut self,
+            conn: ConnId,
+            key: &[u8],
+            cas: Option<u64>,
+            now: Now,
+        ) -> DeleteOutcome {
+            self.sync(now);
+            if !self.present(key, now) {
+                return DeleteOutcome::NotFound;
+            }
+            if self.holder(key).is_some_and(|h| h != conn) {
+                return DeleteOutcome::Locked;
+            }
+            if cas.is_some_and(|c| c != self.items[key].cas) {
+                return DeleteOutcome::Exists;
+            }
+            self.drop_key(key);
+            DeleteOutcome::Deleted
+        }
+
+        #[allow(clippy::too_many_arguments)]
+        fn arith(
+            &mut self,
+            conn: ConnId,
+            key: &[u8],
+            incr: bool,
+            delta: u64,
+            initial: Option<(u64, i64)>,
+            cas: Option<u64>,
+            now: Now,
+        ) -> ArithOutcome {
+            self.sync(now);
+            if !self.present(key, now) {
+                let (Some((value, exptime)), None) = (initial, cas) else {
+                    return ArithOutcome::NotFound;
+                };
+                let digits = value.to_string().into_bytes();
+                if !self.room(Self::charge(key, &digits), None) {
+                    return ArithOutcome::OutOfMemory;
+                }
+                let cas = self.next_cas();
+                let it = MItem {
+                    value: digits,
+                    flags: 0,
+                    deadline: m_deadline(exptime, now),
+                    cas,
+                    holder: None,
+                };
+                self.items.insert(key.to_vec(), it);
+                self.lru.push(key.to_vec());
+                return ArithOutcome::Value { value, cas };
+            }
+            if self.holder(key).is_some_and(|h| h != conn) {
+                return ArithOutcome::Locked;
+            }
+            if cas.is_some_and(|c| c != self.items[key].cas) {
+                return ArithOutcome::Exists;
+            }
+            let Some(old) = m_counter(&self.items[key].value) else {
+                return ArithOutcome::NonNumeric;
+            };
+            let value = if incr {
+                old.wrapping_add(delta)
+            } else {
+                old.saturating_sub(delta)
+            };
+            let digits = value.to_string().into_bytes();
+            if !self.room(Self::charge(key, &digits), Some(key)) {
+                return ArithOutcome::OutOfMemory;
+            }
+            let cas = self.next_cas();
+            let it = self.items.get_mut(key).expect("present");
+            it.value = digits;
+            it.cas = cas;
+            self.bump(key);
+            ArithOutcome::Value { value, cas }
+        }
+
+        fn lock(&mut self, conn: ConnId, key: &[u8], now: Now) -> LockOutcome {
+            self.sync(now);
+            if !self.present(key, now) {
+                return LockOutcome::NotFound;
+            }
+            if self.holder(key).is_some() {
+                return LockOutcome::Locked;
+            }
+            self.items.get_mut(key).expect("present").holder = Some(conn);
+            self.lru.retain(|k| k != key);
+            self.held.entry(conn).or_default().push(key.to_vec());
+            LockOutcome::Ok
+        }
+
+        fn release(&mut self, key: &[u8], now: Now) {
+            let it = self.items.get_mut(key).expect("locked item");
+            let holder = it.holder.take().expect("holder");
+            let expired = it.deadline <= now.ms;
+            let list = self.held.get_mut(&holder).expect("holder list");
+            list.retain(|k| k != key);
+            if list.is_empty() {
+                self.held.remove(&holder);
+            }
+            self.lru.push(key.to_vec());
+            if expired {
+                self.drop_key(key);
+            }
+        }
+
+        fn unlock(&mut self, conn: ConnId, key: &[u8], now: Now) -> UnlockOutcome {
+            self.sync(now);
+            if !self.present(key, now) {
+                return UnlockOutcome::NotFound;
+            }
+            if self.holder(key) != Some(conn) {
+                return UnlockOutcome::NotLocked;
+            }
+            self.release(key, now);
+            UnlockOutcome::Ok
+        }
+
+        fn unlock_all(&mut self, conn: ConnId, now: Now) -> usize {
+            self.sync(now);
+            let keys = self.held.get(&conn).cloned().unwrap_or_default();
+            for k in &keys {
+                self.release(k, now);
+            }
+            keys.len()
+        }
+
+        #[allow(clippy::too_many_arguments)]
+        fn rau(
+            &mut self,
+            conn: ConnId,
+            key: &[u8],
+            flags: u32,
+            exptime: i64,
+            value: &[u8],
+            cas: Option<u64>,
+            now: Now,
+        ) -> RauOutcome {
+            self.sync(now);
+            if value.len() > self.max {
+                return RauOutcome::TooLarge;
+            }
+            if !self.present(key, now) {
+                return RauOutcome::NotFound;
+            }
+            if self.holder(key) != Some(conn) {
+                return RauOutcome::NotLocked;
+            }
+            if cas.is_some_and(|c| c != self.items[key].cas) {
+                return RauOutcome::Exists;
+            }
+            if !self.room(Self::charge(key, value), Some(key)) {
+                return RauOutcome::OutOfMemory;
+            }
+            let cas = self.next_cas();
+            let it = self.items.get_mut(key).expect("present");
+            it.value = value.to_vec();
+            it.flags = flags;
+            it.deadline = m_deadline(exptime, now);
+            it.cas = cas;
+            self.release(key, now);
+            RauOutcome::Stored { cas }
+        }
+
+        fn flush_all(&mut self, delay: i64, now: Now) {
+            self.sync(now);
+            let at = if delay <= 0 {
+                now.ms
+            } else {
+                m_deadline(delay, now)
+            };
+            if at <= now.ms {
+                self.pending_flush = None;
+                self.flush();
+            } else {
+                self.pending_flush = Some(at);
+            }
+        }
+    }
+
+    const MODEL_KEYS: [&[u8]; 7] = [b"a", b"bb", b"ccc", b"key4", b"k5", b"counter", b"x"];
+    const MODEL_CONNS: [ConnId; 3] = [A, B, C];
+
+    fn random_value(rng: &mut Rng, max: usize) -> Vec<u8> {
+        match rng.below(10) {
+            0 => rng.below(1000).to_string().into_bytes(),
+            1 => b"18446744073709551614".to_vec(),
+            2 => b"18446744073709551616".to_vec(),
+            3 => format!("{}  ", rng.below(100)).into_bytes(),
+            4 => b" 7".to_vec(),
+            5 => Vec::new(),
+            6 => vec![b'z'; max + 1 + rng.below(5) as usize],
+            _ => (0..rng.below(max as u64 / 2))
+                .map(|_| b'a' + rng.below(26) as u8)
+                .collect(),
+        }
+    }
+
+    fn random_exptime(rng: &mut Rng, now: Now) -> i64 {
+        match rng.below(24) {
+            0 => -1,
+            1 => 1 + rng.below(3) as i64,
+            2 => RELATIVE_EXPTIME_MAX,
+            3 => RELATIVE_EXPTIME_MAX + 1,
+            4 => (now.unix + rng.below(4)) as i64,
+            5 => now.unix as i64 - 1,
+            _ => 0,
+        }
+    }
+
+    fn random_cas(rng: &mut Rng, m: &Model, key: &[u8]) -> Option<u64> {
+        match rng.below(10) {
+            0..=1 => Some(m.items.get(key).map_or(1, |it| it.cas)),
+            2 => Some(rng.below(m.last_cas + 2)),
+            _ => None,
+        }
+    }
+
+    fn run_model(seed: u64, steps: usize) {
+        let mut rng = Rng(seed | 1);
+        let max = 24;
+        // Room for four to six items: eviction and OutOfMemory both happen often.
+        let limit = 5 * ITEM_OVERHEAD + 40;
+        let mut s = store_with(limit, max);
+        let mut m = Model {
+            items: Default::default(),
+            lru: Vec::new(),
+            held: Default::default(),
+            pending_flush: None,
+            last_cas: 0,
+            limit,
+            max,
+        };
+        let mut now = at(0);
+        for step in 0..steps {
+            let key = MODEL_KEYS[rng.below(MODEL_KEYS.len() as u64) as usize];
+            let conn = MODEL_CONNS[rng.below(3) as usize];
+            let ctx = || {
+                format!(
+                    "seed {seed} step {step} key {:?} conn {conn:?}",
+                    String::from_utf8_lossy(key)
+                )
+            };
+            match rng.below(20) {
+                0..=5 => {
+                    let mode = match rng.below(20) {
+                        0..=7 => StoreMode::Set,
+                        8..=10 => StoreMode::Add,
+                        11..=13 => StoreMode::Replace,
+                        14..=16 => StoreMode::Append,
+                        _ => StoreMode::Prepend,
+                    };
+                    let value = random_value(&mut rng, max);
+                    let flags = rng.below(4) as u32;
+                    let exptime = random_exptime(&mut rng, now);
+                    let cas = random_cas(&mut rng, &m, key);
+                    let want = m.store(conn, mode, key, flags, exptime, &value, cas, now);
+                    let got = s.store(conn, mode, key, flags, exptime, &value, cas, now);
+                    assert_eq!(got, want, "store {mode:?} {cas:?}: {}", ctx());
+                }
+                6 | 7 => {
+                    let touch = rng.chance(30).then(|| random_exptime(&mut rng, now));
+                    let want = m.get(key, touch, now);
+                    let got = match touch {
+                        Some(e) => s.get_and_touch(key, e, now),
+                        None => s.get(key, now),
+                    };
+                    let got = got.map(|v| (v.value.to_vec(), v.flags, v.cas));
+                    assert_eq!(got, want, "get/gat: {}", ctx());
+                }
+                8 => {
+                    let e = random_exptime(&mut rng, now);
+                    let want = m.get(key, Some(e), now).is_some();
+                    assert_eq!(s.touch(key, e, now), want, "touch: {}", ctx());
+                }
+                9 => {
+                    let cas = random_cas(&mut rng, &m, key);
+                    assert_eq!(
+                        s.delete(conn, key, cas, now),
+                        m.delete(conn, key, cas, now),
+                        "delete: {}",
+                        ctx()
+                    );
+                }
+                10 | 11 => {
+                    let incr = rng.chance(60);
+                    let delta = if rng.chance(10) {
+                        u64::MAX - rng.below(3)
+                    } else {
+                        rng.below(20)
+                    };
+                    let initial = rng
+                        .chance(30)
+                        .then(|| (rng.below(200), random_exptime(&mut rng, now)));
+                    let cas = random_cas(&mut rng, &m, key);
+                    let want = m.arith(conn, key, incr, delta, initial, cas, now);
+                    let got = s.incr_decr(conn, key, incr, delta, initial, cas, now);
+                    assert_eq!(got, want, "incr_decr: {}", ctx());
+                }
+                12 | 13 => {
+                    if rng.chance(70) {
+                        assert_eq!(
+                            s.lock(conn, key, now),
+                            m.lock(conn, key, now),
+                            "lock: {}",
+                            ctx()
+                        );
+                    } else {
+                        let e = rng.chance(50).then(|| random_exptime(&mut rng, now));
+                        let want = match m.lock(conn, key, now) {
+                            LockOutcome::Ok => {
+                                if let Some(e) = e {
+                                    m.items.get_mut(key).expect("locked").deadline =
+                                        m_deadline(e, now);
+                                }
+                                Ok(m.view(key))
+                            }
+                            other => Err(other),
+                        };
+                        let got = s
+                            .lock_and_get(conn, key, e, now)
+                            .map(|v| (v.value.to_vec(), v.flags, v.cas));
+                        assert_eq!(got, want, "lock_and_get: {}", ctx());
+                    }
+                }
+                14 => {
+                    assert_eq!(
+                        s.unlock(conn, key, now),
+                        m.unlock(conn, key, now),
+                        "unlock: {}",
+                        ctx()
+                    );
+                }
+                15 => {
+                    let value = random_value(&mut rng, max);
+                    let exptime = random_exptime(&mut rng, now);
+                    let cas = random_cas(&mut rng, &m, key);
+                    let want = m.rau(conn, key, 5, exptime, &value, cas, now);
+                    let got = s.replace_and_unlock(conn, key, 5, exptime, &value, cas, now);
+                    assert_eq!(got, want, "replace_and_unlock: {}", ctx());
+                }
+                16 => {
+                    let want = m.unlock_all(conn, now);
+                    let got = if rng.chance(50) {
+                        s.unlock_all(conn, now)
+                    } else {
+                        s.disconnect(conn, now)
+                    };
+                    assert_eq!(got, want, "unlock_all/disconnect: {}", ctx());
+                }
+                17 if rng.chance(15) => {
+                    let delay = [-1, 0, 1, 2, 3][rng.below(5) as usize];
+                    m.flush_all(delay, now);
+                    s.flush_all(delay, now);
+                }
+                _ => {
+                    let ms = now.ms + rng.below(700);
+                    now = at(ms);
+                }
+            }
+            // Half the steps run the timers; in the others expired items linger until a lookup or
+            // an eviction meets them (the lazy paths).
+            if rng.chance(50) {
+                m.reap(now);
+                s.advance(now);
+            }
+            s.check_invariants();
+            let st = s.stats();
+            assert_eq!(
+                st.curr_items as usize,
+                m.items.len(),
+                "curr_items: {}",
+                ctx()
+            );
+            let held: usize = m.held.values().map(Vec::len).sum();
+            assert_eq!(st.locks_held as usize, held, "locks_held: {}", ctx());
+            let mut want_lru = m.lru.clone();
+            want_lru.reverse();
+            assert_eq!(s.lru_keys(), want_lru, "LRU order: {}", ctx());
+            for k in MODEL_KEYS {
+                let got = s.peek(k, now).map(|v| (v.value.to_vec(), v.flags, v.cas));
+                let flushed = m.pending_flush.is_some_and(|at| at <= now.ms);
+                let want = m
+                    .items
+                    .get(k)
+                    .filter(|it| it.holder.is_some() || (it.deadline > now.ms && !flushed))
+                    .map(|it| (it.value.clone(), it.flags, it.cas));
+                assert_eq!(
+                    got,
+                    want,
+                    "item {:?}: {}",
+                    String::from_utf8_lossy(k),
+                    ctx()
+                );
+                assert_eq!(s.lock_holder(k, now), m.holder(k), "holder: {}", ctx());
+            }
+        }
+    }
+
+    #[test]
+    fn random_operations_match_the_naive_model() {
+        for seed in [1, 0x9E37_79B9_7F4A_7C15, 42, 0xDEAD_BEEF, 7_777_777] {
+            run_model(seed, 50_000);
+        }
+    }
 }
