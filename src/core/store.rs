@@ -175,6 +175,10 @@ pub struct StoreStats {
     pub lock_conflicts: u64,
 }
 
+/// Longest key (protocol.txt). The caller validates keys; the store refuses to create an item
+/// under a longer key (`NotStored` / `NotFound`) rather than trust it.
+pub const MAX_KEY_LEN: usize = 250;
+
 /// Longest relative exptime (30 days, protocol.txt); a larger exptime is an absolute Unix time.
 pub const RELATIVE_EXPTIME_MAX: i64 = 60 * 60 * 24 * 30;
 
@@ -504,6 +508,7 @@ impl Store {
             }
         }
         let data = match (mode, found) {
+            _ if key.len() > MAX_KEY_LEN => return StoreOutcome::NotStored,
             (StoreMode::Add, Some(i)) => {
                 self.bump(i);
                 return StoreOutcome::NotStored;
@@ -599,7 +604,8 @@ impl Store {
             } else {
                 self.stats.decr_misses += 1;
             }
-            let (Some((value, exptime)), None) = (initial, cas) else {
+            let (Some((value, exptime)), None, true) = (initial, cas, key.len() <= MAX_KEY_LEN)
+            else {
                 return ArithOutcome::NotFound;
             };
             let mut buf = [0u8; 20];
@@ -1126,11 +1132,11 @@ impl Store {
             prev: NIL,
             next: NIL,
             epoch: self.epoch,
-            // Keys are at most 250 bytes (validated by the caller).
+            // Callers refuse keys over MAX_KEY_LEN (250) before they get here.
             key_len: u8::try_from(key_len).unwrap_or(u8::MAX),
             state: OCCUPIED,
         };
-        debug_assert!(key_len <= usize::from(u8::MAX));
+        debug_assert!(key_len <= MAX_KEY_LEN);
         let i = if self.free_head != NIL {
             let i = self.free_head;
             self.free_head = self.slots[i as usize].next;
@@ -1895,6 +1901,57 @@ mod tests {
         assert_eq!(s.dead_bytes, 0);
         assert_eq!(s.stats().reclaimed as usize, RECLAIM_BATCH + 10);
         assert_eq!(s.next_deadline(), None);
+        s.check_invariants();
+    }
+
+    #[test]
+    fn keys_over_250_bytes_are_never_stored() {
+        let mut s = big();
+        let long = [b'k'; MAX_KEY_LEN + 1];
+        assert_eq!(
+            set(&mut s, A, &long, b"v", 0, at(0)),
+            StoreOutcome::NotStored
+        );
+        assert_eq!(
+            s.incr_decr(A, &long, true, 1, Some((1, 0)), None, at(0)),
+            ArithOutcome::NotFound
+        );
+        stored(set(&mut s, A, &long[..MAX_KEY_LEN], b"v", 0, at(0)));
+        assert!(s.get(&long[..MAX_KEY_LEN], at(0)).is_some());
+        s.check_invariants();
+    }
+
+    #[test]
+    fn failed_add_promotes_the_existing_item() {
+        let mut s = big();
+        for k in [b"a", b"b", b"c"] {
+            stored(set(&mut s, A, k, b"v", 0, at(0)));
+        }
+        assert_eq!(
+            put(&mut s, StoreMode::Add, b"a", b"w", at(0)),
+            StoreOutcome::NotStored
+        );
+        assert_eq!(
+            s.lru_keys(),
+            vec![b"a".to_vec(), b"c".to_vec(), b"b".to_vec()]
+        );
+    }
+
+    #[test]
+    fn an_expired_item_met_by_eviction_counts_as_reclaimed() {
+        let c = charge(b"k0", 1);
+        let mut s = store_with(2 * c, 100);
+        stored(set(&mut s, A, b"k0", b"v", 1, at(0)));
+        stored(set(&mut s, A, b"k1", b"v", 0, at(0)));
+        stored(set(&mut s, A, b"k2", b"v", 0, at(1_000)));
+        let st = s.stats();
+        assert_eq!(
+            (st.evictions, st.reclaimed, st.expired_unfetched),
+            (0, 1, 1)
+        );
+        stored(set(&mut s, A, b"k3", b"v", 0, at(1_000)));
+        assert_eq!(s.stats().evictions, 1);
+        assert!(s.peek(b"k1", at(1_000)).is_none());
         s.check_invariants();
     }
 
