@@ -1,6 +1,56 @@
-//! STUB (API fixed, body to be written): the dlock multi-key lock table.
+//! The dlock multi-key lock table ("dlock protocol" of the contract; `dlock.txt`).
+//!
+//! Owns: which connection holds which key (connection-bound or as a lease), the FIFO queue of
+//! waiters of every key, the pending Lock of every connection, idle tracking, and the timers of
+//! all of that (wait deadlines, lease expiries, idle timeouts) in its own [`Wheel`].
+//!
+//! Must not: read a clock, touch a socket, or answer requests; time comes in as `now_ms`, effects
+//! that concern other requests than the current one go out as [`DlockEvent`]s.
+//!
+//! # The rule
+//!
+//! A Lock is all or nothing. A waiter `W` of connection `C` is granted exactly when, for every one
+//! of its keys, the key is held by `C` itself, or it is free and `W` is the first waiter in its
+//! queue. A new Lock is granted at once by the same rule, as if appended to every queue: a key
+//! held by someone else, or free with a waiter queued, makes it wait (no barging past queued
+//! waiters). Hence first come, first served per key; a multi-key waiter is never overtaken by
+//! later requests; waiters never hold a partial set, so waiting alone cannot deadlock.
+//!
+//! Granting is checked only where it can change: when a key is released (its queue's head) and
+//! when a waiter leaves without a grant (the new heads of its keys). A grant never makes another
+//! waiter grantable (its keys become held), and two grantable waiters never share a key (both
+//! would head the same queue), so one pass over the affected heads settles everything and the
+//! outcome does not depend on the order of releases that happen at the same instant.
+//!
+//! # Choices where the contract is silent
+//!
+//! - Records are per key: a re-lock replaces the record (holder, lease or not, lease deadline) of
+//!   each key it names; other keys of an earlier Lock keep theirs.
+//! - A key held by the requester never blocks it, even with other connections queued on it
+//!   (they wait for that very holder; making the holder queue behind them would deadlock).
+//! - A connection that holds keys and asks for more can deadlock with another one doing the
+//!   same (hold and wait, by the clients' choice); wait deadlines and disconnects resolve it.
+//! - Lease and wait durations are microseconds rounded up to whole milliseconds, counted from the
+//!   grant (lease) or from the request (wait).
+//! - At one instant, releases (lease expiries, idle disconnects) go first, then wait deadlines in
+//!   arrival order: a waiter whose keys come free exactly at its deadline gets them.
+//! - Idle: `idle_timeout_ms == 0` disables idle disconnects. `lock` and `unlock` count as
+//!   activity themselves (the daemon also calls `touch`). A connection unknown to the table is
+//!   registered by `touch` and `lock`; `disconnect` of an unknown one does nothing.
+//! - `lock`, `unlock` and `disconnect` first run [`DlockTable::advance`] to `now_ms`, so a lease
+//!   whose deadline passed is gone before the request sees the key, whatever the caller's timer
+//!   tick. `connect` and `touch` have no event output and do not.
+//! - Stats count keys: `lease_expiries` is the number of keys whose lease ran out; `timeouts`
+//!   counts Locks (try-once failures and wait deadlines); `grants` counts Locks granted.
 
+use super::wheel::{TimerKey, Wheel};
 use super::ConnId;
+use hashbrown::{HashMap, HashSet};
+use std::collections::BTreeSet;
+
+/// Dedupe a request's keys with a quadratic scan up to this many keys (no allocation for a hash
+/// set); above it a hash set keeps the cost linear.
+const SMALL_KEY_SET: usize = 16;
 
 #[derive(Clone, Copy, Debug)]
 pub struct DlockConfig {
@@ -42,17 +92,139 @@ pub struct DlockStats {
     pub idle_disconnects: u64,
 }
 
-pub struct DlockTable {
-    _config: DlockConfig,
+/// A pending timer: what to do when it fires.
+enum Timer {
+    /// The lease on `key` runs out, if the key's lease still has generation `gen` (a re-lock
+    /// cancels the old timer; the generation also guards against any stale one).
+    Lease { key: Box<[u8]>, gen: u64 },
+    /// `conn` may have been idle long enough; checked against its last activity when it fires.
+    Idle { conn: ConnId },
+    /// The wait deadline of waiter `seq`, if it is still waiting.
+    Wait { seq: u64 },
 }
 
-#[allow(unused_variables)]
+impl Timer {
+    /// Order of timers due at the same instant: releases first, then wait deadlines in arrival
+    /// order (see the module docs).
+    fn rank(&self) -> (u8, u64) {
+        match self {
+            Timer::Lease { .. } | Timer::Idle { .. } => (0, 0),
+            Timer::Wait { seq } => (1, *seq),
+        }
+    }
+}
+
+struct Lease {
+    deadline: u64,
+    timer: TimerKey,
+    gen: u64,
+}
+
+struct Hold {
+    conn: ConnId,
+    lease: Option<Lease>,
+}
+
+/// One key: its holder and its waiters in arrival order. Removed from the table when it has
+/// neither.
+#[derive(Default)]
+struct KeyState {
+    holder: Option<Hold>,
+    /// Arrival numbers of the waiters (`DlockTable::waiters`); the first one is the head.
+    queue: BTreeSet<u64>,
+}
+
+struct Waiter {
+    conn: ConnId,
+    token: u64,
+    /// Distinct keys, in request order.
+    keys: Box<[Box<[u8]>]>,
+    lease_us: Option<u64>,
+    timer: Option<TimerKey>,
+}
+
+struct Conn {
+    /// Every key this connection holds, leases included.
+    held: HashSet<Box<[u8]>>,
+    /// Arrival number of its waiting Lock.
+    pending: Option<u64>,
+    last_active: u64,
+    /// Armed while idle tracking is on and no Lock is pending (lazily: it may fire early, then
+    /// it is re-armed at `last_active + idle_timeout_ms`).
+    idle_timer: Option<TimerKey>,
+}
+
+pub struct DlockTable {
+    config: DlockConfig,
+    keys: HashMap<Box<[u8]>, KeyState>,
+    conns: HashMap<ConnId, Conn>,
+    /// Waiting Locks by arrival number (strictly increasing, so per-key FIFO = number order).
+    waiters: HashMap<u64, Waiter>,
+    wheel: Wheel<(u64, Timer)>,
+    next_seq: u64,
+    next_lease_gen: u64,
+    /// Scratch for fired timers, reused across `advance` calls.
+    fired: Vec<(u64, Timer)>,
+    stats: DlockStats,
+}
+
+/// Milliseconds from microseconds, rounded up; `None` for absent or zero.
+fn ms_from_us(us: Option<u64>) -> Option<u64> {
+    match us {
+        Some(us) if us > 0 => Some(us.div_ceil(1000)),
+        _ => None,
+    }
+}
+
+/// The distinct keys of a request, first occurrences in order.
+fn distinct<'k>(keys: &[&'k [u8]]) -> Vec<&'k [u8]> {
+    let mut out: Vec<&[u8]> = Vec::with_capacity(keys.len());
+    if keys.len() <= SMALL_KEY_SET {
+        for &k in keys {
+            if !out.contains(&k) {
+                out.push(k);
+            }
+        }
+    } else {
+        let mut seen: HashSet<&[u8]> = HashSet::with_capacity(keys.len());
+        out.extend(keys.iter().copied().filter(|k| seen.insert(*k)));
+    }
+    out
+}
+
 impl DlockTable {
     pub fn new(config: DlockConfig, now_ms: u64) -> Self {
-        DlockTable { _config: config }
+        DlockTable {
+            config,
+            keys: HashMap::new(),
+            conns: HashMap::new(),
+            waiters: HashMap::new(),
+            wheel: Wheel::new(now_ms),
+            next_seq: 0,
+            next_lease_gen: 0,
+            fired: Vec::new(),
+            stats: DlockStats::default(),
+        }
     }
-    pub fn connect(&mut self, conn: ConnId, now_ms: u64) {}
-    pub fn touch(&mut self, conn: ConnId, now_ms: u64) {}
+
+    /// A new connection: its idle clock starts now.
+    pub fn connect(&mut self, conn: ConnId, now_ms: u64) {
+        self.touch(conn, now_ms);
+    }
+
+    /// Any request of `conn` restarts its idle clock.
+    pub fn touch(&mut self, conn: ConnId, now_ms: u64) {
+        self.conns.entry(conn).or_insert_with(|| Conn {
+            held: HashSet::new(),
+            pending: None,
+            last_active: now_ms,
+            idle_timer: None,
+        });
+        self.activity(conn, now_ms);
+    }
+
+    /// Lock `keys` for `conn` (see the module docs for the rule). `Waiting`: the answer comes
+    /// later as a `Granted` or `TimedOut` event tagged `token`.
     #[allow(clippy::too_many_arguments)]
     pub fn lock(
         &mut self,
@@ -64,8 +236,68 @@ impl DlockTable {
         now_ms: u64,
         events: &mut Vec<DlockEvent>,
     ) -> LockResult {
-        unimplemented!()
+        self.touch(conn, now_ms);
+        self.advance(now_ms, events);
+        let old = self.conns.get(&conn).and_then(|c| c.pending);
+        if let Some(old) = old {
+            // The daemon answers a connection's requests in order, so a second Lock cannot
+            // arrive while one waits. Should it anyway, the old one is dropped, not leaked.
+            debug_assert!(false, "second pending Lock on {conn:?}");
+            if let Some(w) = self.take_waiter(old, false) {
+                self.check_heads(&w.keys, now_ms, events);
+            }
+        }
+        let keys = distinct(keys);
+        let busy: Vec<&[u8]> = keys
+            .iter()
+            .copied()
+            .filter(|k| self.busy_for_new(conn, k))
+            .collect();
+        if busy.is_empty() {
+            let lease_ms = ms_from_us(lease_us);
+            for k in &keys {
+                self.set_holder(k, conn, lease_ms, now_ms);
+            }
+            self.stats.grants += 1;
+            return LockResult::Granted;
+        }
+        if wait_us == Some(0) {
+            self.stats.timeouts += 1;
+            return LockResult::Timeout {
+                busy: busy.into_iter().map(Box::from).collect(),
+            };
+        }
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        for k in &keys {
+            self.keys.entry_ref(*k).or_default().queue.insert(seq);
+        }
+        let timer = ms_from_us(wait_us).map(|ms| {
+            let deadline = now_ms.saturating_add(ms);
+            self.wheel.insert(deadline, (deadline, Timer::Wait { seq }))
+        });
+        self.waiters.insert(
+            seq,
+            Waiter {
+                conn,
+                token,
+                keys: keys.into_iter().map(Box::from).collect(),
+                lease_us,
+                timer,
+            },
+        );
+        if let Some(c) = self.conns.get_mut(&conn) {
+            c.pending = Some(seq);
+            // A pending Lock is not idle: the clock restarts when it finishes.
+            if let Some(t) = c.idle_timer.take() {
+                self.wheel.cancel(t);
+            }
+        }
+        LockResult::Waiting
     }
+
+    /// Release the caller's own `keys` (leases too). `Err` lists the keys it did not hold; the
+    /// others are released all the same.
     pub fn unlock(
         &mut self,
         conn: ConnId,
@@ -73,14 +305,906 @@ impl DlockTable {
         now_ms: u64,
         events: &mut Vec<DlockEvent>,
     ) -> Result<(), Vec<Box<[u8]>>> {
-        unimplemented!()
+        self.touch(conn, now_ms);
+        self.advance(now_ms, events);
+        let keys = distinct(keys);
+        let mut not_held = Vec::new();
+        let mut released = Vec::with_capacity(keys.len());
+        for k in keys {
+            let mine = self
+                .keys
+                .get(k)
+                .and_then(|s| s.holder.as_ref())
+                .is_some_and(|h| h.conn == conn);
+            if mine {
+                self.release(k);
+                released.push(k);
+            } else {
+                not_held.push(Box::from(k));
+            }
+        }
+        self.check_heads(&released, now_ms, events);
+        if not_held.is_empty() {
+            Ok(())
+        } else {
+            Err(not_held)
+        }
     }
-    pub fn disconnect(&mut self, conn: ConnId, now_ms: u64, events: &mut Vec<DlockEvent>) {}
-    pub fn advance(&mut self, now_ms: u64, events: &mut Vec<DlockEvent>) {}
+
+    /// `conn` is gone: its waiting Lock leaves the queues, its connection-bound locks are
+    /// released; its leases stay until their deadlines.
+    pub fn disconnect(&mut self, conn: ConnId, now_ms: u64, events: &mut Vec<DlockEvent>) {
+        self.advance(now_ms, events);
+        let Some(c) = self.conns.remove(&conn) else {
+            return;
+        };
+        let mut affected: Vec<Box<[u8]>> = Vec::new();
+        if let Some(seq) = c.pending {
+            if let Some(w) = self.take_waiter(seq, false) {
+                affected.extend(w.keys.into_vec());
+            }
+        }
+        self.drop_conn(conn, c, now_ms, affected, events);
+    }
+
+    /// Run every timer due at or before `now_ms`, in time order.
+    pub fn advance(&mut self, now_ms: u64, events: &mut Vec<DlockEvent>) {
+        let mut fired = std::mem::take(&mut self.fired);
+        // One instant at a time, so that what happens at one deadline (a grant restarting an
+        // idle clock, a waiter leaving) is in place before the next deadline is looked at.
+        while let Some(next) = self.wheel.next_deadline() {
+            if next > now_ms {
+                break;
+            }
+            let at = next.max(self.wheel.now());
+            self.wheel.advance_to(at, &mut fired);
+            if fired.is_empty() {
+                // A hierarchical wheel may report a cascade point; it must make progress.
+                if self.wheel.next_deadline().is_some_and(|n| n <= at) {
+                    debug_assert!(false, "timer wheel reports a deadline it does not fire");
+                    break;
+                }
+                continue;
+            }
+            self.run_fired(at, &mut fired, events);
+        }
+        self.wheel.advance_to(now_ms, &mut fired);
+        let at = self.wheel.now();
+        self.run_fired(at, &mut fired, events);
+        self.fired = fired;
+    }
+
+    /// When `advance` should next be called (`None`: no timer pending).
     pub fn next_deadline(&self) -> Option<u64> {
-        None
+        self.wheel.next_deadline()
     }
+
     pub fn stats(&self) -> DlockStats {
-        Default::default()
+        DlockStats {
+            waiting: self.waiters.len() as u64,
+            ..self.stats
+        }
+    }
+
+    /// Who holds `key`, and the lease deadline (ms) if it is a lease.
+    pub fn holder(&self, key: &[u8]) -> Option<(ConnId, Option<u64>)> {
+        let hold = self.keys.get(key)?.holder.as_ref()?;
+        Some((hold.conn, hold.lease.as_ref().map(|l| l.deadline)))
+    }
+
+    // ---- internals ----
+
+    /// Whether `key` keeps a new Lock of `conn` from being granted at once.
+    fn busy_for_new(&self, conn: ConnId, key: &[u8]) -> bool {
+        match self.keys.get(key) {
+            None => false,
+            Some(s) => match &s.holder {
+                Some(h) => h.conn != conn,
+                None => !s.queue.is_empty(),
+            },
+        }
+    }
+
+    /// Whether `key` still keeps waiter `seq` of `conn` from being granted.
+    fn busy_for_waiter(&self, conn: ConnId, seq: u64, key: &[u8]) -> bool {
+        match self.keys.get(key) {
+            None => {
+                debug_assert!(false, "a waiter's key has no state");
+                false
+            }
+            Some(s) => match &s.holder {
+                Some(h) => h.conn != conn,
+                None => s.queue.first() != Some(&seq),
+            },
+        }
+    }
+
+    fn grantable(&self, seq: u64) -> bool {
+        self.waiters
+            .get(&seq)
+            .is_some_and(|w| w.keys.iter().all(|k| !self.busy_for_waiter(w.conn, seq, k)))
+    }
+
+    /// Restart the idle clock of `conn` at `now_ms`, arming its timer if it has none.
+    fn activity(&mut self, conn: ConnId, now_ms: u64) {
+        let idle = self.config.idle_timeout_ms;
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return;
+        };
+        c.last_active = c.last_active.max(now_ms);
+        if idle > 0 && c.pending.is_none() && c.idle_timer.is_none() {
+            let due = c.last_active.saturating_add(idle);
+            c.idle_timer = Some(self.wheel.insert(due, (due, Timer::Idle { conn })));
+        }
+    }
+
+    /// Make `conn` the holder of `key`, replacing its own earlier record if any.
+    fn set_holder(&mut self, key: &[u8], conn: ConnId, lease_ms: Option<u64>, now_ms: u64) {
+        let state = self.keys.entry_ref(key).or_default();
+        match state.holder.take() {
+            Some(old) => {
+                debug_assert_eq!(old.conn, conn, "grant over another holder");
+                if let Some(lease) = old.lease {
+                    self.wheel.cancel(lease.timer);
+                    self.stats.leases -= 1;
+                }
+            }
+            None => self.stats.held_keys += 1,
+        }
+        let lease = lease_ms.map(|ms| {
+            let deadline = now_ms.saturating_add(ms);
+            let gen = self.next_lease_gen;
+            self.next_lease_gen += 1;
+            self.stats.leases += 1;
+            let timer = self.wheel.insert(
+                deadline,
+                (
+                    deadline,
+                    Timer::Lease {
+                        key: key.into(),
+                        gen,
+                    },
+                ),
+            );
+            Lease {
+                deadline,
+                timer,
+                gen,
+            }
+        });
+        state.holder = Some(Hold { conn, lease });
+        if let Some(c) = self.conns.get_mut(&conn) {
+            if !c.held.contains(key) {
+                c.held.insert(key.into());
+            }
+        }
+    }
+
+    /// Free `key` from its holder (whoever it is); the caller checks the queue's head.
+    fn release(&mut self, key: &[u8]) {
+        let Some(state) = self.keys.get_mut(key) else {
+            return;
+        };
+        let Some(hold) = state.holder.take() else {
+            return;
+        };
+        self.stats.held_keys -= 1;
+        if let Some(lease) = hold.lease {
+            self.wheel.cancel(lease.timer);
+            self.stats.leases -= 1;
+        }
+        if state.queue.is_empty() {
+            self.keys.remove(key);
+        }
+        if let Some(c) = self.conns.get_mut(&hold.conn) {
+            c.held.remove(key);
+        }
+    }
+
+    /// Take waiter `seq` out of every queue, cancel its deadline and clear its connection's
+    /// `pending`. The caller checks the new heads of its keys. Keys left with neither holder nor
+    /// waiter are dropped from the table unless `granting` (they are about to be held).
+    fn take_waiter(&mut self, seq: u64, granting: bool) -> Option<Waiter> {
+        let w = self.waiters.remove(&seq)?;
+        if let Some(t) = w.timer {
+            self.wheel.cancel(t);
+        }
+        for k in w.keys.iter() {
+            if let Some(state) = self.keys.get_mut(&**k) {
+                state.queue.remove(&seq);
+                if !granting && state.holder.is_none() && state.queue.is_empty() {
+                    self.keys.remove(&**k);
+                }
+            }
+        }
+        if let Some(c) = self.conns.get_mut(&w.conn) {
+            if c.pending == Some(seq) {
+                c.pending = None;
+            }
+        }
+        Some(w)
+    }
+
+    /// Grant the head waiter of each of `keys` if it can now have all its keys.
+    fn check_heads<K: AsRef<[u8]>>(
+        &mut self,
+        keys: &[K],
+        now_ms: u64,
+        events: &mut Vec<DlockEvent>,
+    ) {
+        for k in keys {
+            let head = self
+                .keys
+                .get(k.as_ref())
+                .and_then(|s| s.queue.first().copied());
+            if let Some(seq) = head {
+                if self.grantable(seq) {
+                    self.grant(seq, now_ms, events);
+                }
+            }
+        }
+    }
+
+    fn grant(&mut self, seq: u64, now_ms: u64, events: &mut Vec<DlockEvent>) {
+        let Some(w) = self.take_waiter(seq, true) else {
+            return;
+        };
+        let lease_ms = ms_from_us(w.lease_us);
+        for k in w.keys.iter() {
+            self.set_holder(k, w.conn, lease_ms, now_ms);
+        }
+        self.stats.grants += 1;
+        self.activity(w.conn, now_ms);
+        events.push(DlockEvent::Granted {
+            conn: w.conn,
+            token: w.token,
+        });
+    }
+
+    /// Remove connection `conn` (already taken out of `conns`): release its connection-bound
+    /// keys, keep its leases, and settle the heads of every affected key.
+    fn drop_conn(
+        &mut self,
+        conn: ConnId,
+        c: Conn,
+        now_ms: u64,
+        mut affected: Vec<Box<[u8]>>,
+        events: &mut Vec<DlockEvent>,
+    ) {
+        if let Some(t) = c.idle_timer {
+            self.wheel.cancel(t);
+        }
+        for k in c.held {
+            let bound = self
+                .keys
+                .get(&*k)
+                .and_then(|s| s.holder.as_ref())
+                .is_some_and(|h| h.conn == conn && h.lease.is_none());
+            if bound {
+                self.release(&k);
+                affected.push(k);
+            }
+        }
+        self.check_heads(&affected, now_ms, events);
+    }
+
+    fn run_fired(&mut self, at: u64, fired: &mut Vec<(u64, Timer)>, events: &mut Vec<DlockEvent>) {
+        fired.sort_by_key(|(deadline, timer)| (*deadline, timer.rank()));
+        for (_, timer) in fired.drain(..) {
+            self.fire(at, timer, events);
+        }
+    }
+
+    fn fire(&mut self, at: u64, timer: Timer, events: &mut Vec<DlockEvent>) {
+        match timer {
+            Timer::Lease { key, gen } => {
+                let current = self
+                    .keys
+                    .get(&*key)
+                    .and_then(|s| s.holder.as_ref())
+                    .and_then(|h| h.lease.as_ref())
+                    .is_some_and(|l| l.gen == gen);
+                if current {
+                    self.release(&key);
+                    self.stats.lease_expiries += 1;
+                    self.check_heads(&[key], at, events);
+                }
+            }
+            Timer::Idle { conn } => {
+                let idle = self.config.idle_timeout_ms;
+                let Some(c) = self.conns.get_mut(&conn) else {
+                    return;
+                };
+                c.idle_timer = None;
+                if c.pending.is_some() {
+                    return;
+                }
+                let due = c.last_active.saturating_add(idle);
+                if due > at {
+                    c.idle_timer = Some(self.wheel.insert(due, (due, Timer::Idle { conn })));
+                    return;
+                }
+                if let Some(c) = self.conns.remove(&conn) {
+                    self.stats.idle_disconnects += 1;
+                    events.push(DlockEvent::Idle { conn });
+                    self.drop_conn(conn, c, at, Vec::new(), events);
+                }
+            }
+            Timer::Wait { seq } => {
+                let Some(w) = self.waiters.get(&seq) else {
+                    return; // granted or gone meanwhile
+                };
+                let busy: Vec<Box<[u8]>> = w
+                    .keys
+                    .iter()
+                    .filter(|k| self.busy_for_waiter(w.conn, seq, k))
+                    .cloned()
+                    .collect();
+                let Some(w) = self.take_waiter(seq, false) else {
+                    return;
+                };
+                self.stats.timeouts += 1;
+                self.activity(w.conn, at);
+                events.push(DlockEvent::TimedOut {
+                    conn: w.conn,
+                    token: w.token,
+                    busy,
+                });
+                self.check_heads(&w.keys, at, events);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+impl DlockTable {
+    /// The connections queued on `key`, first come first.
+    fn queue_conns(&self, key: &[u8]) -> Vec<ConnId> {
+        self.keys.get(key).map_or_else(Vec::new, |s| {
+            s.queue
+                .iter()
+                .filter_map(|q| self.waiters.get(q))
+                .map(|w| w.conn)
+                .collect()
+        })
+    }
+
+    /// Every internal index agrees with every other, and nobody grantable is left waiting.
+    fn check_invariants(&self) {
+        let (mut held, mut leases) = (0, 0);
+        for (k, s) in &self.keys {
+            assert!(
+                s.holder.is_some() || !s.queue.is_empty(),
+                "empty key state {k:?}"
+            );
+            if let Some(h) = &s.holder {
+                held += 1;
+                leases += u64::from(h.lease.is_some());
+                if let Some(c) = self.conns.get(&h.conn) {
+                    assert!(c.held.contains(k), "{k:?} missing from its holder's index");
+                }
+            }
+            for seq in &s.queue {
+                let w = self.waiters.get(seq).expect("queued waiter exists");
+                assert!(w.keys.contains(k));
+            }
+        }
+        assert_eq!(held, self.stats.held_keys);
+        assert_eq!(leases, self.stats.leases);
+        for (seq, w) in &self.waiters {
+            for k in w.keys.iter() {
+                assert!(self.keys[k].queue.contains(seq));
+            }
+            assert_eq!(self.conns[&w.conn].pending, Some(*seq));
+            assert!(!self.grantable(*seq), "waiter {seq} could be granted");
+        }
+        for (id, c) in &self.conns {
+            for k in &c.held {
+                assert_eq!(self.holder(k).map(|h| h.0), Some(*id));
+            }
+            if let Some(seq) = c.pending {
+                assert!(self.waiters.contains_key(&seq));
+            }
+            if self.config.idle_timeout_ms > 0 && c.pending.is_none() {
+                assert!(c.idle_timer.is_some(), "{id:?} has no idle timer");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn c(n: u32) -> ConnId {
+        ConnId::new(0, n, 0)
+    }
+
+    fn table(idle_timeout_ms: u64) -> DlockTable {
+        DlockTable::new(DlockConfig { idle_timeout_ms }, 0)
+    }
+
+    fn boxed(keys: &[&[u8]]) -> Vec<Box<[u8]>> {
+        keys.iter().map(|k| Box::from(*k)).collect()
+    }
+
+    /// Lock that is expected to be answered at once or to wait, with no side events.
+    fn lock(
+        t: &mut DlockTable,
+        conn: ConnId,
+        keys: &[&[u8]],
+        wait_us: Option<u64>,
+        lease_us: Option<u64>,
+        now: u64,
+    ) -> LockResult {
+        let mut ev = Vec::new();
+        let r = t.lock(conn, 0, keys, wait_us, lease_us, now, &mut ev);
+        assert_eq!(ev, []);
+        t.check_invariants();
+        r
+    }
+
+    fn advance(t: &mut DlockTable, now: u64) -> Vec<DlockEvent> {
+        let mut ev = Vec::new();
+        t.advance(now, &mut ev);
+        t.check_invariants();
+        ev
+    }
+
+    fn unlock(t: &mut DlockTable, conn: ConnId, keys: &[&[u8]], now: u64) -> Vec<DlockEvent> {
+        let mut ev = Vec::new();
+        assert_eq!(t.unlock(conn, keys, now, &mut ev), Ok(()));
+        t.check_invariants();
+        ev
+    }
+
+    fn granted(conn: ConnId) -> DlockEvent {
+        DlockEvent::Granted { conn, token: 0 }
+    }
+
+    #[test]
+    fn lock_is_all_or_nothing() {
+        let mut t = table(0);
+        assert_eq!(
+            lock(&mut t, c(1), &[b"b"], None, None, 0),
+            LockResult::Granted
+        );
+        assert_eq!(
+            lock(&mut t, c(2), &[b"a", b"b"], Some(0), None, 0),
+            LockResult::Timeout {
+                busy: boxed(&[b"b"])
+            }
+        );
+        assert_eq!(t.holder(b"a"), None);
+        assert_eq!(
+            lock(&mut t, c(2), &[b"a", b"b"], None, None, 0),
+            LockResult::Waiting
+        );
+        assert_eq!(t.holder(b"a"), None, "a waiter holds no partial set");
+        assert_eq!(unlock(&mut t, c(1), &[b"b"], 1), [granted(c(2))]);
+        assert_eq!(t.holder(b"a"), Some((c(2), None)));
+        assert_eq!(t.holder(b"b"), Some((c(2), None)));
+    }
+
+    #[test]
+    fn relock_by_holder_replaces_lease_with_connection_bound_and_back() {
+        let mut t = table(0);
+        assert_eq!(
+            lock(&mut t, c(1), &[b"a"], Some(0), Some(5000), 0),
+            LockResult::Granted
+        );
+        assert_eq!(t.holder(b"a"), Some((c(1), Some(5))));
+        assert_eq!(
+            lock(&mut t, c(1), &[b"a"], Some(0), None, 1),
+            LockResult::Granted
+        );
+        assert_eq!(t.holder(b"a"), Some((c(1), None)));
+        assert_eq!(advance(&mut t, 10), []);
+        assert_eq!(
+            t.holder(b"a"),
+            Some((c(1), None)),
+            "the old lease timer was cancelled"
+        );
+        assert_eq!(
+            lock(&mut t, c(1), &[b"a"], Some(0), Some(2001), 10),
+            LockResult::Granted
+        );
+        assert_eq!(t.holder(b"a"), Some((c(1), Some(13))));
+        assert_eq!(t.stats().leases, 1);
+        assert_eq!(advance(&mut t, 12), []);
+        assert_eq!(advance(&mut t, 13), []);
+        assert_eq!(t.holder(b"a"), None);
+        assert_eq!(t.stats().lease_expiries, 1);
+        assert_eq!(t.stats().held_keys, 0);
+    }
+
+    #[test]
+    fn relock_replaces_only_the_records_of_the_keys_it_names() {
+        let mut t = table(0);
+        lock(&mut t, c(1), &[b"a", b"b"], None, Some(10_000), 0);
+        lock(&mut t, c(1), &[b"b"], None, Some(0), 1);
+        assert_eq!(t.holder(b"a"), Some((c(1), Some(10))));
+        assert_eq!(t.holder(b"b"), Some((c(1), None)));
+        assert_eq!(t.stats().leases, 1);
+    }
+
+    #[test]
+    fn relock_of_own_key_is_granted_even_with_others_queued_on_it() {
+        let mut t = table(0);
+        lock(&mut t, c(1), &[b"a"], None, None, 0);
+        assert_eq!(
+            lock(&mut t, c(2), &[b"a"], None, None, 0),
+            LockResult::Waiting
+        );
+        assert_eq!(
+            lock(&mut t, c(1), &[b"a"], Some(0), None, 0),
+            LockResult::Granted
+        );
+        // Holding `a` while waiting for `b` too: `a` does not block its own holder.
+        lock(&mut t, c(3), &[b"b"], None, None, 0);
+        assert_eq!(
+            lock(&mut t, c(1), &[b"a", b"b"], None, None, 0),
+            LockResult::Waiting
+        );
+        assert_eq!(unlock(&mut t, c(3), &[b"b"], 1), [granted(c(1))]);
+        assert_eq!(unlock(&mut t, c(1), &[b"a", b"b"], 2), [granted(c(2))]);
+    }
+
+    #[test]
+    fn duplicate_keys_in_one_request_are_one_key() {
+        let mut t = table(0);
+        assert_eq!(
+            lock(&mut t, c(1), &[b"a", b"a"], None, None, 0),
+            LockResult::Granted
+        );
+        assert_eq!(t.stats().held_keys, 1);
+        assert_eq!(
+            lock(&mut t, c(2), &[b"a", b"b", b"a"], Some(0), None, 0),
+            LockResult::Timeout {
+                busy: boxed(&[b"a"])
+            }
+        );
+        assert_eq!(unlock(&mut t, c(1), &[b"a", b"a"], 0), []);
+        // Above the small-set threshold the hash-set path dedupes the same way.
+        let many: Vec<Vec<u8>> = (0..40).map(|i| vec![i % 20]).collect();
+        let many: Vec<&[u8]> = many.iter().map(Vec::as_slice).collect();
+        assert_eq!(
+            lock(&mut t, c(1), &many, None, None, 0),
+            LockResult::Granted
+        );
+        assert_eq!(t.stats().held_keys, 20);
+    }
+
+    #[test]
+    fn try_once_fails_on_keys_held_by_others_or_queued_for() {
+        let mut t = table(0);
+        lock(&mut t, c(1), &[b"a"], None, None, 0);
+        // c2 waits for {b, a}: b is free but now queued for.
+        assert_eq!(
+            lock(&mut t, c(2), &[b"b", b"a"], None, None, 0),
+            LockResult::Waiting
+        );
+        assert_eq!(
+            lock(&mut t, c(3), &[b"c", b"b", b"a"], Some(0), None, 0),
+            LockResult::Timeout {
+                busy: boxed(&[b"b", b"a"])
+            }
+        );
+        assert_eq!(t.holder(b"c"), None);
+        assert_eq!(t.stats().timeouts, 1);
+        assert_eq!(t.stats().waiting, 1);
+    }
+
+    #[test]
+    fn wait_deadline_fires_exactly_at_deadline_not_before() {
+        let mut t = table(0);
+        lock(&mut t, c(1), &[b"a"], None, None, 0);
+        let mut ev = Vec::new();
+        assert_eq!(
+            t.lock(c(2), 7, &[b"a", b"b"], Some(2500), None, 10, &mut ev),
+            LockResult::Waiting
+        );
+        assert_eq!(t.next_deadline(), Some(13));
+        assert_eq!(advance(&mut t, 12), []);
+        assert_eq!(
+            advance(&mut t, 13),
+            [DlockEvent::TimedOut {
+                conn: c(2),
+                token: 7,
+                busy: boxed(&[b"a"])
+            }]
+        );
+        assert_eq!(t.holder(b"b"), None);
+        assert_eq!(t.stats().waiting, 0);
+        assert_eq!(t.next_deadline(), None);
+    }
+
+    #[test]
+    fn wait_of_one_microsecond_rounds_up_to_one_millisecond() {
+        let mut t = table(0);
+        lock(&mut t, c(1), &[b"a"], None, None, 0);
+        lock(&mut t, c(2), &[b"a"], Some(1), None, 5);
+        assert_eq!(advance(&mut t, 5), []);
+        assert_eq!(advance(&mut t, 6).len(), 1);
+    }
+
+    #[test]
+    fn multi_key_requests_in_opposite_key_orders_do_not_deadlock() {
+        let mut t = table(0);
+        // Both free: the first wins, the second waits holding nothing.
+        assert_eq!(
+            lock(&mut t, c(1), &[b"a", b"b"], None, None, 0),
+            LockResult::Granted
+        );
+        assert_eq!(
+            lock(&mut t, c(2), &[b"b", b"a"], None, None, 0),
+            LockResult::Waiting
+        );
+        assert_eq!(unlock(&mut t, c(1), &[b"a", b"b"], 1), [granted(c(2))]);
+        unlock(&mut t, c(2), &[b"a", b"b"], 1);
+        // Held by two others; waiters in both orders.
+        lock(&mut t, c(3), &[b"a"], None, None, 2);
+        lock(&mut t, c(4), &[b"b"], None, None, 2);
+        assert_eq!(
+            lock(&mut t, c(1), &[b"a", b"b"], None, None, 2),
+            LockResult::Waiting
+        );
+        assert_eq!(
+            lock(&mut t, c(2), &[b"b", b"a"], None, None, 2),
+            LockResult::Waiting
+        );
+        assert_eq!(unlock(&mut t, c(3), &[b"a"], 3), []);
+        assert_eq!(t.holder(b"a"), None, "nobody takes a partial set");
+        assert_eq!(unlock(&mut t, c(4), &[b"b"], 4), [granted(c(1))]);
+        assert_eq!(unlock(&mut t, c(1), &[b"b", b"a"], 5), [granted(c(2))]);
+    }
+
+    #[test]
+    fn multi_key_waiter_is_not_overtaken_by_later_single_key_requests() {
+        let mut t = table(0);
+        lock(&mut t, c(1), &[b"a"], None, None, 0);
+        assert_eq!(
+            lock(&mut t, c(2), &[b"a", b"b"], None, None, 0),
+            LockResult::Waiting
+        );
+        // b is free, but c2 queued for it first.
+        assert_eq!(
+            lock(&mut t, c(3), &[b"b"], Some(0), None, 0),
+            LockResult::Timeout {
+                busy: boxed(&[b"b"])
+            }
+        );
+        assert_eq!(
+            lock(&mut t, c(3), &[b"b"], None, None, 0),
+            LockResult::Waiting
+        );
+        assert_eq!(
+            lock(&mut t, c(4), &[b"b"], None, None, 0),
+            LockResult::Waiting
+        );
+        assert_eq!(unlock(&mut t, c(1), &[b"a"], 1), [granted(c(2))]);
+        assert_eq!(unlock(&mut t, c(2), &[b"a", b"b"], 2), [granted(c(3))]);
+        assert_eq!(t.queue_conns(b"b"), [c(4)]);
+    }
+
+    #[test]
+    fn lease_expiry_wakes_the_waiter_at_the_lease_deadline_exactly() {
+        let mut t = table(0);
+        assert_eq!(
+            lock(&mut t, c(1), &[b"a"], None, Some(10_000), 0),
+            LockResult::Granted
+        );
+        assert_eq!(
+            lock(&mut t, c(2), &[b"a"], None, Some(5_000), 1),
+            LockResult::Waiting
+        );
+        assert_eq!(t.next_deadline(), Some(10));
+        assert_eq!(advance(&mut t, 9), []);
+        assert_eq!(advance(&mut t, 10), [granted(c(2))]);
+        // The new lease counts from the grant.
+        assert_eq!(t.holder(b"a"), Some((c(2), Some(15))));
+    }
+
+    #[test]
+    fn key_freed_exactly_at_the_wait_deadline_goes_to_the_waiter() {
+        let mut t = table(0);
+        lock(&mut t, c(1), &[b"a"], None, Some(10_000), 0);
+        lock(&mut t, c(2), &[b"a"], Some(10_000), None, 0);
+        assert_eq!(advance(&mut t, 50), [granted(c(2))]);
+    }
+
+    #[test]
+    fn lock_expires_due_leases_before_looking_at_its_keys() {
+        let mut t = table(0);
+        lock(&mut t, c(1), &[b"a"], None, Some(10_000), 0);
+        // No advance by the caller: the lock itself runs the due timer.
+        assert_eq!(
+            lock(&mut t, c(2), &[b"a"], Some(0), None, 10),
+            LockResult::Granted
+        );
+    }
+
+    #[test]
+    fn leases_survive_disconnect_and_expire_on_time() {
+        let mut t = table(0);
+        lock(&mut t, c(1), &[b"a"], None, Some(50_000), 0);
+        lock(&mut t, c(1), &[b"b"], None, None, 0);
+        assert_eq!(
+            lock(&mut t, c(2), &[b"a", b"b"], None, None, 1),
+            LockResult::Waiting
+        );
+        let mut ev = Vec::new();
+        t.disconnect(c(1), 2, &mut ev);
+        assert_eq!(ev, []);
+        t.check_invariants();
+        assert_eq!(t.holder(b"a"), Some((c(1), Some(50))));
+        assert_eq!(t.holder(b"b"), None);
+        assert_eq!(advance(&mut t, 49), []);
+        assert_eq!(advance(&mut t, 50), [granted(c(2))]);
+    }
+
+    #[test]
+    fn idle_connection_loses_its_connection_bound_locks_but_not_its_leases() {
+        let mut t = table(100);
+        t.connect(c(1), 0);
+        lock(&mut t, c(1), &[b"a"], None, None, 0);
+        lock(&mut t, c(1), &[b"b"], None, Some(500_000), 0);
+        assert_eq!(advance(&mut t, 99), []);
+        assert_eq!(advance(&mut t, 100), [DlockEvent::Idle { conn: c(1) }]);
+        assert_eq!(t.holder(b"a"), None);
+        assert_eq!(t.holder(b"b"), Some((c(1), Some(500))));
+        assert_eq!(t.stats().idle_disconnects, 1);
+        // The daemon closes it; the disconnect finds nothing left.
+        let mut ev = Vec::new();
+        t.disconnect(c(1), 101, &mut ev);
+        assert_eq!(ev, []);
+    }
+
+    #[test]
+    fn touches_postpone_the_idle_timeout() {
+        let mut t = table(100);
+        t.connect(c(1), 0);
+        t.touch(c(1), 50);
+        assert_eq!(advance(&mut t, 100), []);
+        t.touch(c(1), 120);
+        assert_eq!(advance(&mut t, 219), []);
+        assert_eq!(advance(&mut t, 220), [DlockEvent::Idle { conn: c(1) }]);
+    }
+
+    #[test]
+    fn pending_lock_is_not_idle_and_the_idle_clock_restarts_when_it_finishes() {
+        let mut t = table(100);
+        t.connect(c(1), 0);
+        t.connect(c(2), 0);
+        lock(&mut t, c(1), &[b"a"], None, Some(300_000), 0);
+        assert_eq!(
+            lock(&mut t, c(2), &[b"a"], None, None, 0),
+            LockResult::Waiting
+        );
+        assert_eq!(advance(&mut t, 100), [DlockEvent::Idle { conn: c(1) }]);
+        assert_eq!(advance(&mut t, 299), []);
+        assert_eq!(advance(&mut t, 300), [granted(c(2))]);
+        assert_eq!(advance(&mut t, 399), []);
+        assert_eq!(advance(&mut t, 400), [DlockEvent::Idle { conn: c(2) }]);
+        assert_eq!(t.holder(b"a"), None);
+        // Same after a wait deadline.
+        lock(&mut t, c(3), &[b"k"], None, Some(1_000_000), 400);
+        lock(&mut t, c(4), &[b"k"], Some(50_000), None, 400);
+        let ev = advance(&mut t, 500);
+        assert_eq!(ev.len(), 2); // c3 idle at 500 (lease stays); c4 timed out at 450
+        assert_eq!(advance(&mut t, 549), []);
+        assert_eq!(advance(&mut t, 550), [DlockEvent::Idle { conn: c(4) }]);
+    }
+
+    #[test]
+    fn idle_timeout_zero_disables_idle_disconnects() {
+        let mut t = table(0);
+        t.connect(c(1), 0);
+        lock(&mut t, c(1), &[b"a"], None, None, 0);
+        assert_eq!(t.next_deadline(), None);
+        assert_eq!(advance(&mut t, u64::MAX / 2), []);
+        assert_eq!(t.holder(b"a"), Some((c(1), None)));
+    }
+
+    #[test]
+    fn disconnecting_waiter_lets_the_next_waiter_through() {
+        let mut t = table(0);
+        lock(&mut t, c(1), &[b"a"], None, None, 0);
+        assert_eq!(
+            lock(&mut t, c(2), &[b"a", b"b"], None, None, 0),
+            LockResult::Waiting
+        );
+        assert_eq!(
+            lock(&mut t, c(3), &[b"b"], None, None, 0),
+            LockResult::Waiting
+        );
+        let mut ev = Vec::new();
+        t.disconnect(c(2), 1, &mut ev);
+        assert_eq!(ev, [granted(c(3))]);
+        t.check_invariants();
+        assert_eq!(t.queue_conns(b"a"), []);
+    }
+
+    #[test]
+    fn timed_out_waiter_lets_the_next_waiter_through() {
+        let mut t = table(0);
+        lock(&mut t, c(1), &[b"a"], None, None, 0);
+        lock(&mut t, c(2), &[b"a", b"b"], Some(5_000), None, 0);
+        lock(&mut t, c(3), &[b"b"], None, None, 0);
+        let ev = advance(&mut t, 5);
+        assert_eq!(
+            ev,
+            [
+                DlockEvent::TimedOut {
+                    conn: c(2),
+                    token: 0,
+                    busy: boxed(&[b"a"])
+                },
+                granted(c(3))
+            ]
+        );
+    }
+
+    #[test]
+    fn waiters_timing_out_at_one_instant_go_in_arrival_order() {
+        // c3 waits behind c2 on b; both deadlines at 5. c2 leaves first, which frees b for c3
+        // at its very deadline: granted, not timed out.
+        let mut t = table(0);
+        lock(&mut t, c(1), &[b"a"], None, None, 0);
+        lock(&mut t, c(2), &[b"a", b"b"], Some(5_000), None, 0);
+        lock(&mut t, c(3), &[b"b"], Some(5_000), None, 0);
+        let ev = advance(&mut t, 100);
+        assert_eq!(ev.len(), 2);
+        assert_eq!(ev[1], granted(c(3)));
+    }
+
+    #[test]
+    fn unlock_of_keys_not_held_reports_them_and_releases_the_rest() {
+        let mut t = table(0);
+        lock(&mut t, c(1), &[b"a"], None, Some(1_000_000), 0);
+        lock(&mut t, c(2), &[b"b"], None, None, 0);
+        let mut ev = Vec::new();
+        assert_eq!(
+            t.unlock(c(1), &[b"a", b"b", b"c", b"b"], 1, &mut ev),
+            Err(boxed(&[b"b", b"c"]))
+        );
+        t.check_invariants();
+        assert_eq!(t.holder(b"a"), None, "the lease is released too");
+        assert_eq!(t.holder(b"b"), Some((c(2), None)));
+        assert_eq!(t.next_deadline(), None);
+    }
+
+    #[test]
+    fn stats_count_holders_leases_waiters_and_outcomes() {
+        let mut t = table(10);
+        t.connect(c(1), 0);
+        lock(&mut t, c(1), &[b"a", b"b"], None, Some(20_000), 0);
+        lock(&mut t, c(2), &[b"a"], Some(0), None, 0);
+        lock(&mut t, c(2), &[b"a"], None, None, 0);
+        assert_eq!(
+            t.stats(),
+            DlockStats {
+                held_keys: 2,
+                leases: 2,
+                waiting: 1,
+                grants: 1,
+                timeouts: 1,
+                lease_expiries: 0,
+                idle_disconnects: 0,
+            }
+        );
+        advance(&mut t, 20);
+        assert_eq!(
+            t.stats(),
+            DlockStats {
+                held_keys: 1,
+                leases: 0,
+                waiting: 0,
+                grants: 2,
+                timeouts: 1,
+                lease_expiries: 2,
+                idle_disconnects: 1,
+            }
+        );
     }
 }
