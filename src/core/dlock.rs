@@ -1097,6 +1097,20 @@ mod tests {
     }
 
     #[test]
+    fn touch_newer_than_a_deadline_run_late_keeps_the_idle_clock() {
+        // Regression (model test, seed 3): the model restarted the idle clock at a wait deadline
+        // run after a newer touch, moving it backwards; the clock only ever moves forwards.
+        let mut t = table(100);
+        t.connect(c(1), 0);
+        lock(&mut t, c(1), &[b"a"], None, None, 0);
+        lock(&mut t, c(2), &[b"a"], Some(10_000), None, 0);
+        t.touch(c(2), 50);
+        assert_eq!(advance(&mut t, 50).len(), 1); // timed out at 10
+        assert_eq!(advance(&mut t, 149), [DlockEvent::Idle { conn: c(1) }]);
+        assert_eq!(advance(&mut t, 150), [DlockEvent::Idle { conn: c(2) }]);
+    }
+
+    #[test]
     fn idle_timeout_zero_disables_idle_disconnects() {
         let mut t = table(0);
         t.connect(c(1), 0);
@@ -1206,5 +1220,470 @@ mod tests {
                 idle_disconnects: 1,
             }
         );
+    }
+
+    /// A naive model of the contract: waiters in a Vec in arrival order, re-scanned from the
+    /// start after every change; time walked one millisecond at a time.
+    mod model {
+        use super::super::*;
+        use std::collections::BTreeMap;
+
+        struct MWaiter {
+            conn: ConnId,
+            token: u64,
+            keys: Vec<Vec<u8>>,
+            deadline: Option<u64>,
+            lease_ms: Option<u64>,
+        }
+
+        struct MConn {
+            last_active: u64,
+            pending: bool,
+        }
+
+        pub struct Model {
+            idle: u64,
+            now: u64,
+            /// key -> (holder, lease deadline)
+            pub holders: BTreeMap<Vec<u8>, (ConnId, Option<u64>)>,
+            waiters: Vec<MWaiter>,
+            conns: BTreeMap<ConnId, MConn>,
+        }
+
+        fn dedup(keys: &[&[u8]]) -> Vec<Vec<u8>> {
+            let mut out: Vec<Vec<u8>> = Vec::new();
+            for k in keys {
+                if !out.iter().any(|o| o == k) {
+                    out.push(k.to_vec());
+                }
+            }
+            out
+        }
+
+        fn ms(us: Option<u64>) -> Option<u64> {
+            us.filter(|&u| u > 0).map(|u| u.div_ceil(1000))
+        }
+
+        impl Model {
+            pub fn new(idle: u64) -> Self {
+                Model {
+                    idle,
+                    now: 0,
+                    holders: BTreeMap::new(),
+                    waiters: Vec::new(),
+                    conns: BTreeMap::new(),
+                }
+            }
+
+            pub fn queue(&self, key: &[u8]) -> Vec<ConnId> {
+                self.waiters
+                    .iter()
+                    .filter(|w| w.keys.iter().any(|k| k == key))
+                    .map(|w| w.conn)
+                    .collect()
+            }
+
+            pub fn waiting(&self) -> usize {
+                self.waiters.len()
+            }
+
+            pub fn finite_waiters(&self) -> usize {
+                self.waiters.iter().filter(|w| w.deadline.is_some()).count()
+            }
+
+            pub fn touch(&mut self, conn: ConnId, now: u64) {
+                let c = self.conns.entry(conn).or_insert(MConn {
+                    last_active: now,
+                    pending: false,
+                });
+                c.last_active = c.last_active.max(now);
+            }
+
+            fn busy(&self, i: usize, key: &[u8]) -> bool {
+                let w = &self.waiters[i];
+                match self.holders.get(key) {
+                    Some((h, _)) => *h != w.conn,
+                    None => self.waiters[..i]
+                        .iter()
+                        .any(|e| e.keys.iter().any(|k| k == key)),
+                }
+            }
+
+            fn settle(&mut self, t: u64, ev: &mut Vec<DlockEvent>) {
+                while let Some(i) = (0..self.waiters.len())
+                    .find(|&i| self.waiters[i].keys.iter().all(|k| !self.busy(i, k)))
+                {
+                    let w = self.waiters.remove(i);
+                    for k in &w.keys {
+                        self.holders
+                            .insert(k.clone(), (w.conn, w.lease_ms.map(|l| t + l)));
+                    }
+                    let c = self.conns.get_mut(&w.conn).expect("waiter's conn");
+                    c.pending = false;
+                    // A touch may be newer than a deadline the table runs late.
+                    c.last_active = c.last_active.max(t);
+                    ev.push(DlockEvent::Granted {
+                        conn: w.conn,
+                        token: w.token,
+                    });
+                }
+            }
+
+            fn release_bound(&mut self, conn: ConnId) {
+                self.holders
+                    .retain(|_, (h, lease)| !(*h == conn && lease.is_none()));
+            }
+
+            fn instant(&mut self, t: u64, ev: &mut Vec<DlockEvent>) {
+                self.holders
+                    .retain(|_, (_, lease)| lease.is_none_or(|d| d > t));
+                let idle: Vec<ConnId> = self
+                    .conns
+                    .iter()
+                    .filter(|(_, c)| self.idle > 0 && !c.pending && c.last_active + self.idle <= t)
+                    .map(|(id, _)| *id)
+                    .collect();
+                for conn in idle {
+                    self.release_bound(conn);
+                    self.conns.remove(&conn);
+                    ev.push(DlockEvent::Idle { conn });
+                }
+                self.settle(t, ev);
+                while let Some(i) = self
+                    .waiters
+                    .iter()
+                    .position(|w| w.deadline.is_some_and(|d| d <= t))
+                {
+                    let busy = self.waiters[i]
+                        .keys
+                        .iter()
+                        .filter(|k| self.busy(i, k))
+                        .map(|k| k.clone().into_boxed_slice())
+                        .collect();
+                    let w = self.waiters.remove(i);
+                    let c = self.conns.get_mut(&w.conn).expect("waiter's conn");
+                    c.pending = false;
+                    // A touch may be newer than a deadline the table runs late.
+                    c.last_active = c.last_active.max(t);
+                    ev.push(DlockEvent::TimedOut {
+                        conn: w.conn,
+                        token: w.token,
+                        busy,
+                    });
+                    self.settle(t, ev);
+                }
+            }
+
+            pub fn advance(&mut self, to: u64, ev: &mut Vec<DlockEvent>) {
+                while self.now < to {
+                    self.now += 1;
+                    self.instant(self.now, ev);
+                }
+            }
+
+            #[allow(clippy::too_many_arguments)]
+            pub fn lock(
+                &mut self,
+                conn: ConnId,
+                token: u64,
+                keys: &[&[u8]],
+                wait_us: Option<u64>,
+                lease_us: Option<u64>,
+                now: u64,
+                ev: &mut Vec<DlockEvent>,
+            ) -> LockResult {
+                self.touch(conn, now);
+                self.advance(now, ev);
+                let keys = dedup(keys);
+                self.waiters.push(MWaiter {
+                    conn,
+                    token,
+                    keys,
+                    deadline: ms(wait_us).map(|w| now + w),
+                    lease_ms: ms(lease_us),
+                });
+                let i = self.waiters.len() - 1;
+                let busy: Vec<Box<[u8]>> = self.waiters[i]
+                    .keys
+                    .iter()
+                    .filter(|k| self.busy(i, k))
+                    .map(|k| k.clone().into_boxed_slice())
+                    .collect();
+                if busy.is_empty() {
+                    let w = self.waiters.pop().expect("just pushed");
+                    for k in w.keys {
+                        self.holders.insert(k, (conn, w.lease_ms.map(|l| now + l)));
+                    }
+                    LockResult::Granted
+                } else if wait_us == Some(0) {
+                    self.waiters.pop();
+                    LockResult::Timeout { busy }
+                } else {
+                    self.conns.get_mut(&conn).expect("touched").pending = true;
+                    LockResult::Waiting
+                }
+            }
+
+            pub fn unlock(
+                &mut self,
+                conn: ConnId,
+                keys: &[&[u8]],
+                now: u64,
+                ev: &mut Vec<DlockEvent>,
+            ) -> Result<(), Vec<Box<[u8]>>> {
+                self.touch(conn, now);
+                self.advance(now, ev);
+                let mut not_held = Vec::new();
+                for k in dedup(keys) {
+                    if self.holders.get(&k).is_some_and(|(h, _)| *h == conn) {
+                        self.holders.remove(&k);
+                    } else {
+                        not_held.push(k.into_boxed_slice());
+                    }
+                }
+                self.settle(now, ev);
+                if not_held.is_empty() {
+                    Ok(())
+                } else {
+                    Err(not_held)
+                }
+            }
+
+            pub fn disconnect(&mut self, conn: ConnId, now: u64, ev: &mut Vec<DlockEvent>) {
+                self.advance(now, ev);
+                if self.conns.remove(&conn).is_none() {
+                    return;
+                }
+                self.waiters.retain(|w| w.conn != conn);
+                self.release_bound(conn);
+                self.settle(now, ev);
+            }
+        }
+    }
+
+    /// Tiny seeded PRNG (xorshift64*).
+    struct XorShift(u64);
+
+    impl XorShift {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        }
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n
+        }
+        fn chance(&mut self, percent: u64) -> bool {
+            self.below(100) < percent
+        }
+    }
+
+    const KEY_SPACE: [&[u8]; 6] = [b"k0", b"k1", b"k2", b"k3", b"k4", b"k5"];
+
+    /// Events of one call, in a canonical order (several grants at one instant may come out in
+    /// any order; which ones and at which time is what matters).
+    fn canon(mut ev: Vec<DlockEvent>) -> Vec<String> {
+        let mut out: Vec<String> = ev.drain(..).map(|e| format!("{e:?}")).collect();
+        out.sort();
+        out
+    }
+
+    fn compare(t: &DlockTable, m: &model::Model, ctx: &str) {
+        t.check_invariants();
+        for k in KEY_SPACE {
+            assert_eq!(
+                t.holder(k),
+                m.holders.get(k).copied(),
+                "holder of {k:?}; {ctx}"
+            );
+            assert_eq!(t.queue_conns(k), m.queue(k), "queue of {k:?}; {ctx}");
+        }
+        let s = t.stats();
+        assert_eq!(s.held_keys, m.holders.len() as u64, "{ctx}");
+        assert_eq!(
+            s.leases,
+            m.holders.values().filter(|h| h.1.is_some()).count() as u64,
+            "{ctx}"
+        );
+        assert_eq!(s.waiting, m.waiting() as u64, "{ctx}");
+    }
+
+    fn run_model(seed: u64, steps: usize, idle: u64) {
+        let mut rng = XorShift(seed);
+        let mut t = table(idle);
+        let mut m = model::Model::new(idle);
+        let mut now = 0u64;
+        let mut live: Vec<ConnId> = Vec::new();
+        // conn -> token of its waiting Lock
+        let mut pending: hashbrown::HashMap<ConnId, u64> = hashbrown::HashMap::new();
+        let mut next_slot = 0u32;
+        let mut next_token = 0u64;
+        let (mut ev_t, mut ev_m) = (Vec::new(), Vec::new());
+
+        let settle_events =
+            |ev: &[DlockEvent],
+             live: &mut Vec<ConnId>,
+             pending: &mut hashbrown::HashMap<ConnId, u64>| {
+                for e in ev {
+                    match e {
+                        DlockEvent::Granted { conn, token }
+                        | DlockEvent::TimedOut { conn, token, .. } => {
+                            assert_eq!(pending.remove(conn), Some(*token), "answer without a wait");
+                        }
+                        DlockEvent::Idle { conn } => {
+                            assert!(!pending.contains_key(conn), "idle while waiting");
+                            live.retain(|c| c != conn);
+                        }
+                    }
+                }
+            };
+
+        for step in 0..steps {
+            if rng.chance(30) {
+                now += rng.below(4);
+            }
+            let ctx = format!("seed {seed} step {step} now {now}");
+            let op = rng.below(100);
+            let idle_conns: Vec<ConnId> = live
+                .iter()
+                .copied()
+                .filter(|c| !pending.contains_key(c))
+                .collect();
+            let random_keys = |rng: &mut XorShift, max: u64| -> Vec<&'static [u8]> {
+                (0..1 + rng.below(max))
+                    .map(|_| KEY_SPACE[rng.below(KEY_SPACE.len() as u64) as usize])
+                    .collect()
+            };
+            if op < 8 || live.is_empty() {
+                if live.len() < 12 {
+                    let conn = ConnId::new(0, next_slot % 16, next_slot);
+                    next_slot += 1;
+                    t.connect(conn, now);
+                    m.touch(conn, now);
+                    live.push(conn);
+                }
+            } else if op < 50 {
+                if idle_conns.is_empty() {
+                    continue;
+                }
+                let conn = idle_conns[rng.below(idle_conns.len() as u64) as usize];
+                let keys = random_keys(&mut rng, 4);
+                let wait = match rng.below(10) {
+                    0 | 1 => None,
+                    2..=4 => Some(0),
+                    _ => Some(rng.below(30_000)),
+                };
+                let lease = match rng.below(10) {
+                    0..=3 => None,
+                    4 => Some(0),
+                    _ => Some(1 + rng.below(40_000)),
+                };
+                next_token += 1;
+                let rt = t.lock(conn, next_token, &keys, wait, lease, now, &mut ev_t);
+                let rm = m.lock(conn, next_token, &keys, wait, lease, now, &mut ev_m);
+                assert_eq!(rt, rm, "lock {keys:?} {wait:?} {lease:?}; {ctx}");
+                if rt == LockResult::Waiting {
+                    pending.insert(conn, next_token);
+                }
+            } else if op < 62 {
+                if idle_conns.is_empty() {
+                    continue;
+                }
+                let conn = idle_conns[rng.below(idle_conns.len() as u64) as usize];
+                // Mostly keys it holds (so that connection-bound locks come free), sometimes not.
+                let mine: Vec<&'static [u8]> = KEY_SPACE
+                    .into_iter()
+                    .filter(|k| m.holders.get(*k).is_some_and(|h| h.0 == conn))
+                    .collect();
+                let mut keys: Vec<&[u8]> = mine.into_iter().filter(|_| rng.chance(70)).collect();
+                if keys.is_empty() || rng.chance(20) {
+                    keys.extend(random_keys(&mut rng, 3));
+                }
+                let rt = t.unlock(conn, &keys, now, &mut ev_t);
+                let rm = m.unlock(conn, &keys, now, &mut ev_m);
+                assert_eq!(rt, rm, "unlock {keys:?}; {ctx}");
+            } else if op < 70 {
+                let conn = live[rng.below(live.len() as u64) as usize];
+                t.touch(conn, now);
+                m.touch(conn, now);
+            } else if op < 76 || (idle == 0 && op < 80) {
+                let conn = live.remove(rng.below(live.len() as u64) as usize);
+                t.disconnect(conn, now, &mut ev_t);
+                m.disconnect(conn, now, &mut ev_m);
+                // Its due timers ran first (maybe answering its Lock); then its waiter left.
+                settle_events(&ev_t, &mut live, &mut pending);
+                pending.remove(&conn);
+                assert_eq!(canon(ev_t.split_off(0)), canon(ev_m.split_off(0)), "{ctx}");
+            } else {
+                now += if rng.chance(10) {
+                    rng.below(200)
+                } else {
+                    rng.below(6)
+                };
+                t.advance(now, &mut ev_t);
+                m.advance(now, &mut ev_m);
+            }
+            settle_events(&ev_t, &mut live, &mut pending);
+            let idled: Vec<ConnId> = ev_t
+                .iter()
+                .filter_map(|e| match e {
+                    DlockEvent::Idle { conn } => Some(*conn),
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(
+                canon(ev_t.split_off(0)),
+                canon(ev_m.split_off(0)),
+                "events; {ctx}"
+            );
+            // The daemon closes idle connections: that disconnect finds nothing.
+            for conn in idled {
+                t.disconnect(conn, now, &mut ev_t);
+                m.disconnect(conn, now, &mut ev_m);
+                assert_eq!(ev_t, []);
+                assert_eq!(ev_m, []);
+            }
+            compare(&t, &m, &ctx);
+        }
+
+        // Far past every finite deadline: whoever still waits waits without a deadline.
+        now += 1_000_000;
+        t.advance(now, &mut ev_t);
+        m.advance(now, &mut ev_m);
+        settle_events(&ev_t, &mut live, &mut pending);
+        assert_eq!(canon(ev_t.split_off(0)), canon(ev_m.split_off(0)));
+        compare(&t, &m, "end");
+        assert_eq!(m.finite_waiters(), 0);
+
+        // Everybody leaves: nothing but unexpired leases is held, and nobody waits.
+        for conn in live.drain(..) {
+            t.disconnect(conn, now, &mut ev_t);
+            m.disconnect(conn, now, &mut ev_m);
+        }
+        assert_eq!(canon(ev_t.split_off(0)), canon(ev_m.split_off(0)));
+        compare(&t, &m, "all disconnected");
+        assert_eq!(t.stats().waiting, 0);
+        assert!(m
+            .holders
+            .values()
+            .all(|(_, lease)| lease.is_some_and(|d| d > now)));
+        now += 1_000_000;
+        t.advance(now, &mut ev_t);
+        m.advance(now, &mut ev_m);
+        assert_eq!(ev_t, []);
+        compare(&t, &m, "all expired");
+        assert_eq!(t.stats().held_keys, 0);
+        assert!(t.keys.is_empty() && t.conns.is_empty() && t.waiters.is_empty());
+        assert_eq!(t.next_deadline(), None);
+        assert!(t.wheel.is_empty());
+    }
+
+    #[test]
+    fn random_operations_match_the_naive_model() {
+        for seed in 1..=8u64 {
+            let idle = if seed % 2 == 0 { 0 } else { 10 + 7 * seed };
+            run_model(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15), 15_000, idle);
+        }
     }
 }
