@@ -14,11 +14,26 @@ fn frame(id: u64, t: u64, lock: Option<LockFields<'_>>) -> Vec<u8> {
 }
 
 fn lock_frame(id: u64, keys: &[&[u8]], wait_us: Option<u64>, lease_us: Option<u64>) -> Vec<u8> {
-    frame(id, req_type::LOCK, Some(LockFields { wait_micro: wait_us, release_micro: lease_us, keys }))
+    frame(
+        id,
+        req_type::LOCK,
+        Some(LockFields {
+            wait_micro: wait_us,
+            release_micro: lease_us,
+            keys,
+        }),
+    )
 }
 
 fn unlock_frame(id: u64, keys: &[&[u8]]) -> Vec<u8> {
-    frame(id, req_type::UNLOCK, Some(LockFields { keys, ..Default::default() }))
+    frame(
+        id,
+        req_type::UNLOCK,
+        Some(LockFields {
+            keys,
+            ..Default::default()
+        }),
+    )
 }
 
 fn read_response(c: &mut Client) -> Response {
@@ -36,7 +51,13 @@ fn expect_status(c: &mut Client, id: u64, want: u32) -> Response {
     r
 }
 
-fn lock(c: &mut Client, id: u64, keys: &[&[u8]], wait_us: Option<u64>, lease_us: Option<u64>) -> Response {
+fn lock(
+    c: &mut Client,
+    id: u64,
+    keys: &[&[u8]],
+    wait_us: Option<u64>,
+    lease_us: Option<u64>,
+) -> Response {
     c.send(&lock_frame(id, keys, wait_us, lease_us));
     read_response(c)
 }
@@ -47,7 +68,10 @@ fn ping_answers_ok_with_version_request_id_and_server_time() {
     let mut c = d.dlock();
     c.send(&frame(42, req_type::PING, None));
     let r = expect_status(&mut c, 42, status::OK);
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs() as i64;
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
     let t = r.server_unix_time.expect("server_unix_time present");
     assert!((t - now).abs() <= 5, "server time {t} vs {now}");
 }
@@ -56,7 +80,10 @@ fn ping_answers_ok_with_version_request_id_and_server_time() {
 fn lock_is_exclusive_and_unlock_hands_it_to_the_waiter() {
     let d = Daemon::start(&[]);
     let (mut a, mut b) = (d.dlock(), d.dlock());
-    assert_eq!(lock(&mut a, 1, &[b"k"], None, None).status, Some(status::OK));
+    assert_eq!(
+        lock(&mut a, 1, &[b"k"], None, None).status,
+        Some(status::OK)
+    );
     b.send(&lock_frame(2, &[b"k"], None, None)); // waits forever
     b.expect_silence(Duration::from_millis(150));
     a.send(&unlock_frame(3, &[b"k"]));
@@ -68,12 +95,18 @@ fn lock_is_exclusive_and_unlock_hands_it_to_the_waiter() {
 fn wait_zero_tries_once_and_reports_the_busy_keys() {
     let d = Daemon::start(&[]);
     let (mut a, mut b) = (d.dlock(), d.dlock());
-    assert_eq!(lock(&mut a, 1, &[b"x", b"y"], None, None).status, Some(status::OK));
+    assert_eq!(
+        lock(&mut a, 1, &[b"x", b"y"], None, None).status,
+        Some(status::OK)
+    );
     let r = lock(&mut b, 2, &[b"y", b"z"], Some(0), None);
     assert_eq!(r.status, Some(status::ACQUIRE_TIMEOUT));
     assert_eq!(r.keys, vec![b"y".to_vec()]);
     // All or nothing: z was not taken by the failed request.
-    assert_eq!(lock(&mut a, 3, &[b"z"], Some(0), None).status, Some(status::OK));
+    assert_eq!(
+        lock(&mut a, 3, &[b"z"], Some(0), None).status,
+        Some(status::OK)
+    );
 }
 
 #[test]
@@ -86,19 +119,31 @@ fn wait_deadline_times_out_no_earlier_than_asked() {
     let waited = start.elapsed();
     assert_eq!(r.status, Some(status::ACQUIRE_TIMEOUT));
     assert_eq!(r.keys, vec![b"k".to_vec()]);
-    assert!(waited >= Duration::from_millis(200), "timed out after {waited:?}");
+    assert!(
+        waited >= Duration::from_millis(200),
+        "timed out after {waited:?}"
+    );
     // Nothing is held by b after the timeout.
     a.send(&unlock_frame(3, &[b"k"]));
     expect_status(&mut a, 3, status::OK);
-    assert_eq!(lock(&mut a, 4, &[b"k"], Some(0), None).status, Some(status::OK));
+    assert_eq!(
+        lock(&mut a, 4, &[b"k"], Some(0), None).status,
+        Some(status::OK)
+    );
 }
 
 #[test]
 fn the_same_connection_may_lock_its_keys_again() {
     let d = Daemon::start(&[]);
     let mut a = d.dlock();
-    assert_eq!(lock(&mut a, 1, &[b"k"], None, None).status, Some(status::OK));
-    assert_eq!(lock(&mut a, 2, &[b"k", b"j"], Some(0), None).status, Some(status::OK));
+    assert_eq!(
+        lock(&mut a, 1, &[b"k"], None, None).status,
+        Some(status::OK)
+    );
+    assert_eq!(
+        lock(&mut a, 2, &[b"k", b"j"], Some(0), None).status,
+        Some(status::OK)
+    );
 }
 
 #[test]
@@ -138,15 +183,28 @@ fn a_lease_survives_disconnect_and_expiry_wakes_the_waiter_on_time() {
     let d = Daemon::start(&[]);
     let mut a = d.dlock();
     let taken = Instant::now();
-    assert_eq!(lock(&mut a, 1, &[b"lease"], None, Some(300_000)).status, Some(status::OK));
+    assert_eq!(
+        lock(&mut a, 1, &[b"lease"], None, Some(300_000)).status,
+        Some(status::OK)
+    );
     drop(a);
     let mut b = d.dlock();
-    assert_eq!(lock(&mut b, 2, &[b"lease"], Some(0), None).status, Some(status::ACQUIRE_TIMEOUT), "lease outlives its connection");
+    assert_eq!(
+        lock(&mut b, 2, &[b"lease"], Some(0), None).status,
+        Some(status::ACQUIRE_TIMEOUT),
+        "lease outlives its connection"
+    );
     let r = lock(&mut b, 3, &[b"lease"], None, None);
     let at = taken.elapsed();
     assert_eq!(r.status, Some(status::OK));
-    assert!(at >= Duration::from_millis(300), "granted at {at:?}, before the lease ended");
-    assert!(at < Duration::from_millis(300 + 250), "granted at {at:?}: expiry is by timer, not lazy");
+    assert!(
+        at >= Duration::from_millis(300),
+        "granted at {at:?}, before the lease ended"
+    );
+    assert!(
+        at < Duration::from_millis(300 + 250),
+        "granted at {at:?}: expiry is by timer, not lazy"
+    );
 }
 
 #[test]
@@ -181,7 +239,8 @@ fn a_waiter_that_disconnects_is_skipped() {
 #[test]
 fn idle_clients_are_disconnected_unless_they_ping_or_wait() {
     let d = Daemon::start(&["--dlock-idle-timeout", "300"]);
-    let (mut silent, mut pinger, mut holder, mut waiter) = (d.dlock(), d.dlock(), d.dlock(), d.dlock());
+    let (mut silent, mut pinger, mut holder, mut waiter) =
+        (d.dlock(), d.dlock(), d.dlock(), d.dlock());
     lock(&mut holder, 1, &[b"k"], None, None);
     waiter.send(&lock_frame(2, &[b"k"], None, None)); // pending Lock: not idle
     let start = Instant::now();
@@ -200,31 +259,62 @@ fn idle_clients_are_disconnected_unless_they_ping_or_wait() {
 fn bad_version_type_token_and_key_counts_get_their_statuses() {
     let d = Daemon::start(&["--dlock-max-keys", "3", "--dlock-token", "sesame"]);
     let mut c = d.dlock();
-    let send = |c: &mut Client, version: Option<u64>, token: Option<&[u8]>, t: u64, keys: &[&[u8]]| {
-        let mut out = Vec::new();
-        let lock = (!keys.is_empty()).then_some(LockFields { keys, ..Default::default() });
-        dl::encode_request(&mut out, Some(5), token, t, lock);
-        if let Some(v) = version {
-            // Append a second version field: protobuf's last value wins.
-            let body_len = out.len() - 4 + 2;
-            out.extend_from_slice(&[0x08, v as u8]);
-            out[..4].copy_from_slice(&(body_len as u32).to_be_bytes());
-        }
-        c.send(&out);
-        read_response(c)
-    };
+    let send =
+        |c: &mut Client, version: Option<u64>, token: Option<&[u8]>, t: u64, keys: &[&[u8]]| {
+            let mut out = Vec::new();
+            let lock = (!keys.is_empty()).then_some(LockFields {
+                keys,
+                ..Default::default()
+            });
+            dl::encode_request(&mut out, Some(5), token, t, lock);
+            if let Some(v) = version {
+                // Append a second version field: protobuf's last value wins.
+                let body_len = out.len() - 4 + 2;
+                out.extend_from_slice(&[0x08, v as u8]);
+                out[..4].copy_from_slice(&(body_len as u32).to_be_bytes());
+            }
+            c.send(&out);
+            read_response(c)
+        };
     let ok_token = Some(&b"sesame"[..]);
-    assert_eq!(send(&mut c, None, ok_token, req_type::PING, &[]).status, Some(status::OK));
-    assert_eq!(send(&mut c, Some(0), ok_token, req_type::PING, &[]).status, Some(status::OK));
-    assert_eq!(send(&mut c, Some(3), ok_token, req_type::PING, &[]).status, Some(status::VERSION));
+    assert_eq!(
+        send(&mut c, None, ok_token, req_type::PING, &[]).status,
+        Some(status::OK)
+    );
+    assert_eq!(
+        send(&mut c, Some(0), ok_token, req_type::PING, &[]).status,
+        Some(status::OK)
+    );
+    assert_eq!(
+        send(&mut c, Some(3), ok_token, req_type::PING, &[]).status,
+        Some(status::VERSION)
+    );
     let r = send(&mut c, None, Some(b"wrong"), req_type::PING, &[]);
-    assert_eq!((r.status, r.error_text.as_deref()), (Some(status::GENERAL), Some(&b"access denied"[..])));
-    assert_eq!(send(&mut c, None, None, req_type::PING, &[]).status, Some(status::GENERAL));
-    assert_eq!(send(&mut c, None, ok_token, 9, &[]).status, Some(status::INVALID_TYPE));
-    assert_eq!(send(&mut c, None, ok_token, req_type::LOCK, &[]).status, Some(status::GENERAL));
+    assert_eq!(
+        (r.status, r.error_text.as_deref()),
+        (Some(status::GENERAL), Some(&b"access denied"[..]))
+    );
+    assert_eq!(
+        send(&mut c, None, None, req_type::PING, &[]).status,
+        Some(status::GENERAL)
+    );
+    assert_eq!(
+        send(&mut c, None, ok_token, 9, &[]).status,
+        Some(status::INVALID_TYPE)
+    );
+    assert_eq!(
+        send(&mut c, None, ok_token, req_type::LOCK, &[]).status,
+        Some(status::GENERAL)
+    );
     let four: [&[u8]; 4] = [b"1", b"2", b"3", b"4"];
-    assert_eq!(send(&mut c, None, ok_token, req_type::LOCK, &four).status, Some(status::TOO_MANY_KEYS));
-    assert_eq!(send(&mut c, None, ok_token, req_type::LOCK, &four[..3]).status, Some(status::OK));
+    assert_eq!(
+        send(&mut c, None, ok_token, req_type::LOCK, &four).status,
+        Some(status::TOO_MANY_KEYS)
+    );
+    assert_eq!(
+        send(&mut c, None, ok_token, req_type::LOCK, &four[..3]).status,
+        Some(status::OK)
+    );
     // A request with no type at all.
     let mut out = Vec::new();
     dl::encode_request(&mut out, Some(6), ok_token, req_type::PING, None);
@@ -305,5 +395,8 @@ fn invalid_protobuf_gets_general_then_close() {
     assert_eq!(r.status, Some(status::GENERAL));
     bad.expect_closed();
     // Its connection-bound lock was released.
-    assert_eq!(lock(&mut good, 2, &[b"held-by-bad"], None, None).status, Some(status::OK));
+    assert_eq!(
+        lock(&mut good, 2, &[b"held-by-bad"], None, None).status,
+        Some(status::OK)
+    );
 }

@@ -10,17 +10,24 @@ use common::Daemon;
 
 fn lock_cmd(d: &Daemon) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_holdfast-lock"));
-    c.arg("--server").arg(d.dlock.expect("dlock listener").to_string());
+    c.arg("--server")
+        .arg(d.dlock.expect("dlock listener").to_string());
     c
 }
 
-fn wait_with_deadline(child: &mut std::process::Child, limit: Duration) -> std::process::ExitStatus {
+fn wait_with_deadline(
+    child: &mut std::process::Child,
+    limit: Duration,
+) -> std::process::ExitStatus {
     let deadline = Instant::now() + limit;
     loop {
         if let Some(st) = child.try_wait().expect("wait") {
             return st;
         }
-        assert!(Instant::now() < deadline, "holdfast-lock did not finish in {limit:?}");
+        assert!(
+            Instant::now() < deadline,
+            "holdfast-lock did not finish in {limit:?}"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
 }
@@ -38,7 +45,12 @@ fn two_invocations_on_one_key_run_their_commands_one_after_the_other() {
         log.display()
     );
     let mut children: Vec<_> = (0..2)
-        .map(|_| lock_cmd(&d).args(["job", "--", "sh", "-c", &script]).spawn().expect("spawn"))
+        .map(|_| {
+            lock_cmd(&d)
+                .args(["job", "--", "sh", "-c", &script])
+                .spawn()
+                .expect("spawn")
+        })
         .collect();
     for c in &mut children {
         assert!(wait_with_deadline(c, Duration::from_secs(10)).success());
@@ -55,27 +67,43 @@ fn two_invocations_on_one_key_run_their_commands_one_after_the_other() {
     // Never two starts in a row: the second command starts after the first ended.
     let kinds: Vec<&str> = events.iter().map(|e| e.0).collect();
     assert_eq!(kinds, ["start", "end", "start", "end"], "{text}");
-    assert!(events[2].1 >= events[1].1, "second start before first end: {text}");
+    assert!(
+        events[2].1 >= events[1].1,
+        "second start before first end: {text}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn the_commands_exit_status_is_passed_through() {
     let d = Daemon::start(&[]);
-    let st = lock_cmd(&d).args(["k", "--", "sh", "-c", "exit 7"]).status().expect("run");
+    let st = lock_cmd(&d)
+        .args(["k", "--", "sh", "-c", "exit 7"])
+        .status()
+        .expect("run");
     assert_eq!(st.code(), Some(7));
-    let st = lock_cmd(&d).args(["k", "--", "true"]).status().expect("run");
+    let st = lock_cmd(&d)
+        .args(["k", "--", "true"])
+        .status()
+        .expect("run");
     assert_eq!(st.code(), Some(0));
 }
 
 #[test]
 fn a_wait_timeout_exits_75_while_another_holds_the_key() {
     let d = Daemon::start(&[]);
-    let mut holder = lock_cmd(&d).args(["busy", "--", "sleep", "5"]).spawn().expect("spawn");
+    let mut holder = lock_cmd(&d)
+        .args(["busy", "--", "sleep", "5"])
+        .spawn()
+        .expect("spawn");
     // Wait until the holder has the lock: a zero-wait attempt fails with 75 from then on.
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let st = lock_cmd(&d).args(["--wait", "0", "busy", "--", "true"]).stderr(Stdio::null()).status().unwrap();
+        let st = lock_cmd(&d)
+            .args(["--wait", "0", "busy", "--", "true"])
+            .stderr(Stdio::null())
+            .status()
+            .unwrap();
         if st.code() == Some(75) {
             break;
         }
@@ -83,10 +111,16 @@ fn a_wait_timeout_exits_75_while_another_holds_the_key() {
         std::thread::sleep(Duration::from_millis(20));
     }
     let start = Instant::now();
-    let out = lock_cmd(&d).args(["--wait", "200ms", "busy", "--", "true"]).output().expect("run");
+    let out = lock_cmd(&d)
+        .args(["--wait", "200ms", "busy", "--", "true"])
+        .output()
+        .expect("run");
     assert_eq!(out.status.code(), Some(75));
     assert!(start.elapsed() >= Duration::from_millis(200));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("timed out"), "one clear line on stderr");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("timed out"),
+        "one clear line on stderr"
+    );
     let _ = holder.kill();
     let _ = holder.wait();
 }
@@ -94,7 +128,11 @@ fn a_wait_timeout_exits_75_while_another_holds_the_key() {
 #[test]
 fn an_unreachable_server_exits_69() {
     // A port nobody listens on: bind one, note it, close it.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let out = Command::new(env!("CARGO_BIN_EXE_holdfast-lock"))
         .args(["--server", &format!("127.0.0.1:{port}"), "k", "--", "true"])
         .output()
@@ -107,7 +145,15 @@ fn an_unreachable_server_exits_69() {
 fn losing_the_server_with_kill_on_loss_terminates_the_command() {
     let d = Daemon::start(&[]);
     let mut child = lock_cmd(&d)
-        .args(["--heartbeat", "100ms", "--kill-on-loss", "k", "--", "sleep", "30"])
+        .args([
+            "--heartbeat",
+            "100ms",
+            "--kill-on-loss",
+            "k",
+            "--",
+            "sleep",
+            "30",
+        ])
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn");
@@ -116,22 +162,38 @@ fn losing_the_server_with_kill_on_loss_terminates_the_command() {
     assert!(status.success(), "daemon exits 0 on SIGTERM");
     let st = wait_with_deadline(&mut child, Duration::from_secs(5));
     use std::os::unix::process::ExitStatusExt;
-    assert_eq!(st.code(), Some(128 + libc::SIGTERM), "sleep was terminated: {st:?} {:?}", st.signal());
+    assert_eq!(
+        st.code(),
+        Some(128 + libc::SIGTERM),
+        "sleep was terminated: {st:?} {:?}",
+        st.signal()
+    );
     let mut err = String::new();
     use std::io::Read;
-    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
     assert!(err.contains("lost"), "says so on stderr: {err}");
 }
 
 #[test]
 fn sigterm_is_passed_to_the_command_and_the_lock_is_released() {
     let d = Daemon::start(&[]);
-    let mut child = lock_cmd(&d).args(["sig", "--", "sleep", "30"]).spawn().expect("spawn");
+    let mut child = lock_cmd(&d)
+        .args(["sig", "--", "sleep", "30"])
+        .spawn()
+        .expect("spawn");
     std::thread::sleep(Duration::from_millis(300));
     // SAFETY: kill(2) on the PID of the child we spawned.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let st = wait_with_deadline(&mut child, Duration::from_secs(5));
     assert_eq!(st.code(), Some(128 + libc::SIGTERM));
-    let st = lock_cmd(&d).args(["--wait", "2s", "sig", "--", "true"]).status().unwrap();
+    let st = lock_cmd(&d)
+        .args(["--wait", "2s", "sig", "--", "true"])
+        .status()
+        .unwrap();
     assert_eq!(st.code(), Some(0), "the key is free again");
 }

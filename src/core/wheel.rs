@@ -64,19 +64,20 @@ const DUE: u8 = u8::MAX;
 
 /// Handle to a pending timer: its slab index plus the generation it was inserted with. A handle
 /// whose timer fired or was cancelled, even if the slab slot now holds another timer, is stale and
-/// is detected by the generation mismatch.
+/// is detected by the generation mismatch. 8 bytes, because tables keep one per item or lease.
 #[derive(Copy, Clone, PartialEq, Eq, Hash, Debug)]
 pub struct TimerKey {
-    idx: usize,
-    gen: u64,
+    idx: u32,
+    gen: u32,
 }
 
 /// One timer, linked into exactly one list: a level slot's or the due list.
 struct Entry<T> {
     deadline: u64,
-    /// Unique per insert over the wheel's life (a `u64` counter: at 10^9 inserts a second it would
-    /// take centuries to wrap), so slot reuse never revives an old key.
-    gen: u64,
+    /// The wheel's insert counter when this entry was inserted (wrapping). A stale key could only
+    /// match again if its slot were reused by exactly the 2^32-th insert after it, while the
+    /// table still held that key: tables drop a key when its timer fires or is cancelled.
+    gen: u32,
     /// Level holding this entry, or [`DUE`]. With `deadline` it names the list.
     level: u8,
     prev: usize,
@@ -106,7 +107,7 @@ impl Level {
 /// indexing the slab with them cannot panic unless that invariant is broken.
 pub struct Wheel<T> {
     now: u64,
-    next_gen: u64,
+    next_gen: u32,
     entries: Slab<Entry<T>>,
     /// Boxed so a table embedding a wheel stays small (the heads are ~5.6 KiB).
     levels: Box<[Level; NUM_LEVELS]>,
@@ -151,8 +152,7 @@ impl<T> Wheel<T> {
     /// `advance_to`. O(1) (amortised over slab growth).
     pub fn insert(&mut self, deadline_ms: u64, value: T) -> TimerKey {
         let gen = self.next_gen;
-        // Cannot overflow in practice: 2^64 inserts. A panic (debug) beats silent key reuse.
-        self.next_gen += 1;
+        self.next_gen = self.next_gen.wrapping_add(1);
         let idx = self.entries.insert(Entry {
             deadline: deadline_ms,
             gen,
@@ -167,17 +167,22 @@ impl<T> Wheel<T> {
             level_for(self.now, deadline_ms)
         };
         self.push(idx, level);
-        TimerKey { idx, gen }
+        debug_assert!(u32::try_from(idx).is_ok(), "over 2^32 pending timers");
+        TimerKey {
+            idx: idx as u32,
+            gen,
+        }
     }
 
     /// Cancel a pending timer and return its value; `None` if it already fired, was cancelled, or
     /// the key is stale. O(1).
     pub fn cancel(&mut self, key: TimerKey) -> Option<T> {
-        if self.entries.get(key.idx)?.gen != key.gen {
+        let idx = key.idx as usize;
+        if self.entries.get(idx)?.gen != key.gen {
             return None;
         }
-        self.unlink(key.idx);
-        Some(self.entries.remove(key.idx).value)
+        self.unlink(idx);
+        Some(self.entries.remove(idx).value)
     }
 
     /// Move the clock to `now_ms` and append every timer whose deadline is `<= now_ms` to `fired`,

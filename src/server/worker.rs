@@ -285,10 +285,7 @@ impl Worker {
     /// Read until WouldBlock (or backpressure), parsing as bytes arrive.
     fn read(&mut self, slot: usize) {
         let mut scratch = std::mem::take(&mut self.scratch);
-        loop {
-            let Some(conn) = self.conns.get_mut(slot) else {
-                break;
-            };
+        while let Some(conn) = self.conns.get_mut(slot) {
             if !conn.can_parse() {
                 conn.read_pending = !conn.closing;
                 break;
