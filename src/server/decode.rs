@@ -1,8 +1,8 @@
 //! Worker side of each wire format: parse what arrived, answer what needs no lock state, and copy
 //! everything else once into the owner's batch.
 
+use super::conn::Conn;
 use super::msg::{Batch, DlockKind, DlockOp, LockdOp, McOp, Op, OpMsg};
-use super::worker::Conn;
 use super::Proto;
 use crate::config::Config;
 use crate::core::ConnId;

@@ -1,11 +1,13 @@
 //! The running daemon: listeners, worker threads, the owner thread, shutdown.
 
+mod conn;
 mod decode;
 mod exec_dlock;
 mod exec_lockd;
 mod exec_mc;
 pub mod msg;
 mod owner;
+pub mod sim;
 mod stats;
 mod worker;
 
@@ -18,8 +20,8 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use crate::config::Config;
 
+pub use conn::{MAX_INFLIGHT, WBUF_HIGH};
 pub use decode::VERSION_REPLY;
-pub use worker::{MAX_INFLIGHT, WBUF_HIGH};
 
 /// Which wire format a listener (and so each of its connections) speaks.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]

@@ -38,6 +38,30 @@ pub struct Tables {
     pub dlock_events: Vec<DlockEvent>,
 }
 
+impl Tables {
+    pub fn new(c: &crate::config::Config, now: Now) -> Tables {
+        let store = StoreConfig {
+            memory_limit: c.memory_limit,
+            max_item_size: c.max_item_size,
+        };
+        let lockd = LockdConfig {
+            orphan_timeout_ms: c.orphan_timeout_ms,
+        };
+        let dlock = DlockConfig {
+            idle_timeout_ms: c.dlock_idle_timeout_ms,
+        };
+        Tables {
+            store: Store::new(store, now),
+            lockd: LockdTable::new(lockd, now.ms),
+            dlock: DlockTable::new(dlock, now.ms),
+            dlock_sessions: DlockSessions::default(),
+            counters: Counters::default(),
+            grants: Vec::new(),
+            dlock_events: Vec::new(),
+        }
+    }
+}
+
 /// memcached command counters kept by the owner (the store keeps hit/miss counters).
 #[derive(Default, Debug)]
 pub struct Counters {
@@ -96,33 +120,7 @@ impl Owner {
         rx: Receiver<ToOwner>,
         workers: Vec<(Sender<Replies>, Arc<Waker>)>,
     ) -> Owner {
-        let c = &shared.config;
-        let now = clock(&shared);
-        let tables = Tables {
-            store: Store::new(
-                StoreConfig {
-                    memory_limit: c.memory_limit,
-                    max_item_size: c.max_item_size,
-                },
-                now,
-            ),
-            lockd: LockdTable::new(
-                LockdConfig {
-                    orphan_timeout_ms: c.orphan_timeout_ms,
-                },
-                now.ms,
-            ),
-            dlock: DlockTable::new(
-                DlockConfig {
-                    idle_timeout_ms: c.dlock_idle_timeout_ms,
-                },
-                now.ms,
-            ),
-            dlock_sessions: DlockSessions::default(),
-            counters: Counters::default(),
-            grants: Vec::new(),
-            dlock_events: Vec::new(),
-        };
+        let tables = Tables::new(&shared.config, clock(&shared));
         let outbox = Outbox {
             per_worker: workers.iter().map(|_| Replies::default()).collect(),
         };
@@ -200,12 +198,7 @@ impl Owner {
     }
 
     fn fire_timers(&mut self, now: Now) {
-        let t = &mut self.tables;
-        t.store.advance(now);
-        t.lockd.advance(now.ms, &mut t.grants);
-        super::exec_lockd::deliver_grants(t, &mut self.outbox);
-        t.dlock.advance(now.ms, &mut t.dlock_events);
-        super::exec_dlock::deliver_events(t, &mut self.outbox, &self.shared, now);
+        fire_timers(&mut self.tables, &mut self.outbox, &self.shared, now);
     }
 
     fn send_replies(&mut self) {
@@ -225,6 +218,15 @@ impl Owner {
             }
         }
     }
+}
+
+/// Fire every timer due by `now` in every table and deliver what that caused.
+pub fn fire_timers(t: &mut Tables, out: &mut Outbox, shared: &Shared, now: Now) {
+    t.store.advance(now);
+    t.lockd.advance(now.ms, &mut t.grants);
+    super::exec_lockd::deliver_grants(t, out);
+    t.dlock.advance(now.ms, &mut t.dlock_events);
+    super::exec_dlock::deliver_events(t, out, shared, now);
 }
 
 /// Apply one operation of one connection.

@@ -21,8 +21,8 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token, Waker};
 use slab::Slab;
 
-use super::decode;
-use super::msg::{Batch, Op, OpMsg, Replies, ToOwner};
+use super::conn::Conn;
+use super::msg::{Arena, Batch, Op, OpMsg, Replies, ToOwner};
 use super::{Proto, Shared};
 use crate::core::ConnId;
 
@@ -32,68 +32,19 @@ const FIRST_CONN: usize = 16;
 /// Bytes read per `read` call into the worker's scratch buffer. Large enough for a deep pipeline
 /// of small requests in one syscall.
 const READ_CHUNK: usize = 64 * 1024;
-/// Operations of one connection that may be at the owner at once before the worker stops parsing
-/// that connection (backpressure; bounds owner-side memory per connection).
-pub const MAX_INFLIGHT: u32 = 1024;
-/// Reply bytes a connection may have waiting for its client before the worker stops parsing it.
-/// The client then has to read before it may send more.
-pub const WBUF_HIGH: usize = 4 * 1024 * 1024;
-/// Buffers larger than this are released once empty, so idle connections stay small.
-const KEEP_BUF: usize = 16 * 1024;
 /// Events per `poll` call.
 const EVENTS: usize = 1024;
 /// How long accept waits after running out of file descriptors before it tries again.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(20);
 
-pub struct Conn {
+/// A connection's socket with its protocol state.
+struct Socket {
     stream: TcpStream,
-    pub proto: Proto,
     gen: u32,
-    /// Received bytes not yet parsed (empty most of the time: whole requests are parsed straight
-    /// out of the worker's scratch buffer).
-    pub rbuf: Vec<u8>,
-    /// memcached text: how far the first line was already searched for its end.
-    pub scanned: usize,
-    /// Bytes still to be discarded (the rest of a refused, oversized request).
-    pub skip: usize,
-    wbuf: Vec<u8>,
-    wpos: usize,
-    /// Operations sent to the owner and not answered yet.
-    pub inflight: u32,
-    /// Close once everything in flight is answered and written (quit, EOF, fatal input).
-    pub closing: bool,
+    conn: Conn,
     /// Stopped reading before WouldBlock (backpressure): read again when it clears.
     read_pending: bool,
     write_interest: bool,
-}
-
-impl Conn {
-    /// Queue bytes the worker answers itself: straight to the write buffer when nothing is in
-    /// flight, else through the owner so the reply keeps its place in the connection's order.
-    pub fn emit(&mut self, bytes: &[u8], close: bool, id: ConnId, batch: &mut Batch) {
-        if self.inflight == 0 {
-            self.wbuf.extend_from_slice(bytes);
-            if close {
-                self.closing = true;
-            }
-        } else {
-            let span = batch.arena.push(bytes);
-            batch.ops.push(OpMsg {
-                conn: id,
-                op: Op::Literal { bytes: span, close },
-            });
-            self.inflight += 1;
-        }
-    }
-
-    fn pending_output(&self) -> usize {
-        self.wbuf.len() - self.wpos
-    }
-
-    /// May more requests be parsed now?
-    pub fn can_parse(&self) -> bool {
-        !self.closing && self.inflight < MAX_INFLIGHT && self.pending_output() < WBUF_HIGH
-    }
 }
 
 pub struct Worker {
@@ -101,7 +52,7 @@ pub struct Worker {
     shared: Arc<Shared>,
     poll: Poll,
     listeners: Vec<(TcpListener, Proto)>,
-    conns: Slab<Conn>,
+    sockets: Slab<Socket>,
     /// Generation of each slab slot, bumped on close; indexed by slot.
     gens: Vec<u32>,
     to_owner: Sender<ToOwner>,
@@ -129,7 +80,7 @@ impl Worker {
             shared,
             poll,
             listeners,
-            conns: Slab::new(),
+            sockets: Slab::new(),
             gens: Vec::new(),
             to_owner,
             from_owner,
@@ -187,7 +138,7 @@ impl Worker {
                             continue;
                         }
                         if event.is_writable() {
-                            self.mark_dirty(slot);
+                            self.dirty.push(slot);
                         }
                         if event.is_readable() || event.is_read_closed() {
                             self.read(slot);
@@ -199,7 +150,7 @@ impl Worker {
             self.end_turn();
         }
         // Shutdown: drop every connection; the process is exiting.
-        self.conns.clear();
+        self.sockets.clear();
     }
 
     fn accept(&mut self, index: usize) {
@@ -219,7 +170,7 @@ impl Worker {
                     }
                     shared.total_connections.fetch_add(1, Ordering::Relaxed);
                     let _ = stream.set_nodelay(true);
-                    self.add_conn(stream, proto);
+                    self.add_socket(stream, proto);
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
@@ -238,8 +189,8 @@ impl Worker {
         }
     }
 
-    fn add_conn(&mut self, mut stream: TcpStream, proto: Proto) {
-        let entry = self.conns.vacant_entry();
+    fn add_socket(&mut self, mut stream: TcpStream, proto: Proto) {
+        let entry = self.sockets.vacant_entry();
         let slot = entry.key();
         let token = Token(slot + FIRST_CONN);
         if self
@@ -255,22 +206,15 @@ impl Worker {
             self.gens.resize(slot + 1, 0);
         }
         let gen = self.gens[slot];
-        entry.insert(Conn {
+        entry.insert(Socket {
             stream,
-            proto,
             gen,
-            rbuf: Vec::new(),
-            scanned: 0,
-            skip: 0,
-            wbuf: Vec::new(),
-            wpos: 0,
-            inflight: 0,
-            closing: false,
+            conn: Conn::new(proto),
             read_pending: false,
             write_interest: false,
         });
         if proto == Proto::Dlock {
-            let conn = self.conn_id(slot, gen);
+            let conn = ConnId::new(self.id, slot as u32, gen);
             self.batch.ops.push(OpMsg {
                 conn,
                 op: Op::DlockOpen,
@@ -278,62 +222,30 @@ impl Worker {
         }
     }
 
-    fn conn_id(&self, slot: usize, gen: u32) -> ConnId {
-        ConnId::new(self.id, slot as u32, gen)
-    }
-
     /// Read until WouldBlock (or backpressure), parsing as bytes arrive.
     fn read(&mut self, slot: usize) {
-        let mut scratch = std::mem::take(&mut self.scratch);
-        while let Some(conn) = self.conns.get_mut(slot) {
-            if !conn.can_parse() {
-                conn.read_pending = !conn.closing;
+        let scratch = &mut self.scratch;
+        while let Some(s) = self.sockets.get_mut(slot) {
+            if !s.conn.can_parse() {
+                s.read_pending = !s.conn.closing;
                 break;
             }
-            conn.read_pending = false;
-            let result = if conn.rbuf.is_empty() {
-                conn.stream.read(&mut scratch)
-            } else {
-                read_append(&mut conn.stream, &mut conn.rbuf)
-            };
-            match result {
+            s.read_pending = false;
+            match s.stream.read(scratch) {
                 Ok(0) => {
                     // EOF (perhaps only a half-close): answer what was asked, then close.
-                    conn.closing = true;
+                    s.conn.closing = true;
                     self.recheck.push(slot);
                     break;
                 }
                 Ok(n) => {
-                    let id = ConnId::new(self.id, slot as u32, conn.gen);
-                    let from_scratch = conn.rbuf.is_empty();
-                    let fatal = if from_scratch {
-                        let (consumed, fatal) = decode::parse(
-                            conn,
-                            &scratch[..n],
-                            id,
-                            &self.shared.config,
-                            &mut self.batch,
-                        );
-                        if !fatal && consumed < n {
-                            conn.rbuf.extend_from_slice(&scratch[consumed..n]);
-                        }
-                        fatal
-                    } else {
-                        let data = std::mem::take(&mut conn.rbuf);
-                        let (consumed, fatal) =
-                            decode::parse(conn, &data, id, &self.shared.config, &mut self.batch);
-                        conn.rbuf = data;
-                        conn.rbuf.drain(..consumed);
-                        if conn.rbuf.is_empty() && conn.rbuf.capacity() > KEEP_BUF {
-                            conn.rbuf = Vec::new();
-                        }
-                        fatal
-                    };
-                    if conn.pending_output() > 0 {
+                    let id = ConnId::new(self.id, slot as u32, s.gen);
+                    s.conn
+                        .receive(&scratch[..n], id, &self.shared.config, &mut self.batch);
+                    if s.conn.pending_output() > 0 {
                         self.dirty.push(slot);
                     }
-                    if fatal || conn.closing {
-                        conn.closing = true;
+                    if s.conn.closing {
                         self.recheck.push(slot);
                         break;
                     }
@@ -346,36 +258,22 @@ impl Worker {
                 }
             }
         }
-        self.scratch = scratch;
     }
 
-    /// Parse bytes already buffered (after backpressure cleared).
-    fn reparse(&mut self, slot: usize) {
-        let Some(conn) = self.conns.get_mut(slot) else {
+    /// Parse bytes already buffered, then read more if reading had stopped (backpressure cleared).
+    fn resume(&mut self, slot: usize) {
+        let Some(s) = self.sockets.get_mut(slot) else {
             return;
         };
-        if !conn.rbuf.is_empty() && conn.can_parse() {
-            let id = ConnId::new(self.id, slot as u32, conn.gen);
-            let data = std::mem::take(&mut conn.rbuf);
-            let (consumed, fatal) =
-                decode::parse(conn, &data, id, &self.shared.config, &mut self.batch);
-            conn.rbuf = data;
-            conn.rbuf.drain(..consumed);
-            if fatal {
-                conn.closing = true;
-            }
+        if !s.conn.rbuf.is_empty() && s.conn.can_parse() {
+            let id = ConnId::new(self.id, slot as u32, s.gen);
+            s.conn
+                .parse_buffered(id, &self.shared.config, &mut self.batch);
             self.dirty.push(slot);
         }
-        let Some(conn) = self.conns.get_mut(slot) else {
-            return;
-        };
-        if conn.read_pending && conn.can_parse() {
+        if s.read_pending && s.conn.can_parse() {
             self.read(slot);
         }
-    }
-
-    fn mark_dirty(&mut self, slot: usize) {
-        self.dirty.push(slot);
     }
 
     fn apply_replies(&mut self) {
@@ -383,18 +281,13 @@ impl Worker {
             let arena = &replies.arena.bytes;
             for rec in &replies.records {
                 let slot = rec.conn.slot as usize;
-                let Some(conn) = self.conns.get_mut(slot) else {
+                let Some(s) = self.sockets.get_mut(slot) else {
                     continue;
                 };
-                if conn.gen != rec.conn.gen {
+                if s.gen != rec.conn.gen {
                     continue; // the connection this was for is gone; its slot was reused
                 }
-                conn.wbuf.extend_from_slice(rec.bytes.get(arena));
-                debug_assert!(conn.inflight >= rec.done as u32, "reply without a request");
-                conn.inflight = conn.inflight.saturating_sub(rec.done as u32);
-                if rec.close {
-                    conn.closing = true;
-                }
+                s.conn.deliver(rec.bytes.get(arena), rec.done, rec.close);
                 self.dirty.push(slot);
                 self.recheck.push(slot);
             }
@@ -417,15 +310,15 @@ impl Worker {
         recheck.sort_unstable();
         recheck.dedup();
         for &slot in &recheck {
-            let Some(conn) = self.conns.get(slot) else {
+            let Some(s) = self.sockets.get(slot) else {
                 continue;
             };
-            if conn.closing {
-                if conn.inflight == 0 && conn.pending_output() == 0 {
+            if s.conn.closing {
+                if s.conn.finished() {
                     self.close(slot);
                 }
-            } else if conn.read_pending || !conn.rbuf.is_empty() {
-                self.reparse(slot);
+            } else if s.read_pending || !s.conn.rbuf.is_empty() {
+                self.resume(slot);
                 self.flush(slot);
             }
         }
@@ -433,14 +326,14 @@ impl Worker {
         self.recheck = recheck;
 
         if !self.batch.ops.is_empty() {
-            let batch = Batch {
+            let next = Batch {
                 worker: self.id,
                 ops: Vec::with_capacity(self.batch.ops.len()),
-                arena: super::msg::Arena {
+                arena: Arena {
                     bytes: Vec::with_capacity(self.batch.arena.bytes.len()),
                 },
             };
-            let full = std::mem::replace(&mut self.batch, batch);
+            let full = std::mem::replace(&mut self.batch, next);
             if self.to_owner.send(ToOwner::Batch(full)).is_err() {
                 // The owner is gone: the daemon is stopping.
                 self.shared.shutdown.store(true, Ordering::Release);
@@ -450,79 +343,54 @@ impl Worker {
 
     /// Write as much as the socket takes; ask for WRITABLE only while bytes remain.
     fn flush(&mut self, slot: usize) {
-        let Some(conn) = self.conns.get_mut(slot) else {
+        let Some(s) = self.sockets.get_mut(slot) else {
             return;
         };
-        while conn.wpos < conn.wbuf.len() {
-            match conn.stream.write(&conn.wbuf[conn.wpos..]) {
-                Ok(0) => {
-                    self.close(slot);
-                    return;
-                }
-                Ok(n) => conn.wpos += n,
+        while s.conn.pending_output() > 0 {
+            match s.stream.write(s.conn.output()) {
+                Ok(0) => return self.close(slot),
+                Ok(n) => s.conn.written(n),
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                Err(_) => {
-                    self.close(slot);
-                    return;
-                }
+                Err(_) => return self.close(slot),
             }
         }
-        let drained = conn.wpos == conn.wbuf.len();
-        if drained {
-            conn.wbuf.clear();
-            conn.wpos = 0;
-            if conn.wbuf.capacity() > KEEP_BUF {
-                conn.wbuf = Vec::new();
-            }
-        }
-        let want_write = !drained;
-        if want_write != conn.write_interest {
-            let interest = if want_write {
-                Interest::READABLE | Interest::WRITABLE
-            } else {
+        let drained = s.conn.pending_output() == 0;
+        if drained == s.write_interest {
+            let interest = if drained {
                 Interest::READABLE
+            } else {
+                Interest::READABLE | Interest::WRITABLE
             };
             let token = Token(slot + FIRST_CONN);
             if self
                 .poll
                 .registry()
-                .reregister(&mut conn.stream, token, interest)
+                .reregister(&mut s.stream, token, interest)
                 .is_err()
             {
-                self.close(slot);
-                return;
+                return self.close(slot);
             }
-            conn.write_interest = want_write;
+            s.write_interest = !drained;
         }
-        if drained && (conn.closing || conn.read_pending || !conn.rbuf.is_empty()) {
+        if drained && (s.conn.closing || s.read_pending || !s.conn.rbuf.is_empty()) {
             self.recheck.push(slot);
         }
     }
 
     fn close(&mut self, slot: usize) {
-        let Some(mut conn) = self.conns.try_remove(slot) else {
+        let Some(mut s) = self.sockets.try_remove(slot) else {
             return;
         };
-        let _ = self.poll.registry().deregister(&mut conn.stream);
-        self.gens[slot] = conn.gen.wrapping_add(1);
+        let _ = self.poll.registry().deregister(&mut s.stream);
+        self.gens[slot] = s.gen.wrapping_add(1);
         self.shared.curr_connections.fetch_sub(1, Ordering::Relaxed);
-        let id = self.conn_id(slot, conn.gen);
+        let conn = ConnId::new(self.id, slot as u32, s.gen);
         self.batch.ops.push(OpMsg {
-            conn: id,
+            conn,
             op: Op::Close,
         });
     }
-}
-
-/// Read into the spare capacity of `buf`, growing it by one chunk.
-fn read_append(stream: &mut TcpStream, buf: &mut Vec<u8>) -> io::Result<usize> {
-    let len = buf.len();
-    buf.resize(len + READ_CHUNK, 0);
-    let result = stream.read(&mut buf[len..]);
-    let n = *result.as_ref().unwrap_or(&0);
-    buf.truncate(len + n);
-    result
 }
 
 /// Bind one listener socket for a worker: SO_REUSEADDR and SO_REUSEPORT so that every worker can

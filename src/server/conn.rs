@@ -1,0 +1,143 @@
+//! One connection's protocol state, apart from its socket: what was received and not parsed yet,
+//! what is to be written, how many of its requests are at the owner. The worker pairs it with a
+//! socket; [`super::sim::Sim`] drives it with bytes and a fake clock, so the whole request path
+//! (parse, owner, reply) runs in tests and fuzzing without threads or sockets.
+
+use super::decode;
+use super::msg::{Batch, Op, OpMsg};
+use super::Proto;
+use crate::config::Config;
+use crate::core::ConnId;
+
+/// Operations of one connection that may be at the owner at once before it is parsed no further
+/// (backpressure; bounds owner-side memory per connection).
+pub const MAX_INFLIGHT: u32 = 1024;
+/// Reply bytes a connection may have waiting for its client before it is parsed no further. The
+/// client then has to read before it may send more.
+pub const WBUF_HIGH: usize = 4 * 1024 * 1024;
+/// Buffers larger than this are released once empty, so idle connections stay small.
+const KEEP_BUF: usize = 16 * 1024;
+
+pub struct Conn {
+    pub proto: Proto,
+    /// Received bytes not yet parsed (empty most of the time: whole requests are parsed straight
+    /// out of the bytes just read).
+    pub rbuf: Vec<u8>,
+    /// memcached text: how far the first line was already searched for its end.
+    pub scanned: usize,
+    /// Bytes still to be discarded (the rest of a refused, oversized request).
+    pub skip: usize,
+    /// Reply bytes not yet written; `wpos` of them are already written.
+    pub wbuf: Vec<u8>,
+    pub wpos: usize,
+    /// Operations sent to the owner and not answered yet.
+    pub inflight: u32,
+    /// Close once everything in flight is answered and written (quit, EOF, fatal input).
+    pub closing: bool,
+}
+
+impl Conn {
+    pub fn new(proto: Proto) -> Conn {
+        Conn {
+            proto,
+            rbuf: Vec::new(),
+            scanned: 0,
+            skip: 0,
+            wbuf: Vec::new(),
+            wpos: 0,
+            inflight: 0,
+            closing: false,
+        }
+    }
+
+    /// Queue bytes the worker answers itself: straight to the write buffer when nothing is in
+    /// flight, else through the owner so the reply keeps its place in the connection's order.
+    pub fn emit(&mut self, bytes: &[u8], close: bool, id: ConnId, batch: &mut Batch) {
+        if self.inflight == 0 {
+            self.wbuf.extend_from_slice(bytes);
+            if close {
+                self.closing = true;
+            }
+        } else {
+            let span = batch.arena.push(bytes);
+            batch.ops.push(OpMsg {
+                conn: id,
+                op: Op::Literal { bytes: span, close },
+            });
+            self.inflight += 1;
+        }
+    }
+
+    pub fn pending_output(&self) -> usize {
+        self.wbuf.len() - self.wpos
+    }
+
+    /// May more requests be parsed now?
+    pub fn can_parse(&self) -> bool {
+        !self.closing && self.inflight < MAX_INFLIGHT && self.pending_output() < WBUF_HIGH
+    }
+
+    /// Whether everything is answered and written, so a closing connection may go.
+    pub fn finished(&self) -> bool {
+        self.inflight == 0 && self.pending_output() == 0
+    }
+
+    /// Parse bytes just received. Whole requests are parsed straight out of `data`; only a
+    /// partial request is copied, into `rbuf`. Returns true when the connection must close once
+    /// its queued output is written.
+    pub fn receive(&mut self, data: &[u8], id: ConnId, config: &Config, batch: &mut Batch) -> bool {
+        if !self.rbuf.is_empty() {
+            self.rbuf.extend_from_slice(data);
+            return self.parse_buffered(id, config, batch);
+        }
+        let (consumed, fatal) = decode::parse(self, data, id, config, batch);
+        if fatal {
+            self.closing = true;
+        } else if consumed < data.len() {
+            self.rbuf.extend_from_slice(&data[consumed..]);
+        }
+        fatal
+    }
+
+    /// Parse what is buffered (after backpressure cleared, or after more bytes arrived).
+    pub fn parse_buffered(&mut self, id: ConnId, config: &Config, batch: &mut Batch) -> bool {
+        let data = std::mem::take(&mut self.rbuf);
+        let (consumed, fatal) = decode::parse(self, &data, id, config, batch);
+        self.rbuf = data;
+        self.rbuf.drain(..consumed);
+        if self.rbuf.is_empty() && self.rbuf.capacity() > KEEP_BUF {
+            self.rbuf = Vec::new();
+        }
+        if fatal {
+            self.closing = true;
+        }
+        fatal
+    }
+
+    /// Take one reply record from the owner.
+    pub fn deliver(&mut self, bytes: &[u8], done: u8, close: bool) {
+        self.wbuf.extend_from_slice(bytes);
+        debug_assert!(self.inflight >= u32::from(done), "reply without a request");
+        self.inflight = self.inflight.saturating_sub(u32::from(done));
+        if close {
+            self.closing = true;
+        }
+    }
+
+    /// `n` more bytes of the write buffer reached the socket.
+    pub fn written(&mut self, n: usize) {
+        self.wpos += n;
+        if self.wpos == self.wbuf.len() {
+            self.wbuf.clear();
+            self.wpos = 0;
+            if self.wbuf.capacity() > KEEP_BUF {
+                self.wbuf = Vec::new();
+            }
+        }
+    }
+
+    /// Bytes waiting to be written.
+    pub fn output(&self) -> &[u8] {
+        &self.wbuf[self.wpos..]
+    }
+}

@@ -1,0 +1,271 @@
+//! A deterministic, single-threaded run of the whole request path: the same per-connection
+//! parsing ([`Conn`]), the same owner code and tables, with bytes handed in and replies taken out
+//! directly and a fake clock. No threads, no sockets, no real time. For tests that check
+//! invariants across all three protocols under random schedules, and for fuzzing the connection
+//! state machine.
+
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::time::Instant;
+
+use hashbrown::HashMap;
+
+use super::conn::Conn;
+use super::msg::{Batch, Op, OpMsg, Replies};
+use super::owner::{apply_op, fire_timers, Outbox, Tables};
+use super::{Proto, Shared};
+use crate::config::Config;
+use crate::core::{ConnId, Now};
+
+/// The Unix time the fake clock starts at (2023-11-14), so absolute memcached expiry times work.
+pub const SIM_UNIX_START: u64 = 1_700_000_000;
+
+pub struct Sim {
+    shared: Shared,
+    tables: Tables,
+    outbox: Outbox,
+    batch: Batch,
+    conns: HashMap<ConnId, Conn>,
+    /// Output of connections the daemon closed, until taken.
+    closed_output: HashMap<ConnId, Vec<u8>>,
+    next_slot: u32,
+    now_ms: u64,
+}
+
+impl Sim {
+    pub fn new(config: Config) -> Sim {
+        let shared = Shared {
+            config,
+            shutdown: AtomicBool::new(false),
+            curr_connections: AtomicU64::new(0),
+            total_connections: AtomicU64::new(0),
+            rejected_connections: AtomicU64::new(0),
+            started: Instant::now(),
+            started_unix: SIM_UNIX_START,
+        };
+        let tables = Tables::new(&shared.config, Self::at(0));
+        Sim {
+            shared,
+            tables,
+            outbox: Outbox {
+                per_worker: vec![Replies::default()],
+            },
+            batch: Batch::default(),
+            conns: HashMap::new(),
+            closed_output: HashMap::new(),
+            next_slot: 0,
+            now_ms: 0,
+        }
+    }
+
+    fn at(ms: u64) -> Now {
+        Now {
+            ms,
+            unix: SIM_UNIX_START + ms / 1000,
+        }
+    }
+
+    /// The fake clock, in milliseconds since the start.
+    pub fn now_ms(&self) -> u64 {
+        self.now_ms
+    }
+
+    /// The tables, to check invariants against a model.
+    pub fn tables(&self) -> &Tables {
+        &self.tables
+    }
+
+    /// Open a connection to one of the listeners.
+    pub fn connect(&mut self, proto: Proto) -> ConnId {
+        let id = ConnId::new(0, self.next_slot, 0);
+        self.next_slot += 1;
+        self.conns.insert(id, Conn::new(proto));
+        if proto == Proto::Dlock {
+            self.batch.ops.push(OpMsg {
+                conn: id,
+                op: Op::DlockOpen,
+            });
+        }
+        self.run();
+        id
+    }
+
+    /// Whether the daemon still has this connection open.
+    pub fn is_open(&self, id: ConnId) -> bool {
+        self.conns.contains_key(&id)
+    }
+
+    /// Bytes from the client; everything they cause is applied before this returns. Ignored for
+    /// a connection that is closed or closing (its bytes would be discarded by the daemon too).
+    pub fn send(&mut self, id: ConnId, bytes: &[u8]) {
+        let Some(conn) = self.conns.get_mut(&id) else {
+            return;
+        };
+        if conn.closing {
+            return;
+        }
+        conn.receive(bytes, id, &self.shared.config, &mut self.batch);
+        self.run();
+    }
+
+    /// Take every reply byte written to this connection so far (also after it closed).
+    pub fn output(&mut self, id: ConnId) -> Vec<u8> {
+        match self.conns.get_mut(&id) {
+            Some(conn) => {
+                let out = conn.output().to_vec();
+                conn.written(out.len());
+                out
+            }
+            None => self.closed_output.remove(&id).unwrap_or_default(),
+        }
+    }
+
+    /// The client closes the connection (or it resets).
+    pub fn disconnect(&mut self, id: ConnId) {
+        if self.conns.remove(&id).is_some() {
+            self.batch.ops.push(OpMsg {
+                conn: id,
+                op: Op::Close,
+            });
+            self.run();
+        }
+    }
+
+    /// Move the fake clock forward (never back) and fire what is due.
+    pub fn advance_to(&mut self, ms: u64) {
+        self.now_ms = self.now_ms.max(ms);
+        self.run();
+    }
+
+    /// One owner turn after another until nothing is left to do: apply the batch, fire timers,
+    /// deliver replies, resume connections whose backpressure cleared, close finished ones.
+    fn run(&mut self) {
+        let now = Self::at(self.now_ms);
+        loop {
+            fire_timers(&mut self.tables, &mut self.outbox, &self.shared, now);
+            let batch = std::mem::take(&mut self.batch);
+            for msg in &batch.ops {
+                apply_op(
+                    &mut self.tables,
+                    &mut self.outbox,
+                    &self.shared,
+                    msg.conn,
+                    msg.op,
+                    &batch.arena.bytes,
+                    now,
+                );
+            }
+            fire_timers(&mut self.tables, &mut self.outbox, &self.shared, now);
+            let replies = std::mem::take(&mut self.outbox.per_worker[0]);
+            for rec in &replies.records {
+                if let Some(conn) = self.conns.get_mut(&rec.conn) {
+                    conn.deliver(rec.bytes.get(&replies.arena.bytes), rec.done, rec.close);
+                }
+            }
+            // Resume parsing where backpressure cleared; close what is finished (its output stays
+            // readable through `output`).
+            let ids: Vec<ConnId> = self.conns.keys().copied().collect();
+            for id in ids {
+                let Some(conn) = self.conns.get_mut(&id) else {
+                    continue;
+                };
+                if !conn.closing && !conn.rbuf.is_empty() && conn.can_parse() {
+                    conn.parse_buffered(id, &self.shared.config, &mut self.batch);
+                }
+                if conn.closing && conn.inflight == 0 {
+                    let out = conn.output().to_vec();
+                    self.conns.remove(&id);
+                    self.closed_output.insert(id, out);
+                    self.batch.ops.push(OpMsg {
+                        conn: id,
+                        op: Op::Close,
+                    });
+                }
+            }
+            if self.batch.ops.is_empty() {
+                break;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::dlock::{self as dl, req_type, status, LockFields};
+    use crate::proto::lockd::{self as ld, op};
+
+    fn config() -> Config {
+        match crate::config::parse(["--orphan-timeout", "100", "--dlock-idle-timeout", "0"]) {
+            Ok(crate::config::Command::Run(c)) => c,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn memcached_locks_work_through_the_sim() {
+        let mut sim = Sim::new(config());
+        let (a, b) = (sim.connect(Proto::Memcache), sim.connect(Proto::Memcache));
+        sim.send(a, b"set k 0 0 1\r\nv\r\nlock k\r\n");
+        assert_eq!(sim.output(a), b"STORED\r\nOK\r\n");
+        sim.send(b, b"set k 0 0 1\r\nw\r\nget k\r\n");
+        assert_eq!(sim.output(b), b"LOCKED\r\nVALUE k 0 1\r\nv\r\nEND\r\n");
+        sim.send(a, b"quit\r\n");
+        assert!(!sim.is_open(a));
+        sim.send(b, b"lock k\r\n");
+        assert_eq!(sim.output(b), b"OK\r\n", "quit released a's lock");
+    }
+
+    #[test]
+    fn an_orphan_is_granted_to_the_waiter_when_the_fake_clock_passes_its_timeout() {
+        let mut sim = Sim::new(config());
+        let (a, b) = (sim.connect(Proto::Lockd), sim.connect(Proto::Lockd));
+        let mut acq = Vec::new();
+        ld::encode(&mut acq, op::ACQ, b"n\0");
+        sim.send(a, &acq);
+        sim.send(b, &acq);
+        assert_eq!(sim.output(b)[..4], ld::header(op::ACK, 2));
+        sim.advance_to(10);
+        sim.disconnect(a);
+        sim.advance_to(109);
+        assert!(sim.output(b).is_empty(), "not before the orphan timeout");
+        sim.advance_to(110);
+        assert_eq!(sim.output(b)[..4], ld::header(op::ACQUIRED, 2));
+    }
+
+    #[test]
+    fn a_dlock_lease_expires_on_the_fake_clock() {
+        let mut sim = Sim::new(config());
+        let (a, b) = (sim.connect(Proto::Dlock), sim.connect(Proto::Dlock));
+        let keys: [&[u8]; 1] = [b"k"];
+        let mut lease = Vec::new();
+        let fields = LockFields {
+            release_micro: Some(50_000),
+            keys: &keys,
+            ..Default::default()
+        };
+        dl::encode_request(&mut lease, Some(1), None, req_type::LOCK, Some(fields));
+        sim.send(a, &lease);
+        sim.disconnect(a);
+        let mut wait = Vec::new();
+        dl::encode_request(
+            &mut wait,
+            Some(2),
+            None,
+            req_type::LOCK,
+            Some(LockFields {
+                keys: &keys,
+                ..Default::default()
+            }),
+        );
+        sim.send(b, &wait);
+        assert!(
+            sim.output(b).is_empty(),
+            "the lease outlives its connection"
+        );
+        sim.advance_to(50);
+        let out = sim.output(b);
+        let (body, _) = dl::parse_frame(&out, 1 << 20).expect("one response");
+        let r = dl::decode_response(body).expect("valid");
+        assert_eq!((r.request_id, r.status), (Some(2), Some(status::OK)));
+    }
+}
