@@ -714,7 +714,9 @@ mod tests {
                 deadline_ms: 10 + TIMEOUT
             }
         );
-        assert_eq!(t.next_deadline(), Some(10 + TIMEOUT));
+        // A wake-up time, never later than the deadline (the wheel answers with the start of
+        // the slot holding it, which may be earlier).
+        assert!(t.next_deadline().is_some_and(|d| d <= 10 + TIMEOUT));
         assert!(t.adopt(c(2), b"a", 50));
         assert_eq!(t.state(b"a"), LockState::Held(c(2)));
         assert_eq!(t.next_deadline(), None);
@@ -858,7 +860,9 @@ mod tests {
         assert!(
             matches!(t.state(b"c"), LockState::Orphaned { deadline_ms } if deadline_ms == 30 + TIMEOUT)
         );
-        assert_eq!(t.next_deadline(), Some(30 + TIMEOUT));
+        assert!(t
+            .next_deadline()
+            .is_some_and(|d| 10 + TIMEOUT < d && d <= 30 + TIMEOUT));
         t.advance(30 + TIMEOUT, &mut g);
         assert_eq!(t.state(b"c"), LockState::Free);
         assert_eq!(t.stats().orphan_expiries, 3);
