@@ -1009,3 +1009,152 @@ fn lockd_counters_in_memcached_stats_follow_the_table() {
     b.ask(REL, b"s\0", ERR, b"s\0");
     assert_eq!(s.lockd(), [0, 0, 0, 2, 1, 1], "a failed REL counts nothing");
 }
+
+// ---- edges the contract implies ----
+
+#[test]
+fn bad_version_is_refused_without_waiting_for_the_payload_it_announces() {
+    let d = Daemon::start(&[]);
+    let mut bad = d.lockd();
+    // A header of version 2 that announces 1000 payload bytes, and nothing behind it: the length
+    // of a frame in an unknown version means nothing, so the answer cannot depend on it.
+    let header = frame(2, ACQ, &[b'x'; 1000])[..4].to_vec();
+    bad.send(&header);
+    bad.want(ERR, b"");
+    bad.expect_closed();
+}
+
+#[test]
+fn pipeline_deeper_than_the_in_flight_cap_is_answered_completely_and_in_order() {
+    let _serial = serial();
+    let d = Daemon::start(&[]);
+    let mut a = d.lockd();
+    // 5000 requests in one write (the worker lets 1024 be at the owner at once), mixing those
+    // the worker answers itself (PING, unknown opcodes) with those the owner answers.
+    const ROUNDS: usize = 1000;
+    let mut bytes = Vec::new();
+    for i in 0..ROUNDS {
+        let name = nul(format!("deep {}", i % 7).as_bytes());
+        bytes.extend(req(TRY, &name));
+        bytes.extend(req(PING, format!("{i}").as_bytes()));
+        bytes.extend(req(REL, &name));
+        bytes.extend(req(200, &name));
+        bytes.extend(req(REL, &name));
+    }
+    a.send(&bytes);
+    for i in 0..ROUNDS {
+        let name = nul(format!("deep {}", i % 7).as_bytes());
+        a.want(ACQUIRED, &name);
+        a.want(PONG, format!("{i}").as_bytes());
+        a.want(RELEASED, &name);
+        a.want(ERR, &name);
+        a.want(ERR, &name);
+    }
+    assert_silent(&mut a, QUIET, "one reply per request");
+}
+
+#[test]
+fn each_orphan_times_out_from_its_own_disconnect() {
+    let _serial = serial();
+    let d = orphan_daemon();
+    let mut stats = Stats::of(&d);
+    let (mut first, mut second, mut w1, mut w2) = (d.lockd(), d.lockd(), d.lockd(), d.lockd());
+    first.ask(ACQ, b"early\0", ACQUIRED, b"early\0");
+    second.ask(ACQ, b"late\0", ACQUIRED, b"late\0");
+    w1.ask(ACQ, b"early\0w", ACK, b"early\0w");
+    w2.ask(ACQ, b"late\0w", ACK, b"late\0w");
+    let t0 = Instant::now();
+    drop(first);
+    stats.wait_for("lockd_orphaned", 1);
+    // The second holder leaves half a timeout later (the pause is the test's input, not a wait
+    // for the daemon).
+    std::thread::sleep(Duration::from_millis(ORPHAN_MS / 2));
+    let t1 = Instant::now();
+    drop(second);
+    w1.want(ACQUIRED, b"early\0w");
+    let early = t0.elapsed();
+    assert_silent(
+        &mut w2,
+        Duration::from_millis(ORPHAN_MS / 4),
+        "the later orphan when the earlier one expires",
+    );
+    w2.want(ACQUIRED, b"late\0w");
+    let late = t1.elapsed();
+    eprintln!("per-orphan timeouts: {early:?} from the first close, {late:?} from the second");
+    for took in [early, late] {
+        assert!(took >= Duration::from_millis(ORPHAN_MS - 1), "{took:?}");
+        assert!(
+            took <= Duration::from_millis(ORPHAN_MS + SLACK_MS),
+            "{took:?}"
+        );
+    }
+}
+
+#[test]
+fn rel_by_the_first_waiter_grants_the_lock_to_that_waiter() {
+    let d = Daemon::start(&[]);
+    let (mut a, mut b) = (d.lockd(), d.lockd());
+    a.ask(ACQ, b"r\0", ACQUIRED, b"r\0");
+    b.ask(ACQ, b"r\0b", ACK, b"r\0b");
+    b.req(REL, b"r\0");
+    b.want(RELEASED, b"r\0");
+    b.want(ACQUIRED, b"r\0b");
+    a.ask(TRY, b"r\0", WBLOCK, b"r\0");
+    assert_silent(&mut a, QUIET, "the released holder is not told");
+}
+
+#[test]
+fn departed_waiters_grant_never_reaches_connections_opened_after_it() {
+    let d = Daemon::start(&[]);
+    let mut stats = Stats::of(&d);
+    let mut holder = d.lockd();
+    holder.ask(ACQ, b"id\0", ACQUIRED, b"id\0");
+    // Several waiters leave, several newcomers arrive (some of them in the freed slots of the
+    // workers, as a descriptor-number design would confuse them): nobody is granted.
+    let mut leavers: Vec<Client> = (0..4).map(|_| d.lockd()).collect();
+    for w in &mut leavers {
+        w.ask(ACQ, b"id\0", ACK, b"id\0");
+    }
+    drop(leavers);
+    stats.wait_for("lockd_waiting", 0);
+    let mut newcomers: Vec<Client> = (0..8).map(|_| d.lockd()).collect();
+    for n in &mut newcomers {
+        n.ask(PING, b"", PONG, b"");
+    }
+    holder.ask(REL, b"id\0", RELEASED, b"id\0");
+    holder.ask(TRY, b"id\0", ACQUIRED, b"id\0");
+    for n in &mut newcomers {
+        assert!(!arrived_now(n), "a newcomer got a departed waiter's grant");
+    }
+    assert_silent(&mut newcomers[0], QUIET, "newcomers");
+}
+
+#[test]
+fn acq_sent_just_before_closing_leaves_no_waiter_behind() {
+    let d = Daemon::start(&[]);
+    let mut stats = Stats::of(&d);
+    let mut holder = d.lockd();
+    holder.ask(ACQ, b"gone\0", ACQUIRED, b"gone\0");
+    for _ in 0..20 {
+        let mut c = d.lockd();
+        c.req(ACQ, b"gone\0");
+        drop(c); // perhaps before the daemon read the ACQ, perhaps after it queued it
+    }
+    stats.wait_for("curr_connections", 2); // the holder and the stats connection
+    stats.wait_for("lockd_waiting", 0);
+    holder.ask(REL, b"gone\0", RELEASED, b"gone\0");
+    holder.ask(REL, b"gone\0", ERR, b"gone\0");
+}
+
+#[test]
+fn largest_payload_is_echoed_whole_in_ack_and_in_the_later_acquired() {
+    let d = Daemon::start(&[]);
+    let (mut a, mut b) = (d.lockd(), d.lockd());
+    let mut big = b"big\0".to_vec();
+    big.extend((0..MAX_PAYLOAD - 4).map(|i| (i % 253) as u8));
+    a.ask(ACQ, &big, ACQUIRED, &big);
+    b.ask(ACQ, &big, ACK, &big);
+    a.ask(REL, &big, RELEASED, &big);
+    b.want(ACQUIRED, &big);
+    a.ask(TRY, &big, WBLOCK, &big);
+}
