@@ -76,6 +76,13 @@ pub fn parse(buf: &[u8]) -> Option<(Frame<'_>, usize)> {
     ))
 }
 
+/// The version of the frame that starts `buf`, known from its first byte (the top nibble of the
+/// header), before the rest of the header or any payload: `None` when `buf` is empty.
+pub fn peek_version(buf: &[u8]) -> Option<u8> {
+    // The shift leaves the 4 version bits of the first (most significant) header byte.
+    buf.first().map(|&b| b >> (VERSION_SHIFT - 24))
+}
+
 /// The header of a version-1 frame with `opcode` and a payload of `len` bytes, for callers that
 /// write the payload themselves (a SYNC reply assembled name by name). `len` must be
 /// <= MAX_PAYLOAD; a larger one is clamped (see [`encode`]).
@@ -140,6 +147,16 @@ mod tests {
         assert_eq!(used, whole.len());
         assert_eq!(f.opcode, op::TRY);
         assert_eq!(f.payload, b"some lock\0");
+    }
+
+    #[test]
+    fn version_is_known_from_the_first_byte() {
+        assert_eq!(peek_version(&[]), None);
+        for version in 0..16u8 {
+            let whole = frame_bytes(version, op::ACQ, b"x\0");
+            assert_eq!(peek_version(&whole[..1]), Some(version));
+            assert_eq!(parse(&whole).map(|(f, _)| f.version), Some(version));
+        }
     }
 
     #[test]

@@ -205,16 +205,20 @@ fn text_request(conn: &mut Conn, req: text::Request<'_>, id: ConnId, batch: &mut
 }
 
 fn lockd(conn: &mut Conn, buf: &[u8], id: ConnId, batch: &mut Batch) -> Step {
-    let Some((frame, n)) = ld::parse(buf) else {
-        return Step::Incomplete;
-    };
     let mut out = Vec::new();
-    if frame.version != ld::VERSION {
-        // Contract: a version other than 1 gets ERR (empty), then the connection is closed.
+    // Contract: a version other than 1 gets ERR (empty), then the connection is closed. The
+    // version is the top nibble of the first byte, so decide there: the length field of a frame
+    // in an unknown version means nothing, and waiting for the up to 1 MiB it announces would
+    // leave the client hanging with no answer.
+    if ld::peek_version(buf).is_some_and(|v| v != ld::VERSION) {
         ld::encode(&mut out, ld::op::ERR, &[]);
         conn.emit(&out, true, id, batch);
         return Step::Fatal;
     }
+    let Some((frame, n)) = ld::parse(buf) else {
+        return Step::Incomplete;
+    };
+    debug_assert_eq!(frame.version, ld::VERSION);
     match frame.opcode {
         ld::op::PING => {
             ld::encode(&mut out, ld::op::PONG, frame.payload);
