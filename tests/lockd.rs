@@ -1159,13 +1159,9 @@ fn largest_payload_is_echoed_whole_in_ack_and_in_the_later_acquired() {
     a.ask(TRY, &big, WBLOCK, &big);
 }
 
-// ---- known bugs outside the lockd files (kept as ignored tests for the owners of those files) ----
+// ---- hostile clients ----
 
 #[test]
-#[ignore = "worker.rs: backpressure is checked when a request is parsed, before the owner \
-            writes its reply, so every SYNC in flight (up to MAX_INFLIGHT = 1024) gets a copy \
-            of the whole table in the write buffer: 200 unread 4-byte SYNCs over a 1 MB table \
-            cost 190 to 380 MiB (measured)"]
 fn unread_sync_replies_do_not_grow_daemon_memory_without_bound() {
     let _serial = serial();
     let d = Daemon::start(&[]);

@@ -34,6 +34,10 @@ pub struct Conn {
     pub inflight: u32,
     /// Close once everything in flight is answered and written (quit, EOF, fatal input).
     pub closing: bool,
+    /// A request whose reply has no fixed bound (old's SYNC copies the whole lock table) is in
+    /// flight: parse nothing more until it is answered, so a client that never reads can hold
+    /// at most one such reply, not one per pipelined request.
+    pub barrier: bool,
 }
 
 impl Conn {
@@ -47,6 +51,7 @@ impl Conn {
             wpos: 0,
             inflight: 0,
             closing: false,
+            barrier: false,
         }
     }
 
@@ -74,7 +79,10 @@ impl Conn {
 
     /// May more requests be parsed now?
     pub fn can_parse(&self) -> bool {
-        !self.closing && self.inflight < MAX_INFLIGHT && self.pending_output() < WBUF_HIGH
+        !self.closing
+            && !self.barrier
+            && self.inflight < MAX_INFLIGHT
+            && self.pending_output() < WBUF_HIGH
     }
 
     /// Whether everything is answered and written, so a closing connection may go.
@@ -119,6 +127,9 @@ impl Conn {
         self.wbuf.extend_from_slice(bytes);
         debug_assert!(self.inflight >= u32::from(done), "reply without a request");
         self.inflight = self.inflight.saturating_sub(u32::from(done));
+        if self.inflight == 0 {
+            self.barrier = false;
+        }
         if close {
             self.closing = true;
         }

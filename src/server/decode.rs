@@ -235,6 +235,9 @@ fn lockd(conn: &mut Conn, buf: &[u8], id: ConnId, batch: &mut Batch) -> Step {
                 }),
                 batch,
             );
+            if frame.opcode == ld::op::SYNC {
+                conn.barrier = true;
+            }
         }
         _ => {
             ld::encode(&mut out, ld::op::ERR, frame.payload);
