@@ -1202,3 +1202,26 @@ fn unread_sync_replies_do_not_grow_daemon_memory_without_bound() {
         assert_eq!(f.len(), NAMES * 1000);
     }
 }
+
+#[test]
+fn acqs_queued_past_the_per_connection_cap_get_err_and_the_connection_stays_usable() {
+    let d = Daemon::start(&[]);
+    let (mut holder, mut greedy) = (d.lockd(), d.lockd());
+    let cap = holdfast::server::LOCKD_MAX_QUEUED_PER_CONN;
+    holder.send(&req(ACQ, &nul(b"busy")));
+    holder.want(ACQUIRED, &nul(b"busy"));
+    // Queue `cap` ACQs on the held name: each is acknowledged.
+    greedy.send(&req(ACQ, &nul(b"busy")).repeat(cap));
+    for _ in 0..cap {
+        greedy.want(ACK, &nul(b"busy"));
+    }
+    // One more that would queue is refused; one that need not queue still works.
+    greedy.send(&req(ACQ, &nul(b"busy")));
+    greedy.want(ERR, &nul(b"busy"));
+    greedy.send(&req(ACQ, &nul(b"free")));
+    greedy.want(ACQUIRED, &nul(b"free"));
+    // The queued ones are intact: a release grants the first of them.
+    holder.send(&req(REL, &nul(b"busy")));
+    holder.want(RELEASED, &nul(b"busy"));
+    greedy.want(ACQUIRED, &nul(b"busy"));
+}

@@ -191,6 +191,11 @@ impl LockdTable {
         }
     }
 
+    /// How many ACQs `conn` has queued (O(1)).
+    pub fn queued_by(&self, conn: ConnId) -> usize {
+        self.conns.get(&conn).map_or(0, |c| c.waits.len())
+    }
+
     /// TRY: a free name is taken (true); a locked one, also by `conn` itself or an orphan, is
     /// not (false). Never queues.
     pub fn try_lock(&mut self, conn: ConnId, name: &[u8], _now_ms: u64) -> bool {

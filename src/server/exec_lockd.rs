@@ -2,9 +2,15 @@
 
 use super::msg::LockdOp;
 use super::owner::{Outbox, Tables};
-use crate::core::lockd::AcquireOutcome;
+use crate::core::lockd::{AcquireOutcome, LockState};
 use crate::core::{ConnId, Now};
 use crate::proto::lockd::{self as ld, op, Frame};
+
+/// ACQs one connection may have queued at once; one more that would queue gets ERR. Each queued
+/// ACQ keeps its payload (up to 1 MiB) until granted, so without a cap one client could make the
+/// daemon hold unbounded memory. The original daemon had no limit; no sane client waits for more
+/// than a handful of locks at once.
+pub const MAX_QUEUED_PER_CONN: usize = 1024;
 
 pub fn apply(t: &mut Tables, out: &mut Outbox, conn: ConnId, o: LockdOp, arena: &[u8], now: Now) {
     let payload = o.payload.get(arena);
@@ -26,6 +32,12 @@ pub fn apply(t: &mut Tables, out: &mut Outbox, conn: ConnId, o: LockdOp, arena: 
     };
     let lockd = &mut t.lockd;
     match o.opcode {
+        op::ACQ
+            if lockd.queued_by(conn) >= MAX_QUEUED_PER_CONN
+                && lockd.state(name) != LockState::Free =>
+        {
+            reply(out, op::ERR, payload)
+        }
         op::ACQ => match lockd.acquire(conn, name, payload, now.ms) {
             AcquireOutcome::Acquired => reply(out, op::ACQUIRED, payload),
             AcquireOutcome::Queued => reply(out, op::ACK, payload),

@@ -22,6 +22,7 @@ use crate::config::Config;
 
 pub use conn::{MAX_INFLIGHT, WBUF_HIGH};
 pub use decode::VERSION_REPLY;
+pub use exec_lockd::MAX_QUEUED_PER_CONN as LOCKD_MAX_QUEUED_PER_CONN;
 
 /// Which wire format a listener (and so each of its connections) speaks.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
