@@ -19,18 +19,21 @@ pub struct Daemon {
 }
 
 impl Daemon {
-    /// Start with every listener on 127.0.0.1:0 plus `extra` flags (which may override them).
+    /// Start with every listener on 127.0.0.1:0 plus `extra` flags (which may override them:
+    /// the daemon refuses a flag given twice, so a default that `extra` names is left out).
     pub fn start(extra: &[&str]) -> Daemon {
-        let mut args: Vec<&str> = vec![
-            "--memcache",
-            "127.0.0.1:0",
-            "--lockd",
-            "127.0.0.1:0",
-            "--dlock",
-            "127.0.0.1:0",
-            "--threads",
-            "2",
+        let defaults = [
+            ("--memcache", "127.0.0.1:0"),
+            ("--lockd", "127.0.0.1:0"),
+            ("--dlock", "127.0.0.1:0"),
+            ("--threads", "2"),
         ];
+        let mut args: Vec<&str> = Vec::new();
+        for (flag, value) in defaults {
+            if !extra.contains(&flag) {
+                args.extend_from_slice(&[flag, value]);
+            }
+        }
         args.extend_from_slice(extra);
         let mut child = Command::new(env!("CARGO_BIN_EXE_holdfast"))
             .args(&args)
@@ -45,16 +48,31 @@ impl Daemon {
             .iter()
             .filter(|p| {
                 // A listener turned off prints no line.
-                !args.windows(2).rev().find(|w| w[0] == format!("--{p}")).is_some_and(|w| w[1] == "off")
+                args.windows(2)
+                    .rev()
+                    .find(|w| w[0] == format!("--{p}"))
+                    .is_none_or(|w| w[1] != "off")
             })
             .count();
-        let mut d = Daemon { child, memcache: None, lockd: None, dlock: None };
+        let mut d = Daemon {
+            child,
+            memcache: None,
+            lockd: None,
+            dlock: None,
+        };
         for _ in 0..expected {
-            let line = lines.next().expect("daemon printed its listeners").expect("read stdout");
+            let line = lines
+                .next()
+                .expect("daemon printed its listeners")
+                .expect("read stdout");
             // "holdfast: memcache listening on 127.0.0.1:11211"
             let mut words = line.split_whitespace().skip(1);
             let proto = words.next().unwrap_or_default().to_string();
-            let addr: SocketAddr = words.last().expect("address").parse().expect("address parses");
+            let addr: SocketAddr = words
+                .last()
+                .expect("address")
+                .parse()
+                .expect("address parses");
             match proto.as_str() {
                 "memcache" => d.memcache = Some(addr),
                 "lockd" => d.lockd = Some(addr),
@@ -92,7 +110,8 @@ impl Daemon {
 
     /// Resident memory in KiB (from /proc), for leak checks.
     pub fn rss_kib(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap_or_default();
+        let status =
+            std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap_or_default();
         status
             .lines()
             .find(|l| l.starts_with("VmRSS:"))
@@ -125,7 +144,10 @@ impl Client {
     pub fn connect(addr: SocketAddr) -> Client {
         let stream = TcpStream::connect(addr).expect("connect");
         stream.set_nodelay(true).expect("nodelay");
-        Client { stream, pending: Vec::new() }
+        Client {
+            stream,
+            pending: Vec::new(),
+        }
     }
 
     pub fn send(&mut self, bytes: &[u8]) {
@@ -137,13 +159,24 @@ impl Client {
         let deadline = Instant::now() + DEADLINE;
         while self.pending.len() < n {
             let left = deadline.saturating_duration_since(Instant::now());
-            assert!(!left.is_zero(), "timed out waiting for {n} bytes, have {:?}", String::from_utf8_lossy(&self.pending));
+            assert!(
+                !left.is_zero(),
+                "timed out waiting for {n} bytes, have {:?}",
+                String::from_utf8_lossy(&self.pending)
+            );
             self.stream.set_read_timeout(Some(left)).expect("timeout");
             let mut buf = [0u8; 65536];
             match self.stream.read(&mut buf) {
-                Ok(0) => panic!("connection closed with {:?} pending", String::from_utf8_lossy(&self.pending)),
+                Ok(0) => panic!(
+                    "connection closed with {:?} pending",
+                    String::from_utf8_lossy(&self.pending)
+                ),
                 Ok(k) => self.pending.extend_from_slice(&buf[..k]),
-                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => {}
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
+                    ) => {}
                 Err(e) => panic!("read failed: {e}"),
             }
         }
@@ -187,11 +220,18 @@ impl Client {
         let mut buf = [0u8; 4096];
         match self.stream.read(&mut buf) {
             Ok(0) => panic!("connection closed, expected silence"),
-            Ok(k) => panic!("expected silence, got {:?}", String::from_utf8_lossy(&buf[..k])),
+            Ok(k) => panic!(
+                "expected silence, got {:?}",
+                String::from_utf8_lossy(&buf[..k])
+            ),
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
             Err(e) => panic!("read failed: {e}"),
         }
-        assert!(self.pending.is_empty(), "unexpected pending bytes {:?}", self.pending);
+        assert!(
+            self.pending.is_empty(),
+            "unexpected pending bytes {:?}",
+            self.pending
+        );
     }
 
     /// Wait until the server closes the connection (EOF or reset); panics after DEADLINE.
@@ -205,7 +245,11 @@ impl Client {
             match self.stream.read(&mut buf) {
                 Ok(0) => return,
                 Ok(k) => self.pending.extend_from_slice(&buf[..k]),
-                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => {}
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
+                    ) => {}
                 Err(_) => return,
             }
         }
