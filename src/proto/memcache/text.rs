@@ -984,12 +984,7 @@ mod tests {
                 BAD_DATA_CHUNK,
                 20,
             ),
-            (
-                b"set k 0 0 5 noreply\r\nhelloXY".to_vec(),
-                MAX,
-                b"",
-                28,
-            ),
+            (b"set k 0 0 5 noreply\r\nhelloXY".to_vec(), MAX, b"", 28),
             (b"delete\r\n".to_vec(), MAX, BAD_FORMAT, 8),
             (b"delete k 1\r\n".to_vec(), MAX, DELETE_USAGE, 12),
             (b"delete k 0 0\r\n".to_vec(), MAX, DELETE_USAGE, 14),
@@ -1381,7 +1376,9 @@ mod tests {
             Err(ParseError::Invalid { skip, reply }) => {
                 // An empty reply only where a trailing noreply silences it.
                 let line_end = buf.iter().position(|&b| b == b'\n').unwrap_or(buf.len());
-                let line = buf[..line_end].strip_suffix(b"\r").unwrap_or(&buf[..line_end]);
+                let line = buf[..line_end]
+                    .strip_suffix(b"\r")
+                    .unwrap_or(&buf[..line_end]);
                 assert!(skip >= 1 && *scanned == 0);
                 assert_eq!(reply.is_empty(), noreply_silences(line), "{buf:?}");
             }
