@@ -794,6 +794,60 @@ fn a_locked_item_survives_memory_pressure() {
 }
 
 #[test]
+fn locked_items_are_never_evicted_even_when_they_fill_the_memory() {
+    let d = Daemon::start(&["--lockd", "off", "--dlock", "off", "--memory", "1"]);
+    let mut a = d.memcache();
+    let big = "x".repeat(8000);
+    // About 1 MiB of locked items.
+    let mut n = 0;
+    loop {
+        a.send(format!("set l{n} 0 0 {}\r\n{big}\r\n", big.len()).as_bytes());
+        let line = a.line();
+        if line != "STORED\r\n" {
+            assert_eq!(line, "SERVER_ERROR out of memory storing object\r\n");
+            break;
+        }
+        a.expect(format!("lock l{n}\r\n").as_bytes(), b"OK\r\n");
+        n += 1;
+        assert!(n < 200, "1 MiB cannot hold 200 items of 8000 bytes");
+    }
+    assert!(n > 100, "only {n} items fit");
+    assert_eq!(stat(&mut a, "evictions"), 0);
+    let mut b = d.memcache();
+    let set_big = format!("set other 0 0 {}\r\n{big}\r\n", big.len());
+    b.expect(
+        set_big.as_bytes(),
+        b"SERVER_ERROR out of memory storing object\r\n",
+    );
+    for i in 0..n {
+        assert_eq!(
+            get_line(&mut b, &format!("l{i}")),
+            value(&format!("l{i}"), 0, &big)
+        );
+    }
+    // Unlocking gives the room back to eviction.
+    a.expect(b"unlock l0\r\n", b"OK\r\n");
+    b.expect(set_big.as_bytes(), b"STORED\r\n");
+    assert_eq!(get_line(&mut b, "l0"), "END\r\n", "l0 was evicted for it");
+    assert_eq!(get_line(&mut b, "l1"), value("l1", 0, &big));
+}
+
+#[test]
+fn a_delayed_flush_all_spares_locked_items() {
+    let d = mc();
+    let (mut a, mut b) = (d.memcache(), d.memcache());
+    set(&mut a, "locked", "L");
+    set(&mut a, "free", "F");
+    a.expect(b"lock locked\r\n", b"OK\r\n");
+    b.expect(b"flush_all 1\r\n", b"OK\r\n");
+    assert_eq!(get_line(&mut b, "free"), value("free", 0, "F"), "not yet");
+    wait_until(DEADLINE, "the delayed flush runs", || {
+        get_line(&mut b, "free") == "END\r\n"
+    });
+    assert_eq!(get_line(&mut b, "locked"), value("locked", 0, "L"));
+}
+
+#[test]
 fn disconnect_releases_a_thousand_locks_at_once() {
     let d = mc();
     let mut a = d.memcache();
