@@ -8,7 +8,7 @@ use crate::config::Config;
 use crate::core::ConnId;
 use crate::proto::dlock as dl;
 use crate::proto::lockd as ld;
-use crate::proto::memcache::{binary, text, BINARY_REQUEST_MAGIC};
+use crate::proto::memcache::{binary, text};
 
 /// The version string `version` answers: memcached's form (clients parse the numbers), with our
 /// name after it.
@@ -63,7 +63,12 @@ fn push(conn: &mut Conn, id: ConnId, op: Op, batch: &mut Batch) {
 }
 
 fn memcache(conn: &mut Conn, buf: &[u8], id: ConnId, config: &Config, batch: &mut Batch) -> Step {
-    if buf[0] == BINARY_REQUEST_MAGIC {
+    // Text and binary are told apart per request, by its first byte. A text command starts with
+    // an ASCII letter or space, so a first byte with the high bit set is a binary header; any
+    // such byte but the request magic 0x80 is a bad magic, and the binary parser closes the
+    // connection for it (the contract: "Binary with a bad magic byte: close"), instead of
+    // waiting up to 2048 bytes for a newline that a binary client never sends.
+    if buf[0] & 0x80 != 0 {
         return match binary::parse(buf, config.max_item_size) {
             Ok((req, n)) => {
                 let a = &mut batch.arena;

@@ -331,6 +331,21 @@ impl Bin<'_> {
         });
     }
 
+    /// A found item: answered even by the quiet get variants (GetQ/GetKQ/GatQ/GatKQ/LaGQ/LaGKQ
+    /// are silent only on a miss).
+    fn hit(self, cas: u64, extras: &[u8], key: &[u8], value: &[u8]) {
+        let Bin {
+            out,
+            conn,
+            opcode,
+            opaque,
+            ..
+        } = self;
+        out.record(conn, 1, false, |o| {
+            binary::encode_response(o, opcode, st::NO_ERROR, opaque, cas, extras, key, value)
+        });
+    }
+
     /// An error reply (quiet variants answer errors too).
     fn err(self, status: u16) {
         let Bin {
@@ -447,7 +462,7 @@ fn apply_binary(
                 s.get(r.key, now)
             };
             match item {
-                Some(item) => b.ok(
+                Some(item) => b.hit(
                     item.cas,
                     &item.flags.to_be_bytes(),
                     if with_key { item.key } else { &[] },
@@ -653,31 +668,12 @@ fn apply_binary(
             let exp = (r.extras.len() == 4).then(|| exptime(r.extras, 0));
             t.counters.cmd_get += 1;
             match s.lock_and_get(conn, r.key, exp, now) {
-                Ok(item) => {
-                    // The quiet variants are silent only on a miss: a successful lock-and-get
-                    // must still deliver the value.
-                    let Bin {
-                        out,
-                        conn,
-                        opcode,
-                        opaque,
-                        ..
-                    } = b;
-                    let extras = item.flags.to_be_bytes();
-                    let key = if with_key { item.key } else { &[] };
-                    out.record(conn, 1, false, |o| {
-                        binary::encode_response(
-                            o,
-                            opcode,
-                            st::NO_ERROR,
-                            opaque,
-                            item.cas,
-                            &extras,
-                            key,
-                            item.value,
-                        )
-                    });
-                }
+                Ok(item) => b.hit(
+                    item.cas,
+                    &item.flags.to_be_bytes(),
+                    if with_key { item.key } else { &[] },
+                    item.value,
+                ),
                 Err(LockOutcome::NotFound) => b.miss(r.key, with_key),
                 Err(_) => b.err(st::LOCKED),
             }

@@ -19,18 +19,21 @@ pub struct Daemon {
 }
 
 impl Daemon {
-    /// Start with every listener on 127.0.0.1:0 plus `extra` flags (which may override them).
+    /// Start with every listener on 127.0.0.1:0 plus `extra` flags (which may override them:
+    /// the daemon refuses a flag given twice, so a default that `extra` names is left out).
     pub fn start(extra: &[&str]) -> Daemon {
-        let mut args: Vec<&str> = vec![
-            "--memcache",
-            "127.0.0.1:0",
-            "--lockd",
-            "127.0.0.1:0",
-            "--dlock",
-            "127.0.0.1:0",
-            "--threads",
-            "2",
+        let defaults = [
+            ("--memcache", "127.0.0.1:0"),
+            ("--lockd", "127.0.0.1:0"),
+            ("--dlock", "127.0.0.1:0"),
+            ("--threads", "2"),
         ];
+        let mut args: Vec<&str> = Vec::new();
+        for (flag, value) in defaults {
+            if !extra.contains(&flag) {
+                args.extend_from_slice(&[flag, value]);
+            }
+        }
         args.extend_from_slice(extra);
         let mut child = Command::new(env!("CARGO_BIN_EXE_holdfast"))
             .args(&args)
@@ -41,7 +44,7 @@ impl Daemon {
             .expect("spawn holdfast");
         let stdout = child.stdout.take().expect("stdout");
         let mut lines = BufReader::new(stdout).lines();
-        // The last value given for a listener flag wins; one turned `off` prints no line.
+        // A listener turned `off` prints no line.
         let is_off = |p: &str| {
             let flag = format!("--{p}");
             args.windows(2)

@@ -27,11 +27,19 @@
 //! and `Fatal` (`CLIENT_ERROR line too long`, then close) when no `\n` arrives within
 //! [`MAX_LINE`] bytes, or [`MAX_RETRIEVAL_LINE`] for get/gets/gat/gats.
 //!
-//! Errors are answered even when the line ends in `noreply`: a malformed line cannot be trusted
-//! to mean what its last token says (protocol.txt, "noreply" under Storage commands). memcached
-//! itself is inconsistent here: for set/add/..., touch, incr/decr and verbosity it looks for
-//! `noreply` first and then silences its own error line (`out_string` skips it), including
-//! `bad data chunk` and `object too large`; holdfast answers every error.
+//! `noreply` silences errors too, as memcached does (its `set_noreply_maybe` looks at the last
+//! token before validating the rest, and `out_string` then skips every reply line, errors
+//! included): for set/add/replace/append/prepend/cas, incr/decr, touch, delete, verbosity and
+//! flush_all whose token count is one memcached accepts and whose last token is `noreply`, an
+//! `Invalid` carries an empty reply (the bytes are still skipped, the data block swallowed).
+//! Clients that send `noreply` never read an answer (pymemcache, libmemcached); an error line
+//! would be taken as the answer to their next command and desynchronise the stream, and
+//! memccapable's `verbosity noreply` check requires the silence. A line with another token count
+//! (memcached's `WANT_TOKENS` check, which answers `ERROR` before looking at `noreply`) or an
+//! unknown command is still answered.
+//!
+//! `version` and `quit` ignore extra tokens, as memcached 1.6 does (memccapable checks
+//! `version foo bar` and `version noreply` answer `VERSION ...`).
 
 /// Longest request line, `\n` included, for every command but get/gets/gat/gats. memcached
 /// closes a connection that sent 2048 bytes without a newline (proto_text.c,
@@ -291,6 +299,51 @@ fn collect<'a, const N: usize>(mut toks: Keys<'a>) -> Option<([&'a [u8]; N], usi
 
 /// Parse the request whose line ends with the `\n` at `buf[nl]`.
 fn parse_line(buf: &[u8], nl: usize, max_value: usize) -> Result<(Request<'_>, usize), ParseError> {
+    let result = parse_line_inner(buf, nl, max_value);
+    match result {
+        Err(ParseError::Invalid { reply, skip }) if !reply.is_empty() => {
+            let line = buf.get(..nl).unwrap_or_default();
+            let line = line.strip_suffix(b"\r").unwrap_or(line);
+            if noreply_silences(line) {
+                return Err(ParseError::Invalid { reply: b"", skip });
+            }
+            result
+        }
+        _ => result,
+    }
+}
+
+/// memcached's `set_noreply_maybe` rule (see the module header): does this line's `noreply`
+/// silence its error? Yes when the command takes `noreply`, the token count passes memcached's
+/// `WANT_TOKENS` check for it, and the last token is `noreply`.
+fn noreply_silences(line: &[u8]) -> bool {
+    let mut toks = Keys { raw: line };
+    let Some(cmd) = toks.next() else {
+        return false;
+    };
+    let (min, max) = match cmd {
+        b"set" | b"add" | b"replace" | b"append" | b"prepend" => (5, 6),
+        b"cas" => (6, 7),
+        b"incr" | b"decr" | b"touch" => (3, 4),
+        b"delete" => (2, 4),
+        b"verbosity" => (2, 3),
+        b"flush_all" => (1, 3),
+        _ => return false,
+    };
+    let mut count = 1;
+    let mut last: &[u8] = cmd;
+    for t in toks {
+        count += 1;
+        last = t;
+    }
+    last == b"noreply" && (min..=max).contains(&count)
+}
+
+fn parse_line_inner(
+    buf: &[u8],
+    nl: usize,
+    max_value: usize,
+) -> Result<(Request<'_>, usize), ParseError> {
     let line_len = nl + 1;
     let line = buf.get(..nl).unwrap_or_default();
     let line = line.strip_suffix(b"\r").unwrap_or(line);
@@ -433,15 +486,14 @@ fn parse_line(buf: &[u8], nl: usize, max_value: usize) -> Result<(Request<'_>, u
             }
             ok(Request::Verbosity { noreply })
         }
-        b"version" | b"quit" | b"unlock_all" => {
+        // memcached 1.6 ignores whatever follows `version` and `quit`.
+        b"version" => ok(Request::Version),
+        b"quit" => ok(Request::Quit),
+        b"unlock_all" => {
             if toks.next().is_some() {
                 return bad();
             }
-            ok(match cmd {
-                b"version" => Request::Version,
-                b"quit" => Request::Quit,
-                _ => Request::UnlockAll,
-            })
+            ok(Request::UnlockAll)
         }
         b"lock" | b"unlock" => {
             let Some(([key], 1)) = collect::<1>(toks) else {
@@ -841,6 +893,9 @@ mod tests {
                 Verbosity { noreply: true },
             ),
             (b"quit\r\n".to_vec(), Quit),
+            (b"version foo bar\r\n".to_vec(), Version),
+            (b"version noreply\r\n".to_vec(), Version),
+            (b"quit now\r\n".to_vec(), Quit),
             (b"lock k\r\n".to_vec(), Lock { key: b"k" }),
             (b"unlock k\r\n".to_vec(), Unlock { key: b"k" }),
             (b"unlock_all\r\n".to_vec(), UnlockAll),
@@ -921,7 +976,7 @@ mod tests {
             ),
             (b"set k 0 0 2147483646\r\n".to_vec(), MAX, BAD_FORMAT, 22),
             (b"set k 0 0 5\r\n".to_vec(), 4, TOO_LARGE, 13 + 7),
-            (b"set k 0 0 5 noreply\r\n".to_vec(), 4, TOO_LARGE, 21 + 7),
+            (b"set k 0 0 5 noreply\r\n".to_vec(), 4, b"", 21 + 7),
             (b"set k 0 0 5\r\nhelloXY".to_vec(), MAX, BAD_DATA_CHUNK, 20),
             (
                 b"set k 0 0 5\r\nhello\n\n".to_vec(),
@@ -929,12 +984,7 @@ mod tests {
                 BAD_DATA_CHUNK,
                 20,
             ),
-            (
-                b"set k 0 0 5 noreply\r\nhelloXY".to_vec(),
-                MAX,
-                BAD_DATA_CHUNK,
-                28,
-            ),
+            (b"set k 0 0 5 noreply\r\nhelloXY".to_vec(), MAX, b"", 28),
             (b"delete\r\n".to_vec(), MAX, BAD_FORMAT, 8),
             (b"delete k 1\r\n".to_vec(), MAX, DELETE_USAGE, 12),
             (b"delete k 0 0\r\n".to_vec(), MAX, DELETE_USAGE, 14),
@@ -965,10 +1015,8 @@ mod tests {
             (b"flush_all 1 noreply x\r\n".to_vec(), MAX, BAD_FORMAT, 23),
             (b"verbosity\r\n".to_vec(), MAX, BAD_FORMAT, 11),
             (b"verbosity x\r\n".to_vec(), MAX, BAD_FORMAT, 13),
-            (b"verbosity noreply\r\n".to_vec(), MAX, BAD_FORMAT, 19),
+            (b"verbosity noreply\r\n".to_vec(), MAX, b"", 19),
             (b"verbosity 4294967296\r\n".to_vec(), MAX, BAD_FORMAT, 22),
-            (b"version now\r\n".to_vec(), MAX, BAD_FORMAT, 13),
-            (b"quit now\r\n".to_vec(), MAX, BAD_FORMAT, 10),
             (b"unlock_all k\r\n".to_vec(), MAX, BAD_FORMAT, 14),
             (b"lock\r\n".to_vec(), MAX, BAD_FORMAT, 6),
             (b"lock a b\r\n".to_vec(), MAX, BAD_FORMAT, 10),
@@ -1123,15 +1171,32 @@ mod tests {
     }
 
     #[test]
-    fn errors_are_answered_even_with_noreply() {
+    fn errors_are_silent_with_noreply_as_memcached() {
+        // memcached's set_noreply_maybe: silent when the command takes noreply, its token count
+        // is accepted and the last token is noreply.
         for input in [
             &b"set k 0 0 5 noreply\r\nhelloXY"[..],
             b"incr k x noreply\r\n",
-            b"bogus noreply\r\n",
+            b"touch k x noreply\r\n",
+            b"verbosity noreply\r\n",
+            b"delete k 1 noreply\r\n",
+            b"cas k 0 0 1 x noreply\r\nv\r\n",
         ] {
             match parse_fresh(input) {
-                Err(ParseError::Invalid { reply, .. }) => assert!(!reply.is_empty()),
+                Err(ParseError::Invalid { reply, .. }) => assert_eq!(reply, b"", "{input:?}"),
                 other => panic!("{other:?}"),
+            }
+        }
+        // Answered: unknown command, a token count memcached refuses, noreply not last.
+        for input in [
+            &b"bogus noreply\r\n"[..],
+            b"set k 0 0 5 1 noreply\r\nhello\r\n",
+            b"incr k noreply x\r\n",
+            b"lock a noreply\r\n",
+        ] {
+            match parse_fresh(input) {
+                Err(ParseError::Invalid { reply, .. }) => assert!(!reply.is_empty(), "{input:?}"),
+                other => panic!("{input:?}: {other:?}"),
             }
         }
     }
@@ -1309,7 +1374,13 @@ mod tests {
         match parse(buf, scanned, max_value) {
             Ok((_, n)) => assert!(n >= 1 && n <= buf.len() && *scanned == 0),
             Err(ParseError::Invalid { skip, reply }) => {
-                assert!(skip >= 1 && !reply.is_empty() && *scanned == 0)
+                // An empty reply only where a trailing noreply silences it.
+                let line_end = buf.iter().position(|&b| b == b'\n').unwrap_or(buf.len());
+                let line = buf[..line_end]
+                    .strip_suffix(b"\r")
+                    .unwrap_or(&buf[..line_end]);
+                assert!(skip >= 1 && *scanned == 0);
+                assert_eq!(reply.is_empty(), noreply_silences(line), "{buf:?}");
             }
             Err(ParseError::Incomplete) => assert!(*scanned <= buf.len()),
             Err(ParseError::Fatal { .. }) => assert_eq!(*scanned, 0),
