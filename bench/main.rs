@@ -256,7 +256,7 @@ fn print_result(config: &Config, t: &ThreadResult) {
     }
     if t.unsent > 0 {
         println!(
-            "unsent    {} ops were due but never sent: the server could not keep up with --rate",
+            "unsent    {} ops were due but never sent, even during the drain: the server could not keep up with --rate (their latency is missing from the figures below)",
             t.unsent
         );
     }

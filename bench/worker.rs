@@ -7,7 +7,10 @@
 //! the moment a pipeline slot of a connection became free. Open loop (`--rate`): op `i` of this
 //! thread is due at `start + i / rate`, whatever the server did; when no connection has a free
 //! slot the op waits, and its latency still counts from when it was due. Latency is recorded
-//! when the op's last reply arrives. Ops intended in `[warmup end, end)` are measured.
+//! when the op's last reply arrives. The latency of ops intended in `[warmup end, end)` is
+//! measured; the rate counts ops completed in that window. After the end, an open loop's backlog
+//! (ops due before the end, not sent yet) still goes out during the drain, timed from when it was
+//! due; what remains unsent is reported, never silently dropped.
 //!
 //! Contended (old ACQ, closed loop): each connection ACQs its name (connection index modulo
 //! `--keys`); when granted it sends REL at once, and after RELEASED it ACQs again. Hand-off
@@ -90,7 +93,7 @@ pub enum Report {
 pub struct ThreadResult {
     /// Latency of measured ops (hand-off latency for contended), nanoseconds.
     pub hist: Histogram,
-    /// Measured ops completed without error (grants for contended).
+    /// Ops completed without error within the measured window (grants for contended).
     pub ops: u64,
     pub errors: u64,
     pub first_errors: Vec<String>,
@@ -319,20 +322,26 @@ impl Worker<'_> {
             }
             if running && now >= self.start.end_ns {
                 running = false;
-                if let Some(iv) = interval_ns {
-                    // Ops due in the last instant before the end still go out if they can.
-                    self.issue_due(self.start.end_ns, iv, &mut issued);
-                    let due_by_end = (self.start.end_ns as f64 / iv).ceil() as u64;
-                    self.stats.result.unsent = due_by_end.saturating_sub(issued);
+                if interval_ns.is_none() {
+                    // Closed loop: no new ops after the end. Open loop: the backlog of ops due
+                    // before the end still goes out during the drain, timed from when it was due.
+                    self.free.clear();
                 }
-                self.free.clear();
             }
+            // Open loop: ops due by the end and not yet sent.
+            let backlog = interval_ns.map_or(0, |iv| {
+                ((self.start.end_ns as f64 / iv).ceil() as u64).saturating_sub(issued)
+            });
             if !running {
+                if let Some(iv) = interval_ns {
+                    self.issue_due(self.start.end_ns, iv, &mut issued);
+                    self.flush_dirty();
+                }
                 let busy = self
                     .conns
                     .iter()
                     .any(|(_, c)| !c.dead && (!c.pending.is_empty() || c.state != Contend::Idle));
-                if !busy || now >= drain_end {
+                if (!busy && backlog == 0) || now >= drain_end {
                     break;
                 }
             }
@@ -394,6 +403,10 @@ impl Worker<'_> {
                 break;
             }
         }
+        if let Some(iv) = interval_ns {
+            let due_by_end = (self.start.end_ns as f64 / iv).ceil() as u64;
+            self.stats.result.unsent = due_by_end.saturating_sub(issued);
+        }
         // Whatever is still in flight did not finish in time.
         for (_, c) in self.conns.iter() {
             if !c.dead {
@@ -419,6 +432,9 @@ impl Worker<'_> {
                 return Some(due);
             }
             let slot = self.free.pop_front()?;
+            if self.conns[slot].dead {
+                continue;
+            }
             *issued += 1;
             self.issue(slot, due);
         }
@@ -598,12 +614,17 @@ impl Worker<'_> {
                     let latency = now.saturating_sub(start_ns);
                     self.stats.window.record(latency);
                     self.stats.window_ops += 1;
-                    if self.measured(start_ns) {
-                        self.stats.result.hist.record(latency);
+                    // The rate is throughput: ops completed in the measured window. Latency is
+                    // for ops intended in it (so an overload's late ops count in full).
+                    if self.measured(now) {
                         self.stats.result.ops += 1;
                     }
+                    if self.measured(start_ns) {
+                        self.stats.result.hist.record(latency);
+                    }
                 }
-                if running {
+                // After the end only an open loop's backlog still uses the free slots.
+                if running || self.shared.config.rate.is_some() {
                     self.free.push_back(slot);
                 }
             }
