@@ -355,18 +355,9 @@ pub fn encode_response<'k>(
     out[start..start + PREFIX_LEN].copy_from_slice(&prefix.to_be_bytes());
 }
 
-// ---------------------------------------------------------------------------------------------
-// Client side (holdfast-lock, the bench tool, tests): encode a Request, decode a Response.
-
-/// The RequestLock part of a client's Lock or Unlock request.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct LockFields<'a> {
-    pub wait_micro: Option<u64>,
-    pub release_micro: Option<u64>,
-    pub keys: &'a [&'a [u8]],
-}
-
-/// Append one length-prefixed Request frame (version 2) to `out`.
+/// Append one length-prefixed Request frame to `out` (the client side: `holdfast-bench` and
+/// tests). `version` = 2 and `type` are always written, `id` when given; the `lock` field (51) is
+/// written when `lock` is given, with its `keys` in order; `access_token` when given.
 pub fn encode_request(
     out: &mut Vec<u8>,
     id: Option<u64>,
@@ -385,34 +376,101 @@ pub fn encode_request(
     }
     put_varint_field(out, F_REQ_TYPE, req_type);
     if let Some(lock) = lock {
-        // The embedded message's length prefix comes before it: compute its size first, so the
-        // message is written once, in place.
-        let mut size = 0;
-        let varint_len = |v: u64| (64 - (v | 1).leading_zeros()).div_ceil(7) as usize;
-        if let Some(w) = lock.wait_micro {
-            size += 1 + varint_len(w);
-        }
-        if let Some(r) = lock.release_micro {
-            size += 1 + varint_len(r);
-        }
-        for k in lock.keys {
-            size += 1 + varint_len(k.len() as u64) + k.len();
-        }
         put_tag(out, F_REQ_LOCK, WT_LEN);
-        put_varint(out, size as u64);
-        if let Some(w) = lock.wait_micro {
-            put_varint_field(out, F_LOCK_WAIT, w);
+        put_varint(out, lock.encoded_len() as u64);
+        let body = out.len();
+        if let Some(wait) = lock.wait_micro {
+            put_varint_field(out, F_LOCK_WAIT, wait);
         }
-        if let Some(r) = lock.release_micro {
-            put_varint_field(out, F_LOCK_RELEASE, r);
+        if let Some(release) = lock.release_micro {
+            put_varint_field(out, F_LOCK_RELEASE, release);
         }
-        for k in lock.keys {
-            put_bytes_field(out, F_LOCK_KEYS, k);
+        for key in lock.keys {
+            put_bytes_field(out, F_LOCK_KEYS, key);
         }
+        debug_assert_eq!(out.len() - body, lock.encoded_len());
     }
     let body_len = out.len() - start - PREFIX_LEN;
+    debug_assert!(u32::try_from(body_len).is_ok(), "request body over 4 GiB");
     let prefix = u32::try_from(body_len).unwrap_or(u32::MAX);
     out[start..start + PREFIX_LEN].copy_from_slice(&prefix.to_be_bytes());
+}
+
+/// The `RequestLock` message of a request to encode.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LockFields<'a> {
+    pub wait_micro: Option<u64>,
+    pub release_micro: Option<u64>,
+    pub keys: &'a [&'a [u8]],
+}
+
+impl LockFields<'_> {
+    /// Bytes of the encoded RequestLock message (its length prefix is written first).
+    fn encoded_len(&self) -> usize {
+        let field = |v: Option<u64>| v.map_or(0, |v| 1 + varint_len(v));
+        field(self.wait_micro)
+            + field(self.release_micro)
+            + self
+                .keys
+                .iter()
+                .map(|k| 1 + varint_len(k.len() as u64) + k.len())
+                .sum::<usize>()
+    }
+}
+
+/// Bytes `put_varint` writes for `value`.
+fn varint_len(value: u64) -> usize {
+    // 1 byte per started group of 7 significant bits; 0 still takes one byte.
+    (64 - (value | 1).leading_zeros() as usize).div_ceil(7)
+}
+
+/// A decoded Response borrowing from the frame body, for clients on a hot path (the bench
+/// tool): no allocation, keys only counted. [`decode_response`] gives an owned one with keys.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct ResponseView<'a> {
+    pub version: Option<u64>,
+    pub request_id: Option<u64>,
+    /// The raw enum value (an int32 on the wire, sign-extended to 64 bits).
+    pub status: Option<i64>,
+    pub error_text: Option<&'a [u8]>,
+    /// Number of `keys` fields (5).
+    pub key_count: usize,
+    pub server_unix_time: Option<i64>,
+}
+
+impl ResponseView<'_> {
+    /// Whether the status is `status` (an absent status is protobuf's default, Ok).
+    pub fn status_is(&self, status: u32) -> bool {
+        self.status.unwrap_or(0) == i64::from(status)
+    }
+}
+
+/// Decode a Response body without allocating (the same rules as [`decode_request`]).
+pub fn decode_response_view(body: &[u8]) -> Result<ResponseView<'_>, &'static str> {
+    let mut resp = ResponseView::default();
+    let mut c = Cursor::new(body);
+    while !c.is_empty() {
+        let (field, wire) = c.tag()?;
+        match (field, wire) {
+            (F_RESP_VERSION, WT_VARINT) => resp.version = Some(c.varint()?),
+            (F_RESP_REQUEST_ID, WT_VARINT) => resp.request_id = Some(c.varint()?),
+            // Two's complement reinterpretation: int32 and int64 are sign-extended varints.
+            (F_RESP_STATUS, WT_VARINT) => resp.status = Some(c.varint()? as i64),
+            (F_RESP_ERROR_TEXT, WT_LEN) => resp.error_text = Some(c.bytes()?),
+            (F_RESP_KEYS, WT_LEN) => {
+                c.bytes()?;
+                resp.key_count += 1;
+            }
+            (F_RESP_TIME, WT_VARINT) => resp.server_unix_time = Some(c.varint()? as i64),
+            (
+                F_RESP_VERSION | F_RESP_REQUEST_ID | F_RESP_STATUS | F_RESP_ERROR_TEXT
+                | F_RESP_KEYS | F_RESP_TIME,
+                _,
+            ) => return Err("wrong wire type for a known field"),
+            (_, wire) => c.skip(wire)?,
+        }
+    }
+    Ok(resp)
 }
 
 /// A Response as a client sees it (owned: this is not the server's hot path).
@@ -1093,5 +1151,141 @@ mod tests {
                 }
             );
         }
+    }
+
+    #[test]
+    fn varint_len_matches_put_varint() {
+        for v in [
+            0,
+            1,
+            127,
+            128,
+            16383,
+            16384,
+            u64::from(u32::MAX),
+            u64::MAX >> 1,
+            u64::MAX,
+        ] {
+            let mut out = Vec::new();
+            put_varint(&mut out, v);
+            assert_eq!(varint_len(v), out.len(), "{v}");
+        }
+    }
+
+    #[test]
+    fn encoded_requests_decode_with_ours_and_prost() {
+        let mut rng = XorShift(0x5eed);
+        let mut out = Vec::new();
+        for _ in 0..2000 {
+            let keys: Vec<Vec<u8>> = (0..rng.below(5)).map(|_| rng.bytes(200)).collect();
+            let key_refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+            let id = rng.chance(80).then(|| rng.wide());
+            let req_type = rng.below(4);
+            let lock = rng.chance(70).then(|| LockFields {
+                wait_micro: rng.chance(50).then(|| rng.wide()),
+                release_micro: rng.chance(50).then(|| rng.wide()),
+                keys: &key_refs,
+            });
+            out.clear();
+            encode_request(&mut out, id, None, req_type, lock);
+            let (body, used) = parse_frame(&out, usize::MAX).expect("frame");
+            assert_eq!(used, out.len());
+            let ours = decode_request(body).expect("we decode our own encoding");
+            assert_eq!(ours.version, Some(API_VERSION));
+            assert_eq!(ours.id, id);
+            assert_eq!(ours.req_type, Some(req_type));
+            let theirs = PlainRequest::decode(body).expect("prost decodes");
+            assert_same(&ours, &theirs);
+            match (lock, ours.lock) {
+                (None, None) => {}
+                (Some(sent), Some(got)) => {
+                    assert_eq!(
+                        (got.wait_micro, got.release_micro),
+                        (sent.wait_micro, sent.release_micro)
+                    );
+                    assert_eq!(got.keys.collect::<Vec<_>>(), key_refs);
+                }
+                (sent, got) => panic!("lock sent {sent:?}, decoded {got:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn unlock_request_carries_its_keys_in_field_51() {
+        let mut out = Vec::new();
+        let keys: [&[u8]; 1] = [b"k"];
+        let lock = LockFields {
+            keys: &keys,
+            ..LockFields::default()
+        };
+        encode_request(&mut out, Some(1), None, req_type::UNLOCK, Some(lock));
+        // version 2, id 1, type 3, field 51 (tag 0x9a 0x03) holding keys = "k".
+        assert_eq!(
+            out,
+            [0, 0, 0, 12, 0x08, 2, 0x10, 1, 0x20, 3, 0x9a, 0x03, 3, 0x1a, 1, b'k']
+        );
+    }
+
+    #[test]
+    fn decode_response_reads_what_encode_response_wrote() {
+        let mut rng = XorShift(99);
+        let mut out = Vec::new();
+        for _ in 0..2000 {
+            let keys: Vec<Vec<u8>> = (0..rng.below(4)).map(|_| rng.bytes(8)).collect();
+            let request_id = rng.chance(80).then(|| rng.wide());
+            let st = [0, 1, 2, 3, 100, 120][rng.below(6) as usize];
+            let text = rng.chance(30).then_some("access denied");
+            let time = rng.wide() as i64;
+            out.clear();
+            encode_response(
+                &mut out,
+                request_id,
+                st,
+                text,
+                keys.iter().map(Vec::as_slice),
+                time,
+            );
+            let (body, _) = parse_frame(&out, usize::MAX).expect("frame");
+            let resp = decode_response_view(body).expect("decodes");
+            assert_eq!(
+                resp,
+                ResponseView {
+                    version: Some(API_VERSION),
+                    request_id,
+                    status: Some(i64::from(st)),
+                    error_text: text.map(str::as_bytes),
+                    key_count: keys.len(),
+                    server_unix_time: Some(time),
+                }
+            );
+            assert!(resp.status_is(st));
+        }
+    }
+
+    #[test]
+    fn decode_response_of_prost_encoding_and_garbage() {
+        let msg = PResponse {
+            version: Some(2),
+            request_id: Some(3),
+            status: Some(-1),
+            error_text: None,
+            keys: vec![b"x".to_vec()],
+            server_unix_time: Some(-5),
+        };
+        let body = msg.encode_to_vec();
+        let resp = decode_response_view(&body).expect("decodes");
+        assert_eq!(
+            (resp.status, resp.key_count, resp.server_unix_time),
+            (Some(-1), 1, Some(-5))
+        );
+        assert!(
+            ResponseView::default().status_is(status::OK),
+            "absent status is Ok"
+        );
+        assert!(decode_response_view(&[0x18]).is_err(), "truncated varint");
+        assert!(
+            decode_response_view(&[0x1a, 0]).is_err(),
+            "status with a length-delimited type"
+        );
     }
 }
