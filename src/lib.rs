@@ -38,4 +38,5 @@
 pub mod config;
 pub mod core;
 pub mod proto;
+pub mod rng;
 pub mod server;

@@ -1030,20 +1030,7 @@ mod model_tests {
     const SLOTS: u32 = 5;
     const NAMES: [&[u8]; 4] = [b"a", b"b", b"", b"long name \xff"];
 
-    /// xorshift64*: tiny, deterministic, good enough to pick commands.
-    struct Rng(u64);
-
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-        }
-        fn below(&mut self, n: u64) -> u64 {
-            self.next() % n
-        }
-    }
+    use crate::rng::Rng;
 
     #[derive(Clone, Copy, PartialEq, Eq, Debug)]
     enum MHolder {

@@ -2310,23 +2310,7 @@ mod tests {
 
     // ---- the store against a naive model, after every step of seeded random sequences ----
 
-    /// xorshift64*: a tiny deterministic PRNG (no new dependency).
-    struct Rng(u64);
-
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-        }
-        fn below(&mut self, n: u64) -> u64 {
-            self.next() % n
-        }
-        fn chance(&mut self, percent: u64) -> bool {
-            self.below(100) < percent
-        }
-    }
+    use crate::rng::Rng;
 
     #[derive(Clone, Debug)]
     struct MItem {

@@ -641,21 +641,7 @@ mod tests {
         assert!(nd > 500 && nd <= 500 + 100_000);
     }
 
-    /// xorshift64*: tiny, seeded, good enough to drive a model test without a dependency.
-    struct Rng(u64);
-
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-        }
-
-        fn below(&mut self, n: u64) -> u64 {
-            self.next() % n
-        }
-    }
+    use crate::rng::Rng;
 
     /// Random inserts, cancels (live and stale keys) and advances, checked against a BTreeMap
     /// after every step: identical fired sets, nothing early, earliest first within a call,

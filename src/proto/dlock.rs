@@ -663,36 +663,7 @@ mod tests {
         server_unix_time: Option<i64>,
     }
 
-    /// Tiny seeded PRNG (xorshift64*): reproducible cases without a dependency.
-    struct XorShift(u64);
-
-    impl XorShift {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-        }
-        fn below(&mut self, n: u64) -> u64 {
-            self.next() % n
-        }
-        fn chance(&mut self, percent: u64) -> bool {
-            self.below(100) < percent
-        }
-        /// A value of random bit width, so that every varint length shows up.
-        fn wide(&mut self) -> u64 {
-            let bits = self.below(65);
-            if bits == 64 {
-                self.next()
-            } else {
-                self.next() & ((1u64 << bits) - 1)
-            }
-        }
-        fn bytes(&mut self, max_len: u64) -> Vec<u8> {
-            let len = self.below(max_len + 1);
-            (0..len).map(|_| self.next() as u8).collect()
-        }
-    }
+    use crate::rng::Rng as XorShift;
 
     fn random_request(rng: &mut XorShift) -> PRequest {
         let lock = rng.chance(70).then(|| {

@@ -1356,19 +1356,7 @@ mod tests {
         assert_eq!(parse_u64(b"-1"), None);
     }
 
-    /// xorshift64*: a dependency-free deterministic generator for the fuzz-style tests.
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-        }
-        fn below(&mut self, n: usize) -> usize {
-            (self.next() % n as u64) as usize
-        }
-    }
+    use crate::rng::Rng;
 
     fn check_no_panic(buf: &[u8], scanned: &mut usize, max_value: usize) {
         match parse(buf, scanned, max_value) {
@@ -1394,30 +1382,30 @@ mod tests {
         let seeds: Vec<Vec<u8>> = valid_cases().into_iter().map(|(b, _)| b).collect();
         for round in 0..20_000 {
             let mut buf: Vec<u8> = if round % 2 == 0 {
-                let len = rng.below(64);
+                let len = rng.index(64);
                 (0..len)
-                    .map(|_| alphabet[rng.below(alphabet.len())])
+                    .map(|_| alphabet[rng.index(alphabet.len())])
                     .collect()
             } else {
-                seeds[rng.below(seeds.len())].clone()
+                seeds[rng.index(seeds.len())].clone()
             };
-            for _ in 0..rng.below(4) {
-                match rng.below(4) {
+            for _ in 0..rng.index(4) {
+                match rng.index(4) {
                     0 if !buf.is_empty() => {
-                        let i = rng.below(buf.len());
-                        buf[i] = alphabet[rng.below(alphabet.len())];
+                        let i = rng.index(buf.len());
+                        buf[i] = alphabet[rng.index(alphabet.len())];
                     }
                     1 => {
-                        let i = rng.below(buf.len() + 1);
-                        buf.insert(i, alphabet[rng.below(alphabet.len())]);
+                        let i = rng.index(buf.len() + 1);
+                        buf.insert(i, alphabet[rng.index(alphabet.len())]);
                     }
                     2 if !buf.is_empty() => {
-                        buf.remove(rng.below(buf.len()));
+                        buf.remove(rng.index(buf.len()));
                     }
-                    _ => buf.truncate(rng.below(buf.len() + 1)),
+                    _ => buf.truncate(rng.index(buf.len() + 1)),
                 }
             }
-            let max_value = rng.below(16);
+            let max_value = rng.index(16);
             let mut scanned = 0;
             check_no_panic(&buf, &mut scanned, max_value);
             // Also grow it byte by byte with `scanned` carried over.
