@@ -11,7 +11,6 @@ use hashbrown::HashMap;
 
 use super::msg::{DlockKind, DlockOp, Span};
 use super::owner::{Outbox, Tables};
-use super::Shared;
 use crate::core::dlock::{DlockEvent, LockResult};
 use crate::core::{ConnId, Now};
 use crate::proto::dlock::{self as dl, status, Keys};
@@ -64,7 +63,6 @@ pub fn open(t: &mut Tables, conn: ConnId, now: Now) {
 pub fn receive(
     t: &mut Tables,
     out: &mut Outbox,
-    shared: &Shared,
     conn: ConnId,
     op: DlockOp,
     arena: &[u8],
@@ -91,8 +89,8 @@ pub fn receive(
         w.backlog.push_back(Deferred::Request(op, bytes));
         return;
     }
-    run(t, out, shared, conn, op, arena, now);
-    deliver_events(t, out, shared, now);
+    run(t, out, conn, op, arena, now);
+    deliver_events(t, out, now);
 }
 
 fn rebase(mut op: DlockOp, to: Span) -> DlockOp {
@@ -142,41 +140,16 @@ fn respond<'k>(
 }
 
 /// Run one request of a connection that has no Lock waiting.
-fn run(
-    t: &mut Tables,
-    out: &mut Outbox,
-    _shared: &Shared,
-    conn: ConnId,
-    op: DlockOp,
-    arena: &[u8],
-    now: Now,
-) {
-    let none: [&[u8]; 0] = [];
+fn run(t: &mut Tables, out: &mut Outbox, conn: ConnId, op: DlockOp, arena: &[u8], now: Now) {
+    let to = To {
+        conn,
+        done: 1,
+        id: op.id,
+    };
+    let no_keys: [&[u8]; 0] = [];
     match op.kind {
-        DlockKind::Ping => respond(
-            out,
-            To {
-                conn,
-                done: 1,
-                id: op.id,
-            },
-            status::OK,
-            None,
-            none,
-            now,
-        ),
-        DlockKind::Refuse { status, text } => respond(
-            out,
-            To {
-                conn,
-                done: 1,
-                id: op.id,
-            },
-            status,
-            Some(text),
-            none,
-            now,
-        ),
+        DlockKind::Ping => respond(out, to, status::OK, None, no_keys, now),
+        DlockKind::Refuse { status, text } => respond(out, to, status, Some(text), no_keys, now),
         DlockKind::Lock {
             keys,
             wait_us,
@@ -186,41 +159,16 @@ fn run(
             let token = t.dlock_sessions.next_token;
             t.dlock_sessions.next_token += 1;
             let result = with_keys(t, keys.get(arena), |t, keys| {
-                t.dlock.lock(
-                    conn,
-                    token,
-                    keys,
-                    wait_us,
-                    lease_us,
-                    now.ms,
-                    &mut t.dlock_events,
-                )
+                let events = &mut t.dlock_events;
+                t.dlock
+                    .lock(conn, token, keys, wait_us, lease_us, now.ms, events)
             });
             match result {
-                LockResult::Granted => respond(
-                    out,
-                    To {
-                        conn,
-                        done: 1,
-                        id: op.id,
-                    },
-                    status::OK,
-                    None,
-                    none,
-                    now,
-                ),
-                LockResult::Timeout { busy } => respond(
-                    out,
-                    To {
-                        conn,
-                        done: 1,
-                        id: op.id,
-                    },
-                    status::ACQUIRE_TIMEOUT,
-                    None,
-                    busy.iter().map(|k| &k[..]),
-                    now,
-                ),
+                LockResult::Granted => respond(out, to, status::OK, None, no_keys, now),
+                LockResult::Timeout { busy } => {
+                    let busy = busy.iter().map(|k| &k[..]);
+                    respond(out, to, status::ACQUIRE_TIMEOUT, None, busy, now)
+                }
                 LockResult::Waiting => {
                     let w = Waiting {
                         token,
@@ -236,30 +184,11 @@ fn run(
                 t.dlock.unlock(conn, keys, now.ms, &mut t.dlock_events)
             });
             match result {
-                Ok(()) => respond(
-                    out,
-                    To {
-                        conn,
-                        done: 1,
-                        id: op.id,
-                    },
-                    status::OK,
-                    None,
-                    none,
-                    now,
-                ),
-                Err(not_held) => respond(
-                    out,
-                    To {
-                        conn,
-                        done: 1,
-                        id: op.id,
-                    },
-                    status::GENERAL,
-                    Some("not held"),
-                    not_held.iter().map(|k| &k[..]),
-                    now,
-                ),
+                Ok(()) => respond(out, to, status::OK, None, no_keys, now),
+                Err(not_held) => {
+                    let keys = not_held.iter().map(|k| &k[..]);
+                    respond(out, to, status::GENERAL, Some("not held"), keys, now)
+                }
             }
         }
     }
@@ -267,7 +196,7 @@ fn run(
 
 /// Answer the waiting Locks that the table resolved, then run what waited behind them; repeat
 /// until nothing more happens (a backlog may release keys that grant other waiters).
-pub fn deliver_events(t: &mut Tables, out: &mut Outbox, shared: &Shared, now: Now) {
+pub fn deliver_events(t: &mut Tables, out: &mut Outbox, now: Now) {
     let none: [&[u8]; 0] = [];
     while !t.dlock_events.is_empty() {
         let events = std::mem::take(&mut t.dlock_events);
@@ -316,7 +245,7 @@ pub fn deliver_events(t: &mut Tables, out: &mut Outbox, shared: &Shared, now: No
                     continue;
                 }
             };
-            run_backlog(t, out, shared, conn, backlog, now);
+            run_backlog(t, out, conn, backlog, now);
         }
     }
 }
@@ -331,7 +260,6 @@ fn take_waiting(t: &mut Tables, conn: ConnId, token: u64) -> Option<Waiting> {
 fn run_backlog(
     t: &mut Tables,
     out: &mut Outbox,
-    shared: &Shared,
     conn: ConnId,
     mut backlog: VecDeque<Deferred>,
     now: Now,
@@ -341,7 +269,7 @@ fn run_backlog(
             Deferred::Literal(bytes, close) => {
                 out.record(conn, 1, close, |w| w.extend_from_slice(&bytes))
             }
-            Deferred::Request(op, bytes) => run(t, out, shared, conn, op, &bytes, now),
+            Deferred::Request(op, bytes) => run(t, out, conn, op, &bytes, now),
         }
         if let Some(w) = t.dlock_sessions.waiting.get_mut(&conn) {
             // Blocked again: the rest waits behind this new Lock.

@@ -262,6 +262,29 @@ enum Need {
     Any,
 }
 
+/// What a request of `opcode` must carry: the extras lengths allowed, a key, a value. `None`
+/// for opcodes that take anything (NOOP, VERSION, QUIT, STAT) or are unknown.
+fn shape(opcode: u8) -> Option<(&'static [usize], Need, Need)> {
+    use Need::*;
+    Some(match opcode {
+        opc::GET | opc::GETQ | opc::GETK | opc::GETKQ => (&[0], Yes, No),
+        opc::GAT | opc::GATQ | opc::GATK | opc::GATKQ | opc::TOUCH => (&[4], Yes, No),
+        opc::SET | opc::SETQ | opc::ADD | opc::ADDQ | opc::REPLACE | opc::REPLACEQ => {
+            (&[8], Yes, Any)
+        }
+        opc::RAU | opc::RAUQ => (&[8], Yes, Any),
+        opc::APPEND | opc::APPENDQ | opc::PREPEND | opc::PREPENDQ => (&[0], Yes, Any),
+        opc::DELETE | opc::DELETEQ => (&[0], Yes, No),
+        opc::LOCK | opc::LOCKQ | opc::UNLOCK | opc::UNLOCKQ => (&[0], Yes, No),
+        opc::UNLOCK_ALL | opc::UNLOCK_ALLQ => (&[0], No, No),
+        opc::LAG | opc::LAGQ | opc::LAGK | opc::LAGKQ => (&[0, 4], Yes, No),
+        opc::INCREMENT | opc::INCREMENTQ | opc::DECREMENT | opc::DECREMENTQ => (&[20], Yes, No),
+        opc::FLUSH | opc::FLUSHQ => (&[0, 4], No, No),
+        opc::VERBOSITY => (&[4], No, No),
+        _ => return None,
+    })
+}
+
 fn shape_ok(r: &BinReq<'_>, extras: &[usize], key: Need, value: Need) -> bool {
     let present = |n: Need, len: usize| match n {
         Need::No => len == 0,
@@ -407,29 +430,7 @@ fn apply_binary(
     r: &BinReq<'_>,
     now: Now,
 ) {
-    let quiet = matches!(
-        r.opcode,
-        opc::GETQ
-            | opc::GETKQ
-            | opc::SETQ
-            | opc::ADDQ
-            | opc::REPLACEQ
-            | opc::DELETEQ
-            | opc::INCREMENTQ
-            | opc::DECREMENTQ
-            | opc::QUITQ
-            | opc::FLUSHQ
-            | opc::APPENDQ
-            | opc::PREPENDQ
-            | opc::GATQ
-            | opc::GATKQ
-            | opc::LOCKQ
-            | opc::UNLOCKQ
-            | opc::UNLOCK_ALLQ
-            | opc::LAGQ
-            | opc::LAGKQ
-            | opc::RAUQ
-    );
+    let quiet = opc::is_quiet(r.opcode);
     let b = Bin {
         out,
         conn,
@@ -437,9 +438,13 @@ fn apply_binary(
         opaque: r.opaque,
         quiet,
     };
+    if let Some((extras, key, value)) = shape(r.opcode) {
+        if !shape_ok(r, extras, key, value) {
+            return b.err(st::INVALID_ARGUMENTS);
+        }
+    }
     let cas = (r.cas != 0).then_some(r.cas);
     let s = &mut t.store;
-    use Need::*;
     match r.opcode {
         opc::GET
         | opc::GETQ
@@ -451,9 +456,6 @@ fn apply_binary(
         | opc::GATKQ => {
             let touch = matches!(r.opcode, opc::GAT | opc::GATQ | opc::GATK | opc::GATKQ);
             let with_key = matches!(r.opcode, opc::GETK | opc::GETKQ | opc::GATK | opc::GATKQ);
-            if !shape_ok(r, if touch { &[4] } else { &[0] }, Yes, No) {
-                return b.err(st::INVALID_ARGUMENTS);
-            }
             t.counters.cmd_get += 1;
             let item = if touch {
                 t.counters.cmd_touch += 1;
@@ -472,9 +474,6 @@ fn apply_binary(
             }
         }
         opc::SET | opc::SETQ | opc::ADD | opc::ADDQ | opc::REPLACE | opc::REPLACEQ => {
-            if !shape_ok(r, &[8], Yes, Any) {
-                return b.err(st::INVALID_ARGUMENTS);
-            }
             t.counters.cmd_set += 1;
             let mode = match r.opcode {
                 opc::SET | opc::SETQ => StoreMode::Set,
@@ -502,9 +501,6 @@ fn apply_binary(
             }
         }
         opc::APPEND | opc::APPENDQ | opc::PREPEND | opc::PREPENDQ => {
-            if !shape_ok(r, &[0], Yes, Any) {
-                return b.err(st::INVALID_ARGUMENTS);
-            }
             t.counters.cmd_set += 1;
             let mode = if matches!(r.opcode, opc::APPEND | opc::APPENDQ) {
                 StoreMode::Append
@@ -516,21 +512,13 @@ fn apply_binary(
                 Err(e) => b.err(e),
             }
         }
-        opc::DELETE | opc::DELETEQ => {
-            if !shape_ok(r, &[0], Yes, No) {
-                return b.err(st::INVALID_ARGUMENTS);
-            }
-            match s.delete(conn, r.key, cas, now) {
-                DeleteOutcome::Deleted => b.ok(0, &[], &[], &[]),
-                DeleteOutcome::NotFound => b.err(st::KEY_NOT_FOUND),
-                DeleteOutcome::Exists => b.err(st::KEY_EXISTS),
-                DeleteOutcome::Locked => b.err(st::LOCKED),
-            }
-        }
+        opc::DELETE | opc::DELETEQ => match s.delete(conn, r.key, cas, now) {
+            DeleteOutcome::Deleted => b.ok(0, &[], &[], &[]),
+            DeleteOutcome::NotFound => b.err(st::KEY_NOT_FOUND),
+            DeleteOutcome::Exists => b.err(st::KEY_EXISTS),
+            DeleteOutcome::Locked => b.err(st::LOCKED),
+        },
         opc::INCREMENT | opc::INCREMENTQ | opc::DECREMENT | opc::DECREMENTQ => {
-            if !shape_ok(r, &[20], Yes, No) {
-                return b.err(st::INVALID_ARGUMENTS);
-            }
             let incr = matches!(r.opcode, opc::INCREMENT | opc::INCREMENTQ);
             let delta = be64(r.extras, 0);
             let initial = be64(r.extras, 8);
@@ -561,9 +549,6 @@ fn apply_binary(
             });
         }
         opc::FLUSH | opc::FLUSHQ => {
-            if !shape_ok(r, &[0, 4], No, No) {
-                return b.err(st::INVALID_ARGUMENTS);
-            }
             t.counters.cmd_flush += 1;
             let delay = if r.extras.len() == 4 {
                 exptime(r.extras, 0)
@@ -579,9 +564,6 @@ fn apply_binary(
             b.ok(0, &[], &[], &v[b"VERSION ".len()..v.len() - 2]);
         }
         opc::VERBOSITY => {
-            if !shape_ok(r, &[4], No, No) {
-                return b.err(st::INVALID_ARGUMENTS);
-            }
             b.ok(0, &[], &[], &[]);
         }
         opc::STAT => {
@@ -623,9 +605,6 @@ fn apply_binary(
             });
         }
         opc::TOUCH => {
-            if !shape_ok(r, &[4], Yes, No) {
-                return b.err(st::INVALID_ARGUMENTS);
-            }
             t.counters.cmd_touch += 1;
             if s.touch(r.key, exptime(r.extras, 0), now) {
                 b.ok(0, &[], &[], &[]);
@@ -633,37 +612,21 @@ fn apply_binary(
                 b.err(st::KEY_NOT_FOUND);
             }
         }
-        opc::LOCK | opc::LOCKQ => {
-            if !shape_ok(r, &[0], Yes, No) {
-                return b.err(st::INVALID_ARGUMENTS);
-            }
-            match s.lock(conn, r.key, now) {
-                LockOutcome::Ok => b.ok(0, &[], &[], &[]),
-                LockOutcome::Locked => b.err(st::LOCKED),
-                LockOutcome::NotFound => b.err(st::KEY_NOT_FOUND),
-            }
-        }
-        opc::UNLOCK | opc::UNLOCKQ => {
-            if !shape_ok(r, &[0], Yes, No) {
-                return b.err(st::INVALID_ARGUMENTS);
-            }
-            match s.unlock(conn, r.key, now) {
-                UnlockOutcome::Ok => b.ok(0, &[], &[], &[]),
-                UnlockOutcome::NotFound => b.err(st::KEY_NOT_FOUND),
-                UnlockOutcome::NotLocked => b.err(st::NOT_LOCKED),
-            }
-        }
+        opc::LOCK | opc::LOCKQ => match s.lock(conn, r.key, now) {
+            LockOutcome::Ok => b.ok(0, &[], &[], &[]),
+            LockOutcome::Locked => b.err(st::LOCKED),
+            LockOutcome::NotFound => b.err(st::KEY_NOT_FOUND),
+        },
+        opc::UNLOCK | opc::UNLOCKQ => match s.unlock(conn, r.key, now) {
+            UnlockOutcome::Ok => b.ok(0, &[], &[], &[]),
+            UnlockOutcome::NotFound => b.err(st::KEY_NOT_FOUND),
+            UnlockOutcome::NotLocked => b.err(st::NOT_LOCKED),
+        },
         opc::UNLOCK_ALL | opc::UNLOCK_ALLQ => {
-            if !shape_ok(r, &[0], No, No) {
-                return b.err(st::INVALID_ARGUMENTS);
-            }
             s.unlock_all(conn, now);
             b.ok(0, &[], &[], &[]);
         }
         opc::LAG | opc::LAGQ | opc::LAGK | opc::LAGKQ => {
-            if !shape_ok(r, &[0, 4], Yes, No) {
-                return b.err(st::INVALID_ARGUMENTS);
-            }
             let with_key = matches!(r.opcode, opc::LAGK | opc::LAGKQ);
             let exp = (r.extras.len() == 4).then(|| exptime(r.extras, 0));
             t.counters.cmd_get += 1;
@@ -679,9 +642,6 @@ fn apply_binary(
             }
         }
         opc::RAU | opc::RAUQ => {
-            if !shape_ok(r, &[8], Yes, Any) {
-                return b.err(st::INVALID_ARGUMENTS);
-            }
             t.counters.cmd_set += 1;
             let flags = be32(r.extras, 0);
             match s.replace_and_unlock(conn, r.key, flags, exptime(r.extras, 4), r.value, cas, now)

@@ -198,7 +198,7 @@ impl Owner {
     }
 
     fn fire_timers(&mut self, now: Now) {
-        fire_timers(&mut self.tables, &mut self.outbox, &self.shared, now);
+        fire_timers(&mut self.tables, &mut self.outbox, now);
     }
 
     fn send_replies(&mut self) {
@@ -221,12 +221,12 @@ impl Owner {
 }
 
 /// Fire every timer due by `now` in every table and deliver what that caused.
-pub fn fire_timers(t: &mut Tables, out: &mut Outbox, shared: &Shared, now: Now) {
+pub fn fire_timers(t: &mut Tables, out: &mut Outbox, now: Now) {
     t.store.advance(now);
     t.lockd.advance(now.ms, &mut t.grants);
     super::exec_lockd::deliver_grants(t, out);
     t.dlock.advance(now.ms, &mut t.dlock_events);
-    super::exec_dlock::deliver_events(t, out, shared, now);
+    super::exec_dlock::deliver_events(t, out, now);
 }
 
 /// Apply one operation of one connection.
@@ -242,7 +242,7 @@ pub fn apply_op(
     match op {
         Op::Mc(op) => super::exec_mc::apply(t, out, shared, conn, op, arena, now),
         Op::Lockd(op) => super::exec_lockd::apply(t, out, conn, op, arena, now),
-        Op::Dlock(op) => super::exec_dlock::receive(t, out, shared, conn, op, arena, now),
+        Op::Dlock(op) => super::exec_dlock::receive(t, out, conn, op, arena, now),
         Op::DlockOpen => super::exec_dlock::open(t, conn, now),
         Op::Literal { bytes, close } => {
             if t.dlock_sessions.is_waiting(conn) {
@@ -257,7 +257,7 @@ pub fn apply_op(
             t.lockd.disconnect(conn, now.ms);
             t.dlock_sessions.remove(conn);
             t.dlock.disconnect(conn, now.ms, &mut t.dlock_events);
-            super::exec_dlock::deliver_events(t, out, shared, now);
+            super::exec_dlock::deliver_events(t, out, now);
         }
     }
 }

@@ -141,7 +141,7 @@ impl Sim {
     fn run(&mut self) {
         let now = Self::at(self.now_ms);
         loop {
-            fire_timers(&mut self.tables, &mut self.outbox, &self.shared, now);
+            fire_timers(&mut self.tables, &mut self.outbox, now);
             let batch = std::mem::take(&mut self.batch);
             for msg in &batch.ops {
                 apply_op(
@@ -154,7 +154,7 @@ impl Sim {
                     now,
                 );
             }
-            fire_timers(&mut self.tables, &mut self.outbox, &self.shared, now);
+            fire_timers(&mut self.tables, &mut self.outbox, now);
             let replies = std::mem::take(&mut self.outbox.per_worker[0]);
             for rec in &replies.records {
                 if let Some(conn) = self.conns.get_mut(&rec.conn) {
