@@ -15,6 +15,11 @@ pub const MAX_INFLIGHT: u32 = 1024;
 /// Reply bytes a connection may have waiting for its client before it is parsed no further. The
 /// client then has to read before it may send more.
 pub const WBUF_HIGH: usize = 4 * 1024 * 1024;
+/// Reply bytes a connection may have waiting at all: beyond this it is closed at once. Parsing
+/// stops at [`WBUF_HIGH`], but the replies to the up to [`MAX_INFLIGHT`] requests already at the
+/// owner still arrive, and those may be large (gets of big items); this bounds that overshoot.
+/// Sixteen times the high-water mark: no client that reads its replies comes near it.
+pub const WBUF_MAX: usize = 64 * 1024 * 1024;
 /// Buffers larger than this are released once empty, so idle connections stay small.
 const KEEP_BUF: usize = 16 * 1024;
 

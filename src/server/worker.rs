@@ -9,19 +9,27 @@
 //! Backpressure, not loss: a connection with too many operations at the owner, or too many reply
 //! bytes not yet taken by its client, is simply not parsed (and then not read) further until that
 //! drains; its bytes wait in the buffer and the kernel.
+//!
+//! A client that never reads would hold that buffer forever, so a connection whose unread output
+//! is at or above `WBUF_HIGH` (or that is closing with output left) is put on a short list of
+//! stalled connections. About every [`STALL_CHECK`] the worker looks at that list only (never at
+//! every connection): one that took some bytes since the last look has its clock reset (a slow
+//! reader is served, however slowly), one that took nothing for `--client-stall-timeout` is
+//! closed. Independently, a connection whose unread output passes `WBUF_MAX` (large replies to
+//! requests that were already at the owner) is closed at once.
 
 use std::io::{self, ErrorKind, Read, Write};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token, Waker};
 use slab::Slab;
 
-use super::conn::Conn;
+use super::conn::{Conn, WBUF_HIGH, WBUF_MAX};
 use super::msg::{Arena, Batch, Op, OpMsg, Replies, ToOwner};
 use super::{Proto, Shared};
 use crate::core::ConnId;
@@ -36,6 +44,10 @@ const READ_CHUNK: usize = 64 * 1024;
 const EVENTS: usize = 1024;
 /// How long accept waits after running out of file descriptors before it tries again.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(20);
+/// How often stalled connections are looked at. Coarse on purpose: the stall timeout is counted
+/// in seconds, and the worker has no other timer, so this is the one wake-up it adds (only while
+/// some connection is stalled).
+const STALL_CHECK: Duration = Duration::from_millis(100);
 
 /// A connection's socket with its protocol state.
 struct Socket {
@@ -45,6 +57,19 @@ struct Socket {
     /// Stopped reading before WouldBlock (backpressure): read again when it clears.
     read_pending: bool,
     write_interest: bool,
+    /// Reply bytes written to the socket so far: a stalled connection whose count moved made
+    /// progress.
+    sent: u64,
+    /// Set while the connection is on the worker's stalled list.
+    stall: Option<Stall>,
+}
+
+/// A connection whose client is not taking its replies.
+struct Stall {
+    /// When it was last seen making progress (or was found stalled).
+    since: Instant,
+    /// `Socket::sent` at that time.
+    mark: u64,
 }
 
 pub struct Worker {
@@ -64,6 +89,12 @@ pub struct Worker {
     /// Connections to look at again at the end of the turn (closing, read pending).
     recheck: Vec<usize>,
     accept_paused: bool,
+    /// Connections with a `Stall` (slot, generation): the only ones the stall check looks at.
+    stalled: Vec<(usize, u32)>,
+    /// When the stall check runs next (meaningful while `stalled` is not empty).
+    next_stall_check: Instant,
+    /// `--client-stall-timeout`; `None`: stalled connections are never closed for it.
+    stall_timeout: Option<Duration>,
 }
 
 impl Worker {
@@ -92,7 +123,12 @@ impl Worker {
             dirty: Vec::new(),
             recheck: Vec::new(),
             accept_paused: false,
+            stalled: Vec::new(),
+            next_stall_check: Instant::now(),
+            stall_timeout: None,
         };
+        let ms = worker.shared.config.client_stall_timeout_ms;
+        worker.stall_timeout = (ms > 0).then(|| Duration::from_millis(ms));
         for (i, (l, _)) in worker.listeners.iter_mut().enumerate() {
             worker
                 .poll
@@ -107,11 +143,17 @@ impl Worker {
         loop {
             // Connections left to look at again (found while finishing the last turn) must not
             // wait for an unrelated event.
-            let timeout = if !self.recheck.is_empty() || !self.dirty.is_empty() {
+            let mut timeout = if !self.recheck.is_empty() || !self.dirty.is_empty() {
                 Some(Duration::ZERO)
             } else {
                 self.accept_paused.then_some(ACCEPT_BACKOFF)
             };
+            if !self.stalled.is_empty() {
+                let left = self
+                    .next_stall_check
+                    .saturating_duration_since(Instant::now());
+                timeout = Some(timeout.map_or(left, |t| t.min(left)));
+            }
             if let Err(e) = self.poll.poll(&mut events, timeout) {
                 if e.kind() != ErrorKind::Interrupted {
                     eprintln!("holdfast: worker {}: poll failed: {e}", self.id);
@@ -148,6 +190,13 @@ impl Worker {
             }
             self.apply_replies();
             self.end_turn();
+            if !self.stalled.is_empty() {
+                let now = Instant::now();
+                if now >= self.next_stall_check {
+                    self.check_stalled(now);
+                    self.next_stall_check = now + STALL_CHECK;
+                }
+            }
         }
         // Shutdown: drop every connection; the process is exiting.
         self.sockets.clear();
@@ -212,6 +261,8 @@ impl Worker {
             conn: Conn::new(proto),
             read_pending: false,
             write_interest: false,
+            sent: 0,
+            stall: None,
         });
         if proto == Proto::Dlock {
             let conn = ConnId::new(self.id, slot as u32, gen);
@@ -288,6 +339,12 @@ impl Worker {
                     continue; // the connection this was for is gone; its slot was reused
                 }
                 s.conn.deliver(rec.bytes.get(arena), rec.done, rec.close);
+                if s.conn.pending_output() > WBUF_MAX {
+                    // Its client reads far slower than its requests produce replies (or not at
+                    // all): holding more would let one connection take the daemon's memory.
+                    self.close(slot);
+                    continue;
+                }
                 self.dirty.push(slot);
                 self.recheck.push(slot);
             }
@@ -349,13 +406,33 @@ impl Worker {
         while s.conn.pending_output() > 0 {
             match s.stream.write(s.conn.output()) {
                 Ok(0) => return self.close(slot),
-                Ok(n) => s.conn.written(n),
+                Ok(n) => {
+                    s.conn.written(n);
+                    s.sent += n as u64;
+                }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
                 Err(_) => return self.close(slot),
             }
         }
         let drained = s.conn.pending_output() == 0;
+        if !drained
+            && s.stall.is_none()
+            && self.stall_timeout.is_some()
+            && (s.conn.pending_output() >= WBUF_HIGH || s.conn.closing)
+        {
+            // The socket is full and the client's replies pile up (or a closing connection waits
+            // for its client to take the last ones): watch it. Cheap: only reached on WouldBlock.
+            let now = Instant::now();
+            if self.stalled.is_empty() {
+                self.next_stall_check = now + STALL_CHECK;
+            }
+            s.stall = Some(Stall {
+                since: now,
+                mark: s.sent,
+            });
+            self.stalled.push((slot, s.gen));
+        }
         if drained == s.write_interest {
             let interest = if drained {
                 Interest::READABLE
@@ -375,6 +452,40 @@ impl Worker {
         }
         if drained && (s.conn.closing || s.read_pending || !s.conn.rbuf.is_empty()) {
             self.recheck.push(slot);
+        }
+    }
+
+    /// Look at the stalled connections: drop those that drained or are gone, reset the clock of
+    /// those that made progress, close those that made none for the stall timeout.
+    fn check_stalled(&mut self, now: Instant) {
+        let Some(timeout) = self.stall_timeout else {
+            return;
+        };
+        let mut expired = Vec::new();
+        let sockets = &mut self.sockets;
+        self.stalled.retain(|&(slot, gen)| {
+            let Some(s) = sockets.get_mut(slot).filter(|s| s.gen == gen) else {
+                return false; // closed meanwhile (its slot may hold another connection now)
+            };
+            let pending = s.conn.pending_output();
+            let still = pending > 0 && (pending >= WBUF_HIGH || s.conn.closing);
+            let Some(stall) = s.stall.as_mut().filter(|_| still) else {
+                s.stall = None;
+                return false;
+            };
+            if s.sent != stall.mark {
+                stall.mark = s.sent;
+                stall.since = now;
+                true
+            } else if now.duration_since(stall.since) >= timeout {
+                expired.push(slot);
+                false
+            } else {
+                true
+            }
+        });
+        for slot in expired {
+            self.close(slot);
         }
     }
 
