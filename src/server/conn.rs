@@ -149,11 +149,39 @@ impl Conn {
             if self.wbuf.capacity() > KEEP_BUF {
                 self.wbuf = Vec::new();
             }
+        } else if self.wpos >= KEEP_BUF && self.wpos >= self.wbuf.len() / 2 {
+            // A client that reads steadily but never quite catches up never empties the buffer;
+            // without this the written prefix would stay, and the buffer would grow by every
+            // byte ever sent. Moving the unwritten rest (no longer than what was written since
+            // the last move) keeps the cost linear.
+            self.wbuf.drain(..self.wpos);
+            self.wpos = 0;
         }
     }
 
     /// Bytes waiting to be written.
     pub fn output(&self) -> &[u8] {
         &self.wbuf[self.wpos..]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn written_prefix_is_dropped_while_output_stays_pending() {
+        // A client that takes a little less than it is sent, turn after turn, never empties the
+        // buffer: the buffer must hold what is pending, not everything ever sent.
+        let mut c = Conn::new(Proto::Memcache);
+        let reply = vec![b'x'; 64 * 1024];
+        for _ in 0..1000 {
+            c.deliver(&reply, 0, false);
+            let n = c.pending_output() - 1024;
+            c.written(n);
+            assert!(c.pending_output() >= 1024);
+            assert!(c.wbuf.len() <= 2 * (c.pending_output() + reply.len()) + KEEP_BUF);
+        }
+        assert_eq!(c.output(), &vec![b'x'; c.pending_output()][..]);
     }
 }
