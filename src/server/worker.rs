@@ -12,10 +12,10 @@
 //!
 //! A client that never reads would hold that buffer forever, so a connection whose unread output
 //! is at or above `WBUF_HIGH` (or that is closing with output left) is put on a short list of
-//! stalled connections. About every [`STALL_CHECK`] the worker looks at that list only (never at
-//! every connection): one that took some bytes since the last look has its clock reset (a slow
-//! reader is served, however slowly), one that took nothing for `--client-stall-timeout` is
-//! closed. Independently, a connection whose unread output passes `WBUF_MAX` (large replies to
+//! stalled connections, and stays there until its output falls under [`STALL_LOW`]. About every
+//! [`STALL_CHECK`] the worker looks at that list only (never at every connection): one that took
+//! some bytes since the last look has its clock reset (a slow reader is served, however slowly),
+//! one that took nothing for `--client-stall-timeout` is closed. Independently, a connection whose unread output passes `WBUF_MAX` (large replies to
 //! requests that were already at the owner) is closed at once.
 
 use std::io::{self, ErrorKind, Read, Write};
@@ -48,6 +48,10 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(20);
 /// in seconds, and the worker has no other timer, so this is the one wake-up it adds (only while
 /// some connection is stalled).
 const STALL_CHECK: Duration = Duration::from_millis(100);
+/// A stalled connection leaves the list when its unread output falls under this. Half the mark,
+/// not the mark itself: a slow reader hovers around the mark (each read lets the daemon parse and
+/// answer more), and its clock should be kept by its progress, not restarted by each dip.
+const STALL_LOW: usize = WBUF_HIGH / 2;
 
 /// A connection's socket with its protocol state.
 struct Socket {
@@ -468,7 +472,7 @@ impl Worker {
                 return false; // closed meanwhile (its slot may hold another connection now)
             };
             let pending = s.conn.pending_output();
-            let still = pending > 0 && (pending >= WBUF_HIGH || s.conn.closing);
+            let still = pending > 0 && (pending >= STALL_LOW || s.conn.closing);
             let Some(stall) = s.stall.as_mut().filter(|_| still) else {
                 s.stall = None;
                 return false;
