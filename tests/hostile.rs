@@ -982,3 +982,48 @@ fn the_daemon_raises_its_open_file_limit_to_the_hard_limit() {
     };
     assert_eq!(nums, [want.as_str(), want.as_str()], "{row}");
 }
+
+#[test]
+fn a_client_that_floods_requests_answered_by_nothing_does_not_starve_the_others() {
+    let _g = serial();
+    let d = Daemon::start(&[]);
+    // The flooder's own `version` between floods must be answered too: its connection is the
+    // one sure to share the flooder's worker (the others may be on the other one).
+    let mut flooder = d.memcache();
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let stop = stop.clone();
+        let mut s = flooder.stream.try_clone().expect("clone");
+        s.set_write_timeout(Some(DEADLINE)).expect("write timeout");
+        thread::spawn(move || {
+            // `verbosity noreply` is answered by the worker itself, with nothing: no reply to
+            // hold the connection back, nothing at the owner.
+            let mut chunk = b"verbosity 1 noreply\r\n".repeat(8192);
+            chunk.extend_from_slice(b"version\r\n");
+            let mut rounds = 0usize;
+            while !stop.load(Ordering::Acquire) {
+                s.write_all(&chunk).expect("flood");
+                rounds += 1;
+            }
+            rounds
+        })
+    };
+    let mut others: Vec<Client> = (0..4).map(|_| d.memcache()).collect();
+    let mut worst = Duration::ZERO;
+    for _ in 0..5 {
+        let t = Instant::now();
+        assert_eq!(flooder.take(VERSION_REPLY.len()), VERSION_REPLY);
+        for c in &mut others {
+            c.expect(b"version\r\n", VERSION_REPLY);
+        }
+        worst = worst.max(t.elapsed());
+    }
+    stop.store(true, Ordering::Release);
+    let rounds = writer.join().expect("flooder");
+    eprintln!(
+        "flood: {} MiB sent; worst round of replies {worst:?}",
+        (rounds * (21 * 8192 + 9)) >> 20
+    );
+    // Before reads were bounded per turn, nothing came back at all while the flood went on.
+    assert!(worst < Duration::from_secs(3), "starved for {worst:?}");
+}
