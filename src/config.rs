@@ -22,6 +22,9 @@ pub struct Config {
     pub dlock_max_keys: usize,
     pub dlock_max_message: usize,
     pub dlock_token: Option<String>,
+    /// Close a connection whose unread output has stayed at or above the high-water mark with no
+    /// write progress for this long; 0: never (the hard output cap still applies).
+    pub client_stall_timeout_ms: u64,
 }
 
 /// What the command line asked for.
@@ -43,6 +46,9 @@ const DEFAULT_ORPHAN_TIMEOUT_MS: u64 = 5000;
 const DEFAULT_DLOCK_IDLE_TIMEOUT_MS: u64 = 60_000;
 const DEFAULT_DLOCK_MAX_KEYS: usize = 100;
 const DEFAULT_DLOCK_MAX_MESSAGE: usize = 1024 * 1024;
+/// A client that takes none of its replies for 10 s is gone or hostile; one that reads at all,
+/// however slowly, resets the clock. Long enough for a paused process or a congested link.
+const DEFAULT_CLIENT_STALL_TIMEOUT_MS: u64 = 10_000;
 /// The smallest item limit that still holds a key and a useful value; memcached's own minimum
 /// (`-I`) is 1 KiB.
 const MIN_ITEM_SIZE: usize = 1024;
@@ -108,6 +114,12 @@ fn options() -> getopts::Options {
         "dlock access token (default none)",
         "TOKEN",
     )
+    .optopt(
+        "",
+        "client-stall-timeout",
+        "close a client that reads none of its pending replies this long (default 10000, 0: never)",
+        "MS",
+    )
     .optflag("h", "help", "print this help")
     .optflag("V", "version", "print the version");
     o
@@ -170,6 +182,13 @@ where
             1 << 30,
         )?,
         dlock_token: m.opt_str("dlock-token"),
+        client_stall_timeout_ms: number(
+            &m,
+            "client-stall-timeout",
+            DEFAULT_CLIENT_STALL_TIMEOUT_MS,
+            0,
+            u32::MAX as u64,
+        )?,
     };
     if config.memcache.is_none() && config.lockd.is_none() && config.dlock.is_none() {
         return Err("every listener is off: nothing to serve".into());
@@ -232,6 +251,7 @@ mod tests {
         assert_eq!(c.dlock_max_keys, 100);
         assert_eq!(c.dlock_max_message, 1 << 20);
         assert_eq!(c.dlock_token, None);
+        assert_eq!(c.client_stall_timeout_ms, 10_000);
         assert!(c.threads >= 1);
     }
 

@@ -15,6 +15,11 @@ pub const MAX_INFLIGHT: u32 = 1024;
 /// Reply bytes a connection may have waiting for its client before it is parsed no further. The
 /// client then has to read before it may send more.
 pub const WBUF_HIGH: usize = 4 * 1024 * 1024;
+/// Reply bytes a connection may have waiting at all: beyond this it is closed at once. Parsing
+/// stops at [`WBUF_HIGH`], but the replies to the up to [`MAX_INFLIGHT`] requests already at the
+/// owner still arrive, and those may be large (gets of big items); this bounds that overshoot.
+/// Sixteen times the high-water mark: no client that reads its replies comes near it.
+pub const WBUF_MAX: usize = 64 * 1024 * 1024;
 /// Buffers larger than this are released once empty, so idle connections stay small.
 const KEEP_BUF: usize = 16 * 1024;
 
@@ -144,11 +149,39 @@ impl Conn {
             if self.wbuf.capacity() > KEEP_BUF {
                 self.wbuf = Vec::new();
             }
+        } else if self.wpos >= KEEP_BUF && self.wpos >= self.wbuf.len() / 2 {
+            // A client that reads steadily but never quite catches up never empties the buffer;
+            // without this the written prefix would stay, and the buffer would grow by every
+            // byte ever sent. Moving the unwritten rest (no longer than what was written since
+            // the last move) keeps the cost linear.
+            self.wbuf.drain(..self.wpos);
+            self.wpos = 0;
         }
     }
 
     /// Bytes waiting to be written.
     pub fn output(&self) -> &[u8] {
         &self.wbuf[self.wpos..]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn written_prefix_is_dropped_while_output_stays_pending() {
+        // A client that takes a little less than it is sent, turn after turn, never empties the
+        // buffer: the buffer must hold what is pending, not everything ever sent.
+        let mut c = Conn::new(Proto::Memcache);
+        let reply = vec![b'x'; 64 * 1024];
+        for _ in 0..1000 {
+            c.deliver(&reply, 0, false);
+            let n = c.pending_output() - 1024;
+            c.written(n);
+            assert!(c.pending_output() >= 1024);
+            assert!(c.wbuf.len() <= 2 * (c.pending_output() + reply.len()) + KEEP_BUF);
+        }
+        assert_eq!(c.output(), &vec![b'x'; c.pending_output()][..]);
     }
 }

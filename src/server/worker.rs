@@ -9,19 +9,27 @@
 //! Backpressure, not loss: a connection with too many operations at the owner, or too many reply
 //! bytes not yet taken by its client, is simply not parsed (and then not read) further until that
 //! drains; its bytes wait in the buffer and the kernel.
+//!
+//! A client that never reads would hold that buffer forever, so a connection whose unread output
+//! is at or above `WBUF_HIGH` (or that is closing with output left) is put on a short list of
+//! stalled connections, and stays there until its output falls under [`STALL_LOW`]. About every
+//! [`STALL_CHECK`] the worker looks at that list only (never at every connection): one that took
+//! some bytes since the last look has its clock reset (a slow reader is served, however slowly),
+//! one that took nothing for `--client-stall-timeout` is closed. Independently, a connection whose unread output passes `WBUF_MAX` (large replies to
+//! requests that were already at the owner) is closed at once.
 
 use std::io::{self, ErrorKind, Read, Write};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token, Waker};
 use slab::Slab;
 
-use super::conn::Conn;
+use super::conn::{Conn, WBUF_HIGH, WBUF_MAX};
 use super::msg::{Arena, Batch, Op, OpMsg, Replies, ToOwner};
 use super::{Proto, Shared};
 use crate::core::ConnId;
@@ -32,10 +40,25 @@ const FIRST_CONN: usize = 16;
 /// Bytes read per `read` call into the worker's scratch buffer. Large enough for a deep pipeline
 /// of small requests in one syscall.
 const READ_CHUNK: usize = 64 * 1024;
+/// Reads of one connection per loop turn before the worker moves on to the others (the rest is
+/// read next turn, which then comes at once). Without a bound, a client that sends faster than
+/// the worker parses requests that need no reply room and nothing at the owner (`verbosity
+/// noreply`, a value being swallowed) kept the worker in its read loop, every other connection
+/// of that worker waiting. 4 x 64 KiB: about a millisecond of parsing, and a deep pipeline
+/// still takes few turns.
+const READS_PER_TURN: usize = 4;
 /// Events per `poll` call.
 const EVENTS: usize = 1024;
 /// How long accept waits after running out of file descriptors before it tries again.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(20);
+/// How often stalled connections are looked at. Coarse on purpose: the stall timeout is counted
+/// in seconds, and the worker has no other timer, so this is the one wake-up it adds (only while
+/// some connection is stalled).
+const STALL_CHECK: Duration = Duration::from_millis(100);
+/// A stalled connection leaves the list when its unread output falls under this. Half the mark,
+/// not the mark itself: a slow reader hovers around the mark (each read lets the daemon parse and
+/// answer more), and its clock should be kept by its progress, not restarted by each dip.
+const STALL_LOW: usize = WBUF_HIGH / 2;
 
 /// A connection's socket with its protocol state.
 struct Socket {
@@ -45,6 +68,19 @@ struct Socket {
     /// Stopped reading before WouldBlock (backpressure): read again when it clears.
     read_pending: bool,
     write_interest: bool,
+    /// Reply bytes written to the socket so far: a stalled connection whose count moved made
+    /// progress.
+    sent: u64,
+    /// Set while the connection is on the worker's stalled list.
+    stall: Option<Stall>,
+}
+
+/// A connection whose client is not taking its replies.
+struct Stall {
+    /// When it was last seen making progress (or was found stalled).
+    since: Instant,
+    /// `Socket::sent` at that time.
+    mark: u64,
 }
 
 pub struct Worker {
@@ -64,6 +100,12 @@ pub struct Worker {
     /// Connections to look at again at the end of the turn (closing, read pending).
     recheck: Vec<usize>,
     accept_paused: bool,
+    /// Connections with a `Stall` (slot, generation): the only ones the stall check looks at.
+    stalled: Vec<(usize, u32)>,
+    /// When the stall check runs next (meaningful while `stalled` is not empty).
+    next_stall_check: Instant,
+    /// `--client-stall-timeout`; `None`: stalled connections are never closed for it.
+    stall_timeout: Option<Duration>,
 }
 
 impl Worker {
@@ -92,7 +134,12 @@ impl Worker {
             dirty: Vec::new(),
             recheck: Vec::new(),
             accept_paused: false,
+            stalled: Vec::new(),
+            next_stall_check: Instant::now(),
+            stall_timeout: None,
         };
+        let ms = worker.shared.config.client_stall_timeout_ms;
+        worker.stall_timeout = (ms > 0).then(|| Duration::from_millis(ms));
         for (i, (l, _)) in worker.listeners.iter_mut().enumerate() {
             worker
                 .poll
@@ -107,11 +154,17 @@ impl Worker {
         loop {
             // Connections left to look at again (found while finishing the last turn) must not
             // wait for an unrelated event.
-            let timeout = if !self.recheck.is_empty() || !self.dirty.is_empty() {
+            let mut timeout = if !self.recheck.is_empty() || !self.dirty.is_empty() {
                 Some(Duration::ZERO)
             } else {
                 self.accept_paused.then_some(ACCEPT_BACKOFF)
             };
+            if !self.stalled.is_empty() {
+                let left = self
+                    .next_stall_check
+                    .saturating_duration_since(Instant::now());
+                timeout = Some(timeout.map_or(left, |t| t.min(left)));
+            }
             if let Err(e) = self.poll.poll(&mut events, timeout) {
                 if e.kind() != ErrorKind::Interrupted {
                     eprintln!("holdfast: worker {}: poll failed: {e}", self.id);
@@ -148,6 +201,13 @@ impl Worker {
             }
             self.apply_replies();
             self.end_turn();
+            if !self.stalled.is_empty() {
+                let now = Instant::now();
+                if now >= self.next_stall_check {
+                    self.check_stalled(now);
+                    self.next_stall_check = now + STALL_CHECK;
+                }
+            }
         }
         // Shutdown: drop every connection; the process is exiting.
         self.sockets.clear();
@@ -212,6 +272,8 @@ impl Worker {
             conn: Conn::new(proto),
             read_pending: false,
             write_interest: false,
+            sent: 0,
+            stall: None,
         });
         if proto == Proto::Dlock {
             let conn = ConnId::new(self.id, slot as u32, gen);
@@ -222,14 +284,22 @@ impl Worker {
         }
     }
 
-    /// Read until WouldBlock (or backpressure), parsing as bytes arrive.
+    /// Read until WouldBlock (or backpressure, or this turn's share), parsing as bytes arrive.
     fn read(&mut self, slot: usize) {
         let scratch = &mut self.scratch;
+        let mut reads = 0;
         while let Some(s) = self.sockets.get_mut(slot) {
             if !s.conn.can_parse() {
                 s.read_pending = !s.conn.closing;
                 break;
             }
+            if reads == READS_PER_TURN {
+                // Fairness: finish this turn for the others; the end of the turn resumes it.
+                s.read_pending = true;
+                self.recheck.push(slot);
+                break;
+            }
+            reads += 1;
             s.read_pending = false;
             match s.stream.read(scratch) {
                 Ok(0) => {
@@ -288,6 +358,12 @@ impl Worker {
                     continue; // the connection this was for is gone; its slot was reused
                 }
                 s.conn.deliver(rec.bytes.get(arena), rec.done, rec.close);
+                if s.conn.pending_output() > WBUF_MAX {
+                    // Its client reads far slower than its requests produce replies (or not at
+                    // all): holding more would let one connection take the daemon's memory.
+                    self.close(slot);
+                    continue;
+                }
                 self.dirty.push(slot);
                 self.recheck.push(slot);
             }
@@ -349,13 +425,33 @@ impl Worker {
         while s.conn.pending_output() > 0 {
             match s.stream.write(s.conn.output()) {
                 Ok(0) => return self.close(slot),
-                Ok(n) => s.conn.written(n),
+                Ok(n) => {
+                    s.conn.written(n);
+                    s.sent += n as u64;
+                }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
                 Err(_) => return self.close(slot),
             }
         }
         let drained = s.conn.pending_output() == 0;
+        if !drained
+            && s.stall.is_none()
+            && self.stall_timeout.is_some()
+            && (s.conn.pending_output() >= WBUF_HIGH || s.conn.closing)
+        {
+            // The socket is full and the client's replies pile up (or a closing connection waits
+            // for its client to take the last ones): watch it. Cheap: only reached on WouldBlock.
+            let now = Instant::now();
+            if self.stalled.is_empty() {
+                self.next_stall_check = now + STALL_CHECK;
+            }
+            s.stall = Some(Stall {
+                since: now,
+                mark: s.sent,
+            });
+            self.stalled.push((slot, s.gen));
+        }
         if drained == s.write_interest {
             let interest = if drained {
                 Interest::READABLE
@@ -375,6 +471,40 @@ impl Worker {
         }
         if drained && (s.conn.closing || s.read_pending || !s.conn.rbuf.is_empty()) {
             self.recheck.push(slot);
+        }
+    }
+
+    /// Look at the stalled connections: drop those that drained or are gone, reset the clock of
+    /// those that made progress, close those that made none for the stall timeout.
+    fn check_stalled(&mut self, now: Instant) {
+        let Some(timeout) = self.stall_timeout else {
+            return;
+        };
+        let mut expired = Vec::new();
+        let sockets = &mut self.sockets;
+        self.stalled.retain(|&(slot, gen)| {
+            let Some(s) = sockets.get_mut(slot).filter(|s| s.gen == gen) else {
+                return false; // closed meanwhile (its slot may hold another connection now)
+            };
+            let pending = s.conn.pending_output();
+            let still = pending > 0 && (pending >= STALL_LOW || s.conn.closing);
+            let Some(stall) = s.stall.as_mut().filter(|_| still) else {
+                s.stall = None;
+                return false;
+            };
+            if s.sent != stall.mark {
+                stall.mark = s.sent;
+                stall.since = now;
+                true
+            } else if now.duration_since(stall.since) >= timeout {
+                expired.push(slot);
+                false
+            } else {
+                true
+            }
+        });
+        for slot in expired {
+            self.close(slot);
         }
     }
 
