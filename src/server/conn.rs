@@ -20,6 +20,10 @@ pub const WBUF_HIGH: usize = 4 * 1024 * 1024;
 /// owner still arrive, and those may be large (gets of big items); this bounds that overshoot.
 /// Sixteen times the high-water mark: no client that reads its replies comes near it.
 pub const WBUF_MAX: usize = 64 * 1024 * 1024;
+/// Worst-case reply bytes of the requests a connection may have in flight before it is parsed no
+/// further (one request is always allowed, whatever its bound). Half of [`WBUF_MAX`], so a client
+/// that reads keeps well clear of the hard cap.
+pub const REPLY_BUDGET: usize = WBUF_MAX / 2;
 /// Buffers larger than this are released once empty, so idle connections stay small.
 const KEEP_BUF: usize = 16 * 1024;
 
@@ -39,10 +43,11 @@ pub struct Conn {
     pub inflight: u32,
     /// Close once everything in flight is answered and written (quit, EOF, fatal input).
     pub closing: bool,
-    /// A request whose reply has no fixed bound (old's SYNC copies the whole lock table) is in
-    /// flight: parse nothing more until it is answered, so a client that never reads can hold
-    /// at most one such reply, not one per pipelined request.
-    pub barrier: bool,
+    /// The largest total size the replies to the requests in flight could have (a get may answer
+    /// a whole item per key; old's SYNC copies the whole lock table). Parsing stops while it is at
+    /// [`REPLY_BUDGET`] or more, so a client that never reads cannot make the owner build more
+    /// than about that much for it. Reset when nothing is in flight.
+    pub reply_bound: usize,
 }
 
 impl Conn {
@@ -56,7 +61,7 @@ impl Conn {
             wpos: 0,
             inflight: 0,
             closing: false,
-            barrier: false,
+            reply_bound: 0,
         }
     }
 
@@ -85,7 +90,7 @@ impl Conn {
     /// May more requests be parsed now?
     pub fn can_parse(&self) -> bool {
         !self.closing
-            && !self.barrier
+            && self.reply_bound < REPLY_BUDGET
             && self.inflight < MAX_INFLIGHT
             && self.pending_output() < WBUF_HIGH
     }
@@ -127,13 +132,18 @@ impl Conn {
         fatal
     }
 
+    /// Count a request in flight whose reply may be up to `bytes` long.
+    pub fn charge(&mut self, bytes: usize) {
+        self.reply_bound = self.reply_bound.saturating_add(bytes);
+    }
+
     /// Take one reply record from the owner.
     pub fn deliver(&mut self, bytes: &[u8], done: u8, close: bool) {
         self.wbuf.extend_from_slice(bytes);
         debug_assert!(self.inflight >= u32::from(done), "reply without a request");
         self.inflight = self.inflight.saturating_sub(u32::from(done));
         if self.inflight == 0 {
-            self.barrier = false;
+            self.reply_bound = 0;
         }
         if close {
             self.closing = true;

@@ -1,7 +1,7 @@
 //! Worker side of each wire format: parse what arrived, answer what needs no lock state, and copy
 //! everything else once into the owner's batch.
 
-use super::conn::Conn;
+use super::conn::{Conn, REPLY_BUDGET};
 use super::msg::{Batch, DlockKind, DlockOp, LockdOp, McOp, Op, OpMsg};
 use super::Proto;
 use crate::config::Config;
@@ -57,6 +57,27 @@ pub enum Step {
     Fatal,
 }
 
+/// The largest reply to one retrieval of one key: the item and its header line.
+fn item_reply_bound(config: &Config) -> usize {
+    config.max_item_size + 512
+}
+
+/// A `stats` reply, generously.
+const STATS_REPLY_BOUND: usize = 16 * 1024;
+
+/// The largest reply a binary request can get (for the connection's reply budget).
+fn binary_reply_bound(opcode: u8, config: &Config) -> usize {
+    use binary::opcode as o;
+    match opcode {
+        o::GET | o::GETQ | o::GETK | o::GETKQ | o::GAT | o::GATQ | o::GATK | o::GATKQ => {
+            item_reply_bound(config)
+        }
+        o::LAG | o::LAGQ | o::LAGK | o::LAGKQ => item_reply_bound(config),
+        o::STAT => STATS_REPLY_BOUND,
+        _ => 0,
+    }
+}
+
 fn push(conn: &mut Conn, id: ConnId, op: Op, batch: &mut Batch) {
     batch.ops.push(OpMsg { conn: id, op });
     conn.inflight += 1;
@@ -81,6 +102,7 @@ fn memcache(conn: &mut Conn, buf: &[u8], id: ConnId, config: &Config, batch: &mu
                     value: a.push(req.value),
                 };
                 push(conn, id, Op::Mc(op), batch);
+                conn.charge(binary_reply_bound(req.opcode, config));
                 Step::Consumed(n)
             }
             Err(binary::ParseError::Incomplete) => Step::Incomplete,
@@ -108,7 +130,7 @@ fn memcache(conn: &mut Conn, buf: &[u8], id: ConnId, config: &Config, batch: &mu
     match text::parse(buf, &mut conn.scanned, config.max_item_size) {
         Ok((req, n)) => {
             conn.scanned = 0;
-            text_request(conn, req, id, batch);
+            text_request(conn, req, id, config, batch);
             Step::Consumed(n)
         }
         Err(text::ParseError::Incomplete) => Step::Incomplete,
@@ -129,8 +151,21 @@ fn memcache(conn: &mut Conn, buf: &[u8], id: ConnId, config: &Config, batch: &mu
     }
 }
 
-fn text_request(conn: &mut Conn, req: text::Request<'_>, id: ConnId, batch: &mut Batch) {
+fn text_request(
+    conn: &mut Conn,
+    req: text::Request<'_>,
+    id: ConnId,
+    config: &Config,
+    batch: &mut Batch,
+) {
     use text::Request as R;
+    let bound = match &req {
+        R::Get { keys, .. } | R::Gat { keys, .. } => {
+            keys.count().saturating_mul(item_reply_bound(config))
+        }
+        R::Stats { .. } => STATS_REPLY_BOUND,
+        _ => 0,
+    };
     let a = &mut batch.arena;
     let op = match req {
         R::Get { keys, cas } => McOp::TextGet {
@@ -207,6 +242,7 @@ fn text_request(conn: &mut Conn, req: text::Request<'_>, id: ConnId, batch: &mut
         R::Quit => return conn.emit(b"", true, id, batch),
     };
     push(conn, id, Op::Mc(op), batch);
+    conn.charge(bound);
 }
 
 fn lockd(conn: &mut Conn, buf: &[u8], id: ConnId, batch: &mut Batch) -> Step {
@@ -240,9 +276,12 @@ fn lockd(conn: &mut Conn, buf: &[u8], id: ConnId, batch: &mut Batch) -> Step {
                 }),
                 batch,
             );
-            if frame.opcode == ld::op::SYNC {
-                conn.barrier = true;
-            }
+            // Every reply echoes the payload; SYNC copies the whole table.
+            conn.charge(if frame.opcode == ld::op::SYNC {
+                REPLY_BUDGET
+            } else {
+                n
+            });
         }
         _ => {
             ld::encode(&mut out, ld::op::ERR, frame.payload);

@@ -14,6 +14,10 @@ use crate::core::{ConnId, Now};
 use crate::proto::memcache::binary::{self, opcode as opc, status as st};
 use crate::proto::memcache::text::{Keys, StoreCmd};
 
+/// Largest reply to one text get/gets/gat/gats (a 64 KiB line names up to ~32,000 keys, each
+/// perhaps a whole item): past it the request fails and the connection closes.
+const GET_REPLY_CAP: usize = super::REPLY_BUDGET;
+
 pub fn apply(
     t: &mut Tables,
     out: &mut Outbox,
@@ -61,7 +65,8 @@ fn apply_text(
     let s = &mut t.store;
     match op {
         McOp::TextGet { keys, cas, exptime } => {
-            out.record(conn, 1, false, |o| {
+            out.record_then(conn, 1, |o| {
+                let start = o.len();
                 for key in (Keys {
                     raw: keys.get(arena),
                 }) {
@@ -76,8 +81,16 @@ fn apply_text(
                     if let Some(item) = item {
                         text_value(o, &item, cas);
                     }
+                    if o.len() - start > GET_REPLY_CAP {
+                        // As memcached does when a multi-get outgrows its buffers: say so and
+                        // close, rather than build a reply of unbounded size.
+                        o.truncate(start);
+                        o.extend_from_slice(b"SERVER_ERROR out of memory writing get response\r\n");
+                        return true;
+                    }
                 }
                 o.extend_from_slice(b"END\r\n");
+                false
             });
         }
         McOp::TextStore {

@@ -20,7 +20,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use crate::config::Config;
 
-pub use conn::{MAX_INFLIGHT, WBUF_HIGH, WBUF_MAX};
+pub use conn::{MAX_INFLIGHT, REPLY_BUDGET, WBUF_HIGH, WBUF_MAX};
 pub use decode::VERSION_REPLY;
 pub use exec_lockd::MAX_QUEUED_PER_CONN as LOCKD_MAX_QUEUED_PER_CONN;
 

@@ -74,9 +74,25 @@ pub struct Counters {
 /// Replies being gathered this turn, one batch per worker.
 pub struct Outbox {
     pub per_worker: Vec<Replies>,
+    /// The largest reply arena of this turn so far.
+    pub bytes_this_turn: usize,
 }
 
+/// Capacity kept for the next turn's reply batch (a larger one is allocated as needed).
+const KEEP_RECORDS: usize = 4096;
+const KEEP_ARENA: usize = 1024 * 1024;
+/// Reply bytes for one worker after which the owner sends them at once instead of at the end of
+/// its turn.
+const SEND_EARLY_BYTES: usize = 64 * 1024 * 1024;
+
 impl Outbox {
+    pub fn new(workers: usize) -> Outbox {
+        Outbox {
+            per_worker: (0..workers).map(|_| Replies::default()).collect(),
+            bytes_this_turn: 0,
+        }
+    }
+
     /// Write one reply record for `conn`: `done` is 1 when it answers an operation the worker
     /// sent, 0 for an unsolicited message.
     #[inline]
@@ -87,12 +103,29 @@ impl Outbox {
         close: bool,
         write: impl FnOnce(&mut Vec<u8>),
     ) {
+        self.record_then(conn, done, |o| {
+            write(o);
+            close
+        });
+    }
+
+    /// Like [`Outbox::record`], with the writer deciding whether the connection closes after it.
+    pub fn record_then(
+        &mut self,
+        conn: ConnId,
+        done: u8,
+        write: impl FnOnce(&mut Vec<u8>) -> bool,
+    ) {
         let Some(replies) = self.per_worker.get_mut(conn.worker as usize) else {
             return;
         };
         let start = replies.arena.bytes.len();
-        write(&mut replies.arena.bytes);
+        let close = write(&mut replies.arena.bytes);
         let len = replies.arena.bytes.len() - start;
+        debug_assert!(
+            replies.arena.bytes.len() <= u32::MAX as usize,
+            "reply arena over 4 GiB"
+        );
         let bytes = Span {
             start: start as u32,
             len: len as u32,
@@ -103,6 +136,13 @@ impl Outbox {
             done,
             close,
         });
+        self.bytes_this_turn = self.bytes_this_turn.max(replies.arena.bytes.len());
+    }
+
+    /// Whether some worker's replies are large enough to be sent before the turn ends (keeps
+    /// every reply arena far below the 4 GiB its 32-bit spans can address).
+    pub fn should_send_early(&self) -> bool {
+        self.bytes_this_turn >= SEND_EARLY_BYTES
     }
 }
 
@@ -121,9 +161,7 @@ impl Owner {
         workers: Vec<(Sender<Replies>, Arc<Waker>)>,
     ) -> Owner {
         let tables = Tables::new(&shared.config, clock(&shared));
-        let outbox = Outbox {
-            per_worker: workers.iter().map(|_| Replies::default()).collect(),
-        };
+        let outbox = Outbox::new(workers.len());
         Owner {
             shared,
             rx,
@@ -194,6 +232,9 @@ impl Owner {
                 arena,
                 now,
             );
+            if self.outbox.should_send_early() {
+                self.send_replies();
+            }
         }
     }
 
@@ -202,14 +243,16 @@ impl Owner {
     }
 
     fn send_replies(&mut self) {
+        self.outbox.bytes_this_turn = 0;
         for (replies, (tx, waker)) in self.outbox.per_worker.iter_mut().zip(&self.workers) {
             if replies.records.is_empty() {
                 continue;
             }
+            // Size the next batch like this one, but do not keep a huge turn's size.
             let next = Replies {
-                records: Vec::with_capacity(replies.records.len()),
+                records: Vec::with_capacity(replies.records.len().min(KEEP_RECORDS)),
                 arena: Arena {
-                    bytes: Vec::with_capacity(replies.arena.bytes.len()),
+                    bytes: Vec::with_capacity(replies.arena.bytes.len().min(KEEP_ARENA)),
                 },
             };
             let full = std::mem::replace(replies, next);

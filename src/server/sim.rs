@@ -10,7 +10,7 @@ use std::time::Instant;
 use hashbrown::HashMap;
 
 use super::conn::Conn;
-use super::msg::{Batch, Op, OpMsg, Replies};
+use super::msg::{Batch, Op, OpMsg};
 use super::owner::{apply_op, fire_timers, Outbox, Tables};
 use super::{Proto, Shared};
 use crate::config::Config;
@@ -46,9 +46,7 @@ impl Sim {
         Sim {
             shared,
             tables,
-            outbox: Outbox {
-                per_worker: vec![Replies::default()],
-            },
+            outbox: Outbox::new(1),
             batch: Batch::default(),
             conns: HashMap::new(),
             closed_output: HashMap::new(),
@@ -156,6 +154,7 @@ impl Sim {
             }
             fire_timers(&mut self.tables, &mut self.outbox, now);
             let replies = std::mem::take(&mut self.outbox.per_worker[0]);
+            self.outbox.bytes_this_turn = 0;
             for rec in &replies.records {
                 if let Some(conn) = self.conns.get_mut(&rec.conn) {
                     conn.deliver(rec.bytes.get(&replies.arena.bytes), rec.done, rec.close);
