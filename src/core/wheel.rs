@@ -111,6 +111,8 @@ pub struct Wheel<T> {
     entries: Slab<Entry<T>>,
     /// Boxed so a table embedding a wheel stays small (the heads are ~5.6 KiB).
     levels: Box<[Level; NUM_LEVELS]>,
+    /// Bit `l` set iff level `l` has an occupied slot: the next expiration without a scan.
+    nonempty_levels: u16,
     /// Head of the list of timers inserted with `deadline <= now`.
     due: usize,
     /// No later than the earliest deadline in the due list (exact unless that timer was
@@ -128,6 +130,7 @@ impl<T> Wheel<T> {
             next_gen: 0,
             entries: Slab::new(),
             levels: Box::new([Level::EMPTY; NUM_LEVELS]),
+            nonempty_levels: 0,
             due: NIL,
             due_earliest: u64::MAX,
             scratch: Vec::new(),
@@ -220,15 +223,13 @@ impl<T> Wheel<T> {
     /// The first occupied slot of the lowest non-empty level, and the time it starts: by the
     /// invariants, no timer in a higher level is earlier than anything in a lower one.
     fn next_expiration(&self) -> Option<(usize, usize, u64)> {
-        self.levels
-            .iter()
-            .enumerate()
-            .find(|(_, lvl)| lvl.occupied != 0)
-            .map(|(level, lvl)| {
-                let slot = lvl.occupied.trailing_zeros() as usize;
-                debug_assert!(slot > digit(self.now, level), "slot behind now");
-                (level, slot, slot_start(self.now, level, slot))
-            })
+        if self.nonempty_levels == 0 {
+            return None;
+        }
+        let level = self.nonempty_levels.trailing_zeros() as usize;
+        let slot = self.levels[level].occupied.trailing_zeros() as usize;
+        debug_assert!(slot > digit(self.now, level), "slot behind now");
+        Some((level, slot, slot_start(self.now, level, slot)))
     }
 
     /// Fire the due list, ordered by deadline.
@@ -260,6 +261,9 @@ impl<T> Wheel<T> {
         let lvl = &mut self.levels[level];
         let mut idx = std::mem::replace(&mut lvl.head[slot], NIL);
         lvl.occupied &= !(1 << slot);
+        if lvl.occupied == 0 {
+            self.nonempty_levels &= !(1 << level);
+        }
         // The list is detached, so re-filing an entry (which rewrites its links) is safe once its
         // `next` has been read; no entry can land back in this slot (it goes to a lower level).
         while idx != NIL {
@@ -289,6 +293,7 @@ impl<T> Wheel<T> {
             let slot = digit(deadline, level as usize);
             let lvl = &mut self.levels[level as usize];
             lvl.occupied |= 1 << slot;
+            self.nonempty_levels |= 1 << level;
             std::mem::replace(&mut lvl.head[slot], idx)
         };
         if old_head != NIL {
@@ -323,6 +328,9 @@ impl<T> Wheel<T> {
             lvl.head[slot] = next;
             if next == NIL {
                 lvl.occupied &= !(1 << slot);
+                if lvl.occupied == 0 {
+                    self.nonempty_levels &= !(1 << level);
+                }
             }
         }
     }
@@ -357,6 +365,11 @@ impl<T> Wheel<T> {
         };
         walk(self.due, DUE);
         for (l, lvl) in self.levels.iter().enumerate() {
+            assert_eq!(
+                self.nonempty_levels & (1 << l) != 0,
+                lvl.occupied != 0,
+                "level bit {l}"
+            );
             for (s, &head) in lvl.head.iter().enumerate() {
                 assert_eq!(lvl.occupied & (1 << s) != 0, head != NIL, "bit {l}/{s}");
                 if head != NIL {

@@ -166,6 +166,10 @@ pub struct Batch {
     pub worker: u16,
     pub ops: Vec<OpMsg>,
     pub arena: Arena,
+    /// Emptied reply buffers the worker is done with, going back to be filled again (empty when
+    /// it has none): with [`Replies::spare_ops`], no buffer is allocated per turn in steady state.
+    pub spare_records: Vec<Record>,
+    pub spare_reply_arena: Vec<u8>,
 }
 
 /// One answer for one connection.
@@ -185,6 +189,40 @@ pub struct Record {
 pub struct Replies {
     pub records: Vec<Record>,
     pub arena: Arena,
+    /// Emptied batch buffers the owner is done with, going back to the worker.
+    pub spare_ops: Vec<OpMsg>,
+    pub spare_batch_arena: Vec<u8>,
+}
+
+/// Buffers that circulate between a worker and the owner: a few are kept, large ones are not.
+pub struct Pool<T> {
+    items: Vec<Vec<T>>,
+}
+
+/// Buffers kept per pool, and the largest capacity (in bytes) worth keeping.
+const POOL_DEPTH: usize = 4;
+const POOL_KEEP_BYTES: usize = 1024 * 1024;
+
+impl<T> Default for Pool<T> {
+    fn default() -> Self {
+        Pool { items: Vec::new() }
+    }
+}
+
+impl<T> Pool<T> {
+    /// An empty buffer, reused when one is at hand.
+    pub fn take(&mut self) -> Vec<T> {
+        self.items.pop().unwrap_or_default()
+    }
+
+    /// Give a buffer back (it is cleared); dropped if the pool is full or the buffer too big.
+    pub fn give(&mut self, mut v: Vec<T>) {
+        let bytes = v.capacity() * std::mem::size_of::<T>().max(1);
+        if v.capacity() > 0 && bytes <= POOL_KEEP_BYTES && self.items.len() < POOL_DEPTH {
+            v.clear();
+            self.items.push(v);
+        }
+    }
 }
 
 /// Messages into the owner.

@@ -13,7 +13,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use mio::Waker;
 
 use super::exec_dlock::DlockSessions;
-use super::msg::{Arena, Batch, Op, Record, Replies, Span, ToOwner};
+use super::msg::{Arena, Batch, Op, OpMsg, Pool, Record, Replies, Span, ToOwner};
 use super::Shared;
 use crate::core::dlock::{DlockConfig, DlockEvent, DlockTable};
 use crate::core::lockd::{Grant, LockdConfig, LockdTable};
@@ -78,9 +78,6 @@ pub struct Outbox {
     pub bytes_this_turn: usize,
 }
 
-/// Capacity kept for the next turn's reply batch (a larger one is allocated as needed).
-const KEEP_RECORDS: usize = 4096;
-const KEEP_ARENA: usize = 1024 * 1024;
 /// Reply bytes for one worker after which the owner sends them at once instead of at the end of
 /// its turn.
 const SEND_EARLY_BYTES: usize = 64 * 1024 * 1024;
@@ -146,12 +143,22 @@ impl Outbox {
     }
 }
 
+/// Buffers that circulate with one worker (see [`Batch::spare_records`]).
+#[derive(Default)]
+struct Pools {
+    ops: Pool<OpMsg>,
+    batch_arena: Pool<u8>,
+    records: Pool<Record>,
+    reply_arena: Pool<u8>,
+}
+
 pub struct Owner {
     shared: Arc<Shared>,
     rx: Receiver<ToOwner>,
     workers: Vec<(Sender<Replies>, Arc<Waker>)>,
     tables: Tables,
     outbox: Outbox,
+    pools: Vec<Pools>,
 }
 
 impl Owner {
@@ -162,12 +169,14 @@ impl Owner {
     ) -> Owner {
         let tables = Tables::new(&shared.config, clock(&shared));
         let outbox = Outbox::new(workers.len());
+        let pools = workers.iter().map(|_| Pools::default()).collect();
         Owner {
             shared,
             rx,
             workers,
             tables,
             outbox,
+            pools,
         }
     }
 
@@ -236,26 +245,50 @@ impl Owner {
                 self.send_replies();
             }
         }
+        let Batch {
+            worker,
+            ops,
+            arena,
+            spare_records,
+            spare_reply_arena,
+        } = batch;
+        if let Some(p) = self.pools.get_mut(worker as usize) {
+            p.ops.give(ops);
+            p.batch_arena.give(arena.bytes);
+            p.records.give(spare_records);
+            p.reply_arena.give(spare_reply_arena);
+        }
     }
 
+    /// Fire what is due; most turns nothing is, and the check is one look at each wheel.
     fn fire_timers(&mut self, now: Now) {
-        fire_timers(&mut self.tables, &mut self.outbox, now);
+        if self.next_deadline().is_some_and(|d| d <= now.ms) {
+            fire_timers(&mut self.tables, &mut self.outbox, now);
+        }
     }
 
     fn send_replies(&mut self) {
         self.outbox.bytes_this_turn = 0;
-        for (replies, (tx, waker)) in self.outbox.per_worker.iter_mut().zip(&self.workers) {
+        let links = self
+            .outbox
+            .per_worker
+            .iter_mut()
+            .zip(&self.workers)
+            .zip(&mut self.pools);
+        for ((replies, (tx, waker)), pool) in links {
             if replies.records.is_empty() {
                 continue;
             }
-            // Size the next batch like this one, but do not keep a huge turn's size.
             let next = Replies {
-                records: Vec::with_capacity(replies.records.len().min(KEEP_RECORDS)),
+                records: pool.records.take(),
                 arena: Arena {
-                    bytes: Vec::with_capacity(replies.arena.bytes.len().min(KEEP_ARENA)),
+                    bytes: pool.reply_arena.take(),
                 },
+                ..Replies::default()
             };
-            let full = std::mem::replace(replies, next);
+            let mut full = std::mem::replace(replies, next);
+            full.spare_ops = pool.ops.take();
+            full.spare_batch_arena = pool.batch_arena.take();
             if tx.send(full).is_ok() {
                 let _ = waker.wake();
             }

@@ -30,7 +30,7 @@ use mio::{Events, Interest, Poll, Token, Waker};
 use slab::Slab;
 
 use super::conn::{Conn, WBUF_HIGH, WBUF_MAX};
-use super::msg::{Arena, Batch, Op, OpMsg, Replies, ToOwner};
+use super::msg::{Arena, Batch, Op, OpMsg, Pool, Record, Replies, ToOwner};
 use super::{Proto, Shared};
 use crate::core::ConnId;
 
@@ -94,6 +94,11 @@ pub struct Worker {
     to_owner: Sender<ToOwner>,
     from_owner: Receiver<Replies>,
     batch: Batch,
+    /// Buffers coming back from the owner, reused for the next batches and returned with them.
+    pool_ops: Pool<OpMsg>,
+    pool_batch_arena: Pool<u8>,
+    pool_records: Pool<Record>,
+    pool_reply_arena: Pool<u8>,
     scratch: Vec<u8>,
     /// Connections written to this turn (flushed once at its end).
     dirty: Vec<usize>,
@@ -130,6 +135,10 @@ impl Worker {
                 worker: id,
                 ..Batch::default()
             },
+            pool_ops: Pool::default(),
+            pool_batch_arena: Pool::default(),
+            pool_records: Pool::default(),
+            pool_reply_arena: Pool::default(),
             scratch: vec![0; READ_CHUNK],
             dirty: Vec::new(),
             recheck: Vec::new(),
@@ -367,6 +376,16 @@ impl Worker {
                 self.dirty.push(slot);
                 self.recheck.push(slot);
             }
+            let Replies {
+                records,
+                arena,
+                spare_ops,
+                spare_batch_arena,
+            } = replies;
+            self.pool_records.give(records);
+            self.pool_reply_arena.give(arena.bytes);
+            self.pool_ops.give(spare_ops);
+            self.pool_batch_arena.give(spare_batch_arena);
         }
     }
 
@@ -404,12 +423,15 @@ impl Worker {
         if !self.batch.ops.is_empty() {
             let next = Batch {
                 worker: self.id,
-                ops: Vec::with_capacity(self.batch.ops.len()),
+                ops: self.pool_ops.take(),
                 arena: Arena {
-                    bytes: Vec::with_capacity(self.batch.arena.bytes.len()),
+                    bytes: self.pool_batch_arena.take(),
                 },
+                ..Batch::default()
             };
-            let full = std::mem::replace(&mut self.batch, next);
+            let mut full = std::mem::replace(&mut self.batch, next);
+            full.spare_records = self.pool_records.take();
+            full.spare_reply_arena = self.pool_reply_arena.take();
             if self.to_owner.send(ToOwner::Batch(full)).is_err() {
                 // The owner is gone: the daemon is stopping.
                 self.shared.shutdown.store(true, Ordering::Release);

@@ -348,16 +348,19 @@ pub fn encode_response(
     debug_assert!(extras.len() <= usize::from(u8::MAX));
     debug_assert!(key.len() <= usize::from(u16::MAX));
     debug_assert!(u32::try_from(body_len).is_ok());
+    // The header is built on the stack and appended once: one capacity check, not ten.
+    let mut h = [0u8; HEADER_LEN];
+    h[0] = BINARY_RESPONSE_MAGIC;
+    h[1] = opcode;
+    h[2..4].copy_from_slice(&(key.len() as u16).to_be_bytes());
+    h[4] = extras.len() as u8;
+    // h[5]: data type, raw bytes (0)
+    h[6..8].copy_from_slice(&status.to_be_bytes());
+    h[8..12].copy_from_slice(&(body_len as u32).to_be_bytes());
+    h[12..16].copy_from_slice(&opaque.to_be_bytes());
+    h[16..24].copy_from_slice(&cas.to_be_bytes());
     out.reserve(HEADER_LEN + body_len);
-    out.push(BINARY_RESPONSE_MAGIC);
-    out.push(opcode);
-    out.extend_from_slice(&(key.len() as u16).to_be_bytes());
-    out.push(extras.len() as u8);
-    out.push(0); // data type: raw bytes
-    out.extend_from_slice(&status.to_be_bytes());
-    out.extend_from_slice(&(body_len as u32).to_be_bytes());
-    out.extend_from_slice(&opaque.to_be_bytes());
-    out.extend_from_slice(&cas.to_be_bytes());
+    out.extend_from_slice(&h);
     out.extend_from_slice(extras);
     out.extend_from_slice(key);
     out.extend_from_slice(value);
