@@ -45,8 +45,11 @@
 
 use super::wheel::{TimerKey, Wheel};
 use super::ConnId;
+use hashbrown::hash_map::EntryRef;
 use hashbrown::{HashMap, HashSet};
+use std::borrow::Cow;
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 /// Dedupe a request's keys with a quadratic scan up to this many keys (no allocation for a hash
 /// set); above it a hash set keeps the cost linear.
@@ -92,11 +95,16 @@ pub struct DlockStats {
     pub idle_disconnects: u64,
 }
 
+/// A held key's name, stored once and shared by the key table, its holder's index and its lease
+/// timer (one allocation per held key). Arc rather than Rc only so the table may move to the
+/// owner thread; it is never shared across threads.
+type Key = Arc<[u8]>;
+
 /// A pending timer: what to do when it fires.
 enum Timer {
     /// The lease on `key` runs out, if the key's lease still has generation `gen` (a re-lock
     /// cancels the old timer; the generation also guards against any stale one).
-    Lease { key: Box<[u8]>, gen: u64 },
+    Lease { key: Key, gen: u64 },
     /// `conn` may have been idle long enough; checked against its last activity when it fires.
     Idle { conn: ConnId },
     /// The wait deadline of waiter `seq`, if it is still waiting.
@@ -145,7 +153,7 @@ struct Waiter {
 
 struct Conn {
     /// Every key this connection holds, leases included.
-    held: HashSet<Box<[u8]>>,
+    held: HashSet<Key>,
     /// Arrival number of its waiting Lock.
     pending: Option<u64>,
     last_active: u64,
@@ -156,7 +164,7 @@ struct Conn {
 
 pub struct DlockTable {
     config: DlockConfig,
-    keys: HashMap<Box<[u8]>, KeyState>,
+    keys: HashMap<Key, KeyState>,
     conns: HashMap<ConnId, Conn>,
     /// Waiting Locks by arrival number (strictly increasing, so per-key FIFO = number order).
     waiters: HashMap<u64, Waiter>,
@@ -177,19 +185,24 @@ fn ms_from_us(us: Option<u64>) -> Option<u64> {
 }
 
 /// The distinct keys of a request, first occurrences in order.
-fn distinct<'k>(keys: &[&'k [u8]]) -> Vec<&'k [u8]> {
-    let mut out: Vec<&[u8]> = Vec::with_capacity(keys.len());
-    if keys.len() <= SMALL_KEY_SET {
-        for &k in keys {
-            if !out.contains(&k) {
-                out.push(k);
-            }
-        }
+fn distinct<'a, 'k>(keys: &'a [&'k [u8]]) -> Cow<'a, [&'k [u8]]> {
+    // Almost every request names distinct keys: then the request's own slice is used as is.
+    let has_duplicate = if keys.len() <= SMALL_KEY_SET {
+        (1..keys.len()).any(|i| keys[..i].contains(&keys[i]))
     } else {
         let mut seen: HashSet<&[u8]> = HashSet::with_capacity(keys.len());
-        out.extend(keys.iter().copied().filter(|k| seen.insert(*k)));
+        !keys.iter().all(|k| seen.insert(*k))
+    };
+    if !has_duplicate {
+        return Cow::Borrowed(keys);
     }
-    out
+    let mut out: Vec<&[u8]> = Vec::with_capacity(keys.len());
+    for &k in keys {
+        if !out.contains(&k) {
+            out.push(k);
+        }
+    }
+    Cow::Owned(out)
 }
 
 impl DlockTable {
@@ -255,7 +268,7 @@ impl DlockTable {
             .collect();
         if busy.is_empty() {
             let lease_ms = ms_from_us(lease_us);
-            for k in &keys {
+            for k in keys.iter() {
                 self.set_holder(k, conn, lease_ms, now_ms);
             }
             self.stats.grants += 1;
@@ -269,7 +282,7 @@ impl DlockTable {
         }
         let seq = self.next_seq;
         self.next_seq += 1;
-        for k in &keys {
+        for k in keys.iter() {
             self.keys.entry_ref(*k).or_default().queue.insert(seq);
         }
         let timer = ms_from_us(wait_us).map(|ms| {
@@ -281,7 +294,7 @@ impl DlockTable {
             Waiter {
                 conn,
                 token,
-                keys: keys.into_iter().map(Box::from).collect(),
+                keys: keys.iter().map(|k| Box::from(*k)).collect(),
                 lease_us,
                 timer,
             },
@@ -308,9 +321,8 @@ impl DlockTable {
         self.touch(conn, now_ms);
         self.advance(now_ms, events);
         let keys = distinct(keys);
-        let mut not_held = Vec::new();
-        let mut released = Vec::with_capacity(keys.len());
-        for k in keys {
+        let mut not_held: Vec<Box<[u8]>> = Vec::new();
+        for &k in keys.iter() {
             let mine = self
                 .keys
                 .get(k)
@@ -318,17 +330,21 @@ impl DlockTable {
                 .is_some_and(|h| h.conn == conn);
             if mine {
                 self.release(k);
-                released.push(k);
             } else {
                 not_held.push(Box::from(k));
             }
         }
-        self.check_heads(&released, now_ms, events);
         if not_held.is_empty() {
-            Ok(())
-        } else {
-            Err(not_held)
+            self.check_heads(&keys, now_ms, events);
+            return Ok(());
         }
+        let released: Vec<&[u8]> = keys
+            .iter()
+            .copied()
+            .filter(|k| !not_held.iter().any(|n| **n == **k))
+            .collect();
+        self.check_heads(&released, now_ms, events);
+        Err(not_held)
     }
 
     /// `conn` is gone: its waiting Lock leaves the queues, its connection-bound locks are
@@ -338,10 +354,10 @@ impl DlockTable {
         let Some(c) = self.conns.remove(&conn) else {
             return;
         };
-        let mut affected: Vec<Box<[u8]>> = Vec::new();
+        let mut affected: Vec<Key> = Vec::new();
         if let Some(seq) = c.pending {
             if let Some(w) = self.take_waiter(seq, false) {
-                affected.extend(w.keys.into_vec());
+                affected.extend(w.keys.iter().map(|k| Key::from(&**k)));
             }
         }
         self.drop_conn(conn, c, now_ms, affected, events);
@@ -440,7 +456,13 @@ impl DlockTable {
 
     /// Make `conn` the holder of `key`, replacing its own earlier record if any.
     fn set_holder(&mut self, key: &[u8], conn: ConnId, lease_ms: Option<u64>, now_ms: u64) {
-        let state = self.keys.entry_ref(key).or_default();
+        let (key, state) = match self.keys.entry_ref(key) {
+            EntryRef::Occupied(o) => (o.key().clone(), o.into_mut()),
+            EntryRef::Vacant(v) => {
+                let o = v.insert_entry(KeyState::default());
+                (o.key().clone(), o.into_mut())
+            }
+        };
         match state.holder.take() {
             Some(old) => {
                 debug_assert_eq!(old.conn, conn, "grant over another holder");
@@ -461,7 +483,7 @@ impl DlockTable {
                 (
                     deadline,
                     Timer::Lease {
-                        key: key.into(),
+                        key: key.clone(),
                         gen,
                     },
                 ),
@@ -474,9 +496,7 @@ impl DlockTable {
         });
         state.holder = Some(Hold { conn, lease });
         if let Some(c) = self.conns.get_mut(&conn) {
-            if !c.held.contains(key) {
-                c.held.insert(key.into());
-            }
+            c.held.insert(key);
         }
     }
 
@@ -568,7 +588,7 @@ impl DlockTable {
         conn: ConnId,
         c: Conn,
         now_ms: u64,
-        mut affected: Vec<Box<[u8]>>,
+        mut affected: Vec<Key>,
         events: &mut Vec<DlockEvent>,
     ) {
         if let Some(t) = c.idle_timer {
@@ -686,14 +706,14 @@ impl DlockTable {
             }
             for seq in &s.queue {
                 let w = self.waiters.get(seq).expect("queued waiter exists");
-                assert!(w.keys.contains(k));
+                assert!(w.keys.iter().any(|wk| **wk == **k));
             }
         }
         assert_eq!(held, self.stats.held_keys);
         assert_eq!(leases, self.stats.leases);
         for (seq, w) in &self.waiters {
             for k in w.keys.iter() {
-                assert!(self.keys[k].queue.contains(seq));
+                assert!(self.keys[&**k].queue.contains(seq));
             }
             assert_eq!(self.conns[&w.conn].pending, Some(*seq));
             assert!(!self.grantable(*seq), "waiter {seq} could be granted");

@@ -68,7 +68,10 @@ pub fn receive(
     arena: &[u8],
     now: Now,
 ) {
-    t.dlock.touch(conn, now.ms);
+    // Any request resets the idle timer; Lock and Unlock do it inside the table.
+    if !matches!(op.kind, DlockKind::Lock { .. } | DlockKind::Unlock { .. }) {
+        t.dlock.touch(conn, now.ms);
+    }
     if let Some(w) = t.dlock_sessions.waiting.get_mut(&conn) {
         let (op, bytes) = match op.kind {
             DlockKind::Lock { keys, .. } | DlockKind::Unlock { keys, .. } => {
