@@ -3,6 +3,7 @@
 #   make test   everything the tests need is installed here, then every test runs
 #   make lint   rustfmt and clippy, warnings are errors
 #   make bench  side-by-side benchmark against memcached and redis-server
+#   make fuzz   every cargo-fuzz target for FUZZ_SECONDS each (make fuzz-smoke: 20 s each)
 
 CARGO  ?= cargo
 PYTHON ?= python3
@@ -11,7 +12,7 @@ PY     := $(VENV)/bin/python
 # Debian packages the tests use: memccapable (libmemcached's conformance tool).
 APT_TEST_PACKAGES := libmemcached-tools
 
-.PHONY: run build release test test-rust test-clients conformance deps deps-apt deps-python lint fmt bench soak fuzz clean
+.PHONY: run build release test test-rust test-clients conformance deps deps-apt deps-python lint fmt bench soak fuzz fuzz-smoke fuzz-deps clean
 
 run: release
 	./target/release/holdfast
@@ -60,6 +61,34 @@ fmt:
 
 bench: release
 	$(PYTHON) tools/bench.py
+
+# Fuzzing: cargo-fuzz (libFuzzer) on the nightly toolchain; the crate is fuzz/, outside the
+# main crate's build. New inputs go to fuzz/work/<target> (not committed); fuzz/corpus/<target>
+# is the committed seed corpus (fuzz/seeds.py writes it); crashes land in fuzz/artifacts/.
+# No sanitizer (-s none): the fuzzed library has no unsafe code, and ASan would cost speed
+# without adding checks; debug assertions and overflow checks stay on (-a). Without a nightly
+# (none installed and none downloadable) the stable toolchain builds it with RUSTC_BOOTSTRAP=1,
+# which is enough for -s none.
+FUZZ_TARGETS := memcache_text memcache_binary lockd dlock connection
+FUZZ_SECONDS ?= 600
+FUZZ_FLAGS   := -s none -a
+
+fuzz-deps:
+	@rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal \
+		|| echo "fuzz: no nightly toolchain; using stable with RUSTC_BOOTSTRAP=1"
+	@command -v cargo-fuzz >/dev/null 2>&1 || $(CARGO) install cargo-fuzz --locked
+
+fuzz: fuzz-deps
+	cd fuzz && if rustup toolchain list | grep -q '^nightly'; then tc=+nightly; boot=; \
+		else tc=; boot=RUSTC_BOOTSTRAP=1; fi; \
+	for t in $(FUZZ_TARGETS); do \
+		mkdir -p work/$$t && \
+		env $$boot cargo $$tc fuzz run $(FUZZ_FLAGS) $$t work/$$t corpus/$$t -- \
+			-max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 || exit 1; \
+	done
+
+fuzz-smoke:
+	$(MAKE) fuzz FUZZ_SECONDS=20
 
 clean:
 	$(CARGO) clean

@@ -676,9 +676,20 @@ impl DlockTable {
     }
 }
 
-#[cfg(test)]
+/// Read-only inspection for tests, fuzzing and invariant checks: O(table), never on the
+/// daemon's path.
 impl DlockTable {
+    /// Every held key: its holder and, for a lease, the lease deadline (ms). No order.
+    pub fn for_each_held(&self, mut f: impl FnMut(&[u8], ConnId, Option<u64>)) {
+        for (k, s) in &self.keys {
+            if let Some(h) = &s.holder {
+                f(k, h.conn, h.lease.as_ref().map(|l| l.deadline));
+            }
+        }
+    }
+
     /// The connections queued on `key`, first come first.
+    #[cfg(test)]
     fn queue_conns(&self, key: &[u8]) -> Vec<ConnId> {
         self.keys.get(key).map_or_else(Vec::new, |s| {
             s.queue
@@ -689,8 +700,9 @@ impl DlockTable {
         })
     }
 
-    /// Every internal index agrees with every other, and nobody grantable is left waiting.
-    fn check_invariants(&self) {
+    /// Every internal index agrees with every other, and nobody grantable is left waiting;
+    /// panics otherwise.
+    pub fn check_invariants(&self) {
         let (mut held, mut leases) = (0, 0);
         for (k, s) in &self.keys {
             assert!(

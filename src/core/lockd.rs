@@ -505,9 +505,9 @@ impl LockdTable {
         }
     }
 
-    /// Check every index against the data it indexes (tests only; O(table)).
-    #[cfg(test)]
-    fn check_invariants(&self) {
+    /// Check every index against the data it indexes; panics on a mismatch. O(table): for
+    /// tests and fuzzing, never on the daemon's path.
+    pub fn check_invariants(&self) {
         assert_eq!(self.by_name.len(), self.locks.len());
         let (mut held, mut orphaned, mut queued) = (0, 0, 0);
         for (key, lock) in &self.locks {

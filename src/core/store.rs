@@ -1280,10 +1280,19 @@ impl Store {
     }
 }
 
-#[cfg(test)]
+/// Read-only inspection for tests, fuzzing and invariant checks: O(table), never on the
+/// daemon's path.
 impl Store {
-    /// Checks every structural invariant: lists, slab, index, lock tables, accounting, timers.
-    fn check_invariants(&self) {
+    /// Every locked item's key and its holder. No order.
+    pub fn for_each_lock(&self, mut f: impl FnMut(&[u8], ConnId)) {
+        for (&i, e) in &self.locks {
+            f(self.slots[i as usize].key(), e.holder);
+        }
+    }
+
+    /// Checks every structural invariant: lists, slab, index, lock tables, accounting, timers;
+    /// panics on a mismatch.
+    pub fn check_invariants(&self) {
         let mut seen = vec![false; self.slots.len()];
         let mut mark = |i: u32| {
             assert!(!seen[i as usize], "slot {i} reachable twice");
@@ -1363,6 +1372,7 @@ impl Store {
     }
 
     /// Keys of the unlocked live items, most recently used first.
+    #[cfg(test)]
     fn lru_keys(&self) -> Vec<Vec<u8>> {
         let mut out = Vec::new();
         let mut i = self.lists[LRU].head;

@@ -29,6 +29,8 @@ pub struct Sim {
     closed_output: HashMap<ConnId, Vec<u8>>,
     next_slot: u32,
     now_ms: u64,
+    /// When on: every reply byte given to any connection, in the order the daemon produced them.
+    log: Option<Vec<(ConnId, Vec<u8>)>>,
 }
 
 impl Sim {
@@ -52,6 +54,28 @@ impl Sim {
             closed_output: HashMap::new(),
             next_slot: 0,
             now_ms: 0,
+            log: None,
+        }
+    }
+
+    /// From now on, keep a log of every reply as the daemon gives it to a connection, across all
+    /// connections in the one order the owner produced them (per-connection outputs lose that
+    /// order). A test that checks lock ownership from the clients' view needs it: a release on
+    /// one connection and the grant it causes on another are only in order here.
+    pub fn log_replies(&mut self) {
+        self.log.get_or_insert_with(Vec::new);
+    }
+
+    /// Take the reply log (see [`Sim::log_replies`]): (connection, bytes) in production order.
+    pub fn take_log(&mut self) -> Vec<(ConnId, Vec<u8>)> {
+        self.log.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    fn note(log: &mut Option<Vec<(ConnId, Vec<u8>)>>, id: ConnId, conn: &Conn, from: usize) {
+        if let Some(log) = log {
+            if conn.wbuf.len() > from {
+                log.push((id, conn.wbuf[from..].to_vec()));
+            }
         }
     }
 
@@ -101,7 +125,9 @@ impl Sim {
         if conn.closing {
             return;
         }
+        let from = conn.wbuf.len();
         conn.receive(bytes, id, &self.shared.config, &mut self.batch);
+        Self::note(&mut self.log, id, conn, from);
         self.run();
     }
 
@@ -157,7 +183,9 @@ impl Sim {
             self.outbox.bytes_this_turn = 0;
             for rec in &replies.records {
                 if let Some(conn) = self.conns.get_mut(&rec.conn) {
+                    let from = conn.wbuf.len();
                     conn.deliver(rec.bytes.get(&replies.arena.bytes), rec.done, rec.close);
+                    Self::note(&mut self.log, rec.conn, conn, from);
                 }
             }
             // Resume parsing where backpressure cleared; close what is finished (its output stays
@@ -168,7 +196,9 @@ impl Sim {
                     continue;
                 };
                 if !conn.closing && !conn.rbuf.is_empty() && conn.can_parse() {
+                    let from = conn.wbuf.len();
                     conn.parse_buffered(id, &self.shared.config, &mut self.batch);
+                    Self::note(&mut self.log, id, conn, from);
                 }
                 if conn.closing && conn.inflight == 0 {
                     let out = conn.output().to_vec();

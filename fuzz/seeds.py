@@ -1,0 +1,180 @@
+#!/usr/bin/env python3
+"""Write the small seed corpus of every fuzz target into fuzz/corpus/<target>/ (valid requests of
+each kind, a few pipelines and edge cases). Deterministic: rerun after changing it and commit."""
+import hashlib
+import os
+import struct
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def write(target, seeds):
+    d = os.path.join(HERE, "corpus", target)
+    os.makedirs(d, exist_ok=True)
+    for old in os.listdir(d):
+        os.remove(os.path.join(d, old))
+    for name, data in seeds:
+        with open(os.path.join(d, name), "wb") as f:
+            f.write(data)
+
+
+# memcached text: first byte = chunk size (low 6 bits) | small item limit (0x40).
+TEXT = {
+    "get": b"get a\r\n",
+    "gets_multi": b"gets a b  c\r\n",
+    "gat": b"gat 10 a b\r\n",
+    "set": b"set a 5 0 3\r\nabc\r\n",
+    "set_noreply": b"set a 0 0 1 noreply\r\nx\r\n",
+    "add": b"add k 0 100 2\r\nhi\r\n",
+    "cas": b"cas k 0 0 1 42\r\nx\r\n",
+    "append": b"append k 0 0 1\r\nx\r\nprepend k 0 0 1\r\ny\r\n",
+    "delete": b"delete a\r\ndelete a 0 noreply\r\n",
+    "incr": b"incr n 5\r\ndecr n 2 noreply\r\n",
+    "touch": b"touch a -1\r\n",
+    "flush": b"flush_all\r\nflush_all 10 noreply\r\n",
+    "stats": b"stats\r\nstats settings\r\n",
+    "version": b"version\nverbosity 1\r\nquit\r\n",
+    "lock": b"lock a\r\nunlock a\r\nunlock_all\r\n",
+    "bad": b"bogus\r\nset a b c d\r\nget\r\n\r\n",
+    "too_large": b"set a 0 0 2000\r\n" + b"x" * 2000 + b"\r\nget a\r\n",
+    "bad_chunk": b"set a 0 0 1\r\nxyz\r\nget a\r\n",
+    "partial": b"set a 0 0 10\r\nabc",
+}
+write("memcache_text", [(n, bytes([0x03 if i % 2 else 0x7f]) + v) for i, (n, v) in enumerate(TEXT.items())])
+
+
+def bin_req(op, key=b"", extras=b"", value=b"", opaque=1, cas=0):
+    body = len(extras) + len(key) + len(value)
+    return (bytes([0x80, op]) + struct.pack(">HBBHIIQ", len(key), len(extras), 0, 0, body, opaque, cas)
+            + extras + key + value)
+
+
+SET_EXTRAS = struct.pack(">II", 0, 0)
+BIN = {
+    "get": bin_req(0x00, b"a"),
+    "set": bin_req(0x01, b"a", SET_EXTRAS, b"value"),
+    "setq_getk": bin_req(0x11, b"a", SET_EXTRAS, b"v") + bin_req(0x0C, b"a"),
+    "delete": bin_req(0x04, b"a"),
+    "incr": bin_req(0x05, b"n", struct.pack(">QQI", 1, 0, 0)),
+    "noop_version": bin_req(0x0A) + bin_req(0x0B),
+    "touch": bin_req(0x1C, b"a", struct.pack(">I", 10)),
+    "gat": bin_req(0x1D, b"a", struct.pack(">I", 10)),
+    "lock_unlock": bin_req(0x40, b"a") + bin_req(0x42, b"a") + bin_req(0x44),
+    "lag": bin_req(0x46, b"a") + bin_req(0x48, b"a", struct.pack(">I", 5)),
+    "rau": bin_req(0x4A, b"a", SET_EXTRAS, b"new", cas=3),
+    "long_key": bin_req(0x00, b"k" * 251),
+    "big_value": bin_req(0x01, b"a", SET_EXTRAS, b"x" * 40),
+    "partial": bin_req(0x01, b"a", SET_EXTRAS, b"value")[:30],
+}
+write("memcache_binary", [(n, bytes([i % 2]) + v) for i, (n, v) in enumerate(BIN.items())])
+
+
+def ld(op, payload, version=1):
+    return struct.pack(">I", version << 28 | op << 20 | len(payload)) + payload
+
+
+LOCKD = {
+    "acq": ld(1, b"a\0"),
+    "try": ld(3, b"a\0"),
+    "rel": ld(2, b"a\0"),
+    "ping": ld(4, b"anything"),
+    "adopt": ld(5, b"a\0"),
+    "sync": ld(6, b""),
+    "pipeline": ld(1, b"a\0") + ld(1, b"b\0") + ld(2, b"a\0") + ld(6, b""),
+    "no_nul": ld(1, b"abc"),
+    "empty": ld(1, b""),
+    "bad_op": ld(9, b"a\0"),
+    "bad_version": ld(1, b"a\0", version=2),
+    "partial": ld(1, b"abcdef\0")[:6],
+}
+write("lockd", list(LOCKD.items()))
+
+
+def varint(v):
+    out = b""
+    while v >= 0x80:
+        out += bytes([v & 0x7F | 0x80])
+        v >>= 7
+    return out + bytes([v])
+
+
+def vfield(n, v):
+    return varint(n << 3) + varint(v)
+
+
+def bfield(n, b):
+    return varint(n << 3 | 2) + varint(len(b)) + b
+
+
+def dl_req(typ, id=1, keys=(), wait=None, lease=None, version=2, token=None):
+    body = vfield(1, version) + vfield(2, id)
+    if token is not None:
+        body += bfield(3, token)
+    body += vfield(4, typ)
+    if typ in (2, 3):
+        lock = b""
+        if wait is not None:
+            lock += vfield(1, wait)
+        if lease is not None:
+            lock += vfield(2, lease)
+        for k in keys:
+            lock += bfield(3, k)
+        body += bfield(51, lock)
+    return struct.pack(">I", len(body)) + body
+
+
+DLOCK = {
+    "ping": dl_req(1),
+    "lock": dl_req(2, keys=[b"a"]),
+    "lock_wait": dl_req(2, keys=[b"a", b"b"], wait=5000),
+    "lock_try": dl_req(2, keys=[b"a"], wait=0),
+    "lease": dl_req(2, keys=[b"a"], lease=1000000),
+    "unlock": dl_req(3, keys=[b"a", b"b"]),
+    "token": dl_req(2, keys=[b"a"], token=b"secret"),
+    "version1": dl_req(1, version=1),
+    "unknown_type": dl_req(9),
+    "unknown_field": struct.pack(">I", 4) + vfield(1, 2) + vfield(7, 1),
+    "garbage": struct.pack(">I", 3) + b"\xff\xff\xff",
+    "pipeline": dl_req(2, 1, [b"a"]) + dl_req(3, 2, [b"a"]) + dl_req(1, 3),
+    "partial": dl_req(2, keys=[b"abc"])[:9],
+}
+write("dlock", [(n, bytes([i % 2]) + v) for i, (n, v) in enumerate(DLOCK.items())])
+
+# connection scripts: 3 config bytes (orphan timeout ms, idle, limits), then steps. A step's
+# first byte: low 3 bits the kind, the rest the slot (slot % 3: 0 memcache, 1 lockd, 2 dlock).
+#   0 raw bytes (len, bytes) · 1-3 request · 4 split request · 5 disconnect · 6 advance · 7 pipeline
+def step(kind, slot, *rest):
+    return bytes([slot << 3 | kind]) + bytes(rest)
+
+
+def raw(slot, data):
+    return step(0, slot) + bytes([len(data)]) + data
+
+
+CONFIG = bytes([20, 0x21, 0x13])
+CONN = {
+    # memcache: set then lock on slot 0, slot 3 tries to lock, slot 0 disconnects, slot 3 locks.
+    "mc_lock_handoff": CONFIG + step(1, 0, 0, 0, 1) + step(1, 0, 3, 0) + step(1, 3, 3, 0)
+    + step(5, 0) + step(1, 3, 3, 0),
+    "mc_raw": CONFIG + raw(0, b"set a 0 0 1\r\nv\r\nlock a\r\n") + raw(3, b"unlock a\r\n")
+    + raw(0, b"unlock_all\r\nquit\r\n"),
+    "mc_binary": CONFIG + step(1, 0, 0, 0, 4) + step(1, 0, 11, 0, 0) + step(1, 3, 11, 0, 2)
+    + step(1, 0, 11, 0, 3),
+    "mc_memory": CONFIG + b"".join(step(1, 0, 0, k % 3, 250) for k in range(12)) + step(1, 0, 3, 1),
+    # lockd: acquire, queue, orphan, adopt, expire.
+    "lockd_queue": CONFIG + step(1, 1, 0, 0) + step(1, 4, 0, 0) + step(5, 1) + step(6, 0, 30),
+    "lockd_adopt": CONFIG + step(1, 1, 0, 1) + step(5, 1) + step(1, 4, 4, 1) + step(1, 4, 5, 0),
+    "lockd_try_rel": CONFIG + step(1, 1, 2, 2) + step(1, 4, 2, 2) + step(1, 4, 3, 2)
+    + step(1, 1, 6, 0),
+    "lockd_raw": CONFIG + raw(1, ld(1, b"x\0") + ld(6, b"")) + raw(4, ld(1, b"x\0", version=3)),
+    # dlock: lock, wait with deadline, lease, unlock, idle.
+    "dlock_wait": CONFIG + step(1, 2, 1, 0, 0, 0, 0) + step(1, 5, 1, 0, 0, 0xF2, 0)
+    + step(6, 0, 0x82) + step(1, 2, 8 | 0, 0, 0, 0, 0),
+    "dlock_lease": CONFIG + step(1, 2, 0, 0, 0, 0x21) + step(5, 2) + step(1, 5, 0, 0, 0, 0, 0)
+    + step(6, 0, 50),
+    "dlock_idle": bytes([0, 0x09, 0]) + step(1, 2, 0, 1, 0, 0) + step(6, 0, 0xA0),
+    "dlock_raw": CONFIG + raw(2, dl_req(2, keys=[b"a"])) + raw(5, b"\0\0\0\x02\xff\xff"),
+    "mixed": CONFIG + step(7, 0, 1, 0, 0, 1, 3, 0) + step(7, 1, 0, 0, 0, 5, 0)
+    + step(4, 2, 0, 0, 0, 0, 7) + step(6, 0, 0xFF) + step(5, 0) + step(5, 1),
+}
+write("connection", list(CONN.items()))

@@ -1,0 +1,942 @@
+//! Lock ownership under random schedules, all three protocols at once.
+//!
+//! Seeded random sequences drive the whole request path ([`Sim`]: the daemon's parsers, owner
+//! code and tables with a fake clock) with twelve clients, four per protocol: random requests,
+//! disconnects and reconnects, clock advances past orphan timeouts, leases, wait deadlines and
+//! idle timeouts, and a 1 MiB item store under memory pressure. Each protocol has a naive model
+//! of who holds what, built only from the replies the clients received, taken in the order the
+//! daemon produced them ([`Sim::log_replies`]): a lockd client that reads ACQUIRED holds the name,
+//! RELEASED frees it, a disconnect orphans it; a dlock Ok for a Lock holds its keys; a memcached
+//! `OK` to `lock` holds the item. A reply that gives a lock somebody else already holds in the
+//! model fails the test ("two holders"). After every step the model must equal the tables (holders,
+//! orphans, queues, stats), and no dlock waiter may outlive its wait deadline. At the end every
+//! client leaves, the clock passes every timer, and nothing is left locked.
+//!
+//! Timers that fire within one clock advance happen at instants the clients cannot see, so the
+//! model lets a lease or an orphan go as soon as its deadline is at or before the current time
+//! (lazily, when a later reply needs the name), and the clock moves in chunks of at most
+//! `CHUNK_MS` with the checks after each.
+
+use std::collections::{HashMap, VecDeque};
+
+use holdfast::config::{self, Command, Config};
+use holdfast::core::lockd::LockState;
+use holdfast::core::ConnId;
+use holdfast::proto::dlock as dl;
+use holdfast::proto::lockd as ld;
+use holdfast::proto::memcache::binary;
+use holdfast::server::sim::Sim;
+use holdfast::server::Proto;
+
+/// Lock names shared by everybody (few, so that clients collide).
+const KEYS: [&str; 4] = ["k0", "k1", "k2", "k3"];
+const CLIENTS: usize = 12;
+const ORPHAN_MS: u64 = 40;
+const IDLE_MS: u64 = 300;
+/// Largest clock move between two checks.
+const CHUNK_MS: u64 = 4;
+
+/// xorshift64*: tiny, seeded, good enough to pick actions.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    fn pct(&mut self, p: u64) -> bool {
+        self.below(100) < p
+    }
+    fn key(&mut self) -> &'static str {
+        KEYS[self.below(KEYS.len() as u64) as usize]
+    }
+}
+
+fn config() -> Config {
+    let args = [
+        "--memory",
+        "1",
+        "--max-item-size",
+        "65536",
+        "--orphan-timeout",
+        &ORPHAN_MS.to_string(),
+        "--dlock-idle-timeout",
+        &IDLE_MS.to_string(),
+    ];
+    match config::parse(args) {
+        Ok(Command::Run(c)) => c,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum LdHold {
+    Held(ConnId),
+    Orphan { deadline: u64 },
+}
+
+#[derive(Clone, Copy, Debug)]
+struct DlHold {
+    conn: ConnId,
+    /// The lease deadline; while `lease_hi` is set, only a lower bound (see `settle`).
+    lease: Option<u64>,
+    lease_hi: Option<u64>,
+}
+
+#[derive(Debug)]
+enum DlReq {
+    Lock {
+        keys: Vec<&'static str>,
+        wait_ms: Option<u64>,
+        lease_ms: Option<u64>,
+    },
+    Unlock {
+        keys: Vec<&'static str>,
+    },
+    Ping,
+}
+
+#[derive(Debug)]
+enum McReq {
+    Set { key: String },
+    Lock(&'static str),
+    Unlock(&'static str),
+    UnlockAll,
+    Delete(&'static str),
+    Get,
+    Quit,
+    Flush,
+    BinLock(&'static str),
+    BinUnlock(&'static str),
+}
+
+struct Client {
+    proto: Proto,
+    conn: Option<ConnId>,
+    /// lockd: requests sent and not answered, in order.
+    ld_expect: VecDeque<(u8, &'static str)>,
+    /// dlock: requests sent and not answered: id, request, and a lower bound of the time its
+    /// wait started (when it became the first unanswered one).
+    dl_out: VecDeque<(u64, DlReq)>,
+    dl_front_since: (u64, u64),
+    /// dlock: bounds of the last activity the idle timer counts from.
+    dl_active: (u64, u64),
+}
+
+struct World {
+    sim: Sim,
+    rng: Rng,
+    clients: Vec<Client>,
+    /// The time before the current step, and now.
+    step_start: u64,
+    next_id: u64,
+    mc: HashMap<&'static str, ConnId>,
+    ld: HashMap<&'static str, LdHold>,
+    ld_queue: HashMap<&'static str, VecDeque<ConnId>>,
+    dl: HashMap<&'static str, DlHold>,
+    /// memcached reply bytes of the current step, per client.
+    mc_reply: Vec<u8>,
+    filler: u64,
+}
+
+fn key_of(name: &[u8]) -> &'static str {
+    KEYS.iter()
+        .copied()
+        .find(|k| k.as_bytes() == name)
+        .unwrap_or_else(|| panic!("unknown name {name:?}"))
+}
+
+impl World {
+    fn new(seed: u64) -> World {
+        let mut sim = Sim::new(config());
+        sim.log_replies();
+        let protos = [Proto::Memcache, Proto::Lockd, Proto::Dlock];
+        World {
+            sim,
+            rng: Rng::new(seed),
+            clients: (0..CLIENTS)
+                .map(|i| Client {
+                    proto: protos[i % 3],
+                    conn: None,
+                    ld_expect: VecDeque::new(),
+                    dl_out: VecDeque::new(),
+                    dl_front_since: (0, 0),
+                    dl_active: (0, 0),
+                })
+                .collect(),
+            step_start: 0,
+            next_id: 0,
+            mc: HashMap::new(),
+            ld: HashMap::new(),
+            ld_queue: HashMap::new(),
+            dl: HashMap::new(),
+            mc_reply: Vec::new(),
+            filler: 0,
+        }
+    }
+
+    fn now(&self) -> u64 {
+        self.sim.now_ms()
+    }
+
+    fn conn(&mut self, c: usize) -> ConnId {
+        if let Some(id) = self.clients[c].conn {
+            return id;
+        }
+        let now = self.now();
+        let id = self.sim.connect(self.clients[c].proto);
+        let cl = &mut self.clients[c];
+        cl.conn = Some(id);
+        cl.dl_active = (now, now);
+        id
+    }
+
+    fn client_of(&self, conn: ConnId) -> Option<usize> {
+        self.clients.iter().position(|c| c.conn == Some(conn))
+    }
+
+    // ---- actions ----
+
+    fn step(&mut self) {
+        self.step_start = self.now();
+        let c = self.rng.below(CLIENTS as u64) as usize;
+        match self.rng.below(100) {
+            0..=5 => self.disconnect(c),
+            6..=15 => {
+                let to = match self.rng.below(4) {
+                    0 => self.now() + 1 + self.rng.below(10),
+                    1 => self.now() + ORPHAN_MS + self.rng.below(20),
+                    2 => self.now() + 50 + self.rng.below(150),
+                    _ => self.now() + IDLE_MS + self.rng.below(50),
+                };
+                return self.advance_to(to);
+            }
+            _ => match self.clients[c].proto {
+                Proto::Memcache => self.memcache(c),
+                Proto::Lockd => self.lockd(c),
+                Proto::Dlock => self.dlock(c),
+            },
+        }
+        self.settle();
+    }
+
+    fn advance_to(&mut self, to: u64) {
+        while self.now() < to {
+            self.step_start = self.now();
+            let next = (self.now() + CHUNK_MS).min(to);
+            self.sim.advance_to(next);
+            self.settle();
+        }
+    }
+
+    fn disconnect(&mut self, c: usize) {
+        if let Some(id) = self.clients[c].conn {
+            self.sim.disconnect(id);
+            self.closed(c, id);
+        }
+    }
+
+    /// Client `c`'s connection `id` is gone (its own disconnect, or the daemon closed it).
+    fn closed(&mut self, c: usize, id: ConnId) {
+        let now = self.now();
+        let cl = &mut self.clients[c];
+        cl.conn = None;
+        cl.ld_expect.clear();
+        cl.dl_out.clear();
+        self.mc.retain(|_, h| *h != id);
+        for hold in self.ld.values_mut() {
+            if *hold == LdHold::Held(id) {
+                *hold = LdHold::Orphan {
+                    deadline: now + ORPHAN_MS,
+                };
+            }
+        }
+        for q in self.ld_queue.values_mut() {
+            q.retain(|w| *w != id);
+        }
+        self.dl.retain(|_, h| h.conn != id || h.lease.is_some());
+    }
+
+    fn memcache(&mut self, c: usize) {
+        let key = self.rng.key();
+        let req = match self.rng.below(20) {
+            0..=2 => McReq::Set {
+                key: key.to_string(),
+            },
+            3..=5 => {
+                // Memory pressure: big values under other names push items out of the 1 MiB
+                // store; locked items must stay.
+                self.filler += 1;
+                McReq::Set {
+                    key: format!("f{}", self.filler % 300),
+                }
+            }
+            6..=8 => McReq::Lock(key),
+            9..=10 => McReq::Unlock(key),
+            11 => McReq::UnlockAll,
+            12 => McReq::Delete(key),
+            13 => McReq::Get,
+            14 => McReq::Quit,
+            // Rare: a flush empties the store, and memory pressure needs it full.
+            15 if self.rng.pct(20) => McReq::Flush,
+            15 => McReq::Get,
+            16..=17 => McReq::BinLock(key),
+            _ => McReq::BinUnlock(key),
+        };
+        let bytes = match &req {
+            McReq::Set { key } => {
+                let len = if key.starts_with('f') {
+                    20_000 + self.rng.below(44_000) as usize
+                } else {
+                    self.rng.below(20) as usize
+                };
+                let exp = if key.starts_with('f') {
+                    0
+                } else {
+                    self.rng.below(3)
+                };
+                let mut b = format!("set {key} 0 {exp} {len}\r\n").into_bytes();
+                b.resize(b.len() + len, b'v');
+                b.extend_from_slice(b"\r\n");
+                b
+            }
+            McReq::Lock(k) => format!("lock {k}\r\n").into_bytes(),
+            McReq::Unlock(k) => format!("unlock {k}\r\n").into_bytes(),
+            McReq::UnlockAll => b"unlock_all\r\n".to_vec(),
+            McReq::Delete(k) => format!("delete {k}\r\n").into_bytes(),
+            McReq::Get => format!("get {key} f1\r\n").into_bytes(),
+            McReq::Quit => b"quit\r\n".to_vec(),
+            McReq::Flush => b"flush_all\r\n".to_vec(),
+            McReq::BinLock(k) | McReq::BinUnlock(k) => {
+                let op = if matches!(req, McReq::BinLock(_)) {
+                    binary::opcode::LOCK
+                } else {
+                    binary::opcode::UNLOCK
+                };
+                let mut v = vec![0x80, op, 0, k.len() as u8, 0, 0, 0, 0];
+                v.extend_from_slice(&(k.len() as u32).to_be_bytes());
+                v.extend_from_slice(&[0; 12]);
+                v.extend_from_slice(k.as_bytes());
+                v
+            }
+        };
+        let id = self.conn(c);
+        self.mc_reply.clear();
+        self.sim.send(id, &bytes);
+        // memcached replies carry no lock grants to others: read this one whole.
+        self.drain_log();
+        let reply = std::mem::take(&mut self.mc_reply);
+        self.mc_reply_check(id, &req, &reply);
+    }
+
+    fn mc_reply_check(&mut self, me: ConnId, req: &McReq, reply: &[u8]) {
+        let holder = |w: &World, k: &str| w.mc.get(k).copied();
+        let ctx = format!("{req:?} by {me:?} -> {:?}", String::from_utf8_lossy(reply));
+        match req {
+            McReq::Set { key } => {
+                let k = KEYS.iter().copied().find(|k| k == key);
+                let h = k.and_then(|k| holder(self, k));
+                match reply {
+                    b"STORED\r\n" => assert!(h.is_none() || h == Some(me), "{ctx}"),
+                    b"LOCKED\r\n" => assert!(h.is_some() && h != Some(me), "{ctx}"),
+                    r if r.starts_with(b"SERVER_ERROR out of memory") => {}
+                    _ => panic!("{ctx}"),
+                }
+            }
+            McReq::Lock(k) | McReq::BinLock(k) => {
+                let h = holder(self, k);
+                let status = mc_status(req, reply);
+                match status {
+                    Mc::Ok => {
+                        assert!(h.is_none(), "two holders: {ctx}, model {h:?}");
+                        self.mc.insert(k, me);
+                    }
+                    Mc::Locked => assert!(h.is_some(), "{ctx}"),
+                    Mc::NotFound => assert!(h.is_none(), "a locked item vanished: {ctx}"),
+                    Mc::NotLocked => panic!("{ctx}"),
+                }
+            }
+            McReq::Unlock(k) | McReq::BinUnlock(k) => {
+                let h = holder(self, k);
+                match mc_status(req, reply) {
+                    Mc::Ok => {
+                        assert_eq!(h, Some(me), "{ctx}");
+                        self.mc.remove(k);
+                    }
+                    Mc::NotLocked | Mc::NotFound => assert_ne!(h, Some(me), "{ctx}"),
+                    Mc::Locked => panic!("{ctx}"),
+                }
+            }
+            McReq::UnlockAll => {
+                assert_eq!(reply, b"OK\r\n", "{ctx}");
+                self.mc.retain(|_, h| *h != me);
+            }
+            McReq::Delete(k) => {
+                let h = holder(self, k);
+                match reply {
+                    b"DELETED\r\n" => {
+                        assert!(h.is_none() || h == Some(me), "{ctx}");
+                        self.mc.remove(k);
+                    }
+                    b"LOCKED\r\n" => assert!(h.is_some() && h != Some(me), "{ctx}"),
+                    b"NOT_FOUND\r\n" => assert!(h.is_none(), "{ctx}"),
+                    _ => panic!("{ctx}"),
+                }
+            }
+            McReq::Get => assert!(reply.ends_with(b"END\r\n"), "{ctx}"),
+            McReq::Quit => assert!(reply.is_empty(), "{ctx}"),
+            McReq::Flush => assert_eq!(reply, b"OK\r\n", "{ctx}"),
+        }
+    }
+
+    fn lockd(&mut self, c: usize) {
+        let name = self.rng.key();
+        const OPS: [u8; 9] = [
+            ld::op::ACQ,
+            ld::op::ACQ,
+            ld::op::TRY,
+            ld::op::REL,
+            ld::op::REL,
+            ld::op::ADOPT,
+            ld::op::ADOPT,
+            ld::op::SYNC,
+            ld::op::PING,
+        ];
+        let op = OPS[self.rng.below(OPS.len() as u64) as usize];
+        let mut payload = name.as_bytes().to_vec();
+        payload.push(0);
+        let mut frame = Vec::new();
+        ld::encode(
+            &mut frame,
+            op,
+            if op == ld::op::SYNC { &[] } else { &payload },
+        );
+        let id = self.conn(c);
+        self.clients[c].ld_expect.push_back((op, name));
+        self.sim.send(id, &frame);
+    }
+
+    fn dlock(&mut self, c: usize) {
+        if self.clients[c].dl_out.len() >= 3 {
+            return;
+        }
+        let n = 1 + self.rng.below(3) as usize;
+        let mut keys: Vec<&'static str> = Vec::new();
+        for _ in 0..n {
+            let k = self.rng.key();
+            if !keys.contains(&k) {
+                keys.push(k);
+            }
+        }
+        let req = match self.rng.below(10) {
+            0..=5 => DlReq::Lock {
+                keys,
+                wait_ms: match self.rng.below(4) {
+                    0 => None,
+                    1 => Some(0),
+                    _ => Some(1 + self.rng.below(150)),
+                },
+                lease_ms: self.rng.pct(30).then(|| 1 + self.rng.below(100)),
+            },
+            6..=8 => DlReq::Unlock { keys },
+            _ => DlReq::Ping,
+        };
+        self.next_id += 1;
+        let rid = self.next_id;
+        let mut frame = Vec::new();
+        match &req {
+            DlReq::Lock {
+                keys,
+                wait_ms,
+                lease_ms,
+            } => {
+                let ks: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
+                let fields = dl::LockFields {
+                    wait_micro: wait_ms.map(|w| w * 1000),
+                    release_micro: lease_ms.map(|l| l * 1000),
+                    keys: &ks,
+                };
+                dl::encode_request(
+                    &mut frame,
+                    Some(rid),
+                    None,
+                    dl::req_type::LOCK,
+                    Some(fields),
+                );
+            }
+            DlReq::Unlock { keys } => {
+                let ks: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
+                let fields = dl::LockFields {
+                    keys: &ks,
+                    ..Default::default()
+                };
+                dl::encode_request(
+                    &mut frame,
+                    Some(rid),
+                    None,
+                    dl::req_type::UNLOCK,
+                    Some(fields),
+                );
+            }
+            DlReq::Ping => {
+                dl::encode_request(&mut frame, Some(rid), None, dl::req_type::PING, None)
+            }
+        }
+        let id = self.conn(c);
+        let now = self.now();
+        let cl = &mut self.clients[c];
+        if cl.dl_out.is_empty() {
+            cl.dl_front_since = (now, now);
+        }
+        cl.dl_out.push_back((rid, req));
+        cl.dl_active = (now, now);
+        self.sim.send(id, &frame);
+    }
+
+    // ---- replies, in the daemon's order ----
+
+    fn drain_log(&mut self) {
+        for (conn, bytes) in self.sim.take_log() {
+            let Some(c) = self.client_of(conn) else {
+                panic!("reply to {conn:?}, which no client has open");
+            };
+            match self.clients[c].proto {
+                Proto::Memcache => self.mc_reply.extend_from_slice(&bytes),
+                Proto::Lockd => {
+                    let mut at = 0;
+                    while let Some((f, n)) = ld::parse(&bytes[at..]) {
+                        self.lockd_frame(c, conn, f.opcode, f.payload);
+                        at += n;
+                    }
+                    assert_eq!(at, bytes.len(), "partial lockd reply");
+                }
+                Proto::Dlock => {
+                    let mut at = 0;
+                    while let Ok((body, n)) = dl::parse_frame(&bytes[at..], usize::MAX) {
+                        let r = dl::decode_response(body).expect("dlock reply decodes");
+                        self.dlock_response(c, conn, r);
+                        at += n;
+                    }
+                    assert_eq!(at, bytes.len(), "partial dlock reply");
+                }
+            }
+        }
+        // Drain every connection's own buffer too (the log already has the bytes).
+        for c in 0..CLIENTS {
+            if let Some(id) = self.clients[c].conn {
+                self.sim.output(id);
+            }
+        }
+    }
+
+    /// Whether the model may consider `name` free now: not locked, or an orphan whose time ran
+    /// out (the daemon released it at an instant the clients could not see).
+    fn ld_free(&self, name: &str) -> bool {
+        match self.ld.get(name) {
+            None => true,
+            Some(LdHold::Orphan { deadline }) => *deadline <= self.now(),
+            Some(LdHold::Held(_)) => false,
+        }
+    }
+
+    fn lockd_frame(&mut self, c: usize, me: ConnId, opcode: u8, payload: &[u8]) {
+        let Some((op, name)) = self.clients[c].ld_expect.pop_front() else {
+            // Unsolicited: a queued ACQ granted.
+            assert_eq!(opcode, ld::op::ACQUIRED, "unsolicited lockd frame {opcode}");
+            let name = key_of(payload.strip_suffix(b"\0").expect("name"));
+            assert!(
+                self.ld_free(name),
+                "two holders: {name} granted to {me:?}, model {:?}",
+                self.ld.get(name)
+            );
+            let q = self.ld_queue.entry(name).or_default();
+            assert_eq!(q.pop_front(), Some(me), "grant out of FIFO order on {name}");
+            self.ld.insert(name, LdHold::Held(me));
+            return;
+        };
+        let ctx = format!("op {op} {name} by {me:?} -> {opcode}");
+        let now = self.now();
+        match (op, opcode) {
+            (ld::op::ACQ | ld::op::TRY, ld::op::ACQUIRED) => {
+                assert!(
+                    self.ld_free(name),
+                    "two holders: {ctx} {:?}",
+                    self.ld.get(name)
+                );
+                assert!(
+                    self.ld_queue.get(name).is_none_or(|q| q.is_empty()),
+                    "{ctx}"
+                );
+                self.ld.insert(name, LdHold::Held(me));
+            }
+            (ld::op::ACQ, ld::op::ACK) => {
+                assert!(!self.ld_free(name), "{ctx}");
+                self.ld_queue.entry(name).or_default().push_back(me);
+            }
+            (ld::op::TRY, ld::op::WBLOCK) => assert!(!self.ld_free(name), "{ctx}"),
+            (ld::op::REL, ld::op::RELEASED) => {
+                assert!(!self.ld_free(name), "{ctx}");
+                self.ld.remove(name);
+            }
+            (ld::op::REL, ld::op::ERR) => assert!(self.ld_free(name), "{ctx}"),
+            (ld::op::ADOPT, ld::op::ACK) => {
+                assert!(
+                    matches!(self.ld.get(name), Some(LdHold::Orphan { deadline }) if *deadline > now),
+                    "{ctx}"
+                );
+                self.ld.insert(name, LdHold::Held(me));
+            }
+            (ld::op::ADOPT, ld::op::ERR) => assert!(
+                !matches!(self.ld.get(name), Some(LdHold::Orphan { deadline }) if *deadline > now),
+                "{ctx}"
+            ),
+            (ld::op::SYNC, ld::op::SYNC_REPLY) => {
+                let mut got: Vec<&str> = payload
+                    .split(|&b| b == 0)
+                    .filter(|n| !n.is_empty())
+                    .map(key_of)
+                    .collect();
+                got.sort();
+                let mut want: Vec<&str> = self
+                    .ld
+                    .keys()
+                    .copied()
+                    .filter(|n| !self.ld_free(n))
+                    .collect();
+                want.sort();
+                assert_eq!(got, want, "SYNC");
+            }
+            (ld::op::PING, ld::op::PONG) => {}
+            _ => panic!("unexpected reply: {ctx}"),
+        }
+    }
+
+    fn dl_free_for(&self, key: &str, me: ConnId) -> bool {
+        match self.dl.get(key) {
+            None => true,
+            Some(h) if h.conn == me => true,
+            Some(DlHold { lease: Some(d), .. }) => *d <= self.now(),
+            // A connection-bound holder the daemon closed (idle) in this very step.
+            Some(h) => !self.sim.is_open(h.conn),
+        }
+    }
+
+    fn dlock_response(&mut self, c: usize, me: ConnId, r: dl::Response) {
+        let (rid, req) = self.clients[c]
+            .dl_out
+            .pop_front()
+            .unwrap_or_else(|| panic!("dlock response {r:?} with nothing asked"));
+        assert_eq!(r.request_id, Some(rid), "responses in request order");
+        let now = self.now();
+        let (since_lo, _) = self.clients[c].dl_front_since;
+        self.clients[c].dl_front_since = (self.step_start, now);
+        self.clients[c].dl_active = (self.step_start, now);
+        let ctx = format!("{req:?} by {me:?} -> {r:?}");
+        match (req, r.status) {
+            (DlReq::Ping, Some(dl::status::OK)) => {}
+            (DlReq::Lock { keys, lease_ms, .. }, Some(dl::status::OK)) => {
+                for k in keys {
+                    assert!(
+                        self.dl_free_for(k, me),
+                        "two holders: {ctx}, model {:?}",
+                        self.dl.get(k)
+                    );
+                    // The grant happened at some instant of this step: the deadline is known
+                    // within bounds, made exact in `settle` from the table.
+                    self.dl.insert(
+                        k,
+                        DlHold {
+                            conn: me,
+                            lease: lease_ms.map(|l| self.step_start + l),
+                            lease_hi: lease_ms.map(|l| now + l),
+                        },
+                    );
+                }
+            }
+            (DlReq::Lock { wait_ms, keys, .. }, Some(dl::status::ACQUIRE_TIMEOUT)) => {
+                match wait_ms {
+                    Some(0) => {}
+                    Some(w) => assert!(now >= since_lo + w, "timed out early: {ctx}"),
+                    None => panic!("an unbounded wait timed out: {ctx}"),
+                }
+                for k in &r.keys {
+                    let k = key_of(k);
+                    assert!(keys.contains(&k), "{ctx}");
+                }
+            }
+            (DlReq::Unlock { keys }, Some(status)) => {
+                let not_held: Vec<&str> = r.keys.iter().map(|k| key_of(k)).collect();
+                assert_eq!(status == dl::status::OK, not_held.is_empty(), "{ctx}");
+                for k in keys {
+                    let h = self.dl.get(k).copied();
+                    let mine = h.is_some_and(|h| h.conn == me);
+                    let expired = h.is_some_and(|h| h.lease.is_some_and(|d| d <= now));
+                    if not_held.contains(&k) {
+                        assert!(!mine || expired, "{k} was held: {ctx}");
+                        if mine {
+                            self.dl.remove(k);
+                        }
+                    } else {
+                        assert!(mine, "{k} was not held: {ctx}");
+                        self.dl.remove(k);
+                    }
+                }
+            }
+            _ => panic!("unexpected response: {ctx}"),
+        }
+    }
+
+    /// After every step: replies, closes, timers, then the model against the tables.
+    fn settle(&mut self) {
+        self.drain_log();
+        let now = self.now();
+        // Connections the daemon closed (memcached quit, dlock idle timeout).
+        for c in 0..CLIENTS {
+            let Some(id) = self.clients[c].conn else {
+                continue;
+            };
+            if !self.sim.is_open(id) {
+                let cl = &self.clients[c];
+                match cl.proto {
+                    Proto::Dlock => {
+                        assert!(cl.dl_out.is_empty(), "closed with a request pending");
+                        assert!(now >= cl.dl_active.0 + IDLE_MS, "idle close too early");
+                    }
+                    Proto::Memcache => {}
+                    Proto::Lockd => panic!("lockd connection closed by the daemon"),
+                }
+                self.sim.output(id);
+                self.closed(c, id);
+            } else if self.clients[c].proto == Proto::Dlock {
+                let cl = &self.clients[c];
+                assert!(
+                    !cl.dl_out.is_empty() || now <= cl.dl_active.1 + IDLE_MS,
+                    "idle for {} ms and still open",
+                    now - cl.dl_active.1
+                );
+                // No waiter outlives its deadline.
+                if let Some((
+                    _,
+                    DlReq::Lock {
+                        wait_ms: Some(w), ..
+                    },
+                )) = cl.dl_out.front()
+                {
+                    assert!(
+                        now < cl.dl_front_since.1 + w.max(&1),
+                        "a Lock waited past its deadline of {w} ms"
+                    );
+                }
+            }
+        }
+        // Timers that ran out with nobody to hand the lock to.
+        let expired: Vec<&str> = self
+            .ld
+            .iter()
+            .filter(|(_, h)| matches!(h, LdHold::Orphan { deadline } if *deadline <= now))
+            .map(|(n, _)| *n)
+            .collect();
+        for n in expired {
+            assert!(
+                self.ld_queue.get(n).is_none_or(|q| q.is_empty()),
+                "orphan {n} expired and its waiter was not granted"
+            );
+            self.ld.remove(n);
+        }
+        // Leases granted in this step: the table has the exact deadline, which must lie within
+        // the bounds the replies allow; one no longer in the table must have run out.
+        let t = self.sim.tables();
+        for (k, h) in self.dl.iter_mut() {
+            let (Some(lo), Some(hi)) = (h.lease, h.lease_hi) else {
+                continue;
+            };
+            match t.dlock.holder(k.as_bytes()) {
+                Some((c, Some(d))) if c == h.conn => {
+                    assert!(lo <= d && d <= hi, "lease deadline {d} not in {lo}..={hi}");
+                    h.lease = Some(d);
+                }
+                _ => assert!(lo <= now, "lease on {k} gone before {lo}"),
+            }
+            h.lease_hi = None;
+        }
+        self.dl.retain(|_, h| h.lease.is_none_or(|d| d > now));
+        self.compare();
+    }
+
+    fn compare(&self) {
+        let t = self.sim.tables();
+        t.lockd.check_invariants();
+        t.dlock.check_invariants();
+        t.store.check_invariants();
+        // memcached.
+        let mut table: Vec<(Vec<u8>, ConnId)> = Vec::new();
+        t.store.for_each_lock(|k, c| table.push((k.to_vec(), c)));
+        table.sort();
+        let mut model: Vec<(Vec<u8>, ConnId)> = self
+            .mc
+            .iter()
+            .map(|(k, c)| (k.as_bytes().to_vec(), *c))
+            .collect();
+        model.sort();
+        assert_eq!(table, model, "memcached locks");
+        assert_eq!(t.store.stats().locks_held, self.mc.len() as u64);
+        // lockd.
+        let (mut held, mut orphaned, mut waiting) = (0, 0, 0);
+        for name in KEYS {
+            let want = match self.ld.get(name) {
+                None => LockState::Free,
+                Some(LdHold::Held(c)) => {
+                    held += 1;
+                    LockState::Held(*c)
+                }
+                Some(LdHold::Orphan { deadline }) => {
+                    orphaned += 1;
+                    LockState::Orphaned {
+                        deadline_ms: *deadline,
+                    }
+                }
+            };
+            assert_eq!(t.lockd.state(name.as_bytes()), want, "lockd {name}");
+            let q: Vec<ConnId> = t.lockd.waiters(name.as_bytes()).map(|(c, _)| c).collect();
+            let mq: Vec<ConnId> = self
+                .ld_queue
+                .get(name)
+                .map(|q| q.iter().copied().collect())
+                .unwrap_or_default();
+            assert_eq!(q, mq, "lockd queue of {name}");
+            waiting += mq.len() as u64;
+        }
+        let s = t.lockd.stats();
+        assert_eq!((s.held, s.orphaned, s.waiting), (held, orphaned, waiting));
+        // dlock.
+        for name in KEYS {
+            let want = self.dl.get(name).map(|h| (h.conn, h.lease));
+            assert_eq!(t.dlock.holder(name.as_bytes()), want, "dlock {name}");
+        }
+        let waiting = self
+            .clients
+            .iter()
+            .filter(|c| matches!(c.dl_out.front(), Some((_, DlReq::Lock { .. }))))
+            .count() as u64;
+        let s = t.dlock.stats();
+        let leases = self.dl.values().filter(|h| h.lease.is_some()).count() as u64;
+        assert_eq!(
+            (s.held_keys, s.leases, s.waiting),
+            (self.dl.len() as u64, leases, waiting),
+            "dlock stats"
+        );
+    }
+
+    /// Everybody leaves; every timer runs out; nothing is left.
+    fn finish(&mut self) {
+        for c in 0..CLIENTS {
+            self.step_start = self.now();
+            self.disconnect(c);
+            self.settle();
+        }
+        let end = self.now() + ORPHAN_MS + IDLE_MS + 200;
+        self.advance_to(end);
+        assert!(self.mc.is_empty() && self.ld.is_empty() && self.dl.is_empty());
+        let t = self.sim.tables();
+        t.lockd
+            .for_each_locked(|n| panic!("lockd {n:?} still locked"));
+        t.dlock
+            .for_each_held(|k, c, _| panic!("dlock {k:?} still held by {c:?}"));
+        t.store
+            .for_each_lock(|k, c| panic!("{k:?} still locked by {c:?}"));
+        let l = t.lockd.stats();
+        assert_eq!((l.held, l.orphaned, l.waiting), (0, 0, 0));
+        let d = t.dlock.stats();
+        assert_eq!((d.held_keys, d.leases, d.waiting), (0, 0, 0));
+        assert_eq!(t.store.stats().locks_held, 0);
+    }
+}
+
+#[derive(Debug)]
+enum Mc {
+    Ok,
+    Locked,
+    NotFound,
+    NotLocked,
+}
+
+/// The outcome of a memcached lock/unlock reply, text or binary.
+fn mc_status(req: &McReq, reply: &[u8]) -> Mc {
+    if matches!(req, McReq::BinLock(_) | McReq::BinUnlock(_)) {
+        assert!(
+            reply.len() >= 24 && reply[0] == 0x81,
+            "binary reply {reply:?}"
+        );
+        return match u16::from_be_bytes([reply[6], reply[7]]) {
+            binary::status::NO_ERROR => Mc::Ok,
+            binary::status::LOCKED => Mc::Locked,
+            binary::status::KEY_NOT_FOUND => Mc::NotFound,
+            binary::status::NOT_LOCKED => Mc::NotLocked,
+            s => panic!("binary status {s:#x}"),
+        };
+    }
+    match reply {
+        b"OK\r\n" => Mc::Ok,
+        b"LOCKED\r\n" => Mc::Locked,
+        b"NOT_FOUND\r\n" => Mc::NotFound,
+        b"CLIENT_ERROR object is not locked or not found\r\n" => Mc::NotLocked,
+        r => panic!("reply {:?}", String::from_utf8_lossy(r)),
+    }
+}
+
+/// Run one seed. A long run must also have reached every path the models check: grants to
+/// waiters, orphan expiries and adoptions, lease expiries, wait timeouts, idle closes, evictions.
+fn run(seed: u64, steps: usize) {
+    let mut w = World::new(seed);
+    for _ in 0..steps {
+        w.step();
+    }
+    w.finish();
+    let t = w.sim.tables();
+    let (l, d, s) = (t.lockd.stats(), t.dlock.stats(), t.store.stats());
+    if steps >= 2000 {
+        let reached = [
+            ("lockd grants", l.grants),
+            ("lockd orphan expiries", l.orphan_expiries),
+            ("lockd adoptions", l.adoptions),
+            ("dlock grants", d.grants),
+            ("dlock timeouts", d.timeouts),
+            ("dlock lease expiries", d.lease_expiries),
+            ("dlock idle disconnects", d.idle_disconnects),
+            ("store evictions", s.evictions),
+        ];
+        for (what, n) in reached {
+            assert!(n > 0, "seed {seed}: no {what} ({l:?} {d:?} {s:?})");
+        }
+    }
+}
+
+#[test]
+fn random_schedules_never_show_two_holders_seed_1() {
+    run(1, 2500);
+}
+
+#[test]
+fn random_schedules_never_show_two_holders_seed_2() {
+    run(2, 2500);
+}
+
+#[test]
+fn random_schedules_never_show_two_holders_seed_3() {
+    run(3, 2500);
+}
+
+#[test]
+fn random_schedules_never_show_two_holders_many_short_seeds() {
+    for seed in 100..120 {
+        run(seed, 300);
+    }
+}
