@@ -45,8 +45,10 @@
 
 use super::wheel::{TimerKey, Wheel};
 use super::ConnId;
+use hashbrown::hash_map::EntryRef;
 use hashbrown::{HashMap, HashSet};
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 /// Dedupe a request's keys with a quadratic scan up to this many keys (no allocation for a hash
 /// set); above it a hash set keeps the cost linear.
@@ -96,7 +98,7 @@ pub struct DlockStats {
 enum Timer {
     /// The lease on `key` runs out, if the key's lease still has generation `gen` (a re-lock
     /// cancels the old timer; the generation also guards against any stale one).
-    Lease { key: Box<[u8]>, gen: u64 },
+    Lease { key: Arc<[u8]>, gen: u64 },
     /// `conn` may have been idle long enough; checked against its last activity when it fires.
     Idle { conn: ConnId },
     /// The wait deadline of waiter `seq`, if it is still waiting.
@@ -122,7 +124,9 @@ struct Lease {
 
 struct Hold {
     conn: ConnId,
-    lease: Option<Lease>,
+    /// Boxed: a `KeyState` exists per held key, and most are connection-bound; an inline
+    /// `Option<Lease>` (32 bytes) made every one of them pay for a lease.
+    lease: Option<Box<Lease>>,
 }
 
 /// One key: its holder and its waiters in arrival order. Removed from the table when it has
@@ -131,7 +135,47 @@ struct Hold {
 struct KeyState {
     holder: Option<Hold>,
     /// Arrival numbers of the waiters (`DlockTable::waiters`); the first one is the head.
-    queue: BTreeSet<u64>,
+    queue: Queue,
+}
+
+/// A key's waiters: a `BTreeSet` allocated only while the key has any (an empty inline
+/// `BTreeSet` is 24 bytes, paid by every held key; this is 8).
+// The box is the point: the inline part is what every held key pays.
+#[allow(clippy::box_collection)]
+#[derive(Default)]
+struct Queue(Option<Box<BTreeSet<u64>>>);
+
+impl Queue {
+    fn insert(&mut self, seq: u64) {
+        self.0.get_or_insert_with(Default::default).insert(seq);
+    }
+
+    fn remove(&mut self, seq: &u64) {
+        if let Some(set) = &mut self.0 {
+            set.remove(seq);
+            if set.is_empty() {
+                self.0 = None;
+            }
+        }
+    }
+
+    fn first(&self) -> Option<&u64> {
+        self.0.as_ref().and_then(|set| set.first())
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_none()
+    }
+
+    #[cfg(test)]
+    fn iter(&self) -> impl Iterator<Item = &u64> {
+        self.0.iter().flat_map(|set| set.iter())
+    }
+
+    #[cfg(test)]
+    fn contains(&self, seq: &u64) -> bool {
+        self.0.as_ref().is_some_and(|set| set.contains(seq))
+    }
 }
 
 struct Waiter {
@@ -144,8 +188,9 @@ struct Waiter {
 }
 
 struct Conn {
-    /// Every key this connection holds, leases included.
-    held: HashSet<Box<[u8]>>,
+    /// Every key this connection holds, leases included. The key bytes are shared with the
+    /// table's own entry (and a lease's timer): one allocation per held key, not three.
+    held: HashSet<Arc<[u8]>>,
     /// Arrival number of its waiting Lock.
     pending: Option<u64>,
     last_active: u64,
@@ -156,7 +201,7 @@ struct Conn {
 
 pub struct DlockTable {
     config: DlockConfig,
-    keys: HashMap<Box<[u8]>, KeyState>,
+    keys: HashMap<Arc<[u8]>, KeyState>,
     conns: HashMap<ConnId, Conn>,
     /// Waiting Locks by arrival number (strictly increasing, so per-key FIFO = number order).
     waiters: HashMap<u64, Waiter>,
@@ -338,10 +383,10 @@ impl DlockTable {
         let Some(c) = self.conns.remove(&conn) else {
             return;
         };
-        let mut affected: Vec<Box<[u8]>> = Vec::new();
+        let mut affected: Vec<Arc<[u8]>> = Vec::new();
         if let Some(seq) = c.pending {
             if let Some(w) = self.take_waiter(seq, false) {
-                affected.extend(w.keys.into_vec());
+                affected.extend(w.keys.iter().map(|k| Arc::from(&k[..])));
             }
         }
         self.drop_conn(conn, c, now_ms, affected, events);
@@ -440,7 +485,12 @@ impl DlockTable {
 
     /// Make `conn` the holder of `key`, replacing its own earlier record if any.
     fn set_holder(&mut self, key: &[u8], conn: ConnId, lease_ms: Option<u64>, now_ms: u64) {
-        let state = self.keys.entry_ref(key).or_default();
+        let mut entry = match self.keys.entry_ref(key) {
+            EntryRef::Occupied(o) => o,
+            EntryRef::Vacant(v) => v.insert_entry(KeyState::default()),
+        };
+        let shared = Arc::clone(entry.key());
+        let state = entry.get_mut();
         match state.holder.take() {
             Some(old) => {
                 debug_assert_eq!(old.conn, conn, "grant over another holder");
@@ -461,21 +511,21 @@ impl DlockTable {
                 (
                     deadline,
                     Timer::Lease {
-                        key: key.into(),
+                        key: Arc::clone(&shared),
                         gen,
                     },
                 ),
             );
-            Lease {
+            Box::new(Lease {
                 deadline,
                 timer,
                 gen,
-            }
+            })
         });
         state.holder = Some(Hold { conn, lease });
         if let Some(c) = self.conns.get_mut(&conn) {
             if !c.held.contains(key) {
-                c.held.insert(key.into());
+                c.held.insert(shared);
             }
         }
     }
@@ -568,7 +618,7 @@ impl DlockTable {
         conn: ConnId,
         c: Conn,
         now_ms: u64,
-        mut affected: Vec<Box<[u8]>>,
+        mut affected: Vec<Arc<[u8]>>,
         events: &mut Vec<DlockEvent>,
     ) {
         if let Some(t) = c.idle_timer {
@@ -684,16 +734,16 @@ impl DlockTable {
                     assert!(c.held.contains(k), "{k:?} missing from its holder's index");
                 }
             }
-            for seq in &s.queue {
+            for seq in s.queue.iter() {
                 let w = self.waiters.get(seq).expect("queued waiter exists");
-                assert!(w.keys.contains(k));
+                assert!(w.keys.iter().any(|wk| **wk == **k));
             }
         }
         assert_eq!(held, self.stats.held_keys);
         assert_eq!(leases, self.stats.leases);
         for (seq, w) in &self.waiters {
             for k in w.keys.iter() {
-                assert!(self.keys[k].queue.contains(seq));
+                assert!(self.keys[&**k].queue.contains(seq));
             }
             assert_eq!(self.conns[&w.conn].pending, Some(*seq));
             assert!(!self.grantable(*seq), "waiter {seq} could be granted");
