@@ -4,6 +4,7 @@
 #   make lint   rustfmt and clippy, warnings are errors
 #   make bench  side-by-side benchmark against memcached and redis-server
 #   make fuzz   every cargo-fuzz target for FUZZ_SECONDS each (make fuzz-smoke: 20 s each)
+#   make scale  memory per idle connection and per held lock, lease expiry accuracy, at 10k/1M
 
 CARGO  ?= cargo
 PYTHON ?= python3
@@ -12,7 +13,7 @@ PY     := $(VENV)/bin/python
 # Debian packages the tests use: memccapable (libmemcached's conformance tool).
 APT_TEST_PACKAGES := libmemcached-tools
 
-.PHONY: run build release test test-rust test-clients conformance deps deps-apt deps-python lint fmt bench soak fuzz fuzz-smoke fuzz-deps clean
+.PHONY: run build release test test-rust test-clients conformance deps deps-apt deps-python lint fmt bench scale soak fuzz fuzz-smoke fuzz-deps clean
 
 run: release
 	./target/release/holdfast
@@ -89,6 +90,11 @@ fuzz: fuzz-deps
 
 fuzz-smoke:
 	$(MAKE) fuzz FUZZ_SECONDS=20
+
+# 10 000 connections, 1M locks per table, 1M leases of 1-10 s (a few minutes at most).
+# SCALE_ARGS passes flags through, e.g. SCALE_ARGS="--phases leases".
+scale: release
+	./target/release/holdfast-scale $(SCALE_ARGS)
 
 clean:
 	$(CARGO) clean

@@ -103,8 +103,35 @@ struct Lock {
     hash: u64,
     holder: Holder,
     /// Oldest queued ACQ (the next to be granted) and newest, in `waiters`.
-    head: Option<usize>,
-    tail: Option<usize>,
+    head: Link,
+    tail: Link,
+}
+
+/// A slab key of `waiters` in 4 bytes, or none: the queue ends of a lock, which exists once per
+/// locked name, so its size is paid a million times over at scale (`Option<usize>` is 16 bytes;
+/// two of them took a `Lock` from 64 to 88 bytes).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct Link(u32);
+
+impl Link {
+    const NONE: Link = Link(u32::MAX);
+
+    fn new(key: Option<usize>) -> Link {
+        match key {
+            // 2^32 - 1 queued ACQs would take hundreds of GiB; the limit is never reached.
+            Some(k) => Link(
+                u32::try_from(k)
+                    .ok()
+                    .filter(|&k| k != u32::MAX)
+                    .expect("waiter key over 32 bits"),
+            ),
+            None => Link::NONE,
+        }
+    }
+
+    fn get(self) -> Option<usize> {
+        (self != Link::NONE).then_some(self.0 as usize)
+    }
 }
 
 enum Holder {
@@ -346,7 +373,7 @@ impl LockdTable {
 
     /// The queued ACQs of one name, next to be granted first: connection and payload.
     pub fn waiters<'a>(&'a self, name: &[u8]) -> impl Iterator<Item = (ConnId, &'a [u8])> + 'a {
-        let head = self.find(name).and_then(|k| self.locks[k].head);
+        let head = self.find(name).and_then(|k| self.locks[k].head.get());
         std::iter::successors(head, move |&w| self.waiters[w].next).map(move |w| {
             let waiter = &self.waiters[w];
             (waiter.conn, &*waiter.payload)
@@ -374,8 +401,8 @@ impl LockdTable {
             name: name.into(),
             hash,
             holder,
-            head: None,
-            tail: None,
+            head: Link::NONE,
+            tail: Link::NONE,
         });
         debug_assert_eq!(inserted, key);
         let locks = &self.locks;
@@ -387,7 +414,7 @@ impl LockdTable {
     /// A lock with no waiters left and no holder leaves the table.
     fn remove_lock(&mut self, key: usize) {
         let lock = self.locks.remove(key);
-        debug_assert!(lock.head.is_none() && lock.tail.is_none());
+        debug_assert!(lock.head == Link::NONE && lock.tail == Link::NONE);
         match self.by_name.find_entry(lock.hash, |&k| k == key) {
             Ok(entry) => {
                 entry.remove();
@@ -437,7 +464,7 @@ impl LockdTable {
     /// The lock `key` has just lost its holder: hand it to the first waiter (one grant, nobody
     /// else touched), or drop it from the table when nobody waits.
     fn pass_on(&mut self, key: usize, grants: &mut Vec<Grant>) {
-        let Some(w) = self.locks[key].head else {
+        let Some(w) = self.locks[key].head.get() else {
             self.remove_lock(key);
             return;
         };
@@ -458,7 +485,7 @@ impl LockdTable {
 
     fn enqueue(&mut self, key: usize, conn: ConnId, payload: &[u8]) {
         let waits = &mut self.conns.entry(conn).or_default().waits;
-        let tail = self.locks[key].tail;
+        let tail = self.locks[key].tail.get();
         let w = self.waiters.insert(Waiter {
             conn,
             lock: key,
@@ -470,9 +497,9 @@ impl LockdTable {
         waits.push(w);
         match tail {
             Some(t) => self.waiters[t].next = Some(w),
-            None => self.locks[key].head = Some(w),
+            None => self.locks[key].head = Link::new(Some(w)),
         }
-        self.locks[key].tail = Some(w);
+        self.locks[key].tail = Link::new(Some(w));
     }
 
     /// Take waiter `w` out of its lock's queue (it stays in `waiters`).
@@ -482,11 +509,11 @@ impl LockdTable {
         } = self.waiters[w];
         match prev {
             Some(p) => self.waiters[p].next = next,
-            None => self.locks[lock].head = next,
+            None => self.locks[lock].head = Link::new(next),
         }
         match next {
             Some(n) => self.waiters[n].prev = prev,
-            None => self.locks[lock].tail = prev,
+            None => self.locks[lock].tail = Link::new(prev),
         }
     }
 
@@ -521,7 +548,7 @@ impl LockdTable {
                 Holder::Orphan { .. } => orphaned += 1,
             }
             let mut prev = None;
-            let mut cur = lock.head;
+            let mut cur = lock.head.get();
             while let Some(w) = cur {
                 let waiter = &self.waiters[w];
                 assert_eq!(waiter.lock, key);
@@ -531,7 +558,7 @@ impl LockdTable {
                 prev = cur;
                 cur = waiter.next;
             }
-            assert_eq!(lock.tail, prev);
+            assert_eq!(lock.tail.get(), prev);
         }
         assert_eq!((held, orphaned), (self.held, self.orphaned));
         assert_eq!(queued, self.waiters.len());
