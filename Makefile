@@ -3,8 +3,12 @@
 #   make test   everything the tests need is installed here, then every test runs
 #   make lint   rustfmt and clippy, warnings are errors
 #   make bench  side-by-side benchmark against memcached and redis-server
+#   make soak   mixed hostile traffic on all three protocols for SOAK_SECONDS (CI: 60)
 
 CARGO  ?= cargo
+# make soak: how long the traffic runs; the daemon's timers are short so that they fire often.
+SOAK_SECONDS ?= 600
+SOAK_DAEMON_FLAGS ?= --threads 2 --orphan-timeout 200 --dlock-idle-timeout 2000
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -60,6 +64,11 @@ fmt:
 
 bench: release
 	$(PYTHON) tools/bench.py
+
+# The soak starts the release daemon (port 0 everywhere), runs ~60 client threads against it,
+# waits past every timeout, checks that nothing is left, stops the daemon by its PID.
+soak: release
+	./target/release/holdfast-soak --seconds $(SOAK_SECONDS) --holdfast ./target/release/holdfast -- $(SOAK_DAEMON_FLAGS)
 
 clean:
 	$(CARGO) clean
