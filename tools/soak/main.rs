@@ -127,6 +127,7 @@ struct Args {
     seed: u64,
     tolerance: Duration,
     rss_slack_kib: u64,
+    assume_orphan_timeout: Option<Duration>,
     holdfast: Option<String>,
     daemon_args: Vec<String>,
     memcache: Option<SocketAddr>,
@@ -150,6 +151,12 @@ fn parse_args() -> Result<Args, String> {
         "N",
     )
     .optopt("n", "names", "lock names per protocol (default 8)", "N")
+    .optopt(
+        "",
+        "assume-orphan-timeout-ms",
+        "to test the soak itself: believe this orphan timeout instead of the daemon's",
+        "MS",
+    )
     .optopt("", "seed", "random seed (default: from the clock)", "N")
     .optopt(
         "",
@@ -160,7 +167,7 @@ fn parse_args() -> Result<Args, String> {
     .optopt(
         "",
         "rss-slack-kib",
-        "RSS growth allowed from start to end (default 65536)",
+        "RSS growth allowed from start to end (default 16384)",
         "KIB",
     )
     .optopt("", "holdfast", "start this daemon binary", "PATH")
@@ -214,7 +221,12 @@ fn parse_args() -> Result<Args, String> {
         names: num(&m, "names", 8)?.max(1),
         seed: num(&m, "seed", default_seed)?,
         tolerance: Duration::from_millis(num(&m, "tolerance-ms", 5)?),
-        rss_slack_kib: num(&m, "rss-slack-kib", 65536)?,
+        rss_slack_kib: num(&m, "rss-slack-kib", 16384)?,
+        assume_orphan_timeout: m
+            .opt_str("assume-orphan-timeout-ms")
+            .map(|v| v.parse().map(Duration::from_millis))
+            .transpose()
+            .map_err(|_| "--assume-orphan-timeout-ms: bad value".to_string())?,
         holdfast: m.opt_str("holdfast"),
         daemon_args: m.free.clone(),
         memcache: addr(&m, "memcache")?,
@@ -454,6 +466,7 @@ fn run(args: &Args, daemon: &mut Daemon) -> bool {
             .copied()
             .unwrap_or(5000),
     );
+    let orphan_timeout = args.assume_orphan_timeout.unwrap_or(orphan_timeout);
     let idle_timeout = Duration::from_millis(
         settings
             .get("dlock_idle_timeout_ms")
