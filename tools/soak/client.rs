@@ -1,8 +1,9 @@
 //! What every client thread has: the shared context, its id, its PRNG, its connection.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::model::{Model, Owner};
@@ -26,6 +27,28 @@ pub struct Ctx {
     pub names: usize,
     /// Set when the run must end now (the daemon died).
     pub abort: AtomicBool,
+    pub closes: Closes,
+}
+
+/// How the last connection from each local port ended.
+#[derive(Default)]
+pub struct Closes(Mutex<HashMap<u16, String>>);
+
+impl Closes {
+    pub fn note(&self, port: u16, text: String) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(port, text);
+    }
+
+    pub fn get(&self, port: u16) -> Option<String> {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&port)
+            .cloned()
+    }
 }
 
 impl Ctx {
@@ -41,6 +64,8 @@ pub struct Base {
     pub conn: Option<Conn>,
     /// What the client is doing (for error messages).
     pub what: &'static str,
+    /// The last steps on the current connection (explains a connection the daemon never closes).
+    history: Vec<&'static str>,
     addr: SocketAddr,
 }
 
@@ -52,6 +77,7 @@ impl Base {
             rng: Rng::new(seed ^ (u64::from(id) << 32)),
             conn: None,
             what: "start",
+            history: Vec::new(),
             addr,
         }
     }
@@ -60,6 +86,7 @@ impl Base {
     pub fn conn(&mut self) -> Res<&mut Conn> {
         if self.conn.is_none() {
             self.conn = Some(Conn::connect(self.addr)?);
+            self.history.clear();
             self.ctx.report.count(&self.ctx.report.c.reconnects);
         }
         Ok(self.conn.as_mut().expect("just connected"))
@@ -94,8 +121,49 @@ impl Base {
             if reset {
                 self.ctx.report.count(&self.ctx.report.c.resets);
             }
+            self.note(&c, if reset { "reset" } else { "close" });
             c.close(reset);
         }
+    }
+
+    /// Start a step called `what`.
+    pub fn step(&mut self, what: &'static str) {
+        self.what = what;
+        if self.history.len() >= 12 {
+            self.history.remove(0);
+        }
+        self.history.push(what);
+    }
+
+    /// The server closed the connection (as it had to): drop it.
+    pub fn closed_by_server(&mut self) {
+        if let Some(c) = self.conn.take() {
+            self.note(&c, "closed by the server");
+        }
+    }
+
+    /// The run is over: close without a reset.
+    pub fn finish(&mut self) {
+        self.what = "end of run";
+        if let Some(c) = self.conn.take() {
+            self.note(&c, "close");
+            c.close(false);
+        }
+    }
+
+    /// Remember how the connection from this local port ended, to explain a socket the daemon
+    /// never closes.
+    fn note(&self, c: &Conn, how: &str) {
+        self.ctx.closes.note(
+            c.local_port(),
+            format!(
+                "client {} conn {}: steps [{}], {} then {how}",
+                self.id,
+                c.id,
+                self.history.join(", "),
+                self.what
+            ),
+        );
     }
 
     pub fn pick(&mut self, prefix: &str) -> String {

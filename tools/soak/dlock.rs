@@ -44,9 +44,7 @@ pub fn run(ctx: Arc<Ctx>, id: u32, seed: u64) {
             c.failed("final Unlock", f);
         }
     }
-    if let Some(conn) = c.b.conn.take() {
-        conn.close(false);
-    }
+    c.b.finish();
 }
 
 impl DlockClient {
@@ -87,7 +85,7 @@ impl DlockClient {
             }),
             _ => ("hostile", Self::hostile),
         };
-        self.b.what = what;
+        self.b.step(what);
         r(self)
     }
 
@@ -179,6 +177,7 @@ impl DlockClient {
         let r = match self.response(id, deadline) {
             Err(Fail::Timeout) if wait.is_none() => {
                 self.b.ctx.report.count(&self.b.ctx.report.c.gave_up);
+                self.b.what = "Lock waiting, gave up";
                 self.held.clear();
                 self.b.disconnect();
                 return Ok(());
@@ -268,6 +267,7 @@ impl DlockClient {
             for k in std::mem::take(&mut self.held) {
                 self.b.ctx.model.releasing(Proto::Dlock, &k, owner);
             }
+            self.b.what = "holding";
             self.b.disconnect();
             Ok(())
         } else {
@@ -318,7 +318,7 @@ impl DlockClient {
                 ))
             })?;
         let silent = self.last_send.elapsed();
-        self.b.conn = None;
+        self.b.closed_by_server();
         if silent + self.b.ctx.tolerance < idle {
             return Err(Fail::Proto(format!(
                 "idle-disconnected after {} ms of silence (timeout {} ms)",
@@ -361,6 +361,7 @@ impl DlockClient {
         // Let it run out: the mark's bound already says when the server may release it.
         self.b.ctx.report.count(&self.b.ctx.report.c.dlock_lapses);
         if r >= 90 {
+            self.b.what = "holding a lease";
             self.b.disconnect();
         }
         Ok(())
@@ -405,7 +406,7 @@ impl DlockClient {
         let conn = self.b.conn()?;
         conn.wait_closed(Instant::now() + REPLY_DEADLINE)?;
         self.b.ctx.report.op();
-        self.b.conn = None;
+        self.b.closed_by_server();
         Ok(())
     }
 }

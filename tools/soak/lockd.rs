@@ -80,9 +80,7 @@ pub fn run(ctx: Arc<Ctx>, id: u32, seed: u64) {
             c.failed("final REL", f);
         }
     }
-    if let Some(conn) = c.b.conn.take() {
-        conn.close(false);
-    }
+    c.b.finish();
 }
 
 impl LockdClient {
@@ -126,7 +124,7 @@ impl LockdClient {
             }),
             _ => ("hostile", Self::hostile),
         };
-        self.b.what = what;
+        self.b.step(what);
         r(self)
     }
 
@@ -202,6 +200,7 @@ impl LockdClient {
                     // Gives up by closing: the server drops the queued ACQ, or, if it granted
                     // it just now, makes an orphan the soak never saw (harmless to the rules).
                     self.b.ctx.report.count(&self.b.ctx.report.c.gave_up);
+                    self.b.what = "ACQ queued, gave up";
                     self.leave();
                     return Ok(());
                 }
@@ -233,6 +232,7 @@ impl LockdClient {
         if self.b.rng.chance(80.0) {
             self.release()
         } else {
+            self.b.what = "holding (orphan)";
             self.leave();
             Ok(())
         }
@@ -304,6 +304,7 @@ impl LockdClient {
         if self.b.rng.chance(80.0) {
             self.release()
         } else {
+            self.b.what = "holding adopted (orphan)";
             self.leave();
             Ok(())
         }
@@ -361,7 +362,7 @@ impl LockdClient {
         self.b
             .conn()?
             .wait_closed(Instant::now() + REPLY_DEADLINE)?;
-        self.b.conn = None;
+        self.b.closed_by_server();
         Ok(())
     }
 }

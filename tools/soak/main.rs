@@ -123,6 +123,7 @@ const SAMPLE_EVERY: Duration = Duration::from_millis(200);
 struct Args {
     seconds: u64,
     clients: u32,
+    protocols: Vec<String>,
     names: usize,
     seed: u64,
     tolerance: Duration,
@@ -151,6 +152,12 @@ fn parse_args() -> Result<Args, String> {
         "N",
     )
     .optopt("n", "names", "lock names per protocol (default 8)", "N")
+    .optopt(
+        "p",
+        "protocols",
+        "which clients run (default mc,lockd,dlock)",
+        "LIST",
+    )
     .optopt(
         "",
         "assume-orphan-timeout-ms",
@@ -218,6 +225,12 @@ fn parse_args() -> Result<Args, String> {
     let a = Args {
         seconds: num(&m, "seconds", 600)?,
         clients: num(&m, "clients", 20)?,
+        protocols: m
+            .opt_str("protocols")
+            .unwrap_or_else(|| "mc,lockd,dlock".into())
+            .split(',')
+            .map(str::to_string)
+            .collect(),
         names: num(&m, "names", 8)?.max(1),
         seed: num(&m, "seed", default_seed)?,
         tolerance: Duration::from_millis(num(&m, "tolerance-ms", 5)?),
@@ -321,6 +334,60 @@ impl Daemon {
             .and_then(|l| l.split_whitespace().nth(1))
             .and_then(|v| v.parse().ok())
             .unwrap_or(0)
+    }
+
+    /// The daemon's TCP sockets that are not listeners: "memcache CLOSE_WAIT 127.0.0.1:PORT"
+    /// (which listener's port, the kernel's TCP state, the client's address).
+    fn connections(&self) -> Vec<(String, u16)> {
+        let mut inodes = std::collections::HashSet::new();
+        if let Ok(dir) = std::fs::read_dir(format!("/proc/{}/fd", self.pid)) {
+            for e in dir.flatten() {
+                if let Ok(link) = std::fs::read_link(e.path()) {
+                    let link = link.to_string_lossy().into_owned();
+                    if let Some(n) = link
+                        .strip_prefix("socket:[")
+                        .and_then(|l| l.strip_suffix(']'))
+                    {
+                        inodes.insert(n.to_string());
+                    }
+                }
+            }
+        }
+        let ports = [
+            (self.memcache.port(), "memcache"),
+            (self.lockd.port(), "lockd"),
+            (self.dlock.port(), "dlock"),
+        ];
+        let port_of = |hex: &str| {
+            hex.rsplit(':')
+                .next()
+                .and_then(|p| u16::from_str_radix(p, 16).ok())
+                .unwrap_or(0)
+        };
+        let mut out = Vec::new();
+        for table in ["tcp", "tcp6"] {
+            let text = std::fs::read_to_string(format!("/proc/{}/net/{table}", self.pid))
+                .unwrap_or_default();
+            for line in text.lines().skip(1) {
+                let f: Vec<&str> = line.split_whitespace().collect();
+                if f.len() < 10 || !inodes.contains(f[9]) || f[3] == "0A" {
+                    continue; // not the daemon's, or a listener
+                }
+                let state = match f[3] {
+                    "01" => "ESTABLISHED",
+                    "06" => "TIME_WAIT",
+                    "07" => "CLOSE",
+                    "08" => "CLOSE_WAIT",
+                    "09" => "LAST_ACK",
+                    other => other,
+                };
+                let local = port_of(f[1]);
+                let name = ports.iter().find(|p| p.0 == local).map_or("?", |p| p.1);
+                let client = port_of(f[2]);
+                out.push((format!("{name} {state} client_port={client}"), client));
+            }
+        }
+        out
     }
 
     fn fds(&self) -> u64 {
@@ -474,7 +541,7 @@ fn run(args: &Args, daemon: &mut Daemon) -> bool {
             .unwrap_or(60000),
     );
     println!(
-        "soak: pid={} memcache={} lockd={} dlock={} seconds={} clients={}x3 names={} seed={} \
+        "soak: pid={} memcache={} lockd={} dlock={} seconds={} clients={}x{} names={} seed={} \
          orphan_timeout_ms={} idle_timeout_ms={} tolerance_ms={}",
         daemon.pid,
         daemon.memcache,
@@ -482,6 +549,7 @@ fn run(args: &Args, daemon: &mut Daemon) -> bool {
         daemon.dlock,
         args.seconds,
         args.clients,
+        args.protocols.join(","),
         args.names,
         args.seed,
         orphan_timeout.as_millis(),
@@ -501,6 +569,7 @@ fn run(args: &Args, daemon: &mut Daemon) -> bool {
         tolerance: args.tolerance,
         names: args.names,
         abort: AtomicBool::new(false),
+        closes: Default::default(),
     });
 
     let mut threads = Vec::new();
@@ -512,6 +581,9 @@ fn run(args: &Args, daemon: &mut Daemon) -> bool {
     ];
     let mut id = 0u32;
     for (kind, body) in kinds {
+        if !args.protocols.iter().any(|p| p == kind) {
+            continue;
+        }
         for _ in 0..args.clients {
             id += 1;
             let (ctx, seed, me) = (ctx.clone(), args.seed, id);
@@ -578,6 +650,7 @@ fn run(args: &Args, daemon: &mut Daemon) -> bool {
             break;
         }
         if Instant::now() > drain_by {
+            leaked_connections(daemon, &ctx);
             let left: Vec<String> = LOCK_STATS
                 .iter()
                 .chain(&["curr_connections"])
@@ -619,6 +692,7 @@ fn run(args: &Args, daemon: &mut Daemon) -> bool {
     }
     let rss_end = daemon.rss_kib();
     if fds_end > fds_start {
+        leaked_connections(daemon, &ctx);
         report.error(format!(
             "the daemon has {fds_end} fds open, {fds_start} at the start"
         ));
@@ -639,6 +713,17 @@ fn run(args: &Args, daemon: &mut Daemon) -> bool {
         fds_start,
         fds_end,
     )
+}
+
+/// Print the daemon's connections still open, with how the soak's client ended each one.
+fn leaked_connections(daemon: &Daemon, ctx: &Ctx) {
+    for (text, port) in daemon.connections() {
+        let how = ctx
+            .closes
+            .get(port)
+            .unwrap_or_else(|| "not a client connection (the stats connection?)".into());
+        eprintln!("soak: still open in the daemon: {text}: {how}");
+    }
 }
 
 fn progress(report: &Report, started: Instant, rss: u64, fds: u64, model: &Model) {

@@ -153,9 +153,7 @@ pub fn run(ctx: Arc<Ctx>, id: u32, seed: u64) {
             c.failed("final unlock_all", f);
         }
     }
-    if let Some(conn) = c.b.conn.take() {
-        conn.close(false);
-    }
+    c.b.finish();
 }
 
 impl McClient {
@@ -185,7 +183,7 @@ impl McClient {
             }),
             _ => ("hostile", Self::hostile),
         };
-        self.b.what = what;
+        self.b.step(what);
         r(self)
     }
 
@@ -373,6 +371,7 @@ impl McClient {
             72..=86 => self.unlock_all(),
             _ => {
                 self.let_go();
+                self.b.what = "holding";
                 self.b.disconnect();
                 Ok(())
             }
@@ -571,7 +570,7 @@ impl McClient {
         let _ = conn.send(&req);
         conn.wait_closed(Instant::now() + REPLY_DEADLINE)?;
         self.b.ctx.report.op();
-        self.b.conn = None;
+        self.b.closed_by_server();
         Ok(())
     }
 }

@@ -65,6 +65,10 @@ impl Conn {
         Err(Fail::Closed(format!("connect to {addr}: {last}")))
     }
 
+    pub fn local_port(&self) -> u16 {
+        self.s.local_addr().map_or(0, |a| a.port())
+    }
+
     pub fn send(&mut self, bytes: &[u8]) -> Res<()> {
         self.s
             .write_all(bytes)
