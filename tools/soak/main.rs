@@ -82,7 +82,9 @@
 //! timeouts have to pass) and curr_connections is 1 (the stats connection), then checks that the
 //! daemon's open fds are back to their starting count and its RSS near its starting value, and
 //! prints one line: `soak: seconds=... ops=... double_grants=0 errors=0 locks_left=0 ...
-//! result=PASS`. Exit status 0 only on PASS.
+//! result=PASS`. Exit status 0 only on PASS. Should connections stay open in the daemon, each is
+//! listed with its listener, its TCP state (CLOSE_WAIT: the client closed, the daemon did not)
+//! and how the soak's client had ended it, with that connection's last steps.
 
 mod client;
 mod dlock;
@@ -520,6 +522,7 @@ fn run(args: &Args, daemon: &mut Daemon) -> bool {
             return false;
         }
     };
+    let stats_port = sc.local_port();
     let settings = match stats(&mut sc, "settings") {
         Ok(s) => s,
         Err(e) => {
@@ -650,7 +653,7 @@ fn run(args: &Args, daemon: &mut Daemon) -> bool {
             break;
         }
         if Instant::now() > drain_by {
-            leaked_connections(daemon, &ctx);
+            leaked_connections(daemon, &ctx, stats_port);
             let left: Vec<String> = LOCK_STATS
                 .iter()
                 .chain(&["curr_connections"])
@@ -692,7 +695,7 @@ fn run(args: &Args, daemon: &mut Daemon) -> bool {
     }
     let rss_end = daemon.rss_kib();
     if fds_end > fds_start {
-        leaked_connections(daemon, &ctx);
+        leaked_connections(daemon, &ctx, stats_port);
         report.error(format!(
             "the daemon has {fds_end} fds open, {fds_start} at the start"
         ));
@@ -716,12 +719,15 @@ fn run(args: &Args, daemon: &mut Daemon) -> bool {
 }
 
 /// Print the daemon's connections still open, with how the soak's client ended each one.
-fn leaked_connections(daemon: &Daemon, ctx: &Ctx) {
+fn leaked_connections(daemon: &Daemon, ctx: &Ctx, stats_port: u16) {
     for (text, port) in daemon.connections() {
-        let how = ctx
-            .closes
-            .get(port)
-            .unwrap_or_else(|| "not a client connection (the stats connection?)".into());
+        let how = if port == stats_port {
+            "the soak's stats connection".into()
+        } else {
+            ctx.closes
+                .get(port)
+                .unwrap_or_else(|| "not a client connection of this run".into())
+        };
         eprintln!("soak: still open in the daemon: {text}: {how}");
     }
 }
