@@ -5,8 +5,12 @@
 #   make bench  side-by-side benchmark against memcached and redis-server
 #   make fuzz   every cargo-fuzz target for FUZZ_SECONDS each (make fuzz-smoke: 20 s each)
 #   make scale  memory per idle connection and per held lock, lease expiry accuracy, at 10k/1M
+#   make soak   mixed hostile traffic on all three protocols for SOAK_SECONDS (CI: 60)
 
 CARGO  ?= cargo
+# make soak: how long the traffic runs; the daemon's timers are short so that they fire often.
+SOAK_SECONDS ?= 600
+SOAK_DAEMON_FLAGS ?= --threads 2 --orphan-timeout 200 --dlock-idle-timeout 2000
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -95,6 +99,10 @@ fuzz-smoke:
 # SCALE_ARGS passes flags through, e.g. SCALE_ARGS="--phases leases".
 scale: release
 	./target/release/holdfast-scale $(SCALE_ARGS)
+# The soak starts the release daemon (port 0 everywhere), runs ~60 client threads against it,
+# waits past every timeout, checks that nothing is left, stops the daemon by its PID.
+soak: release
+	./target/release/holdfast-soak --seconds $(SOAK_SECONDS) --holdfast ./target/release/holdfast -- $(SOAK_DAEMON_FLAGS)
 
 clean:
 	$(CARGO) clean

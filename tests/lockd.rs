@@ -1225,3 +1225,24 @@ fn acqs_queued_past_the_per_connection_cap_get_err_and_the_connection_stays_usab
     holder.want(RELEASED, &nul(b"busy"));
     greedy.want(ACQUIRED, &nul(b"busy"));
 }
+
+/// Found by the soak (`make soak`): a client that sends SYNC and closes its side at once. The SYNC
+/// stops parsing (barrier) before the worker reads the EOF behind it; when the reply lifts the
+/// barrier, the worker reads the EOF while it rechecks the connection at the end of its turn, and
+/// it must still close the connection then, not leave its socket in CLOSE_WAIT forever.
+#[test]
+fn sync_then_an_immediate_close_closes_the_connection() {
+    let _g = serial();
+    let d = Daemon::start(&[]);
+    let mut stats = Stats::of(&d);
+    for _ in 0..20 {
+        let mut c = d.lockd();
+        c.send(&req(SYNC, b""));
+        c.stream
+            .shutdown(std::net::Shutdown::Write)
+            .expect("shutdown");
+        assert_eq!(c.recv().opcode, SYNC_REPLY);
+        c.expect_closed();
+    }
+    stats.wait_for("curr_connections", 1);
+}

@@ -159,6 +159,8 @@ pub struct Owner {
     tables: Tables,
     outbox: Outbox,
     pools: Vec<Pools>,
+    /// This turn's messages, taken from the channel before the turn's time is read.
+    turn: Vec<ToOwner>,
 }
 
 impl Owner {
@@ -177,6 +179,7 @@ impl Owner {
             tables,
             outbox,
             pools,
+            turn: Vec::with_capacity(MAX_BATCHES_PER_TURN),
         }
     }
 
@@ -188,30 +191,37 @@ impl Owner {
                 Some(d) => Duration::from_millis(d - now.ms).min(IDLE_SLEEP),
                 None => IDLE_SLEEP,
             };
-            let first = match self.rx.recv_timeout(wait) {
-                Ok(msg) => Some(msg),
-                Err(RecvTimeoutError::Timeout) => None,
+            match self.rx.recv_timeout(wait) {
+                Ok(msg) => self.turn.push(msg),
+                Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => return,
-            };
+            }
+            if !self.turn.is_empty() {
+                while self.turn.len() < MAX_BATCHES_PER_TURN {
+                    match self.rx.try_recv() {
+                        Ok(msg) => self.turn.push(msg),
+                        Err(_) => break,
+                    }
+                }
+            }
+            // The turn's time is read after its messages are taken, so it is never earlier than
+            // anything they report: a disconnect, a Lock, a request that restarts an idle clock
+            // all happened before their batch was sent. Read before the last batch arrived, it
+            // could date an event before it happened, and every timer counted from it (orphan,
+            // lease, idle, wait) would fire early by as long as the turn took.
             let now = clock(&self.shared);
             // Timers due by now fire before this turn's requests see the tables (an orphan whose
             // time is up is released before anyone can TRY or ADOPT it), and again after them
             // for timers the requests set at or before now (a zero orphan timeout).
             self.fire_timers(now);
-            let mut taken = 0;
-            let mut next = first;
-            while let Some(msg) = next {
+            let mut turn = std::mem::take(&mut self.turn);
+            for msg in turn.drain(..) {
                 match msg {
                     ToOwner::Shutdown => return,
                     ToOwner::Batch(batch) => self.apply(batch, now),
                 }
-                taken += 1;
-                next = if taken < MAX_BATCHES_PER_TURN {
-                    self.rx.try_recv().ok()
-                } else {
-                    None
-                };
             }
+            self.turn = turn;
             self.fire_timers(now);
             self.send_replies();
         }

@@ -417,7 +417,10 @@ impl Worker {
                 self.flush(slot);
             }
         }
+        // The pass itself may have queued connections for the next turn (a resumed read that
+        // met EOF, a flush that drained a closing connection): keep them, or they wait forever.
         recheck.clear();
+        recheck.append(&mut self.recheck);
         self.recheck = recheck;
 
         if !self.batch.ops.is_empty() {

@@ -1,0 +1,368 @@
+//! Old lock-daemon clients: ACQ (waiting FIFO, pinging while they wait, giving up by closing),
+//! TRY, REL, ADOPT of orphans, PING, SYNC, disconnects while holding (orphans).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Instant;
+
+use holdfast::proto::lockd::{self as wire, op};
+
+use crate::client::{Base, Ctx};
+use crate::model::{Bound, Proto};
+use crate::net::{Fail, Res, REPLY_DEADLINE};
+
+struct Frame {
+    opcode: u8,
+    payload: Vec<u8>,
+}
+
+fn parse(buf: &[u8]) -> Result<Option<(Frame, usize)>, String> {
+    match wire::parse(buf) {
+        None => Ok(None),
+        Some((f, _)) if f.version != wire::VERSION => {
+            Err(format!("lockd reply with version {}", f.version))
+        }
+        Some((f, used)) => Ok(Some((
+            Frame {
+                opcode: f.opcode,
+                payload: f.payload.to_vec(),
+            },
+            used,
+        ))),
+    }
+}
+
+fn op_name(o: u8) -> &'static str {
+    match o {
+        op::ACQUIRED => "ACQUIRED",
+        op::WBLOCK => "WBLOCK",
+        op::RELEASED => "RELEASED",
+        op::PONG => "PONG",
+        op::ACK => "ACK",
+        op::ERR => "ERR",
+        op::SYNC_REPLY => "SYNC",
+        _ => "?",
+    }
+}
+
+fn payload_of(name: &str) -> Vec<u8> {
+    let mut p = name.as_bytes().to_vec();
+    p.push(0);
+    p
+}
+
+pub struct LockdClient {
+    b: Base,
+    /// The name this connection holds.
+    held: Option<String>,
+    /// PINGs sent whose PONG has not been read yet, oldest first.
+    pongs: VecDeque<Vec<u8>>,
+    serial: u64,
+}
+
+pub fn run(ctx: Arc<Ctx>, id: u32, seed: u64) {
+    let addr = ctx.lockd;
+    let mut c = LockdClient {
+        b: Base::new(ctx.clone(), id, seed, addr),
+        held: None,
+        pongs: VecDeque::new(),
+        serial: 0,
+    };
+    while ctx.running() {
+        if let Err(f) = c.step() {
+            let what = c.b.what;
+            c.failed(what, f);
+        }
+        c.b.pause(3);
+    }
+    if c.held.is_some() {
+        if let Err(f) = c.release() {
+            c.failed("final REL", f);
+        }
+    }
+    c.b.finish();
+}
+
+impl LockdClient {
+    fn failed(&mut self, what: &str, f: Fail) {
+        let owner = self.b.owner();
+        self.b.ctx.report.error(format!(
+            "lockd client {} conn {}: {what}: {f}",
+            self.b.id, owner.conn
+        ));
+        self.leave();
+    }
+
+    /// Close the connection; a held lock becomes an orphan, which the server may keep for the
+    /// orphan timeout counted from (at the earliest) now.
+    fn leave(&mut self) {
+        if let Some(name) = self.held.take() {
+            let bound = Bound {
+                at: Instant::now() + self.b.ctx.orphan_timeout,
+                why: "orphan timeout",
+            };
+            self.b
+                .ctx
+                .model
+                .leaving(Proto::Lockd, &name, self.b.owner(), bound);
+            self.b.ctx.report.count(&self.b.ctx.report.c.lockd_orphans);
+        }
+        self.pongs.clear();
+        self.b.disconnect();
+    }
+
+    fn step(&mut self) -> Res<()> {
+        let (what, r): (_, fn(&mut Self) -> Res<()>) = match self.b.rng.below(1000) {
+            0..=399 => ("ACQ", Self::acquire),
+            400..=619 => ("TRY", Self::try_lock),
+            620..=719 => ("ADOPT", Self::adopt),
+            720..=939 => ("PING", Self::ping),
+            940..=969 => ("SYNC", Self::sync),
+            970..=994 => ("reconnect", |c| {
+                c.b.disconnect();
+                Ok(())
+            }),
+            _ => ("hostile", Self::hostile),
+        };
+        self.b.step(what);
+        r(self)
+    }
+
+    fn send(&mut self, opcode: u8, payload: &[u8]) -> Res<()> {
+        let mut req = Vec::with_capacity(4 + payload.len());
+        wire::encode(&mut req, opcode, payload);
+        self.b.send(&req)
+    }
+
+    /// The next reply that is not the PONG of a PING sent while waiting.
+    fn recv(&mut self, deadline: Instant) -> Res<Frame> {
+        loop {
+            let f = self.b.conn()?.recv(deadline, parse)?;
+            self.b.ctx.report.op();
+            if f.opcode == op::PONG {
+                if let Some(expected) = self.pongs.pop_front() {
+                    if f.payload != expected {
+                        return Err(Fail::Proto(format!(
+                            "PONG payload {:?}, expected {:?}",
+                            f.payload, expected
+                        )));
+                    }
+                    continue;
+                }
+            }
+            return Ok(f);
+        }
+    }
+
+    /// A reply to a request on `payload` must echo it byte for byte.
+    fn expect(&mut self, what: &str, payload: &[u8], allowed: &[u8]) -> Res<u8> {
+        let f = self.recv(Instant::now() + REPLY_DEADLINE)?;
+        if !allowed.contains(&f.opcode) || f.payload != payload {
+            return Err(Fail::Proto(format!(
+                "{what} {:?}: got {} ({}) {:?}",
+                String::from_utf8_lossy(payload),
+                op_name(f.opcode),
+                f.opcode,
+                String::from_utf8_lossy(&f.payload)
+            )));
+        }
+        Ok(f.opcode)
+    }
+
+    fn acquire(&mut self) -> Res<()> {
+        let name = self.b.pick("lk:");
+        let payload = payload_of(&name);
+        self.send(op::ACQ, &payload)?;
+        if self.expect("ACQ", &payload, &[op::ACQUIRED, op::ACK])? == op::ACQUIRED {
+            return self.hold(name, "ACQ");
+        }
+        self.b.ctx.report.count(&self.b.ctx.report.c.lockd_waited);
+        // Queued. Wait a while, pinging (the connection keeps working); some give up soon, so
+        // that closing while queued (or just granted) happens often.
+        let patience = if self.b.rng.chance(30.0) {
+            self.b.rng.ms(5, 200)
+        } else {
+            self.b.rng.ms(200, 2000)
+        };
+        let give_up = Instant::now() + patience;
+        loop {
+            let next_ping = (Instant::now() + self.b.rng.ms(30, 150)).min(give_up);
+            match self.recv(next_ping) {
+                Ok(f) if f.opcode == op::ACQUIRED && f.payload == payload => break,
+                Ok(f) => {
+                    return Err(Fail::Proto(format!(
+                        "waiting for {name:?}: got {} {:?}",
+                        op_name(f.opcode),
+                        String::from_utf8_lossy(&f.payload)
+                    )))
+                }
+                Err(Fail::Timeout) if Instant::now() >= give_up || !self.b.ctx.running() => {
+                    // Gives up by closing: the server drops the queued ACQ, or, if it granted
+                    // it just now, makes an orphan the soak never saw (harmless to the rules).
+                    self.b.ctx.report.count(&self.b.ctx.report.c.gave_up);
+                    self.b.what = "ACQ queued, gave up";
+                    self.leave();
+                    return Ok(());
+                }
+                Err(Fail::Timeout) => {
+                    self.serial += 1;
+                    let p = format!("wait {} {}", self.b.id, self.serial).into_bytes();
+                    self.send(op::PING, &p)?;
+                    self.pongs.push_back(p);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        self.hold(name, "ACQ after ACK")
+    }
+
+    /// The server granted `name`: mark it, hold it a little, then REL it or leave an orphan.
+    fn hold(&mut self, name: String, how: &str) -> Res<()> {
+        self.b.ctx.report.count(&self.b.ctx.report.c.lockd_grants);
+        self.b
+            .ctx
+            .model
+            .granted(Proto::Lockd, &name, self.b.owner(), how, None);
+        self.held = Some(name);
+        self.drain_pongs()?;
+        self.b.pause(15);
+        if self.b.rng.chance(20.0) {
+            self.ping()?;
+        }
+        if self.b.rng.chance(80.0) {
+            self.release()
+        } else {
+            self.b.what = "holding (orphan)";
+            self.leave();
+            Ok(())
+        }
+    }
+
+    fn drain_pongs(&mut self) -> Res<()> {
+        while let Some(expected) = self.pongs.pop_front() {
+            let f = self
+                .b
+                .conn()?
+                .recv(Instant::now() + REPLY_DEADLINE, parse)?;
+            self.b.ctx.report.op();
+            if f.opcode != op::PONG || f.payload != expected {
+                return Err(Fail::Proto(format!(
+                    "expected PONG {:?}, got {} {:?}",
+                    String::from_utf8_lossy(&expected),
+                    op_name(f.opcode),
+                    String::from_utf8_lossy(&f.payload)
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn release(&mut self) -> Res<()> {
+        let Some(name) = self.held.take() else {
+            return Ok(());
+        };
+        self.b
+            .ctx
+            .model
+            .releasing(Proto::Lockd, &name, self.b.owner());
+        let payload = payload_of(&name);
+        self.send(op::REL, &payload)?;
+        self.expect("REL", &payload, &[op::RELEASED])?;
+        Ok(())
+    }
+
+    fn try_lock(&mut self) -> Res<()> {
+        let name = self.b.pick("lk:");
+        let payload = payload_of(&name);
+        self.send(op::TRY, &payload)?;
+        if self.expect("TRY", &payload, &[op::ACQUIRED, op::WBLOCK])? == op::ACQUIRED {
+            return self.hold(name, "TRY");
+        }
+        Ok(())
+    }
+
+    /// ADOPT a name that is probably an orphan (or, now and then, any name).
+    fn adopt(&mut self) -> Res<()> {
+        let candidates = self.b.ctx.model.orphan_candidates();
+        let name = if !candidates.is_empty() && self.b.rng.chance(80.0) {
+            candidates[self.b.rng.below(candidates.len() as u64) as usize].clone()
+        } else {
+            self.b.pick("lk:")
+        };
+        let payload = payload_of(&name);
+        self.send(op::ADOPT, &payload)?;
+        if self.expect("ADOPT", &payload, &[op::ACK, op::ERR])? == op::ERR {
+            return Ok(());
+        }
+        self.b
+            .ctx
+            .report
+            .count(&self.b.ctx.report.c.lockd_adoptions);
+        self.b.ctx.model.adopted(&name, self.b.owner());
+        self.held = Some(name);
+        self.b.pause(15);
+        if self.b.rng.chance(80.0) {
+            self.release()
+        } else {
+            self.b.what = "holding adopted (orphan)";
+            self.leave();
+            Ok(())
+        }
+    }
+
+    fn ping(&mut self) -> Res<()> {
+        let len = self.b.rng.below(48) as usize;
+        let p: Vec<u8> = (0..len).map(|_| self.b.rng.next() as u8).collect();
+        self.send(op::PING, &p)?;
+        self.expect("PING", &p, &[op::PONG])?;
+        Ok(())
+    }
+
+    /// SYNC lists every locked name: each name held (by a connected client) from before the
+    /// request until after the reply must be in it.
+    fn sync(&mut self) -> Res<()> {
+        let before = self.b.ctx.model.held_snapshot(Proto::Lockd);
+        self.send(op::SYNC, &[])?;
+        let f = self.recv(Instant::now() + REPLY_DEADLINE)?;
+        if f.opcode != op::SYNC_REPLY {
+            return Err(Fail::Proto(format!("SYNC: got {}", op_name(f.opcode))));
+        }
+        self.b.ctx.report.count(&self.b.ctx.report.c.lockd_syncs);
+        let names: Vec<&[u8]> = f.payload.split(|&b| b == 0).collect();
+        for (name, epoch) in before {
+            let still = self.b.ctx.model.held_epoch(Proto::Lockd, &name) == Some(epoch);
+            if still && !names.contains(&name.as_bytes()) {
+                self.b.ctx.report.error(format!(
+                    "lockd SYNC does not list {name:?}, held throughout the request"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// A frame of version 2: ERR with an empty payload, then the server closes. Only while
+    /// holding nothing.
+    fn hostile(&mut self) -> Res<()> {
+        self.b.ctx.report.count(&self.b.ctx.report.c.hostile);
+        let payload = payload_of(&self.b.pick("lk:"));
+        let mut req = Vec::new();
+        wire::encode(&mut req, op::ACQ, &payload);
+        req[0] = (req[0] & 0x0f) | 0x20;
+        // The server refuses the version at the first byte and closes: the rest of the frame
+        // may meet a closed socket (EPIPE), which is fine.
+        let _ = self.b.conn()?.send(&req);
+        let f = self.recv(Instant::now() + REPLY_DEADLINE)?;
+        if f.opcode != op::ERR || !f.payload.is_empty() {
+            return Err(Fail::Proto(format!(
+                "version 2 frame: got {} {:?}",
+                op_name(f.opcode),
+                f.payload
+            )));
+        }
+        self.b
+            .conn()?
+            .wait_closed(Instant::now() + REPLY_DEADLINE)?;
+        self.b.closed_by_server();
+        Ok(())
+    }
+}

@@ -1,0 +1,273 @@
+//! The soak's own picture of who holds what, and the mutual-exclusion checks made against it.
+//! The rules are documented at the top of `main.rs`.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crate::report::Report;
+
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum Proto {
+    Mc,
+    Lockd,
+    Dlock,
+}
+
+impl Proto {
+    pub fn name(self) -> &'static str {
+        match self {
+            Proto::Mc => "memcache",
+            Proto::Lockd => "lockd",
+            Proto::Dlock => "dlock",
+        }
+    }
+}
+
+/// A holder as the soak knows it: the client thread and the connection (a process-wide serial
+/// number, never reused), because the server's holder is a connection.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Owner {
+    pub client: u32,
+    pub conn: u64,
+}
+
+/// How long the server may keep a lock on its own: a lower bound of the instant at which the
+/// server may release it without its holder asking, and what that timer is.
+#[derive(Clone, Copy, Debug)]
+pub struct Bound {
+    pub at: Instant,
+    pub why: &'static str,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Mark {
+    owner: Owner,
+    /// When the grant was seen.
+    since: Instant,
+    /// Unique per grant: the same epoch seen at two instants means the same grant all along.
+    epoch: u64,
+    /// `None`: the server keeps the lock until its owner releases it (or its connection closes,
+    /// which the owner does only after clearing the mark). `Some`: the server may release it
+    /// by itself from `at` on (a lease, an idle connection, an orphan).
+    bound: Option<Bound>,
+    /// False once the owner let go of it in a way the server completes later (an orphan left
+    /// by a disconnect, a lease left to lapse).
+    active: bool,
+}
+
+pub struct Model {
+    marks: Mutex<HashMap<(Proto, String), Mark>>,
+    epoch: AtomicU64,
+    /// How much earlier than its bound a lock may be granted again without being a double
+    /// grant (the server's millisecond clock truncates; see main.rs).
+    tolerance: Duration,
+    report: Arc<Report>,
+}
+
+impl Model {
+    pub fn new(tolerance: Duration, report: Arc<Report>) -> Model {
+        Model {
+            marks: Mutex::new(HashMap::new()),
+            epoch: AtomicU64::new(1),
+            tolerance,
+            report,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<(Proto, String), Mark>> {
+        // A poisoned map only means another client thread panicked; the data is still usable.
+        self.marks.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Why a new grant of a name that carries mark `m` breaks mutual exclusion, if it does.
+    fn conflict(&self, p: Proto, m: &Mark, who: Owner, now: Instant) -> Option<String> {
+        if m.owner == who && p == Proto::Dlock {
+            return None; // dlock is re-entrant: the same connection re-locks what it holds
+        }
+        match m.bound {
+            Some(b) if now + self.tolerance >= b.at => None,
+            Some(b) => Some(format!(
+                "{} ms before the {} of client {} conn {} could end (held since {} ms ago{})",
+                b.at.duration_since(now).as_millis(),
+                b.why,
+                m.owner.client,
+                m.owner.conn,
+                now.duration_since(m.since).as_millis(),
+                if m.active { "" } else { ", let go" }
+            )),
+            None => Some(format!(
+                "while held by client {} conn {} (for {} ms)",
+                m.owner.client,
+                m.owner.conn,
+                now.duration_since(m.since).as_millis()
+            )),
+        }
+    }
+
+    fn put(
+        &self,
+        m: &mut HashMap<(Proto, String), Mark>,
+        key: (Proto, String),
+        who: Owner,
+        bound: Option<Bound>,
+    ) {
+        let epoch = self.epoch.fetch_add(1, Ordering::Relaxed);
+        m.insert(
+            key,
+            Mark {
+                owner: who,
+                since: Instant::now(),
+                epoch,
+                bound,
+                active: true,
+            },
+        );
+    }
+
+    /// The server's reply (read just now) says `who` holds `name` (`how`: which request). `bound`:
+    /// when the server may release it by itself. Records a double grant when the mark of
+    /// another holder forbids the grant. Returns false on a double grant.
+    pub fn granted(
+        &self,
+        p: Proto,
+        name: &str,
+        who: Owner,
+        how: &str,
+        bound: Option<Bound>,
+    ) -> bool {
+        let now = Instant::now();
+        let mut m = self.lock();
+        let key = (p, name.to_string());
+        let problem = m.get(&key).and_then(|old| self.conflict(p, old, who, now));
+        self.put(&mut m, key, who, bound);
+        drop(m);
+        match problem {
+            Some(why) => {
+                self.report.double_grant(format!(
+                    "{} {name:?} granted to client {} conn {} ({how}) {why}",
+                    p.name(),
+                    who.client,
+                    who.conn
+                ));
+                false
+            }
+            None => true,
+        }
+    }
+
+    /// lockd ADOPT answered ACK: `who` holds the orphan now. Only a lock whose holder is still
+    /// connected cannot be an orphan (the soak does not know every orphan: a waiter that gave
+    /// up may have been granted just before it left).
+    pub fn adopted(&self, name: &str, who: Owner) -> bool {
+        let mut m = self.lock();
+        let key = (Proto::Lockd, name.to_string());
+        let problem = match m.get(&key) {
+            Some(old) if old.active && old.owner != who => Some(format!(
+                "lockd {name:?} adopted by client {} conn {} while its holder client {} conn {} \
+                 is connected (held for {} ms)",
+                who.client,
+                who.conn,
+                old.owner.client,
+                old.owner.conn,
+                old.since.elapsed().as_millis()
+            )),
+            _ => None,
+        };
+        self.put(&mut m, key, who, None);
+        drop(m);
+        match problem {
+            Some(text) => {
+                self.report.double_grant(text);
+                false
+            }
+            None => true,
+        }
+    }
+
+    /// `who` is about to send the release (or to close a connection whose close releases at
+    /// once): the mark goes first. A mark that is no longer `who`'s (its bound passed and the
+    /// lock went to someone else) stays.
+    pub fn releasing(&self, p: Proto, name: &str, who: Owner) {
+        let mut m = self.lock();
+        let key = (p, name.to_string());
+        if m.get(&key).is_some_and(|old| old.owner == who) {
+            m.remove(&key);
+        }
+    }
+
+    /// `who` lets go in a way the server completes only later: it may keep the lock until
+    /// `bound` (at the earliest).
+    pub fn leaving(&self, p: Proto, name: &str, who: Owner, bound: Bound) {
+        let mut m = self.lock();
+        if let Some(old) = m.get_mut(&(p, name.to_string())) {
+            if old.owner == who {
+                old.active = false;
+                old.bound = Some(match old.bound {
+                    Some(b) if b.at < bound.at => b,
+                    _ => bound,
+                });
+            }
+        }
+    }
+
+    /// `who` still holds `name` and moved its bound (a dlock request restarted the idle clock).
+    pub fn rebound(&self, p: Proto, name: &str, who: Owner, bound: Bound) {
+        let mut m = self.lock();
+        if let Some(old) = m.get_mut(&(p, name.to_string())) {
+            if old.owner == who && old.active {
+                old.bound = Some(bound);
+            }
+        }
+    }
+
+    /// The epoch and owner of `name` if another owner holds it without a bound right now.
+    pub fn held_by_other(&self, p: Proto, name: &str, me: Owner) -> Option<(u64, Owner)> {
+        match self.lock().get(&(p, name.to_string())) {
+            Some(m) if m.owner != me && m.active && m.bound.is_none() => Some((m.epoch, m.owner)),
+            _ => None,
+        }
+    }
+
+    /// Every name of `p` held without a bound right now, with its epoch.
+    pub fn held_snapshot(&self, p: Proto) -> Vec<(String, u64)> {
+        self.lock()
+            .iter()
+            .filter(|((q, _), m)| *q == p && m.active && m.bound.is_none())
+            .map(|((_, name), m)| (name.clone(), m.epoch))
+            .collect()
+    }
+
+    /// The epoch of `name`'s mark if it is held without a bound.
+    pub fn held_epoch(&self, p: Proto, name: &str) -> Option<u64> {
+        match self.lock().get(&(p, name.to_string())) {
+            Some(m) if m.active && m.bound.is_none() => Some(m.epoch),
+            _ => None,
+        }
+    }
+
+    /// lockd names that are probably orphans now (left by a disconnect, timeout not over yet).
+    pub fn orphan_candidates(&self) -> Vec<String> {
+        let now = Instant::now();
+        self.lock()
+            .iter()
+            .filter(|((q, _), m)| {
+                *q == Proto::Lockd && !m.active && m.bound.is_some_and(|b| b.at > now)
+            })
+            .map(|((_, name), _)| name.clone())
+            .collect()
+    }
+
+    /// Marks now: (held by a client, let go but possibly still held by the server).
+    pub fn counts(&self) -> (usize, usize) {
+        let now = Instant::now();
+        let m = self.lock();
+        let active = m.values().filter(|k| k.active).count();
+        let left = m
+            .values()
+            .filter(|k| !k.active && k.bound.is_some_and(|b| b.at > now))
+            .count();
+        (active, left)
+    }
+}
