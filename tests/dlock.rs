@@ -402,3 +402,38 @@ fn invalid_protobuf_gets_general_then_close() {
         Some(status::OK)
     );
 }
+
+/// One memcached `stats` counter.
+fn stat(d: &Daemon, name: &str) -> u64 {
+    let mut m = d.memcache();
+    m.send(b"stats\r\n");
+    loop {
+        let line = m.line();
+        assert_ne!(line, "END\r\n", "no stat {name}");
+        let mut w = line.split_whitespace();
+        if w.nth(1) == Some(name) {
+            return w.next().expect("value").parse().expect("number");
+        }
+    }
+}
+
+#[test]
+fn a_waiter_that_closes_its_socket_leaves_the_queue_at_once() {
+    let d = Daemon::start(&[]);
+    let (mut a, mut b) = (d.dlock(), d.dlock());
+    lock(&mut a, 1, &[b"k"], None, None);
+    b.send(&lock_frame(2, &[b"k"], None, None)); // waits forever
+    b.expect_silence(Duration::from_millis(100));
+    assert_eq!(stat(&d, "dlock_waiting"), 1);
+    // A normal close (FIN), not a reset: the client is gone, so its Lock must not wait on.
+    b.stream.shutdown(std::net::Shutdown::Both).unwrap();
+    drop(b);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while stat(&d, "dlock_waiting") != 0 {
+        assert!(Instant::now() < deadline, "the closed waiter is still queued");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(stat(&d, "curr_connections"), 2, "a and the stats connection only");
+    // The key stays with a, untouched.
+    assert_eq!(stat(&d, "dlock_held_keys"), 1);
+}

@@ -138,10 +138,10 @@ impl Conn {
     }
 
     /// Take one reply record from the owner.
-    pub fn deliver(&mut self, bytes: &[u8], done: u8, close: bool) {
+    pub fn deliver(&mut self, bytes: &[u8], done: u32, close: bool) {
         self.wbuf.extend_from_slice(bytes);
-        debug_assert!(self.inflight >= u32::from(done), "reply without a request");
-        self.inflight = self.inflight.saturating_sub(u32::from(done));
+        debug_assert!(self.inflight >= done, "reply without a request");
+        self.inflight = self.inflight.saturating_sub(done);
         if self.inflight == 0 {
             self.reply_bound = 0;
         }

@@ -125,7 +125,7 @@ fn recycle<'a, 'b>(mut v: Vec<&'a [u8]>) -> Vec<&'b [u8]> {
 #[derive(Clone, Copy)]
 struct To {
     conn: ConnId,
-    done: u8,
+    done: u32,
     id: Option<u64>,
 }
 
@@ -195,6 +195,20 @@ fn run(t: &mut Tables, out: &mut Outbox, conn: ConnId, op: DlockOp, arena: &[u8]
             }
         }
     }
+}
+
+/// The client ended its side while requests were in flight. If a Lock of its waits, give the
+/// connection up as a disconnect: the Lock leaves its queues, what waited behind it is dropped
+/// unanswered, its connection-bound locks are released, and one record completes all of them
+/// and closes the connection (after the replies already sent).
+pub fn eof(t: &mut Tables, out: &mut Outbox, conn: ConnId, now: Now) {
+    let Some(w) = t.dlock_sessions.waiting.remove(&conn) else {
+        return;
+    };
+    let dropped = 1 + w.backlog.len() as u32;
+    t.dlock.disconnect(conn, now.ms, &mut t.dlock_events);
+    out.record(conn, dropped, true, |_| {});
+    deliver_events(t, out, now);
 }
 
 /// Answer the waiting Locks that the table resolved, then run what waited behind them; repeat

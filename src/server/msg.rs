@@ -152,6 +152,11 @@ pub enum Op {
     DlockOpen,
     /// The connection is gone: release or orphan what it held, drop its waits. Never answered.
     Close,
+    /// The client ended its side of a dlock connection (EOF) with requests still in flight. If
+    /// one is a Lock waiting, the client is gone as far as that Lock is concerned ("wait until
+    /// acquired, or the client disconnects"): the owner gives it up and answers with one record
+    /// that completes every request it dropped and closes. Not itself counted in flight.
+    Eof,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -177,9 +182,9 @@ pub struct Batch {
 pub struct Record {
     pub conn: ConnId,
     pub bytes: Span,
-    /// 1 when this answers an operation the worker sent (its in-flight count drops), 0 for an
-    /// unsolicited message.
-    pub done: u8,
+    /// How many operations the worker sent this completes (its in-flight count drops by that):
+    /// 1 for an answer, 0 for an unsolicited message, more when the owner drops several at once.
+    pub done: u32,
     /// Close the connection once these bytes are written.
     pub close: bool,
 }

@@ -96,7 +96,7 @@ impl Outbox {
     pub fn record(
         &mut self,
         conn: ConnId,
-        done: u8,
+        done: u32,
         close: bool,
         write: impl FnOnce(&mut Vec<u8>),
     ) {
@@ -110,7 +110,7 @@ impl Outbox {
     pub fn record_then(
         &mut self,
         conn: ConnId,
-        done: u8,
+        done: u32,
         write: impl FnOnce(&mut Vec<u8>) -> bool,
     ) {
         let Some(replies) = self.per_worker.get_mut(conn.worker as usize) else {
@@ -338,6 +338,7 @@ pub fn apply_op(
                 out.record(conn, 1, close, |o| o.extend_from_slice(bytes.get(arena)));
             }
         }
+        Op::Eof => super::exec_dlock::eof(t, out, conn, now),
         Op::Close => {
             t.store.disconnect(conn, now);
             t.lockd.disconnect(conn, now.ms);

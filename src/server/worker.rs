@@ -312,8 +312,13 @@ impl Worker {
             s.read_pending = false;
             match s.stream.read(scratch) {
                 Ok(0) => {
-                    // EOF (perhaps only a half-close): answer what was asked, then close.
+                    // EOF (perhaps only a half-close): answer what was asked, then close. A dlock
+                    // Lock that waits forever would never let that happen: tell the owner.
                     s.conn.closing = true;
+                    if s.conn.proto == Proto::Dlock && s.conn.inflight > 0 {
+                        let conn = ConnId::new(self.id, slot as u32, s.gen);
+                        self.batch.ops.push(OpMsg { conn, op: Op::Eof });
+                    }
                     self.recheck.push(slot);
                     break;
                 }
