@@ -430,10 +430,17 @@ fn a_waiter_that_closes_its_socket_leaves_the_queue_at_once() {
     drop(b);
     let deadline = Instant::now() + Duration::from_secs(5);
     while stat(&d, "dlock_waiting") != 0 {
-        assert!(Instant::now() < deadline, "the closed waiter is still queued");
+        assert!(
+            Instant::now() < deadline,
+            "the closed waiter is still queued"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
-    assert_eq!(stat(&d, "curr_connections"), 2, "a and the stats connection only");
+    assert_eq!(
+        stat(&d, "curr_connections"),
+        2,
+        "a and the stats connection only"
+    );
     // The key stays with a, untouched.
     assert_eq!(stat(&d, "dlock_held_keys"), 1);
 }
