@@ -353,23 +353,17 @@ struct Bin<'o> {
 impl Bin<'_> {
     /// A reply that a quiet variant suppresses on success.
     fn ok(self, cas: u64, extras: &[u8], key: &[u8], value: &[u8]) {
-        let Bin {
-            out,
-            conn,
-            opcode,
-            opaque,
-            quiet,
-        } = self;
-        out.record(conn, 1, false, |o| {
-            if !quiet {
-                binary::encode_response(o, opcode, st::NO_ERROR, opaque, cas, extras, key, value)
-            }
-        });
+        let silent = self.quiet;
+        self.success(silent, cas, extras, key, value);
     }
 
     /// A found item: answered even by the quiet get variants (GetQ/GetKQ/GatQ/GatKQ/LaGQ/LaGKQ
     /// are silent only on a miss).
     fn hit(self, cas: u64, extras: &[u8], key: &[u8], value: &[u8]) {
+        self.success(false, cas, extras, key, value);
+    }
+
+    fn success(self, silent: bool, cas: u64, extras: &[u8], key: &[u8], value: &[u8]) {
         let Bin {
             out,
             conn,
@@ -378,7 +372,9 @@ impl Bin<'_> {
             ..
         } = self;
         out.record(conn, 1, false, |o| {
-            binary::encode_response(o, opcode, st::NO_ERROR, opaque, cas, extras, key, value)
+            if !silent {
+                binary::encode_response(o, opcode, st::NO_ERROR, opaque, cas, extras, key, value)
+            }
         });
     }
 
