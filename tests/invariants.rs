@@ -25,7 +25,10 @@ use holdfast::core::ConnId;
 use holdfast::proto::dlock as dl;
 use holdfast::proto::lockd as ld;
 use holdfast::proto::memcache::binary;
-use holdfast::server::sim::Sim;
+use holdfast::server::sim::{Sim, SIM_UNIX_START};
+
+/// The tables' clock is Unix milliseconds; the sim's (and this model's) counts from its start.
+const EPOCH_MS: u64 = SIM_UNIX_START * 1000;
 use holdfast::server::Proto;
 
 /// Lock names shared by everybody (few, so that clients collide).
@@ -760,6 +763,7 @@ impl World {
             };
             match t.dlock.holder(k.as_bytes()) {
                 Some((c, Some(d))) if c == h.conn => {
+                    let d = d - EPOCH_MS;
                     assert!(lo <= d && d <= hi, "lease deadline {d} not in {lo}..={hi}");
                     h.lease = Some(d);
                 }
@@ -800,7 +804,7 @@ impl World {
                 Some(LdHold::Orphan { deadline }) => {
                     orphaned += 1;
                     LockState::Orphaned {
-                        deadline_ms: *deadline,
+                        deadline_ms: *deadline + EPOCH_MS,
                     }
                 }
             };
@@ -818,7 +822,10 @@ impl World {
         assert_eq!((s.held, s.orphaned, s.waiting), (held, orphaned, waiting));
         // dlock.
         for name in KEYS {
-            let want = self.dl.get(name).map(|h| (h.conn, h.lease));
+            let want = self
+                .dl
+                .get(name)
+                .map(|h| (h.conn, h.lease.map(|d| d + EPOCH_MS)));
             assert_eq!(t.dlock.holder(name.as_bytes()), want, "dlock {name}");
         }
         let waiting = self

@@ -185,7 +185,8 @@ impl Driver {
 
     /// Everything that must hold between any two steps.
     fn check(&mut self) {
-        let now = self.sim.now_ms();
+        // Deadlines in the tables are Unix milliseconds.
+        let now = self.sim.clock_ms();
         for slot in 0..SLOTS {
             let Some(c) = &mut self.slots[slot] else {
                 continue;
@@ -243,6 +244,8 @@ impl Driver {
         t.dlock
             .for_each_held(|_, _, lease| last = last.max(lease.unwrap_or(0)));
         let now = self.sim.now_ms();
+        // Lease deadlines are Unix milliseconds; the sim's clock counts from its start.
+        let last = last.saturating_sub(self.sim.clock_ms() - now);
         let far = now
             .saturating_add(self.config.orphan_timeout_ms)
             .saturating_add(self.config.dlock_idle_timeout_ms)

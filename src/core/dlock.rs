@@ -43,10 +43,10 @@
 //! - Stats count keys: `lease_expiries` is the number of keys whose lease ran out; `timeouts`
 //!   counts Locks (try-once failures and wait deadlines); `grants` counts Locks granted.
 
+use super::hash::{HashMap, HashSet};
 use super::wheel::{TimerKey, Wheel};
 use super::ConnId;
 use hashbrown::hash_map::EntryRef;
-use hashbrown::{HashMap, HashSet};
 use std::borrow::Cow;
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -114,10 +114,23 @@ enum Timer {
 impl Timer {
     /// Order of timers due at the same instant: releases first, then wait deadlines in arrival
     /// order (see the module docs).
-    fn rank(&self) -> (u8, u64) {
-        match self {
-            Timer::Lease { .. } | Timer::Idle { .. } => (0, 0),
-            Timer::Wait { seq } => (1, *seq),
+    ///
+    /// Within a class the order is one every replica shares (a lease's key, an idle session, a
+    /// waiter's arrival number), never the wheel's insertion order, so a state restored from a
+    /// snapshot fires its timers exactly as the original would.
+    fn order(&self, other: &Timer) -> std::cmp::Ordering {
+        fn class(t: &Timer) -> u8 {
+            match t {
+                Timer::Lease { .. } => 0,
+                Timer::Idle { .. } => 1,
+                Timer::Wait { .. } => 2,
+            }
+        }
+        match (self, other) {
+            (Timer::Lease { key: a, .. }, Timer::Lease { key: b, .. }) => a.cmp(b),
+            (Timer::Idle { conn: a }, Timer::Idle { conn: b }) => a.cmp(b),
+            (Timer::Wait { seq: a }, Timer::Wait { seq: b }) => a.cmp(b),
+            _ => class(self).cmp(&class(other)),
         }
     }
 }
@@ -173,6 +186,8 @@ pub struct DlockTable {
     next_lease_gen: u64,
     /// Scratch for fired timers, reused across `advance` calls.
     fired: Vec<(u64, Timer)>,
+    /// Scratch for the queue heads `check_heads` looks at.
+    heads: Vec<u64>,
     stats: DlockStats,
 }
 
@@ -190,7 +205,8 @@ fn distinct<'a, 'k>(keys: &'a [&'k [u8]]) -> Cow<'a, [&'k [u8]]> {
     let has_duplicate = if keys.len() <= SMALL_KEY_SET {
         (1..keys.len()).any(|i| keys[..i].contains(&keys[i]))
     } else {
-        let mut seen: HashSet<&[u8]> = HashSet::with_capacity(keys.len());
+        let mut seen: HashSet<&[u8]> =
+            HashSet::with_capacity_and_hasher(keys.len(), Default::default());
         !keys.iter().all(|k| seen.insert(*k))
     };
     if !has_duplicate {
@@ -209,13 +225,14 @@ impl DlockTable {
     pub fn new(config: DlockConfig, now_ms: u64) -> Self {
         DlockTable {
             config,
-            keys: HashMap::new(),
-            conns: HashMap::new(),
-            waiters: HashMap::new(),
+            keys: HashMap::default(),
+            conns: HashMap::default(),
+            waiters: HashMap::default(),
             wheel: Wheel::new(now_ms),
             next_seq: 0,
             next_lease_gen: 0,
             fired: Vec::new(),
+            heads: Vec::new(),
             stats: DlockStats::default(),
         }
     }
@@ -228,7 +245,7 @@ impl DlockTable {
     /// Any request of `conn` restarts its idle clock.
     pub fn touch(&mut self, conn: ConnId, now_ms: u64) {
         self.conns.entry(conn).or_insert_with(|| Conn {
-            held: HashSet::new(),
+            held: HashSet::default(),
             pending: None,
             last_active: now_ms,
             idle_timer: None,
@@ -552,17 +569,24 @@ impl DlockTable {
         now_ms: u64,
         events: &mut Vec<DlockEvent>,
     ) {
-        for k in keys {
-            let head = self
-                .keys
+        // Grants go out in arrival order, whatever the order of `keys` (a disconnect releases
+        // keys in hash order): the events, and the fencing tokens they carry, must come out the
+        // same on every replica.
+        let mut heads = std::mem::take(&mut self.heads);
+        heads.extend(keys.iter().filter_map(|k| {
+            self.keys
                 .get(k.as_ref())
-                .and_then(|s| s.queue.first().copied());
-            if let Some(seq) = head {
-                if self.grantable(seq) {
-                    self.grant(seq, now_ms, events);
-                }
+                .and_then(|s| s.queue.first().copied())
+        }));
+        heads.sort_unstable();
+        heads.dedup();
+        for &seq in &heads {
+            if self.grantable(seq) {
+                self.grant(seq, now_ms, events);
             }
         }
+        heads.clear();
+        self.heads = heads;
     }
 
     fn grant(&mut self, seq: u64, now_ms: u64, events: &mut Vec<DlockEvent>) {
@@ -609,7 +633,7 @@ impl DlockTable {
     }
 
     fn run_fired(&mut self, at: u64, fired: &mut Vec<(u64, Timer)>, events: &mut Vec<DlockEvent>) {
-        fired.sort_by_key(|(deadline, timer)| (*deadline, timer.rank()));
+        fired.sort_unstable_by(|(da, a), (db, b)| da.cmp(db).then_with(|| a.order(b)));
         for (_, timer) in fired.drain(..) {
             self.fire(at, timer, events);
         }

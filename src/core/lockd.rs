@@ -26,8 +26,8 @@
 
 use std::hash::BuildHasher;
 
+use super::hash::{HashMap, Seeded};
 use hashbrown::hash_table::HashTable;
-use hashbrown::{DefaultHashBuilder, HashMap};
 use slab::Slab;
 
 use super::wheel::{TimerKey, Wheel};
@@ -80,7 +80,7 @@ pub struct LockdTable {
     locks: Slab<Lock>,
     /// Slab keys of `locks`, found by the hash of the name stored in the entry.
     by_name: HashTable<usize>,
-    hasher: DefaultHashBuilder,
+    hasher: Seeded,
     waiters: Slab<Waiter>,
     conns: HashMap<ConnId, ConnLocks>,
     orphan_timers: Wheel<OrphanTimer>,
@@ -171,8 +171,9 @@ impl ConnLocks {
 
 #[derive(Clone, Copy, Debug)]
 struct OrphanTimer {
-    lock: usize,
+    deadline_ms: u64,
     seq: u64,
+    lock: usize,
 }
 
 impl LockdTable {
@@ -181,9 +182,9 @@ impl LockdTable {
             config,
             locks: Slab::new(),
             by_name: HashTable::new(),
-            hasher: DefaultHashBuilder::default(),
+            hasher: Seeded::default(),
             waiters: Slab::new(),
-            conns: HashMap::new(),
+            conns: HashMap::default(),
             orphan_timers: Wheel::new(now_ms),
             fired: Vec::new(),
             next_orphan_seq: 0,
@@ -281,12 +282,23 @@ impl LockdTable {
             return;
         };
         let deadline_ms = now_ms.saturating_add(self.config.orphan_timeout_ms);
-        for key in state.held {
+        // Orphaned in name order, not in the order of the connection's index (which depends on
+        // the history of its releases): the orphans' numbers decide the order in which they
+        // expire at one instant, and every replica must agree on it.
+        let mut held = state.held;
+        let locks = &self.locks;
+        held.sort_unstable_by(|&a, &b| locks[a].name.cmp(&locks[b].name));
+        for key in held {
             let seq = self.next_orphan_seq;
             self.next_orphan_seq += 1;
-            let timer = self
-                .orphan_timers
-                .insert(deadline_ms, OrphanTimer { lock: key, seq });
+            let timer = self.orphan_timers.insert(
+                deadline_ms,
+                OrphanTimer {
+                    deadline_ms,
+                    seq,
+                    lock: key,
+                },
+            );
             debug_assert!(
                 matches!(self.locks[key].holder, Holder::Held { conn: c, .. } if c == conn)
             );
@@ -311,6 +323,9 @@ impl LockdTable {
     pub fn advance(&mut self, now_ms: u64, grants: &mut Vec<Grant>) {
         let mut fired = std::mem::take(&mut self.fired);
         self.orphan_timers.advance_to(now_ms, &mut fired);
+        // The wheel fires in deadline order, one millisecond's timers in any order; the orphans'
+        // numbers settle ties the same way on every replica.
+        fired.sort_unstable_by_key(|t| (t.deadline_ms, t.seq));
         for t in fired.drain(..) {
             let live = matches!(
                 self.locks.get(t.lock),

@@ -6,6 +6,7 @@
 //! testable with a fake clock, and lets a replicated log drive the same operations later.
 
 pub mod dlock;
+pub mod hash;
 pub mod lockd;
 pub mod store;
 pub mod wheel;
@@ -29,10 +30,24 @@ impl ConnId {
 }
 
 /// The current time as the owner thread passes it into the tables.
+///
+/// The state machine's clock: Unix-epoch milliseconds, carried into the tables by every
+/// operation and never read by them. The daemon derives it from the wall clock once at start
+/// plus a monotonic clock since, so it never runs backwards; a replicated log will carry the
+/// leader's.
 #[derive(Copy, Clone, PartialEq, Eq, Debug, Default)]
 pub struct Now {
-    /// Monotonic milliseconds since the daemon started (the timing wheels' clock).
+    /// Unix-epoch milliseconds (the timing wheels' clock).
     pub ms: u64,
-    /// Wall-clock Unix seconds (memcached absolute expiry times, dlock `server_unix_time`).
+    /// `ms` in whole seconds (memcached absolute expiry times, dlock `server_unix_time`).
     pub unix: u64,
+}
+
+impl Now {
+    pub const fn from_unix_ms(ms: u64) -> Now {
+        Now {
+            ms,
+            unix: ms / 1000,
+        }
+    }
 }

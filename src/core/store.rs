@@ -64,7 +64,9 @@
 
 use std::hash::BuildHasher;
 
-use hashbrown::{DefaultHashBuilder, HashMap, HashTable};
+use hashbrown::HashTable;
+
+use super::hash::{HashMap, Seeded};
 
 use super::wheel::{TimerKey, Wheel};
 use super::{ConnId, Now};
@@ -314,7 +316,7 @@ pub struct Store {
     slots: Vec<Item>,
     free_head: u32,
     index: HashTable<u32>,
-    hasher: DefaultHashBuilder,
+    hasher: Seeded,
     lists: [Ends; 2],
     epoch: u32,
     locks: HashMap<u32, LockEntry>,
@@ -401,11 +403,11 @@ impl Store {
             slots: Vec::new(),
             free_head: NIL,
             index: HashTable::new(),
-            hasher: DefaultHashBuilder::default(),
+            hasher: Seeded::default(),
             lists: [EMPTY; 2],
             epoch: 0,
-            locks: HashMap::new(),
-            conns: HashMap::new(),
+            locks: HashMap::default(),
+            conns: HashMap::default(),
             wheel: Wheel::new(now.ms),
             fired: Vec::new(),
             pending_flush: None,

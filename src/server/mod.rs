@@ -50,7 +50,9 @@ pub struct Shared {
     pub total_connections: AtomicU64,
     pub rejected_connections: AtomicU64,
     pub started: Instant,
-    pub started_unix: u64,
+    /// The wall clock at `started`, in Unix milliseconds: the state machine's clock is
+    /// `started_unix_ms` plus the monotonic time since `started`, so it never runs backwards.
+    pub started_unix_ms: u64,
 }
 
 /// A started daemon.
@@ -67,9 +69,9 @@ impl Server {
     /// Bind every listener and start the threads.
     pub fn start(config: Config) -> io::Result<Server> {
         let started = Instant::now();
-        let started_unix = SystemTime::now()
+        let started_unix_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
+            .map_or(0, |d| d.as_millis() as u64);
         let shared = Arc::new(Shared {
             config: config.clone(),
             shutdown: AtomicBool::new(false),
@@ -77,7 +79,7 @@ impl Server {
             total_connections: AtomicU64::new(0),
             rejected_connections: AtomicU64::new(0),
             started,
-            started_unix,
+            started_unix_ms,
         });
 
         // Each worker binds its own listener on every address (SO_REUSEPORT). The first bind

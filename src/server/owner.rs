@@ -351,11 +351,8 @@ pub fn apply_op(
 
 /// The time of this turn.
 pub fn clock(shared: &Shared) -> Now {
-    let elapsed = shared.started.elapsed();
-    Now {
-        ms: elapsed.as_millis() as u64,
-        unix: shared.started_unix + elapsed.as_secs(),
-    }
+    let elapsed = shared.started.elapsed().as_millis() as u64;
+    Now::from_unix_ms(shared.started_unix_ms + elapsed)
 }
 
 /// Append a decimal number without going through `fmt`.

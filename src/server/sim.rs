@@ -42,7 +42,7 @@ impl Sim {
             total_connections: AtomicU64::new(0),
             rejected_connections: AtomicU64::new(0),
             started: Instant::now(),
-            started_unix: SIM_UNIX_START,
+            started_unix_ms: SIM_UNIX_START * 1000,
         };
         let tables = Tables::new(&shared.config, Self::at(0));
         Sim {
@@ -80,15 +80,17 @@ impl Sim {
     }
 
     fn at(ms: u64) -> Now {
-        Now {
-            ms,
-            unix: SIM_UNIX_START + ms / 1000,
-        }
+        Now::from_unix_ms(SIM_UNIX_START * 1000 + ms)
     }
 
     /// The fake clock, in milliseconds since the start.
     pub fn now_ms(&self) -> u64 {
         self.now_ms
+    }
+
+    /// The fake clock as the tables see it: Unix milliseconds.
+    pub fn clock_ms(&self) -> u64 {
+        Self::at(self.now_ms).ms
     }
 
     /// The tables, to check invariants against a model.

@@ -25,7 +25,10 @@ pub fn write(
     match arg {
         None => {
             num("pid", std::process::id() as u64);
-            num("uptime", now.ms / 1000);
+            num(
+                "uptime",
+                now.ms.saturating_sub(shared.started_unix_ms) / 1000,
+            );
             num("time", now.unix);
             num("pointer_size", usize::BITS as u64);
             num(
