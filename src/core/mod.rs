@@ -5,6 +5,7 @@
 //! connections, timer requests kept in each table's own [`wheel::Wheel`]). That keeps every table
 //! testable with a fake clock, and lets a replicated log drive the same operations later.
 
+pub mod codec;
 pub mod dlock;
 pub mod hash;
 pub mod lockd;
@@ -26,6 +27,19 @@ pub struct ConnId {
 impl ConnId {
     pub const fn new(worker: u16, slot: u32, gen: u32) -> Self {
         ConnId { worker, slot, gen }
+    }
+
+    /// The holder in a snapshot.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        codec::put_u64(out, u64::from(self.worker));
+        codec::put_u64(out, u64::from(self.slot));
+        codec::put_u64(out, u64::from(self.gen));
+    }
+
+    pub fn decode(r: &mut codec::Reader<'_>) -> Result<ConnId, codec::DecodeError> {
+        let worker = u16::try_from(r.u64()?)
+            .map_err(|_| codec::DecodeError::Invalid("worker over 16 bits"))?;
+        Ok(ConnId::new(worker, r.u32()?, r.u32()?))
     }
 }
 

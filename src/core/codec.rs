@@ -1,0 +1,242 @@
+//! The binary encoding of the state machine's snapshots (and, later, of its commands in a
+//! replicated log): LEB128 varints and length-prefixed byte strings.
+//!
+//! Owns: the primitive encoders and a checked decoding cursor. Must not: trust its input. A
+//! snapshot or log entry read back from disk or from a peer may be truncated or corrupt; every
+//! read here is bounds-checked, every length is checked against what is left of the input before
+//! anything is allocated for it, and every failure is a [`DecodeError`], never a panic.
+
+use std::fmt;
+
+/// Why bytes could not be decoded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecodeError {
+    /// The input ended inside a value.
+    Truncated,
+    /// A value that no encoder writes (a bad tag, an overlong varint, a count over its cap).
+    Invalid(&'static str),
+}
+
+impl fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DecodeError::Truncated => f.write_str("truncated"),
+            DecodeError::Invalid(why) => write!(f, "invalid: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for DecodeError {}
+
+pub type Result<T> = std::result::Result<T, DecodeError>;
+
+/// Append `n` as an unsigned LEB128 varint (1 to 10 bytes).
+#[inline]
+pub fn put_u64(out: &mut Vec<u8>, mut n: u64) {
+    while n >= 0x80 {
+        out.push((n as u8) | 0x80);
+        n >>= 7;
+    }
+    out.push(n as u8);
+}
+
+#[inline]
+pub fn put_u8(out: &mut Vec<u8>, b: u8) {
+    out.push(b);
+}
+
+#[inline]
+pub fn put_bool(out: &mut Vec<u8>, b: bool) {
+    out.push(u8::from(b));
+}
+
+/// `None` as 0, `Some(n)` as `n + 1` (`n` must be below `u64::MAX`; callers use it for
+/// milliseconds and counts, which never get there). Saturates rather than wraps.
+#[inline]
+pub fn put_opt_u64(out: &mut Vec<u8>, n: Option<u64>) {
+    put_u64(out, n.map_or(0, |n| n.saturating_add(1)));
+}
+
+/// A length-prefixed byte string.
+#[inline]
+pub fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
+    put_u64(out, b.len() as u64);
+    out.extend_from_slice(b);
+}
+
+/// A checked cursor over untrusted bytes.
+pub struct Reader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    pub fn new(buf: &'a [u8]) -> Self {
+        Reader { buf, pos: 0 }
+    }
+
+    /// Bytes not read yet.
+    pub fn remaining(&self) -> usize {
+        self.buf.len() - self.pos
+    }
+
+    pub fn u8(&mut self) -> Result<u8> {
+        let b = *self.buf.get(self.pos).ok_or(DecodeError::Truncated)?;
+        self.pos += 1;
+        Ok(b)
+    }
+
+    pub fn bool(&mut self) -> Result<bool> {
+        match self.u8()? {
+            0 => Ok(false),
+            1 => Ok(true),
+            _ => Err(DecodeError::Invalid("bool")),
+        }
+    }
+
+    /// A varint of at most 10 bytes whose value fits 64 bits.
+    pub fn u64(&mut self) -> Result<u64> {
+        let mut n: u64 = 0;
+        for i in 0..10 {
+            let b = self.u8()?;
+            let bits = u64::from(b & 0x7f);
+            if i == 9 && bits > 1 {
+                return Err(DecodeError::Invalid("varint over 64 bits"));
+            }
+            n |= bits << (7 * i);
+            if b & 0x80 == 0 {
+                return Ok(n);
+            }
+        }
+        Err(DecodeError::Invalid("varint over 10 bytes"))
+    }
+
+    pub fn u32(&mut self) -> Result<u32> {
+        u32::try_from(self.u64()?).map_err(|_| DecodeError::Invalid("over 32 bits"))
+    }
+
+    pub fn opt_u64(&mut self) -> Result<Option<u64>> {
+        Ok(self.u64()?.checked_sub(1))
+    }
+
+    /// A count of items that each take at least `min_bytes` bytes of input: a count the rest of
+    /// the input cannot hold is refused before anything is allocated for it.
+    pub fn count(&mut self, min_bytes: usize) -> Result<usize> {
+        let n = self.u64()?;
+        let fits = n
+            .checked_mul(min_bytes.max(1) as u64)
+            .is_some_and(|need| need <= self.remaining() as u64);
+        if !fits {
+            return Err(DecodeError::Truncated);
+        }
+        Ok(n as usize)
+    }
+
+    /// A length-prefixed byte string of at most `max` bytes, borrowed from the input.
+    pub fn bytes(&mut self, max: usize) -> Result<&'a [u8]> {
+        let len = self.u64()?;
+        if len > max as u64 {
+            return Err(DecodeError::Invalid("byte string over its cap"));
+        }
+        let len = len as usize;
+        if len > self.remaining() {
+            return Err(DecodeError::Truncated);
+        }
+        let b = &self.buf[self.pos..self.pos + len];
+        self.pos += len;
+        Ok(b)
+    }
+
+    /// Exactly these bytes next (a magic number, a version).
+    pub fn expect(&mut self, want: &[u8], what: &'static str) -> Result<()> {
+        if self.remaining() < want.len() {
+            return Err(DecodeError::Truncated);
+        }
+        if &self.buf[self.pos..self.pos + want.len()] != want {
+            return Err(DecodeError::Invalid(what));
+        }
+        self.pos += want.len();
+        Ok(())
+    }
+
+    /// The input must be used up.
+    pub fn finish(&self) -> Result<()> {
+        if self.remaining() == 0 {
+            Ok(())
+        } else {
+            Err(DecodeError::Invalid("trailing bytes"))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn varints_round_trip_at_every_width() {
+        let mut values = vec![0, 1, 127, 128, 16383, 16384, u64::MAX - 1, u64::MAX];
+        values.extend((0..64).map(|s| 1u64 << s));
+        for v in values {
+            let mut b = Vec::new();
+            put_u64(&mut b, v);
+            let mut r = Reader::new(&b);
+            assert_eq!(r.u64(), Ok(v));
+            r.finish().unwrap();
+            for cut in 0..b.len() {
+                assert_eq!(Reader::new(&b[..cut]).u64(), Err(DecodeError::Truncated));
+            }
+        }
+    }
+
+    #[test]
+    fn overlong_and_oversized_varints_are_invalid() {
+        let eleven = [0x80u8; 10].iter().copied().chain([0]).collect::<Vec<_>>();
+        assert!(matches!(
+            Reader::new(&eleven).u64(),
+            Err(DecodeError::Invalid(_))
+        ));
+        let mut over = vec![0xffu8; 9];
+        over.push(0x02);
+        assert!(matches!(
+            Reader::new(&over).u64(),
+            Err(DecodeError::Invalid(_))
+        ));
+    }
+
+    #[test]
+    fn a_length_past_the_input_is_refused_before_allocation() {
+        let mut b = Vec::new();
+        put_u64(&mut b, u64::MAX / 2);
+        assert_eq!(Reader::new(&b).count(8), Err(DecodeError::Truncated));
+        assert_eq!(
+            Reader::new(&b).bytes(usize::MAX),
+            Err(DecodeError::Truncated)
+        );
+        assert!(matches!(
+            Reader::new(&b).bytes(10),
+            Err(DecodeError::Invalid(_))
+        ));
+    }
+
+    #[test]
+    fn options_bools_and_strings_round_trip() {
+        let mut b = Vec::new();
+        put_opt_u64(&mut b, None);
+        put_opt_u64(&mut b, Some(0));
+        put_opt_u64(&mut b, Some(41));
+        put_bool(&mut b, true);
+        put_bytes(&mut b, b"name");
+        let mut r = Reader::new(&b);
+        assert_eq!(r.opt_u64(), Ok(None));
+        assert_eq!(r.opt_u64(), Ok(Some(0)));
+        assert_eq!(r.opt_u64(), Ok(Some(41)));
+        assert_eq!(r.bool(), Ok(true));
+        assert_eq!(r.bytes(4), Ok(&b"name"[..]));
+        r.finish().unwrap();
+        assert!(matches!(
+            Reader::new(&[2]).bool(),
+            Err(DecodeError::Invalid(_))
+        ));
+    }
+}
