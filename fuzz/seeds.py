@@ -178,3 +178,48 @@ CONN = {
     + step(4, 2, 0, 0, 0, 0, 7) + step(6, 0, 0xFF) + step(5, 0) + step(5, 1),
 }
 write("connection", list(CONN.items()))
+
+
+# command entries (server::command): "HFc1", now, op count, then per op worker/slot/gen, a tag
+# and its fields (varints; byte strings length-prefixed).
+def varint(n):
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def vbytes(b):
+    return varint(len(b)) + b
+
+
+def op(slot, tag, fields=b""):
+    return varint(0) + varint(slot) + varint(1) + bytes([tag]) + fields
+
+
+def entry(now, ops):
+    return b"HFc1" + varint(now) + varint(len(ops)) + b"".join(ops)
+
+
+COMMAND = {
+    "empty_turn": entry(1_700_000_000_000, []),
+    "mc_set_lock": entry(1_700_000_000_000, [
+        op(1, 2, bytes([0]) + vbytes(b"k") + varint(0) + varint(0) + vbytes(b"v") + varint(0)
+           + b"\0"),
+        op(1, 8, vbytes(b"k")),
+        op(2, 9, vbytes(b"k")),
+        op(1, 42),
+    ]),
+    "lockd_acq_queue": entry(5, [op(1, 20, bytes([1]) + vbytes(b"n\0")),
+                                 op(2, 20, bytes([1]) + vbytes(b"n\0")), op(1, 42)]),
+    "dlock_lock_wait": entry(9, [op(1, 41), op(2, 41),
+                                 op(1, 31, varint(1) + vbytes(b"\x0a\x01a") + varint(1)
+                                    + varint(0) + varint(0)),
+                                 op(2, 31, varint(2) + vbytes(b"\x0a\x01a") + varint(1)
+                                    + varint(5001) + varint(0))]),
+    "binary_lock": entry(3, [op(1, 11, bytes([0x40]) + varint(7) + varint(0) + vbytes(b"")
+                                + vbytes(b"k") + vbytes(b""))]),
+}
+write("command", list(COMMAND.items()))

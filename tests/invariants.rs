@@ -947,3 +947,158 @@ fn random_schedules_never_show_two_holders_many_short_seeds() {
         run(seed, 300);
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Determinism: the owner side is a state machine. The command entries a run fed it (one per
+// owner turn, `server::command`), applied in order to a fresh state (another hash seed, another
+// process, or a state restored from a snapshot halfway), give the same replies byte for byte and
+// the same snapshot. If any table let a randomly seeded hash map decide an order that reaches a
+// reply (or a snapshot), the replays under other seeds would differ here.
+
+use holdfast::core::hash::with_seed;
+use holdfast::server::sim::{Recording, Replayer};
+
+/// Run one seeded schedule with the command log on; the recording and the final snapshot.
+fn recorded(seed: u64, steps: usize) -> (Recording, Vec<u8>) {
+    let mut w = World::new(seed);
+    w.sim.record();
+    for _ in 0..steps {
+        w.step();
+    }
+    w.finish();
+    let rec = w.sim.take_recording();
+    assert_eq!(rec.entries.len(), rec.effects.len());
+    (rec, w.sim.snapshot())
+}
+
+/// Replay `rec` into a state made under `hash_seed`; at each entry index in `restore_at`, the
+/// state is replaced by one restored from its own snapshot under another seed. Checks every
+/// turn's effects against the recording; returns the final snapshot.
+fn replay(rec: &Recording, hash_seed: u64, restore_at: &[usize], what: &str) -> Vec<u8> {
+    let mut r = with_seed(hash_seed, || Replayer::new(config()));
+    for (i, (entry, want)) in rec.entries.iter().zip(&rec.effects).enumerate() {
+        if restore_at.contains(&i) {
+            let snap = r.snapshot();
+            r = with_seed(hash_seed ^ (i as u64 + 1), || {
+                let mut fresh = Replayer::new(config());
+                fresh.restore(&snap).expect("restore");
+                fresh
+            });
+            assert_eq!(r.snapshot(), snap, "{what}: restored snapshot at entry {i}");
+        }
+        let got = r.apply(entry).expect("entry decodes");
+        assert!(got == *want, "{what}: effects of entry {i} differ");
+    }
+    r.snapshot()
+}
+
+#[test]
+fn replays_under_other_hash_seeds_give_the_same_replies_and_state() {
+    for seed in [1, 2, 7] {
+        let (rec, snap) = recorded(seed, 1500);
+        assert!(rec.entries.len() > 1000, "seed {seed}: a short run");
+        for hash_seed in [1, 0xDEAD_BEEF, u64::MAX] {
+            let what = format!("seed {seed} hash seed {hash_seed:#x}");
+            assert!(
+                replay(&rec, hash_seed, &[], &what) == snap,
+                "{what}: final state"
+            );
+        }
+    }
+}
+
+#[test]
+fn replays_restored_from_snapshots_midway_give_the_same_replies_and_state() {
+    let mut pick = Rng::new(99);
+    for seed in [3, 4] {
+        let (rec, snap) = recorded(seed, 1500);
+        let n = rec.entries.len() as u64;
+        let restore_at: Vec<usize> = (0..12).map(|_| pick.below(n) as usize).collect();
+        let what = format!("seed {seed} restores at {restore_at:?}");
+        assert!(
+            replay(&rec, 5, &restore_at, &what) == snap,
+            "{what}: final state"
+        );
+    }
+}
+
+/// The replay in another process: this test binary runs itself with the log in a file, and the
+/// child (another process, so another process-wide hash seed and another pid) prints a digest
+/// of every turn's effects and of the final snapshot.
+#[test]
+fn a_replay_in_another_process_gives_the_same_digest() {
+    const CHILD: &str = "HOLDFAST_REPLAY_LOG";
+    if let Ok(path) = std::env::var(CHILD) {
+        let bytes = std::fs::read(&path).expect("log file");
+        let rec = decode_log(&bytes);
+        let mut r = Replayer::new(config());
+        let mut h = Fnv::default();
+        for entry in &rec.entries {
+            h.add(&r.apply(entry).expect("entry decodes"));
+        }
+        h.add(&r.snapshot());
+        println!("digest {:016x}", h.0);
+        return;
+    }
+    let (rec, snap) = recorded(5, 1500);
+    let mut h = Fnv::default();
+    rec.effects.iter().for_each(|e| h.add(e));
+    h.add(&snap);
+    let path = std::env::temp_dir().join(format!("holdfast-replay-{}.log", std::process::id()));
+    std::fs::write(&path, encode_log(&rec)).expect("write log");
+    let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
+        .args([
+            "--exact",
+            "a_replay_in_another_process_gives_the_same_digest",
+            "--nocapture",
+        ])
+        .env(CHILD, &path)
+        .output()
+        .expect("run the child");
+    let _ = std::fs::remove_file(&path);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "child failed: {stdout}");
+    let want = format!("digest {:016x}", h.0);
+    assert!(
+        stdout.contains(&want),
+        "child printed {stdout:?}, want {want}"
+    );
+}
+
+/// 64-bit FNV-1a over every byte given.
+struct Fnv(u64);
+
+impl Default for Fnv {
+    fn default() -> Self {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Fnv {
+    fn add(&mut self, bytes: &[u8]) {
+        for &b in (bytes.len() as u64).to_le_bytes().iter().chain(bytes) {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
+        }
+    }
+}
+
+/// The entries of a recording as one file: each as a u64 length and its bytes.
+fn encode_log(rec: &Recording) -> Vec<u8> {
+    let mut out = Vec::new();
+    for e in &rec.entries {
+        out.extend_from_slice(&(e.len() as u64).to_le_bytes());
+        out.extend_from_slice(e);
+    }
+    out
+}
+
+fn decode_log(mut bytes: &[u8]) -> Recording {
+    let mut rec = Recording::default();
+    while !bytes.is_empty() {
+        let (len, rest) = bytes.split_at(8);
+        let len = u64::from_le_bytes(len.try_into().expect("8 bytes")) as usize;
+        rec.entries.push(rest[..len].to_vec());
+        bytes = &rest[len..];
+    }
+    rec
+}

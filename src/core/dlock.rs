@@ -1994,6 +1994,39 @@ mod tests {
     }
 
     #[test]
+    fn grants_after_a_disconnect_go_out_in_arrival_order_whatever_the_hash_seed() {
+        // One session holds 40 keys, each awaited by another session: its disconnect grants
+        // all 40 at once, and the events (hence replies and fencing tokens) must come out in
+        // the waiters' arrival order under any hash seed, not in the hash set's order.
+        let keys: Vec<Vec<u8>> = (0..40).map(|i| format!("key{i}").into_bytes()).collect();
+        let order_under = |seed: u64| {
+            crate::core::hash::with_seed(seed, || {
+                let mut t = DlockTable::new(DlockConfig { idle_timeout_ms: 0 }, 0);
+                let c = |n| ConnId::new(0, n, 0);
+                let mut ev = Vec::new();
+                let all: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+                t.lock(c(0), 0, &all, None, None, 0, &mut ev);
+                // Waiters arrive in reverse key order, so arrival order is not key order.
+                for (i, k) in keys.iter().enumerate().rev() {
+                    let w = t.lock(c(1 + i as u32), i as u64, &[k], None, None, 1, &mut ev);
+                    assert_eq!(w, LockResult::Waiting);
+                }
+                t.disconnect(c(0), 2, &mut ev);
+                ev.iter()
+                    .map(|e| match e {
+                        DlockEvent::Granted { token, .. } => *token,
+                        other => panic!("{other:?}"),
+                    })
+                    .collect::<Vec<u64>>()
+            })
+        };
+        let want: Vec<u64> = (0..40).rev().collect();
+        for seed in [1, 2, 3, 0xFEED] {
+            assert_eq!(order_under(seed), want, "hash seed {seed}");
+        }
+    }
+
+    #[test]
     fn truncated_or_corrupt_dlock_snapshots_are_errors_not_panics() {
         let config = DlockConfig {
             idle_timeout_ms: 50,

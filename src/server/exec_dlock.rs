@@ -9,8 +9,10 @@ use std::collections::VecDeque;
 
 use hashbrown::HashMap;
 
-use super::msg::{DlockKind, DlockOp, Span};
+use super::command::{self, Limits};
+use super::msg::{Arena, DlockKind, DlockOp, Op, OpMsg, Span};
 use super::owner::{Outbox, Tables};
+use crate::core::codec::{self, DecodeError, Reader};
 use crate::core::dlock::{DlockEvent, LockResult};
 use crate::core::{ConnId, Now};
 use crate::proto::dlock::{self as dl, status, Keys};
@@ -52,6 +54,76 @@ impl DlockSessions {
         if !self.waiting.is_empty() {
             self.waiting.remove(&conn);
         }
+    }
+
+    /// Every waiting connection (by id) with its Lock's token and request id and the requests
+    /// kept behind it, in order (the requests in the command encoding).
+    pub fn snapshot(&self, out: &mut Vec<u8>) {
+        codec::put_u64(out, self.next_token);
+        let mut waiting: Vec<(&ConnId, &Waiting)> = self.waiting.iter().collect();
+        waiting.sort_unstable_by_key(|(c, _)| **c);
+        codec::put_u64(out, waiting.len() as u64);
+        for (conn, w) in waiting {
+            conn.encode(out);
+            codec::put_u64(out, w.token);
+            codec::put_opt_u64(out, w.id);
+            codec::put_u64(out, w.backlog.len() as u64);
+            for d in &w.backlog {
+                match d {
+                    Deferred::Literal(bytes, close) => {
+                        codec::put_u8(out, 0);
+                        codec::put_bytes(out, bytes);
+                        codec::put_bool(out, *close);
+                    }
+                    Deferred::Request(op, bytes) => {
+                        codec::put_u8(out, 1);
+                        let msg = OpMsg {
+                            conn: *conn,
+                            op: Op::Dlock(*op),
+                        };
+                        command::encode_op(&msg, bytes, out);
+                    }
+                }
+            }
+        }
+    }
+
+    pub fn restore(r: &mut Reader<'_>, limits: Limits) -> Result<DlockSessions, DecodeError> {
+        let mut s = DlockSessions {
+            next_token: r.u64()?,
+            ..DlockSessions::default()
+        };
+        let n = r.count(5)?;
+        let mut last: Option<ConnId> = None;
+        for _ in 0..n {
+            let conn = ConnId::decode(r)?;
+            if last.is_some_and(|l| l >= conn) {
+                return Err(DecodeError::Invalid("dlock sessions out of order"));
+            }
+            last = Some(conn);
+            let token = r.u64()?;
+            let id = r.opt_u64()?;
+            let len = r.count(2)?;
+            let mut backlog = VecDeque::with_capacity(len);
+            for _ in 0..len {
+                backlog.push_back(match r.u8()? {
+                    0 => Deferred::Literal(r.bytes(limits.max_field)?.into(), r.bool()?),
+                    1 => {
+                        let mut arena = Arena::default();
+                        let msg = command::decode_op(r, limits, &mut arena)?;
+                        match msg.op {
+                            Op::Dlock(op) if msg.conn == conn => {
+                                Deferred::Request(op, arena.bytes.into_boxed_slice())
+                            }
+                            _ => return Err(DecodeError::Invalid("deferred dlock request")),
+                        }
+                    }
+                    _ => return Err(DecodeError::Invalid("deferred tag")),
+                });
+            }
+            s.waiting.insert(conn, Waiting { token, id, backlog });
+        }
+        Ok(s)
     }
 }
 

@@ -1,5 +1,6 @@
 //! The running daemon: listeners, worker threads, the owner thread, shutdown.
 
+pub mod command;
 mod conn;
 mod decode;
 mod exec_dlock;
@@ -53,6 +54,9 @@ pub struct Shared {
     /// The wall clock at `started`, in Unix milliseconds: the state machine's clock is
     /// `started_unix_ms` plus the monotonic time since `started`, so it never runs backwards.
     pub started_unix_ms: u64,
+    /// This process's id, as `stats` reports it (kept here so that the tables never ask the
+    /// operating system anything: a replayed run reports the id it is given).
+    pub pid: u32,
 }
 
 /// A started daemon.
@@ -80,6 +84,7 @@ impl Server {
             rejected_connections: AtomicU64::new(0),
             started,
             started_unix_ms,
+            pid: std::process::id(),
         });
 
         // Each worker binds its own listener on every address (SO_REUSEPORT). The first bind

@@ -15,6 +15,7 @@ use mio::Waker;
 use super::exec_dlock::DlockSessions;
 use super::msg::{Arena, Batch, Op, OpMsg, Pool, Record, Replies, Span, ToOwner};
 use super::Shared;
+use crate::core::codec::{self, DecodeError, Reader};
 use crate::core::dlock::{DlockConfig, DlockEvent, DlockTable};
 use crate::core::lockd::{Grant, LockdConfig, LockdTable};
 use crate::core::store::{Store, StoreConfig};
@@ -59,6 +60,58 @@ impl Tables {
             grants: Vec::new(),
             dlock_events: Vec::new(),
         }
+    }
+}
+
+impl Tables {
+    const SNAPSHOT_MAGIC: &'static [u8] = b"HFstate1";
+
+    /// The whole state as bytes, in a canonical form: equal states give equal bytes, whatever
+    /// their history or hash seeds (tests/determinism.rs compares replicas this way).
+    pub fn snapshot(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(Self::SNAPSHOT_MAGIC);
+        self.store.snapshot(out);
+        self.lockd.snapshot(out);
+        self.dlock.snapshot(out);
+        self.dlock_sessions.snapshot(out);
+        let c = &self.counters;
+        for v in [c.cmd_get, c.cmd_set, c.cmd_flush, c.cmd_touch] {
+            codec::put_u64(out, v);
+        }
+    }
+
+    /// The state from bytes written by [`Tables::snapshot`], with this daemon's configuration.
+    /// Untrusted input: truncated or corrupt bytes are an error, never a panic.
+    pub fn restore(c: &crate::config::Config, bytes: &[u8]) -> Result<Tables, DecodeError> {
+        let mut t = Tables::new(c, Now::default());
+        let r = &mut Reader::new(bytes);
+        r.expect(Self::SNAPSHOT_MAGIC, "state snapshot magic")?;
+        t.store = Store::restore(t.store.config(), r)?;
+        t.lockd = LockdTable::restore(
+            LockdConfig {
+                orphan_timeout_ms: c.orphan_timeout_ms,
+            },
+            r,
+        )?;
+        t.dlock = DlockTable::restore(
+            DlockConfig {
+                idle_timeout_ms: c.dlock_idle_timeout_ms,
+            },
+            r,
+        )?;
+        let limits = super::command::Limits {
+            max_field: c.dlock_max_message,
+            ..Default::default()
+        };
+        t.dlock_sessions = DlockSessions::restore(r, limits)?;
+        t.counters = Counters {
+            cmd_get: r.u64()?,
+            cmd_set: r.u64()?,
+            cmd_flush: r.u64()?,
+            cmd_touch: r.u64()?,
+        };
+        r.finish()?;
+        Ok(t)
     }
 }
 
@@ -304,6 +357,26 @@ impl Owner {
             }
         }
     }
+}
+
+/// One owner turn, the state machine's one entry point: timers due by `now` fire first (an
+/// orphan whose time is up is released before anyone can TRY or ADOPT it), then the operations
+/// apply in order, then timers they set at or before `now` fire (a zero orphan timeout). The
+/// owner thread, the sim and a replayed command log all go through here, so that the same
+/// entries (`server::command`) give the same state and the same replies.
+pub fn apply_turn(
+    t: &mut Tables,
+    out: &mut Outbox,
+    shared: &Shared,
+    now: Now,
+    ops: &[OpMsg],
+    arena: &[u8],
+) {
+    fire_timers(t, out, now);
+    for msg in ops {
+        apply_op(t, out, shared, msg.conn, msg.op, arena, now);
+    }
+    fire_timers(t, out, now);
 }
 
 /// Fire every timer due by `now` in every table and deliver what that caused.

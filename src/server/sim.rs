@@ -9,9 +9,10 @@ use std::time::Instant;
 
 use hashbrown::HashMap;
 
+use super::command;
 use super::conn::Conn;
-use super::msg::{Batch, Op, OpMsg};
-use super::owner::{apply_op, fire_timers, Outbox, Tables};
+use super::msg::{Batch, Op, OpMsg, Record, Replies};
+use super::owner::{apply_turn, Outbox, Tables};
 use super::{Proto, Shared};
 use crate::config::Config;
 use crate::core::{ConnId, Now};
@@ -31,19 +32,108 @@ pub struct Sim {
     now_ms: u64,
     /// When on: every reply byte given to any connection, in the order the daemon produced them.
     log: Option<Vec<(ConnId, Vec<u8>)>>,
+    /// When on: every owner turn as a command entry, with the effects it produced.
+    recording: Option<Recording>,
+}
+
+/// What the owner side was given and what it answered, turn by turn (see [`Sim::record`]).
+#[derive(Default, Debug, Clone)]
+pub struct Recording {
+    /// One command entry per owner turn (`server::command`).
+    pub entries: Vec<Vec<u8>>,
+    /// The effects of each turn: every reply record, encoded by [`encode_effects`].
+    pub effects: Vec<Vec<u8>>,
+}
+
+/// The reply records of one turn as bytes: for each, the connection, how many operations it
+/// completes, whether it closes, and its bytes.
+pub fn encode_effects(replies: &Replies, out: &mut Vec<u8>) {
+    use crate::core::codec;
+    for Record {
+        conn,
+        bytes,
+        done,
+        close,
+    } in replies.records.iter().copied()
+    {
+        conn.encode(out);
+        codec::put_u64(out, u64::from(done));
+        codec::put_bool(out, close);
+        codec::put_bytes(out, bytes.get(&replies.arena.bytes));
+    }
+}
+
+/// The owner side alone, fed command entries: what a replica of the state machine does with a
+/// log. Its effects and snapshots must match the run that produced the entries byte for byte.
+pub struct Replayer {
+    shared: Shared,
+    tables: Tables,
+    outbox: Outbox,
+    batch: Batch,
+}
+
+impl Replayer {
+    pub fn new(config: Config) -> Replayer {
+        let shared = sim_shared(config);
+        let tables = Tables::new(&shared.config, Sim::at(0));
+        Replayer {
+            shared,
+            tables,
+            outbox: Outbox::new(1),
+            batch: Batch::default(),
+        }
+    }
+
+    /// Apply one entry; returns its effects (as [`encode_effects`] writes them).
+    pub fn apply(&mut self, entry: &[u8]) -> Result<Vec<u8>, crate::core::codec::DecodeError> {
+        let limits = command::Limits::default();
+        let now_ms = command::decode_entry(entry, limits, &mut self.batch)?;
+        let now = Now::from_unix_ms(now_ms);
+        apply_turn(
+            &mut self.tables,
+            &mut self.outbox,
+            &self.shared,
+            now,
+            &self.batch.ops,
+            &self.batch.arena.bytes,
+        );
+        let replies = std::mem::take(&mut self.outbox.per_worker[0]);
+        self.outbox.bytes_this_turn = 0;
+        let mut effects = Vec::new();
+        encode_effects(&replies, &mut effects);
+        Ok(effects)
+    }
+
+    pub fn snapshot(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        self.tables.snapshot(&mut out);
+        out
+    }
+
+    /// Replace the state by one restored from `bytes`.
+    pub fn restore(&mut self, bytes: &[u8]) -> Result<(), crate::core::codec::DecodeError> {
+        self.tables = Tables::restore(&self.shared.config, bytes)?;
+        Ok(())
+    }
+}
+
+/// The process-wide values a sim or a replayer reports (`stats`): fixed, so that runs compare.
+fn sim_shared(config: Config) -> Shared {
+    Shared {
+        config,
+        shutdown: AtomicBool::new(false),
+        curr_connections: AtomicU64::new(0),
+        total_connections: AtomicU64::new(0),
+        rejected_connections: AtomicU64::new(0),
+        started: Instant::now(),
+        started_unix_ms: SIM_UNIX_START * 1000,
+        pid: 1,
+    }
 }
 
 impl Sim {
     pub fn new(config: Config) -> Sim {
-        let shared = Shared {
-            config,
-            shutdown: AtomicBool::new(false),
-            curr_connections: AtomicU64::new(0),
-            total_connections: AtomicU64::new(0),
-            rejected_connections: AtomicU64::new(0),
-            started: Instant::now(),
-            started_unix_ms: SIM_UNIX_START * 1000,
-        };
+        let shared = sim_shared(config);
         let tables = Tables::new(&shared.config, Self::at(0));
         Sim {
             shared,
@@ -55,7 +145,28 @@ impl Sim {
             next_slot: 0,
             now_ms: 0,
             log: None,
+            recording: None,
         }
+    }
+
+    /// From now on, record every owner turn as a command entry with its effects.
+    pub fn record(&mut self) {
+        self.recording.get_or_insert_with(Recording::default);
+    }
+
+    /// Take what was recorded (see [`Sim::record`]).
+    pub fn take_recording(&mut self) -> Recording {
+        self.recording
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+
+    /// The whole state machine's snapshot (`Tables::snapshot`).
+    pub fn snapshot(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        self.tables.snapshot(&mut out);
+        out
     }
 
     /// From now on, keep a log of every reply as the daemon gives it to a connection, across all
@@ -167,22 +278,27 @@ impl Sim {
     fn run(&mut self) {
         let now = Self::at(self.now_ms);
         loop {
-            fire_timers(&mut self.tables, &mut self.outbox, now);
             let batch = std::mem::take(&mut self.batch);
-            for msg in &batch.ops {
-                apply_op(
-                    &mut self.tables,
-                    &mut self.outbox,
-                    &self.shared,
-                    msg.conn,
-                    msg.op,
-                    &batch.arena.bytes,
-                    now,
-                );
+            if let Some(r) = &mut self.recording {
+                let mut entry = Vec::new();
+                command::encode_entry(now.ms, &batch.ops, &batch.arena.bytes, &mut entry);
+                r.entries.push(entry);
             }
-            fire_timers(&mut self.tables, &mut self.outbox, now);
+            apply_turn(
+                &mut self.tables,
+                &mut self.outbox,
+                &self.shared,
+                now,
+                &batch.ops,
+                &batch.arena.bytes,
+            );
             let replies = std::mem::take(&mut self.outbox.per_worker[0]);
             self.outbox.bytes_this_turn = 0;
+            if let Some(r) = &mut self.recording {
+                let mut effects = Vec::new();
+                encode_effects(&replies, &mut effects);
+                r.effects.push(effects);
+            }
             for rec in &replies.records {
                 if let Some(conn) = self.conns.get_mut(&rec.conn) {
                     let from = conn.wbuf.len();
@@ -192,7 +308,9 @@ impl Sim {
             }
             // Resume parsing where backpressure cleared; close what is finished (its output stays
             // readable through `output`).
-            let ids: Vec<ConnId> = self.conns.keys().copied().collect();
+            // In id order, so that a run is the same every time (hash order is not).
+            let mut ids: Vec<ConnId> = self.conns.keys().copied().collect();
+            ids.sort_unstable();
             for id in ids {
                 let Some(conn) = self.conns.get_mut(&id) else {
                     continue;

@@ -24,7 +24,7 @@ pub fn write(
     let s = t.store.stats();
     match arg {
         None => {
-            num("pid", std::process::id() as u64);
+            num("pid", u64::from(shared.pid));
             num(
                 "uptime",
                 now.ms.saturating_sub(shared.started_unix_ms) / 1000,

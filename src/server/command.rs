@@ -1,0 +1,435 @@
+//! The owner's input as bytes: one *entry* is one owner turn, the time it ran at and the
+//! operations it applied, in order. The entries of a run, applied in order to a fresh state,
+//! give the same state and the same replies (tests/determinism.rs); a replicated log will carry
+//! them.
+//!
+//! Owns: the encoding of [`OpMsg`]s with their bytes inline (spans become length-prefixed
+//! strings), and its decoding back into a [`Batch`]. Must not: trust what it decodes. An entry
+//! read from a disk or a peer is hostile: every count and length is bounded by the input left and
+//! by the caps in [`Limits`], and anything else is a [`DecodeError`], never a panic.
+//!
+//! Layout (all integers LEB128 varints, `bytes` = length + bytes):
+//!
+//! ```text
+//! entry   = "HFc1" now_ms op_count op*
+//! op      = worker slot gen tag fields
+//! ```
+//!
+//! where each tag's fields are listed in [`encode_op`].
+
+use crate::core::codec::{self, DecodeError, Reader};
+use crate::core::ConnId;
+use crate::proto::memcache::text::StoreCmd;
+
+use super::msg::{Arena, Batch, DlockKind, DlockOp, LockdOp, McOp, Op, OpMsg, Span};
+
+const MAGIC: &[u8] = b"HFc1";
+
+/// Refusal texts a dlock request can carry (`DlockKind::Refuse`): sent as their index, because
+/// the op holds a `&'static str`. A text not in this list (a new one someone forgot to add) is
+/// sent as the last entry; the test below keeps the list in step with the decoder.
+pub const DLOCK_REFUSALS: &[&str] = &[
+    "unsupported version",
+    "access denied",
+    "no keys",
+    "too many keys",
+    "unknown request type",
+    "field lock (51) repeated",
+    "field number 0",
+    "field number out of range",
+    "groups are not supported",
+    "invalid wire type",
+    "length out of range",
+    "truncated field",
+    "truncated length-delimited field",
+    "truncated varint",
+    "varint longer than 10 bytes or over 64 bits",
+    "varint longer than 10 bytes",
+    "wrong wire type for a known field of lock",
+    "wrong wire type for a known field",
+    "invalid request",
+];
+
+/// Caps on what one entry may hold: a decoded entry can never ask for more memory than the
+/// daemon would have accepted from clients in one turn.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Largest byte string (a value, a key list, a payload).
+    pub max_field: usize,
+    /// Most operations in one entry.
+    pub max_ops: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            // A 1 GiB item (the largest --max-item-size) plus room for its key.
+            max_field: (1 << 30) + 1024,
+            max_ops: 1 << 20,
+        }
+    }
+}
+
+/// Append one entry: the turn's time and its operations, their bytes read from `arena`.
+pub fn encode_entry(now_ms: u64, ops: &[OpMsg], arena: &[u8], out: &mut Vec<u8>) {
+    out.extend_from_slice(MAGIC);
+    codec::put_u64(out, now_ms);
+    codec::put_u64(out, ops.len() as u64);
+    for m in ops {
+        encode_op(m, arena, out);
+    }
+}
+
+/// Decode one entry into `batch` (cleared first; its buffers are reused); returns the time.
+pub fn decode_entry(bytes: &[u8], limits: Limits, batch: &mut Batch) -> Result<u64, DecodeError> {
+    batch.ops.clear();
+    batch.arena.bytes.clear();
+    let mut r = Reader::new(bytes);
+    r.expect(MAGIC, "command entry magic")?;
+    let now_ms = r.u64()?;
+    // Every op takes at least four bytes (three ids and a tag).
+    let n = r.count(4)?;
+    if n > limits.max_ops {
+        return Err(DecodeError::Invalid("too many operations in one entry"));
+    }
+    for _ in 0..n {
+        let op = decode_op(&mut r, limits, &mut batch.arena)?;
+        batch.ops.push(op);
+    }
+    r.finish()?;
+    Ok(now_ms)
+}
+
+fn put_span(out: &mut Vec<u8>, arena: &[u8], s: Span) {
+    codec::put_bytes(out, s.get(arena));
+}
+
+fn get_span(r: &mut Reader<'_>, limits: Limits, arena: &mut Arena) -> Result<Span, DecodeError> {
+    let b = r.bytes(limits.max_field)?;
+    if arena.bytes.len().saturating_add(b.len()) > u32::MAX as usize {
+        return Err(DecodeError::Invalid("entry bytes over 4 GiB"));
+    }
+    Ok(arena.push(b))
+}
+
+fn put_i64(out: &mut Vec<u8>, v: i64) {
+    // Zig-zag, so that small negative exptimes stay small.
+    codec::put_u64(out, ((v << 1) ^ (v >> 63)) as u64);
+}
+
+fn get_i64(r: &mut Reader<'_>) -> Result<i64, DecodeError> {
+    let z = r.u64()?;
+    Ok(((z >> 1) as i64) ^ -((z & 1) as i64))
+}
+
+mod tag {
+    pub const TEXT_GET: u8 = 1;
+    pub const TEXT_STORE: u8 = 2;
+    pub const TEXT_DELETE: u8 = 3;
+    pub const TEXT_ARITH: u8 = 4;
+    pub const TEXT_TOUCH: u8 = 5;
+    pub const TEXT_FLUSH: u8 = 6;
+    pub const TEXT_STATS: u8 = 7;
+    pub const TEXT_LOCK: u8 = 8;
+    pub const TEXT_UNLOCK: u8 = 9;
+    pub const TEXT_UNLOCK_ALL: u8 = 10;
+    pub const BINARY: u8 = 11;
+    pub const LOCKD: u8 = 20;
+    pub const DLOCK_PING: u8 = 30;
+    pub const DLOCK_LOCK: u8 = 31;
+    pub const DLOCK_UNLOCK: u8 = 32;
+    pub const DLOCK_REFUSE: u8 = 33;
+    pub const LITERAL: u8 = 40;
+    pub const DLOCK_OPEN: u8 = 41;
+    pub const CLOSE: u8 = 42;
+    pub const EOF: u8 = 43;
+}
+
+fn store_cmd_code(c: StoreCmd) -> u8 {
+    match c {
+        StoreCmd::Set => 0,
+        StoreCmd::Add => 1,
+        StoreCmd::Replace => 2,
+        StoreCmd::Append => 3,
+        StoreCmd::Prepend => 4,
+        StoreCmd::Cas => 5,
+    }
+}
+
+fn store_cmd(code: u8) -> Result<StoreCmd, DecodeError> {
+    Ok(match code {
+        0 => StoreCmd::Set,
+        1 => StoreCmd::Add,
+        2 => StoreCmd::Replace,
+        3 => StoreCmd::Append,
+        4 => StoreCmd::Prepend,
+        5 => StoreCmd::Cas,
+        _ => return Err(DecodeError::Invalid("store command")),
+    })
+}
+
+/// One operation: the connection, a tag, then the fields of that variant in declaration order
+/// (spans as byte strings, options as `opt_u64`, bools as one byte).
+pub fn encode_op(m: &OpMsg, arena: &[u8], out: &mut Vec<u8>) {
+    m.conn.encode(out);
+    let o = out;
+    match m.op {
+        Op::Mc(op) => match op {
+            McOp::TextGet { keys, cas, exptime } => {
+                o.push(tag::TEXT_GET);
+                put_span(o, arena, keys);
+                codec::put_bool(o, cas);
+                codec::put_bool(o, exptime.is_some());
+                put_i64(o, exptime.unwrap_or(0));
+            }
+            McOp::TextStore {
+                cmd,
+                key,
+                flags,
+                exptime,
+                value,
+                cas,
+                noreply,
+            } => {
+                o.push(tag::TEXT_STORE);
+                o.push(store_cmd_code(cmd));
+                put_span(o, arena, key);
+                codec::put_u64(o, u64::from(flags));
+                put_i64(o, exptime);
+                put_span(o, arena, value);
+                codec::put_u64(o, cas);
+                codec::put_bool(o, noreply);
+            }
+            McOp::TextDelete { key, noreply } => {
+                o.push(tag::TEXT_DELETE);
+                put_span(o, arena, key);
+                codec::put_bool(o, noreply);
+            }
+            McOp::TextArith {
+                key,
+                incr,
+                delta,
+                noreply,
+            } => {
+                o.push(tag::TEXT_ARITH);
+                put_span(o, arena, key);
+                codec::put_bool(o, incr);
+                codec::put_u64(o, delta);
+                codec::put_bool(o, noreply);
+            }
+            McOp::TextTouch {
+                key,
+                exptime,
+                noreply,
+            } => {
+                o.push(tag::TEXT_TOUCH);
+                put_span(o, arena, key);
+                put_i64(o, exptime);
+                codec::put_bool(o, noreply);
+            }
+            McOp::TextFlush { delay, noreply } => {
+                o.push(tag::TEXT_FLUSH);
+                put_i64(o, delay);
+                codec::put_bool(o, noreply);
+            }
+            McOp::TextStats { arg } => {
+                o.push(tag::TEXT_STATS);
+                codec::put_bool(o, arg.is_some());
+                put_span(o, arena, arg.unwrap_or(Span::EMPTY));
+            }
+            McOp::TextLock { key } => {
+                o.push(tag::TEXT_LOCK);
+                put_span(o, arena, key);
+            }
+            McOp::TextUnlock { key } => {
+                o.push(tag::TEXT_UNLOCK);
+                put_span(o, arena, key);
+            }
+            McOp::TextUnlockAll => o.push(tag::TEXT_UNLOCK_ALL),
+            McOp::Binary {
+                opcode,
+                opaque,
+                cas,
+                extras,
+                key,
+                value,
+            } => {
+                o.push(tag::BINARY);
+                o.push(opcode);
+                codec::put_u64(o, u64::from(opaque));
+                codec::put_u64(o, cas);
+                put_span(o, arena, extras);
+                put_span(o, arena, key);
+                put_span(o, arena, value);
+            }
+        },
+        Op::Lockd(LockdOp { opcode, payload }) => {
+            o.push(tag::LOCKD);
+            o.push(opcode);
+            put_span(o, arena, payload);
+        }
+        Op::Dlock(DlockOp { id, kind }) => {
+            let id_field = |o: &mut Vec<u8>| codec::put_opt_u64(o, id);
+            match kind {
+                DlockKind::Ping => {
+                    o.push(tag::DLOCK_PING);
+                    id_field(o);
+                }
+                DlockKind::Lock {
+                    keys,
+                    key_count,
+                    wait_us,
+                    lease_us,
+                } => {
+                    o.push(tag::DLOCK_LOCK);
+                    id_field(o);
+                    put_span(o, arena, keys);
+                    codec::put_u64(o, u64::from(key_count));
+                    codec::put_opt_u64(o, wait_us);
+                    codec::put_opt_u64(o, lease_us);
+                }
+                DlockKind::Unlock { keys, key_count } => {
+                    o.push(tag::DLOCK_UNLOCK);
+                    id_field(o);
+                    put_span(o, arena, keys);
+                    codec::put_u64(o, u64::from(key_count));
+                }
+                DlockKind::Refuse { status, text } => {
+                    o.push(tag::DLOCK_REFUSE);
+                    id_field(o);
+                    codec::put_u64(o, u64::from(status));
+                    let last = DLOCK_REFUSALS.len() - 1;
+                    let i = DLOCK_REFUSALS.iter().position(|t| *t == text);
+                    debug_assert!(i.is_some(), "refusal text {text:?} missing from the list");
+                    codec::put_u64(o, i.unwrap_or(last) as u64);
+                }
+            }
+        }
+        Op::Literal { bytes, close } => {
+            o.push(tag::LITERAL);
+            put_span(o, arena, bytes);
+            codec::put_bool(o, close);
+        }
+        Op::DlockOpen => o.push(tag::DLOCK_OPEN),
+        Op::Close => o.push(tag::CLOSE),
+        Op::Eof => o.push(tag::EOF),
+    }
+}
+
+/// Decode one operation, its bytes appended to `a` (the inverse of [`encode_op`]).
+pub fn decode_op(r: &mut Reader<'_>, limits: Limits, a: &mut Arena) -> Result<OpMsg, DecodeError> {
+    let conn = ConnId::decode(r)?;
+    let t = r.u8()?;
+    let op = match t {
+        tag::TEXT_GET => {
+            let keys = get_span(r, limits, a)?;
+            let cas = r.bool()?;
+            let has = r.bool()?;
+            let e = get_i64(r)?;
+            Op::Mc(McOp::TextGet {
+                keys,
+                cas,
+                exptime: has.then_some(e),
+            })
+        }
+        tag::TEXT_STORE => {
+            let cmd = store_cmd(r.u8()?)?;
+            Op::Mc(McOp::TextStore {
+                cmd,
+                key: get_span(r, limits, a)?,
+                flags: r.u32()?,
+                exptime: get_i64(r)?,
+                value: get_span(r, limits, a)?,
+                cas: r.u64()?,
+                noreply: r.bool()?,
+            })
+        }
+        tag::TEXT_DELETE => Op::Mc(McOp::TextDelete {
+            key: get_span(r, limits, a)?,
+            noreply: r.bool()?,
+        }),
+        tag::TEXT_ARITH => Op::Mc(McOp::TextArith {
+            key: get_span(r, limits, a)?,
+            incr: r.bool()?,
+            delta: r.u64()?,
+            noreply: r.bool()?,
+        }),
+        tag::TEXT_TOUCH => Op::Mc(McOp::TextTouch {
+            key: get_span(r, limits, a)?,
+            exptime: get_i64(r)?,
+            noreply: r.bool()?,
+        }),
+        tag::TEXT_FLUSH => Op::Mc(McOp::TextFlush {
+            delay: get_i64(r)?,
+            noreply: r.bool()?,
+        }),
+        tag::TEXT_STATS => {
+            let has = r.bool()?;
+            let arg = get_span(r, limits, a)?;
+            if !has && arg.len != 0 {
+                return Err(DecodeError::Invalid("stats argument without its flag"));
+            }
+            Op::Mc(McOp::TextStats {
+                arg: has.then_some(arg),
+            })
+        }
+        tag::TEXT_LOCK => Op::Mc(McOp::TextLock {
+            key: get_span(r, limits, a)?,
+        }),
+        tag::TEXT_UNLOCK => Op::Mc(McOp::TextUnlock {
+            key: get_span(r, limits, a)?,
+        }),
+        tag::TEXT_UNLOCK_ALL => Op::Mc(McOp::TextUnlockAll),
+        tag::BINARY => Op::Mc(McOp::Binary {
+            opcode: r.u8()?,
+            opaque: r.u32()?,
+            cas: r.u64()?,
+            extras: get_span(r, limits, a)?,
+            key: get_span(r, limits, a)?,
+            value: get_span(r, limits, a)?,
+        }),
+        tag::LOCKD => Op::Lockd(LockdOp {
+            opcode: r.u8()?,
+            payload: get_span(r, limits, a)?,
+        }),
+        tag::DLOCK_PING | tag::DLOCK_LOCK | tag::DLOCK_UNLOCK | tag::DLOCK_REFUSE => {
+            let id = r.opt_u64()?;
+            let kind = match t {
+                tag::DLOCK_PING => DlockKind::Ping,
+                tag::DLOCK_LOCK => DlockKind::Lock {
+                    keys: get_span(r, limits, a)?,
+                    key_count: r.u32()?,
+                    wait_us: r.opt_u64()?,
+                    lease_us: r.opt_u64()?,
+                },
+                tag::DLOCK_UNLOCK => DlockKind::Unlock {
+                    keys: get_span(r, limits, a)?,
+                    key_count: r.u32()?,
+                },
+                _ => {
+                    let status = r.u32()?;
+                    let i = r.u64()?;
+                    let text = usize::try_from(i)
+                        .ok()
+                        .and_then(|i| DLOCK_REFUSALS.get(i))
+                        .ok_or(DecodeError::Invalid("dlock refusal text"))?;
+                    DlockKind::Refuse { status, text }
+                }
+            };
+            Op::Dlock(DlockOp { id, kind })
+        }
+        tag::LITERAL => Op::Literal {
+            bytes: get_span(r, limits, a)?,
+            close: r.bool()?,
+        },
+        tag::DLOCK_OPEN => Op::DlockOpen,
+        tag::CLOSE => Op::Close,
+        tag::EOF => Op::Eof,
+        _ => return Err(DecodeError::Invalid("operation tag")),
+    };
+    Ok(OpMsg { conn, op })
+}
+
+#[cfg(test)]
+#[path = "command_tests.rs"]
+mod tests;

@@ -1,0 +1,216 @@
+use super::*;
+use crate::rng::Rng;
+
+/// A random operation with random bytes behind its spans.
+fn random_op(rng: &mut Rng, arena: &mut Arena) -> OpMsg {
+    let mut span = |rng: &mut Rng| arena.push(&rng.bytes(40));
+    let conn = ConnId::new(
+        rng.below(3) as u16,
+        rng.below(1 << 20) as u32,
+        rng.next() as u32,
+    );
+    let opt = |rng: &mut Rng| rng.chance(50).then(|| rng.wide());
+    let op = match rng.below(19) {
+        0 => Op::Mc(McOp::TextGet {
+            keys: span(rng),
+            cas: rng.chance(50),
+            exptime: rng.chance(50).then(|| rng.wide() as i64),
+        }),
+        1 => Op::Mc(McOp::TextStore {
+            cmd: [
+                StoreCmd::Set,
+                StoreCmd::Add,
+                StoreCmd::Replace,
+                StoreCmd::Append,
+                StoreCmd::Prepend,
+                StoreCmd::Cas,
+            ][rng.index(6)],
+            key: span(rng),
+            flags: rng.next() as u32,
+            exptime: rng.wide() as i64,
+            value: span(rng),
+            cas: rng.wide(),
+            noreply: rng.chance(50),
+        }),
+        2 => Op::Mc(McOp::TextDelete {
+            key: span(rng),
+            noreply: rng.chance(50),
+        }),
+        3 => Op::Mc(McOp::TextArith {
+            key: span(rng),
+            incr: rng.chance(50),
+            delta: rng.wide(),
+            noreply: rng.chance(50),
+        }),
+        4 => Op::Mc(McOp::TextTouch {
+            key: span(rng),
+            exptime: -(rng.wide() as i64),
+            noreply: rng.chance(50),
+        }),
+        5 => Op::Mc(McOp::TextFlush {
+            delay: rng.wide() as i64,
+            noreply: rng.chance(50),
+        }),
+        6 => Op::Mc(McOp::TextStats {
+            arg: rng.chance(50).then(|| span(rng)),
+        }),
+        7 => Op::Mc(McOp::TextLock { key: span(rng) }),
+        8 => Op::Mc(McOp::TextUnlock { key: span(rng) }),
+        9 => Op::Mc(McOp::TextUnlockAll),
+        10 => Op::Mc(McOp::Binary {
+            opcode: rng.next() as u8,
+            opaque: rng.next() as u32,
+            cas: rng.wide(),
+            extras: span(rng),
+            key: span(rng),
+            value: span(rng),
+        }),
+        11 => Op::Lockd(LockdOp {
+            opcode: rng.next() as u8,
+            payload: span(rng),
+        }),
+        12 => {
+            let id = opt(rng);
+            let kind = match rng.below(4) {
+                0 => DlockKind::Ping,
+                1 => DlockKind::Lock {
+                    keys: span(rng),
+                    key_count: rng.next() as u32,
+                    wait_us: opt(rng),
+                    lease_us: opt(rng),
+                },
+                2 => DlockKind::Unlock {
+                    keys: span(rng),
+                    key_count: rng.next() as u32,
+                },
+                _ => DlockKind::Refuse {
+                    status: rng.next() as u32,
+                    text: DLOCK_REFUSALS[rng.index(DLOCK_REFUSALS.len())],
+                },
+            };
+            Op::Dlock(DlockOp { id, kind })
+        }
+        13 => Op::Literal {
+            bytes: span(rng),
+            close: rng.chance(50),
+        },
+        14 => Op::DlockOpen,
+        15 => Op::Close,
+        _ => Op::Eof,
+    };
+    OpMsg { conn, op }
+}
+
+/// Two entries are the same when their ops are, with every span compared by its bytes.
+fn same(a: &[OpMsg], aa: &[u8], b: &[OpMsg], ba: &[u8]) -> bool {
+    let mut ea = Vec::new();
+    let mut eb = Vec::new();
+    encode_entry(0, a, aa, &mut ea);
+    encode_entry(0, b, ba, &mut eb);
+    a.len() == b.len() && ea == eb
+}
+
+fn random_entry(rng: &mut Rng) -> (u64, Vec<OpMsg>, Arena) {
+    let mut arena = Arena::default();
+    let ops = (0..rng.below(30))
+        .map(|_| random_op(rng, &mut arena))
+        .collect();
+    (rng.wide(), ops, arena)
+}
+
+#[test]
+fn entries_round_trip_and_re_encode_to_the_same_bytes() {
+    let mut rng = Rng::new(1);
+    let mut batch = Batch::default();
+    for _ in 0..3000 {
+        let (now, ops, arena) = random_entry(&mut rng);
+        let mut bytes = Vec::new();
+        encode_entry(now, &ops, &arena.bytes, &mut bytes);
+        let got = decode_entry(&bytes, Limits::default(), &mut batch).expect("decodes");
+        assert_eq!(got, now);
+        assert_eq!(format!("{:?}", batch.ops.len()), format!("{:?}", ops.len()));
+        let mut again = Vec::new();
+        encode_entry(now, &batch.ops, &batch.arena.bytes, &mut again);
+        assert_eq!(again, bytes);
+        assert!(same(&ops, &arena.bytes, &batch.ops, &batch.arena.bytes));
+    }
+}
+
+#[test]
+fn every_truncation_is_an_error_and_flips_never_panic() {
+    let mut rng = Rng::new(2);
+    let mut batch = Batch::default();
+    for _ in 0..200 {
+        let (now, ops, arena) = random_entry(&mut rng);
+        let mut bytes = Vec::new();
+        encode_entry(now, &ops, &arena.bytes, &mut bytes);
+        for cut in 0..bytes.len() {
+            assert!(decode_entry(&bytes[..cut], Limits::default(), &mut batch).is_err());
+        }
+        for _ in 0..50 {
+            let mut bad = bytes.clone();
+            let at = rng.index(bad.len());
+            bad[at] ^= 1 << rng.below(8);
+            if decode_entry(&bad, Limits::default(), &mut batch).is_ok() {
+                // Whatever decoded must be well formed: every span inside the arena.
+                let mut again = Vec::new();
+                encode_entry(0, &batch.ops, &batch.arena.bytes, &mut again);
+            }
+        }
+    }
+}
+
+#[test]
+fn caps_refuse_big_fields_and_many_ops_before_allocating() {
+    let mut arena = Arena::default();
+    let value = arena.push(&[7u8; 100]);
+    let op = OpMsg {
+        conn: ConnId::new(0, 1, 1),
+        op: Op::Lockd(LockdOp {
+            opcode: 1,
+            payload: value,
+        }),
+    };
+    let mut bytes = Vec::new();
+    encode_entry(5, &[op, op, op], &arena.bytes, &mut bytes);
+    let mut batch = Batch::default();
+    let small = Limits {
+        max_field: 99,
+        max_ops: 10,
+    };
+    assert!(matches!(
+        decode_entry(&bytes, small, &mut batch),
+        Err(DecodeError::Invalid(_))
+    ));
+    let few = Limits {
+        max_field: 100,
+        max_ops: 2,
+    };
+    assert!(matches!(
+        decode_entry(&bytes, few, &mut batch),
+        Err(DecodeError::Invalid(_))
+    ));
+    // A count far beyond the input is refused without reserving room for it.
+    let mut huge = MAGIC.to_vec();
+    codec::put_u64(&mut huge, 0);
+    codec::put_u64(&mut huge, u64::MAX / 8);
+    assert_eq!(
+        decode_entry(&huge, Limits::default(), &mut batch),
+        Err(DecodeError::Truncated)
+    );
+}
+
+#[test]
+fn every_refusal_the_dlock_decoder_gives_has_a_code() {
+    // Feed the decoder a spread of malformed bodies and collect the reasons it gives.
+    let mut rng = Rng::new(3);
+    for _ in 0..20_000 {
+        let body = rng.bytes(12);
+        if let Err(reason) = crate::proto::dlock::decode_request(&body) {
+            assert!(
+                DLOCK_REFUSALS.contains(&reason),
+                "{reason:?} is missing from DLOCK_REFUSALS"
+            );
+        }
+    }
+}
