@@ -64,6 +64,74 @@ pub fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
     out.extend_from_slice(b);
 }
 
+/// A value that writes its whole state as canonical bytes and can be rebuilt from them: equal
+/// states give equal bytes, whatever their history, slot numbers or hash seeds; a restored value
+/// behaves exactly like the original.
+pub trait Snapshot: Sized {
+    /// What the value is built with (limits, timeouts): the restoring node's own, not stored.
+    type Config: Copy;
+
+    fn snapshot(&self, out: &mut Vec<u8>);
+
+    /// Rebuild from untrusted bytes: anything truncated, corrupt or inconsistent is an error.
+    fn restore(config: Self::Config, r: &mut Reader<'_>) -> Result<Self>;
+}
+
+/// Checks shared by every [`Snapshot`] implementation's tests.
+#[cfg(test)]
+pub mod testing {
+    use super::*;
+    use crate::rng::Rng;
+
+    /// Snapshot `t`, restore it under another hash seed, check that the copy passes
+    /// `invariants` and snapshots to the same bytes; the copy.
+    pub fn round_trip<T: Snapshot>(
+        t: &T,
+        config: T::Config,
+        hash_seed: u64,
+        invariants: impl Fn(&T),
+    ) -> T {
+        let mut bytes = Vec::new();
+        t.snapshot(&mut bytes);
+        let copy = crate::core::hash::with_seed(hash_seed, || {
+            let mut r = Reader::new(&bytes);
+            let copy = T::restore(config, &mut r).expect("restore");
+            r.finish().expect("whole snapshot read");
+            copy
+        });
+        invariants(&copy);
+        let mut again = Vec::new();
+        copy.snapshot(&mut again);
+        assert_eq!(again, bytes, "snapshot of the restored value differs");
+        copy
+    }
+
+    /// Every truncation of `t`'s snapshot is an error; `flips` random bit flips never panic, and
+    /// whatever still restores passes `invariants`.
+    pub fn damage_is_refused<T: Snapshot>(
+        t: &T,
+        config: T::Config,
+        flips: usize,
+        invariants: impl Fn(&T),
+    ) {
+        let mut bytes = Vec::new();
+        t.snapshot(&mut bytes);
+        for cut in 0..bytes.len() {
+            let mut r = Reader::new(&bytes[..cut]);
+            assert!(T::restore(config, &mut r).is_err(), "cut at {cut}");
+        }
+        let mut rng = Rng::new(bytes.len() as u64);
+        for _ in 0..flips {
+            let mut bad = bytes.clone();
+            let at = rng.index(bad.len());
+            bad[at] ^= 1 << rng.below(8);
+            if let Ok(copy) = T::restore(config, &mut Reader::new(&bad)) {
+                invariants(&copy);
+            }
+        }
+    }
+}
+
 /// A checked cursor over untrusted bytes.
 pub struct Reader<'a> {
     buf: &'a [u8],

@@ -43,7 +43,7 @@
 //! - Stats count keys: `lease_expiries` is the number of keys whose lease ran out; `timeouts`
 //!   counts Locks (try-once failures and wait deadlines); `grants` counts Locks granted.
 
-use super::codec::{self, DecodeError, Reader};
+use super::codec::{self, DecodeError, Reader, Snapshot};
 use super::hash::{HashMap, HashSet};
 use super::wheel::{TimerKey, Wheel};
 use super::ConnId;
@@ -776,8 +776,12 @@ impl DlockTable {
     const SNAPSHOT_MAGIC: &'static [u8] = b"HFdlock1";
     /// dlock's own cap on a frame is a megabyte; a key cannot be longer.
     const MAX_KEY: usize = 1 << 20;
+}
 
-    pub fn snapshot(&self, out: &mut Vec<u8>) {
+impl Snapshot for DlockTable {
+    type Config = DlockConfig;
+
+    fn snapshot(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(Self::SNAPSHOT_MAGIC);
         codec::put_u64(out, self.wheel.now());
         codec::put_u64(out, self.next_seq);
@@ -833,7 +837,7 @@ impl DlockTable {
     /// A table from bytes written by [`DlockTable::snapshot`]; untrusted: anything out of
     /// order, duplicated, dangling (a waiter of an unknown session, a queued key with no state)
     /// or against the table's rules (a waiter that could be granted) is an error.
-    pub fn restore(config: DlockConfig, r: &mut Reader<'_>) -> Result<DlockTable, DecodeError> {
+    fn restore(config: DlockConfig, r: &mut Reader<'_>) -> Result<DlockTable, DecodeError> {
         use DecodeError::Invalid;
         r.expect(Self::SNAPSHOT_MAGIC, "dlock snapshot magic")?;
         let mut t = DlockTable::new(config, r.u64()?);
@@ -1786,25 +1790,6 @@ mod tests {
         run_model_restoring(seed, steps, idle, None)
     }
 
-    /// Snapshot `t`, restore it under another hash seed, check the copy snapshots to the same
-    /// bytes and passes its invariants.
-    fn round_trip(t: &DlockTable, hash_seed: u64) -> DlockTable {
-        let mut bytes = Vec::new();
-        t.snapshot(&mut bytes);
-        let copy = crate::core::hash::with_seed(hash_seed, || {
-            let mut r = Reader::new(&bytes);
-            let copy = DlockTable::restore(t.config, &mut r).expect("restore");
-            r.finish().expect("whole snapshot read");
-            copy
-        });
-        copy.check_invariants();
-        let mut again = Vec::new();
-        copy.snapshot(&mut again);
-        assert_eq!(again, bytes, "snapshot of the restored table differs");
-        assert_eq!(copy.stats(), t.stats());
-        copy
-    }
-
     /// With `restore_every`, the table is replaced by a restored copy of its snapshot every that
     /// many steps and must go on matching the model exactly, events in the same order.
     fn run_model_restoring(seed: u64, steps: usize, idle: u64, restore_every: Option<usize>) {
@@ -1944,7 +1929,14 @@ mod tests {
             }
             compare(&t, &m, &ctx);
             if restore_every.is_some_and(|n| step % n == n - 1) {
-                t = round_trip(&t, seed ^ step as u64);
+                let before = t.stats();
+                t = crate::core::codec::testing::round_trip(
+                    &t,
+                    t.config,
+                    seed ^ step as u64,
+                    |c| c.check_invariants(),
+                );
+                assert_eq!(t.stats(), before);
             }
         }
 
@@ -2047,21 +2039,7 @@ mod tests {
             1,
             &mut ev,
         );
-        let mut bytes = Vec::new();
-        t.snapshot(&mut bytes);
-        for cut in 0..bytes.len() {
-            let mut r = Reader::new(&bytes[..cut]);
-            assert!(DlockTable::restore(config, &mut r).is_err(), "cut at {cut}");
-        }
-        let mut rng = XorShift(5);
-        for _ in 0..2000 {
-            let mut bad = bytes.clone();
-            let at = rng.below(bad.len() as u64) as usize;
-            bad[at] ^= 1 << rng.below(8);
-            if let Ok(copy) = DlockTable::restore(config, &mut Reader::new(&bad)) {
-                copy.check_invariants();
-            }
-        }
+        crate::core::codec::testing::damage_is_refused(&t, config, 2000, |c| c.check_invariants());
     }
 
     #[test]

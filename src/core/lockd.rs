@@ -30,7 +30,7 @@ use super::hash::{HashMap, Seeded};
 use hashbrown::hash_table::HashTable;
 use slab::Slab;
 
-use super::codec::{self, DecodeError, Reader};
+use super::codec::{self, DecodeError, Reader, Snapshot};
 use super::wheel::{TimerKey, Wheel};
 use super::ConnId;
 
@@ -610,8 +610,12 @@ impl LockdTable {
 /// orphan number and deadline) and its queue in FIFO order.
 impl LockdTable {
     const SNAPSHOT_MAGIC: &'static [u8] = b"HFlockd1";
+}
 
-    pub fn snapshot(&self, out: &mut Vec<u8>) {
+impl Snapshot for LockdTable {
+    type Config = LockdConfig;
+
+    fn snapshot(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(Self::SNAPSHOT_MAGIC);
         codec::put_u64(out, self.orphan_timers.now());
         for v in [
@@ -653,7 +657,7 @@ impl LockdTable {
     /// A table from bytes written by [`LockdTable::snapshot`]; untrusted (names out of order or
     /// twice, an orphan number not below the next one, payloads over old's 1 MiB frame limit are
     /// errors).
-    pub fn restore(config: LockdConfig, r: &mut Reader<'_>) -> Result<LockdTable, DecodeError> {
+    fn restore(config: LockdConfig, r: &mut Reader<'_>) -> Result<LockdTable, DecodeError> {
         /// old's largest payload: the 20-bit length of its header.
         const MAX_PAYLOAD: usize = (1 << 20) - 1;
         r.expect(Self::SNAPSHOT_MAGIC, "lockd snapshot magic")?;
@@ -1409,25 +1413,6 @@ mod model_tests {
         run_restoring(seed, steps, cov, None)
     }
 
-    /// Snapshot `t`, restore it under another hash seed, check the copy snapshots to the same
-    /// bytes and passes its invariants.
-    fn round_trip(t: &LockdTable, hash_seed: u64) -> LockdTable {
-        let mut bytes = Vec::new();
-        t.snapshot(&mut bytes);
-        let copy = crate::core::hash::with_seed(hash_seed, || {
-            let mut r = Reader::new(&bytes);
-            let copy = LockdTable::restore(t.config, &mut r).expect("restore");
-            r.finish().expect("whole snapshot read");
-            copy
-        });
-        copy.check_invariants();
-        let mut again = Vec::new();
-        copy.snapshot(&mut again);
-        assert_eq!(again, bytes, "snapshot of the restored table differs");
-        assert_eq!(copy.stats(), t.stats());
-        copy
-    }
-
     /// With `restore_every`, the table is replaced by a restored copy of its snapshot every that
     /// many steps and must go on matching the model exactly.
     fn run_restoring(seed: u64, steps: u64, cov: &mut Coverage, restore_every: Option<u64>) {
@@ -1521,7 +1506,11 @@ mod model_tests {
             );
             compare(&t, &m, step);
             if restore_every.is_some_and(|n| step % n == n - 1) {
-                t = round_trip(&t, seed ^ step);
+                let before = t.stats();
+                t = crate::core::codec::testing::round_trip(&t, t.config, seed ^ step, |c| {
+                    c.check_invariants()
+                });
+                assert_eq!(t.stats(), before);
             }
             for l in m.locks.values() {
                 cov.max_queue = cov.max_queue.max(l.queue.len());
@@ -1590,21 +1579,7 @@ mod model_tests {
         t.disconnect(c(1), 5);
         t.acquire(c(3), b"c", b"c\0", 6);
         t.advance(6, &mut g);
-        let mut bytes = Vec::new();
-        t.snapshot(&mut bytes);
-        for cut in 0..bytes.len() {
-            let mut r = Reader::new(&bytes[..cut]);
-            assert!(LockdTable::restore(config, &mut r).is_err(), "cut at {cut}");
-        }
-        let mut rng = Rng(7);
-        for _ in 0..2000 {
-            let mut bad = bytes.clone();
-            let at = rng.below(bad.len() as u64) as usize;
-            bad[at] ^= 1 << rng.below(8);
-            if let Ok(copy) = LockdTable::restore(config, &mut Reader::new(&bad)) {
-                copy.check_invariants();
-            }
-        }
+        crate::core::codec::testing::damage_is_refused(&t, config, 2000, |c| c.check_invariants());
     }
 
     #[test]

@@ -68,7 +68,7 @@ use hashbrown::HashTable;
 
 use super::hash::{HashMap, Seeded};
 
-use super::codec::{self, DecodeError, Reader};
+use super::codec::{self, DecodeError, Reader, Snapshot};
 use super::wheel::{TimerKey, Wheel};
 use super::{ConnId, Now};
 
@@ -1393,9 +1393,13 @@ impl Store {
 /// behave alike give the same bytes, and a restored store behaves exactly like the original.
 impl Store {
     const SNAPSHOT_MAGIC: &'static [u8] = b"HFstore1";
+}
+
+impl Snapshot for Store {
+    type Config = StoreConfig;
 
     /// Append the store's state to `out`.
-    pub fn snapshot(&self, out: &mut Vec<u8>) {
+    fn snapshot(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(Self::SNAPSHOT_MAGIC);
         codec::put_u64(out, self.wheel.now());
         codec::put_u64(out, self.last_cas);
@@ -1433,6 +1437,16 @@ impl Store {
         }
     }
 
+    /// A store from bytes written by [`Store::snapshot`]. The bytes are untrusted: anything
+    /// truncated, corrupt or inconsistent (a key twice, a key over 250 bytes, a value over
+    /// `max_item_size`) is an error. Memory limits are not enforced on restore: a snapshot holds
+    /// what a replica with the same limits held.
+    fn restore(config: StoreConfig, r: &mut Reader<'_>) -> Result<Store, DecodeError> {
+        Store::restore_from(config, r)
+    }
+}
+
+impl Store {
     fn put_item(&self, out: &mut Vec<u8>, i: u32) {
         let item = &self.slots[i as usize];
         codec::put_bytes(out, item.key());
@@ -1469,11 +1483,7 @@ impl Store {
         ]
     }
 
-    /// A store from bytes written by [`Store::snapshot`]. The bytes are untrusted: anything
-    /// truncated, corrupt or inconsistent (a key twice, a key over 250 bytes, a value over
-    /// `max_item_size`) is an error. Memory limits are not enforced on restore: a snapshot holds
-    /// what a replica with the same limits held.
-    pub fn restore(config: StoreConfig, r: &mut Reader<'_>) -> Result<Store, DecodeError> {
+    fn restore_from(config: StoreConfig, r: &mut Reader<'_>) -> Result<Store, DecodeError> {
         r.expect(Self::SNAPSHOT_MAGIC, "store snapshot magic")?;
         let now_ms = r.u64()?;
         let mut s = Store::new(config, Now::from_unix_ms(now_ms));
@@ -2976,25 +2986,6 @@ mod tests {
         }
     }
 
-    /// Snapshot `s`, restore it under another hash seed, and check that the copy snapshots to the
-    /// same bytes.
-    fn round_trip(s: &Store, hash_seed: u64) -> Store {
-        let mut bytes = Vec::new();
-        s.snapshot(&mut bytes);
-        let copy = crate::core::hash::with_seed(hash_seed, || {
-            let mut r = Reader::new(&bytes);
-            let copy = Store::restore(s.config(), &mut r).expect("restore");
-            r.finish().expect("whole snapshot read");
-            copy
-        });
-        copy.check_invariants();
-        let mut again = Vec::new();
-        copy.snapshot(&mut again);
-        assert_eq!(again, bytes, "snapshot of the restored store differs");
-        assert_eq!(copy.stats(), s.stats());
-        copy
-    }
-
     fn run_model(seed: u64, steps: usize) {
         run_model_restoring(seed, steps, None)
     }
@@ -3151,7 +3142,14 @@ mod tests {
             }
             s.check_invariants();
             if restore_every.is_some_and(|n| step % n == n - 1) {
-                s = round_trip(&s, seed ^ step as u64);
+                let st_before = s.stats();
+                s = crate::core::codec::testing::round_trip(
+                    &s,
+                    s.config(),
+                    seed ^ step as u64,
+                    |c| c.check_invariants(),
+                );
+                assert_eq!(s.stats(), st_before);
             }
             let st = s.stats();
             assert_eq!(
@@ -3201,22 +3199,9 @@ mod tests {
         assert_eq!(s.lock(A, b"k2", now), LockOutcome::Ok);
         s.flush_all(0, now);
         s.store(B, StoreMode::Set, b"k3", 0, 0, b"v3", None, now);
-        let mut bytes = Vec::new();
-        s.snapshot(&mut bytes);
-        for cut in 0..bytes.len() {
-            let mut r = Reader::new(&bytes[..cut]);
-            assert!(Store::restore(s.config(), &mut r).is_err(), "cut at {cut}");
-        }
-        let mut rng = Rng(99);
-        for _ in 0..2000 {
-            let mut bad = bytes.clone();
-            let at = rng.below(bad.len() as u64) as usize;
-            bad[at] ^= 1 << rng.below(8);
-            // Any outcome but a panic: some flips still decode to a valid store.
-            if let Ok(copy) = Store::restore(s.config(), &mut Reader::new(&bad)) {
-                copy.check_invariants();
-            }
-        }
+        crate::core::codec::testing::damage_is_refused(&s, s.config(), 2000, |c| {
+            c.check_invariants()
+        });
     }
 
     #[test]

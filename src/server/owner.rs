@@ -15,7 +15,7 @@ use mio::Waker;
 use super::exec_dlock::DlockSessions;
 use super::msg::{Arena, Batch, Op, OpMsg, Pool, Record, Replies, Span, ToOwner};
 use super::Shared;
-use crate::core::codec::{self, DecodeError, Reader};
+use crate::core::codec::{self, DecodeError, Reader, Snapshot};
 use crate::core::dlock::{DlockConfig, DlockEvent, DlockTable};
 use crate::core::lockd::{Grant, LockdConfig, LockdTable};
 use crate::core::store::{Store, StoreConfig};
