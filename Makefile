@@ -6,6 +6,7 @@
 #   make fuzz   every cargo-fuzz target for FUZZ_SECONDS each (make fuzz-smoke: 20 s each)
 #   make scale  memory per idle connection and per held lock, lease expiry accuracy, at 10k/1M
 #   make soak   mixed hostile traffic on all three protocols for SOAK_SECONDS (CI: 60)
+#   make owner-ceiling  ops/s of one owner thread at 100% and its instructions per op
 
 CARGO  ?= cargo
 # make soak: how long the traffic runs; the daemon's timers are short so that they fire often.
@@ -17,7 +18,7 @@ PY     := $(VENV)/bin/python
 # Debian packages the tests use: memccapable (libmemcached's conformance tool).
 APT_TEST_PACKAGES := libmemcached-tools
 
-.PHONY: run build release test test-rust test-clients conformance deps deps-apt deps-python lint fmt bench scale soak fuzz fuzz-smoke fuzz-deps clean
+.PHONY: owner-ceiling run build release test test-rust test-clients conformance deps deps-apt deps-python lint fmt bench scale soak fuzz fuzz-smoke fuzz-deps clean
 
 run: release
 	./target/release/holdfast
@@ -103,6 +104,12 @@ scale: release
 # waits past every timeout, checks that nothing is left, stops the daemon by its PID.
 soak: release
 	./target/release/holdfast-soak --seconds $(SOAK_SECONDS) --holdfast ./target/release/holdfast -- $(SOAK_DAEMON_FLAGS)
+
+# The owner thread alone at 100% (no sockets): ops/s and callgrind instructions per op.
+owner-ceiling:
+	$(CARGO) build --release --example owner_ceiling
+	$(PYTHON) tools/owner_ceiling.py target/release/examples/owner_ceiling 16
+	$(PYTHON) tools/owner_ceiling.py target/release/examples/owner_ceiling 1
 
 clean:
 	$(CARGO) clean

@@ -215,9 +215,9 @@ COMMAND = {
     "lockd_acq_queue": entry(5, [op(1, 20, bytes([1]) + vbytes(b"n\0")),
                                  op(2, 20, bytes([1]) + vbytes(b"n\0")), op(1, 42)]),
     "dlock_lock_wait": entry(9, [op(1, 41), op(2, 41),
-                                 op(1, 31, varint(1) + vbytes(b"\x0a\x01a") + varint(1)
+                                 op(1, 31, varint(1) + vbytes(b"\x1a\x01a") + varint(1)
                                     + varint(0) + varint(0)),
-                                 op(2, 31, varint(2) + vbytes(b"\x0a\x01a") + varint(1)
+                                 op(2, 31, varint(2) + vbytes(b"\x1a\x01a") + varint(1)
                                     + varint(5001) + varint(0))]),
     "binary_lock": entry(3, [op(1, 11, bytes([0x40]) + varint(7) + varint(0) + vbytes(b"")
                                 + vbytes(b"k") + vbytes(b""))]),

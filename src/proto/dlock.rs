@@ -268,8 +268,9 @@ pub fn decode_request(body: &[u8]) -> Result<Request<'_>, &'static str> {
 }
 
 /// Validate a whole RequestLock message and count its keys, so that iterating [`Keys`] later
-/// cannot fail.
-fn decode_lock(raw: &[u8]) -> Result<LockRequest<'_>, &'static str> {
+/// cannot fail. Public for the owner's command decoder: a Lock read back from a log is checked
+/// again, not trusted.
+pub fn decode_lock(raw: &[u8]) -> Result<LockRequest<'_>, &'static str> {
     let mut lock = LockRequest {
         keys: Keys { raw },
         ..LockRequest::default()

@@ -112,6 +112,17 @@ fn get_span(r: &mut Reader<'_>, limits: Limits, arena: &mut Arena) -> Result<Spa
     Ok(arena.push(b))
 }
 
+/// The raw RequestLock message of a dlock Lock or Unlock, validated as the worker validates it
+/// (the table iterates its keys and trusts it to parse), with at least one key.
+fn get_lock_keys(r: &mut Reader<'_>, limits: Limits, a: &mut Arena) -> Result<Span, DecodeError> {
+    let start = a.bytes.len();
+    let span = get_span(r, limits, a)?;
+    match crate::proto::dlock::decode_lock(&a.bytes[start..]) {
+        Ok(lock) if lock.key_count > 0 => Ok(span),
+        _ => Err(DecodeError::Invalid("dlock lock message")),
+    }
+}
+
 fn put_i64(out: &mut Vec<u8>, v: i64) {
     // Zig-zag, so that small negative exptimes stay small.
     codec::put_u64(out, ((v << 1) ^ (v >> 63)) as u64);
@@ -397,13 +408,13 @@ pub fn decode_op(r: &mut Reader<'_>, limits: Limits, a: &mut Arena) -> Result<Op
             let kind = match t {
                 tag::DLOCK_PING => DlockKind::Ping,
                 tag::DLOCK_LOCK => DlockKind::Lock {
-                    keys: get_span(r, limits, a)?,
+                    keys: get_lock_keys(r, limits, a)?,
                     key_count: r.u32()?,
                     wait_us: r.opt_u64()?,
                     lease_us: r.opt_u64()?,
                 },
                 tag::DLOCK_UNLOCK => DlockKind::Unlock {
-                    keys: get_span(r, limits, a)?,
+                    keys: get_lock_keys(r, limits, a)?,
                     key_count: r.u32()?,
                 },
                 _ => {

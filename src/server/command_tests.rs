@@ -1,6 +1,18 @@
 use super::*;
 use crate::rng::Rng;
 
+/// A valid RequestLock message of one to three random keys (field 1, length-delimited).
+fn lock_keys(rng: &mut Rng, arena: &mut Arena) -> Span {
+    let mut raw = Vec::new();
+    for _ in 0..1 + rng.below(3) {
+        let key = rng.bytes(20);
+        raw.push(0x1a); // field 3 (keys), length-delimited
+        raw.push(key.len() as u8);
+        raw.extend_from_slice(&key);
+    }
+    arena.push(&raw)
+}
+
 /// A random operation with random bytes behind its spans.
 fn random_op(rng: &mut Rng, arena: &mut Arena) -> OpMsg {
     let mut span = |rng: &mut Rng| arena.push(&rng.bytes(40));
@@ -74,13 +86,13 @@ fn random_op(rng: &mut Rng, arena: &mut Arena) -> OpMsg {
             let kind = match rng.below(4) {
                 0 => DlockKind::Ping,
                 1 => DlockKind::Lock {
-                    keys: span(rng),
+                    keys: lock_keys(rng, arena),
                     key_count: rng.next() as u32,
                     wait_us: opt(rng),
                     lease_us: opt(rng),
                 },
                 2 => DlockKind::Unlock {
-                    keys: span(rng),
+                    keys: lock_keys(rng, arena),
                     key_count: rng.next() as u32,
                 },
                 _ => DlockKind::Refuse {

@@ -104,10 +104,34 @@ impl Replayer {
         Ok(effects)
     }
 
+    /// Apply one turn's operations straight from a batch, the replies dropped as the owner hands
+    /// them off (their buffers kept): the owner thread's own work and nothing else, for
+    /// measuring it (examples/owner_ceiling.rs).
+    pub fn apply_batch(&mut self, now_ms: u64, batch: &Batch) {
+        apply_turn(
+            &mut self.tables,
+            &mut self.outbox,
+            &self.shared,
+            Now::from_unix_ms(now_ms),
+            &batch.ops,
+            &batch.arena.bytes,
+        );
+        let replies = &mut self.outbox.per_worker[0];
+        replies.records.clear();
+        replies.arena.bytes.clear();
+        self.outbox.bytes_this_turn = 0;
+    }
+
     pub fn snapshot(&self) -> Vec<u8> {
         let mut out = Vec::new();
         self.tables.snapshot(&mut out);
         out
+    }
+
+    /// Locks held in all tables (memcached items, lockd names, dlock keys).
+    pub fn locks_held(&self) -> u64 {
+        let t = &self.tables;
+        t.store.stats().locks_held + t.lockd.stats().held + t.dlock.stats().held_keys
     }
 
     /// Replace the state by one restored from `bytes`.

@@ -1,0 +1,232 @@
+//! The owner's ceiling: lock operations per second that one owner thread sustains when it is the
+//! bottleneck, measured without sockets or worker threads. Each turn applies one batch of
+//! lock+unlock pairs from 50 sessions (each on its own name, as `holdfast-bench` does), the
+//! replies dropped as the owner hands them off. What a node can take when many cores keep its
+//! owner busy; `tools/owner_ceiling.py` runs it under callgrind for instructions per operation.
+//!
+//! usage: owner_ceiling [WORKLOAD|all] [PAIRS_PER_SESSION_PER_TURN] [SECONDS | --pairs N]
+//! workloads: mc-binary, mc-text, lockd, dlock
+
+use std::time::{Duration, Instant};
+
+use holdfast::core::ConnId;
+use holdfast::proto::memcache::binary::opcode;
+use holdfast::proto::memcache::text::StoreCmd;
+use holdfast::server::msg::{Batch, DlockKind, DlockOp, LockdOp, McOp, Op, OpMsg};
+use holdfast::server::sim::Replayer;
+
+/// Sessions per turn, as the bench's 50 connections.
+const SESSIONS: u32 = 50;
+/// The Unix time the run starts at (any fixed value: the clock is the commands').
+const START_MS: u64 = 1_700_000_000_000;
+
+const WORKLOADS: [&str; 4] = ["mc-binary", "mc-text", "lockd", "dlock"];
+
+fn config() -> holdfast::config::Config {
+    match holdfast::config::parse(std::iter::empty::<&str>()) {
+        Ok(holdfast::config::Command::Run(c)) => c,
+        other => panic!("default config: {other:?}"),
+    }
+}
+
+fn session(i: u32) -> ConnId {
+    ConnId::new(0, i, 1)
+}
+
+/// One turn's batch: `depth` lock+unlock pairs for each session, each on the session's own name.
+fn turn(workload: &str, depth: usize) -> Batch {
+    let mut b = Batch::default();
+    for s in 0..SESSIONS {
+        let conn = session(s);
+        let name = format!("name{s:04}");
+        for _ in 0..depth {
+            let (lock, unlock) = match workload {
+                "mc-binary" => {
+                    let key = b.arena.push(name.as_bytes());
+                    let bin = |opcode| McOp::Binary {
+                        opcode,
+                        opaque: 0,
+                        cas: 0,
+                        extras: holdfast::server::msg::Span::EMPTY,
+                        key,
+                        value: holdfast::server::msg::Span::EMPTY,
+                    };
+                    (Op::Mc(bin(opcode::LOCK)), Op::Mc(bin(opcode::UNLOCK)))
+                }
+                "mc-text" => {
+                    let key = b.arena.push(name.as_bytes());
+                    (
+                        Op::Mc(McOp::TextLock { key }),
+                        Op::Mc(McOp::TextUnlock { key }),
+                    )
+                }
+                "lockd" => {
+                    let payload = b.arena.push(format!("{name}\0").as_bytes());
+                    (
+                        Op::Lockd(LockdOp { opcode: 1, payload }),
+                        Op::Lockd(LockdOp { opcode: 2, payload }),
+                    )
+                }
+                "dlock" => {
+                    // The raw RequestLock message: field 3 (keys), length-delimited, checked
+                    // as the worker checks it.
+                    let mut raw = vec![0x1a, name.len() as u8];
+                    raw.extend_from_slice(name.as_bytes());
+                    let lock = holdfast::proto::dlock::decode_lock(&raw).expect("RequestLock");
+                    assert_eq!(lock.key_count, 1);
+                    let keys = b.arena.push(&raw);
+                    let lock = DlockKind::Lock {
+                        keys,
+                        key_count: 1,
+                        wait_us: None,
+                        lease_us: None,
+                    };
+                    let unlock = DlockKind::Unlock { keys, key_count: 1 };
+                    (
+                        Op::Dlock(DlockOp {
+                            id: Some(1),
+                            kind: lock,
+                        }),
+                        Op::Dlock(DlockOp {
+                            id: Some(2),
+                            kind: unlock,
+                        }),
+                    )
+                }
+                other => panic!("unknown workload {other}"),
+            };
+            b.ops.push(OpMsg { conn, op: lock });
+            b.ops.push(OpMsg { conn, op: unlock });
+        }
+    }
+    b
+}
+
+/// A state with what the workload needs in place (items to lock, dlock sessions open).
+fn prepared(workload: &str) -> Replayer {
+    let mut r = Replayer::new(config());
+    let mut b = Batch::default();
+    for s in 0..SESSIONS {
+        let conn = session(s);
+        let op = match workload {
+            "mc-binary" | "mc-text" => Op::Mc(McOp::TextStore {
+                cmd: StoreCmd::Set,
+                key: b.arena.push(format!("name{s:04}").as_bytes()),
+                flags: 0,
+                exptime: 0,
+                value: b.arena.push(b"v"),
+                cas: 0,
+                noreply: true,
+            }),
+            "dlock" => Op::DlockOpen,
+            _ => continue,
+        };
+        b.ops.push(OpMsg { conn, op });
+    }
+    r.apply_batch(START_MS, &b);
+    r
+}
+
+/// Apply one turn through the encoded path and check that every reply is a success (a lock
+/// granted, then released): the run measures real grants, not fast refusals.
+fn verify(w: &str, r: &mut Replayer, batch: &Batch, now: u64) {
+    use holdfast::core::codec::Reader;
+    let mut entry = Vec::new();
+    holdfast::server::command::encode_entry(now, &batch.ops, &batch.arena.bytes, &mut entry);
+    let effects = r.apply(&entry).expect("entry applies");
+    let mut rd = Reader::new(&effects);
+    let mut replies = 0;
+    while rd.remaining() > 0 {
+        let _conn = ConnId::decode(&mut rd).expect("conn");
+        let (_done, _close) = (rd.u64().expect("done"), rd.bool().expect("close"));
+        let bytes = rd.bytes(usize::MAX).expect("bytes");
+        let ok = match w {
+            "mc-text" => bytes == b"OK\r\n",
+            "mc-binary" => bytes.len() == 24 && bytes[0] == 0x81 && bytes[6..8] == [0, 0],
+            "lockd" => {
+                let op = (u32::from_be_bytes(bytes[..4].try_into().expect("header")) >> 20) as u8;
+                op == holdfast::proto::lockd::op::ACQUIRED
+                    || op == holdfast::proto::lockd::op::RELEASED
+            }
+            _ => holdfast::proto::dlock::decode_response(&bytes[4..])
+                .is_ok_and(|resp| resp.status.unwrap_or(0) == holdfast::proto::dlock::status::OK),
+        };
+        assert!(
+            ok,
+            "{w}: a reply is not a success: {:?}",
+            String::from_utf8_lossy(bytes)
+        );
+        replies += 1;
+    }
+    assert_eq!(replies, batch.ops.len(), "{w}: one reply per operation");
+}
+
+/// Take every session's lock without releasing it: each name must then be held (the stats of
+/// the table count them), so a workload that "succeeds" without locking anything is caught.
+fn verify_holds(w: &str, r: &mut Replayer) {
+    let mut b = turn(w, 1);
+    let locks: Vec<OpMsg> = b.ops.iter().step_by(2).copied().collect();
+    b.ops = locks;
+    r.apply_batch(START_MS, &b);
+    let held = r.locks_held();
+    assert_eq!(
+        held,
+        u64::from(SESSIONS),
+        "{w}: locks held after a lock-only turn"
+    );
+    let mut b = turn(w, 1);
+    let unlocks: Vec<OpMsg> = b.ops.iter().skip(1).step_by(2).copied().collect();
+    b.ops = unlocks;
+    r.apply_batch(START_MS, &b);
+    assert_eq!(r.locks_held(), 0, "{w}: locks held after the unlocks");
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let which = args.first().map_or("all", String::as_str);
+    let depth: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(16);
+    let pairs: Option<u64> = match args.get(2).map(String::as_str) {
+        Some("--pairs") => args.get(3).and_then(|a| a.parse().ok()),
+        _ => None,
+    };
+    let seconds: f64 = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(2.0);
+    let workloads: Vec<&str> = match which {
+        "all" => WORKLOADS.to_vec(),
+        w => vec![w],
+    };
+    for w in workloads {
+        let mut r = prepared(w);
+        let batch = turn(w, depth);
+        verify(w, &mut r, &batch, START_MS);
+        verify_holds(w, &mut r);
+        let ops_per_turn = batch.ops.len() as u64;
+        let turns = pairs.map(|p| p.div_ceil(ops_per_turn / 2));
+        let started = Instant::now();
+        let mut done = 0u64;
+        let mut now = START_MS + 1;
+        loop {
+            r.apply_batch(now, &batch);
+            done += 1;
+            if done.is_multiple_of(64) {
+                now += 1;
+            }
+            match turns {
+                Some(t) if done >= t => break,
+                Some(_) => {}
+                None if done.is_multiple_of(64)
+                    && started.elapsed() >= Duration::from_secs_f64(seconds) =>
+                {
+                    break
+                }
+                None => {}
+            }
+        }
+        let secs = started.elapsed().as_secs_f64();
+        let ops = done * ops_per_turn;
+        println!(
+            "owner_ceiling workload={w} depth={depth} ops={ops} seconds={secs:.3} ops_per_sec={:.0} ns_per_op={:.1}",
+            ops as f64 / secs,
+            secs * 1e9 / ops as f64
+        );
+    }
+}
