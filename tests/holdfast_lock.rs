@@ -197,3 +197,42 @@ fn sigterm_is_passed_to_the_command_and_the_lock_is_released() {
         .unwrap();
     assert_eq!(st.code(), Some(0), "the key is free again");
 }
+
+#[test]
+fn the_command_gets_the_fencing_token_and_print_fence_prints_it_first() {
+    let d = Daemon::start(&[]);
+    let run = || {
+        let out = lock_cmd(&d)
+            .args([
+                "--print-fence",
+                "k",
+                "--",
+                "sh",
+                "-c",
+                "echo env=$HOLDFAST_FENCE",
+            ])
+            .stdin(Stdio::null())
+            .output()
+            .expect("run");
+        assert!(out.status.success(), "{out:?}");
+        let text = String::from_utf8(out.stdout).expect("utf-8");
+        let mut lines = text.lines();
+        let printed: u64 = lines.next().expect("token line").parse().expect("a number");
+        assert_eq!(lines.next(), Some(format!("env={printed}").as_str()));
+        assert_eq!(lines.next(), None);
+        printed
+    };
+    let (first, second) = (run(), run());
+    assert!(first > 0 && second > first, "{first} then {second}");
+    // Without --print-fence, only the command's environment has it.
+    let out = lock_cmd(&d)
+        .args(["k", "--", "sh", "-c", "echo $HOLDFAST_FENCE"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run");
+    let only: u64 = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .expect("one number");
+    assert!(only > second);
+}

@@ -178,6 +178,28 @@ fn expect_ok(c: &mut Client, frame: &[u8]) {
     assert_eq!(call(c, frame), Resp::ok(frame[1]));
 }
 
+/// A binary Lock that must succeed: its reply is a bare success whose CAS field carries the
+/// lock's fencing token (contract: "Fencing tokens"), the same one `lock_token` reports.
+fn expect_lock_token(c: &mut Client, key: &[u8]) -> u64 {
+    let r = call(c, &keyed(LOCK, key));
+    assert_eq!(
+        (r.status, &r.value[..], &r.key[..]),
+        (OK, &b""[..], &b""[..]),
+        "{r:?}"
+    );
+    assert!(r.cas > 0, "a Lock reply carries its fencing token: {r:?}");
+    let mut line = b"lock_token ".to_vec();
+    line.extend_from_slice(key);
+    line.extend_from_slice(b"\r\n");
+    c.send(&line);
+    assert_eq!(
+        c.line(),
+        format!("TOKEN {}\r\n", r.cas),
+        "lock_token names the token of the binary Lock"
+    );
+    r.cas
+}
+
 /// A store that must succeed: returns the new CAS (never 0).
 fn bin_store(c: &mut Client, opcode: u8, key: &[u8], value: &[u8], flags: u32) -> u64 {
     let r = call(c, &req(opcode, &set_extras(flags, 0), key, value, 0, 0));
@@ -311,7 +333,7 @@ fn lock_answers_ok_then_locked_for_everyone_including_the_holder() {
     expect_err(&mut b, &keyed(LOCK, b"k"), LOCKED);
     expect_err(&mut b, &keyed(LOCK, b"missing"), NOT_FOUND);
     set(&mut b, "k2", "v");
-    expect_ok(&mut b, &keyed(LOCK, b"k2"));
+    expect_lock_token(&mut b, b"k2");
     a.expect(b"lock k2\r\n", b"LOCKED\r\n");
 }
 
@@ -395,7 +417,7 @@ fn binary_writes_by_others_answer_0x0010_and_change_nothing() {
     let d = mc();
     let (mut a, mut b) = (d.memcache(), d.memcache());
     let cas = bin_store(&mut a, SET, b"k", b"5", 3);
-    expect_ok(&mut a, &keyed(LOCK, b"k"));
+    expect_lock_token(&mut a, b"k");
     let x = set_extras(0, 0);
     for frame in [
         req(SET, &x, b"k", b"x", 1, 0),
@@ -505,7 +527,7 @@ fn unlock_errors_text_one_message_binary_missing_vs_not_held() {
     // The holder's unlock works once.
     a.expect(b"unlock k\r\n", b"OK\r\n");
     a.expect(b"unlock k\r\n", msg);
-    expect_ok(&mut b, &keyed(LOCK, b"k"));
+    expect_lock_token(&mut b, b"k");
     expect_ok(&mut b, &keyed(UNLOCK, b"k"));
     expect_err(&mut b, &keyed(UNLOCK, b"k"), NOT_LOCKED);
 }
@@ -647,7 +669,7 @@ fn rau_by_the_holder_replaces_and_unlocks() {
     let d = mc();
     let (mut a, mut b) = (d.memcache(), d.memcache());
     bin_store(&mut a, SET, b"k", b"old", 1);
-    expect_ok(&mut a, &keyed(LOCK, b"k"));
+    expect_lock_token(&mut a, b"k");
     let r = call(&mut a, &req(RAU, &set_extras(7, 0), b"k", b"new", 42, 0));
     assert!(r.cas != 0);
     assert_eq!(
@@ -663,7 +685,7 @@ fn rau_by_the_holder_replaces_and_unlocks() {
         hit(GET, 7, b"", b"new", r.cas)
     );
     // Released: b may lock it now, and a's RaU is then refused.
-    expect_ok(&mut b, &keyed(LOCK, b"k"));
+    expect_lock_token(&mut b, b"k");
     expect_err(
         &mut a,
         &req(RAU, &set_extras(0, 0), b"k", b"x", 1, 0),
@@ -677,7 +699,7 @@ fn rau_by_others_is_not_locked_and_a_cas_mismatch_is_exists() {
     let (mut a, mut b) = (d.memcache(), d.memcache());
     let cas = bin_store(&mut a, SET, b"k", b"old", 1);
     bin_store(&mut a, SET, b"free", b"v", 1);
-    expect_ok(&mut a, &keyed(LOCK, b"k"));
+    expect_lock_token(&mut a, b"k");
     let x = set_extras(0, 0);
     expect_err(&mut b, &req(RAU, &x, b"k", b"x", 1, 0), NOT_LOCKED);
     expect_err(&mut b, &req(RAU, &x, b"free", b"x", 2, 0), NOT_LOCKED);
@@ -885,7 +907,7 @@ fn quit_releases_the_locks_of_that_connection() {
         c.line() == "OK\r\n"
     });
     expect_ok(&mut c, &keyed(UNLOCK, b"k"));
-    expect_ok(&mut c, &keyed(LOCK, b"k"));
+    expect_lock_token(&mut c, b"k");
     expect_ok(&mut c, &req(0x07, &[], &[], &[], 0, 0)); // Quit
     c.expect_closed();
     wait_until(DEADLINE, "binary quit releases k", || {

@@ -12,6 +12,12 @@
 //! connection lost before the lock was granted, 75 the wait timed out (like `flock -w`), 1 the
 //! server refused the request (its error text is printed), 71 COMMAND could not be started.
 //!
+//! The lock's fencing token (the server's Response field 7) is given to COMMAND as the
+//! environment variable `HOLDFAST_FENCE`, so that a job can hand it to the storage it writes to
+//! (which refuses writes carrying a smaller token than one it has seen); `--print-fence` also
+//! prints it on standard output, one line, before COMMAND starts. A server that sends no token
+//! (an original dlock server) leaves the variable unset and prints nothing.
+//!
 //! SIGINT and SIGTERM sent to holdfast-lock are passed on to COMMAND. A SIGINT typed at the
 //! terminal already reaches COMMAND (same process group) and is not sent twice: only signals
 //! sent by a process (kill(2), si_code SI_USER/SI_QUEUE) are forwarded.
@@ -46,6 +52,7 @@ struct Args {
     token: Option<String>,
     heartbeat: Duration,
     kill_on_loss: bool,
+    print_fence: bool,
     keys: Vec<String>,
     command: Vec<String>,
 }
@@ -81,6 +88,11 @@ fn parse_args() -> Result<Args, String> {
         "kill-on-loss",
         "terminate COMMAND if the connection is lost",
     )
+    .optflag(
+        "",
+        "print-fence",
+        "print the lock's fencing token (also in COMMAND's HOLDFAST_FENCE)",
+    )
     .optflag("h", "help", "print this help");
     let all: Vec<String> = std::env::args().skip(1).collect();
     let split = all.iter().position(|a| a == "--");
@@ -108,6 +120,7 @@ fn parse_args() -> Result<Args, String> {
         token: m.opt_str("token"),
         heartbeat: duration("heartbeat")?.unwrap_or(DEFAULT_HEARTBEAT),
         kill_on_loss: m.opt_present("kill-on-loss"),
+        print_fence: m.opt_present("print-fence"),
         keys: m.free.clone(),
         command,
     };
@@ -172,8 +185,8 @@ fn run(args: &Args) -> u8 {
     let mut frame = Vec::new();
     dl::encode_request(&mut frame, Some(1), token, req_type::LOCK, Some(lock));
     let granted = conn.send(&frame).and_then(|_| conn.response());
-    match granted {
-        Ok(r) if r.status == Some(status::OK) => {}
+    let fence = match granted {
+        Ok(r) if r.status == Some(status::OK) => r.fence,
         Ok(r) if r.status == Some(status::ACQUIRE_TIMEOUT) => {
             let busy: Vec<String> = r
                 .keys
@@ -205,13 +218,22 @@ fn run(args: &Args) -> u8 {
             );
             return EX_UNAVAILABLE;
         }
-    }
+    };
 
+    let mut command = Command::new(&args.command[0]);
+    command.args(&args.command[1..]);
+    if let Some(fence) = fence {
+        command.env("HOLDFAST_FENCE", fence.to_string());
+        if args.print_fence {
+            let mut out = std::io::stdout().lock();
+            // Printed before COMMAND starts, so a script reading our output sees it first.
+            if writeln!(out, "{fence}").and_then(|_| out.flush()).is_err() {
+                eprintln!("holdfast-lock: cannot print the fencing token");
+            }
+        }
+    }
     install_forwarding();
-    let mut child = match Command::new(&args.command[0])
-        .args(&args.command[1..])
-        .spawn()
-    {
+    let mut child = match command.spawn() {
         Ok(c) => c,
         Err(e) => {
             eprintln!("holdfast-lock: cannot run {}: {e}", args.command[0]);

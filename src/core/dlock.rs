@@ -44,6 +44,7 @@
 //!   counts Locks (try-once failures and wait deadlines); `grants` counts Locks granted.
 
 use super::codec::{self, DecodeError, Reader, Snapshot};
+use super::fence::Fence;
 use super::hash::{HashMap, HashSet};
 use super::wheel::{TimerKey, Wheel};
 use super::ConnId;
@@ -64,8 +65,13 @@ pub struct DlockConfig {
 /// What happened to a connection later than the request that caused it.
 #[derive(Debug, PartialEq, Eq)]
 pub enum DlockEvent {
-    /// The waiting Lock of `conn` (tagged `token`) now holds all its keys.
-    Granted { conn: ConnId, token: u64 },
+    /// The waiting Lock of `conn` (tagged `token`) now holds all its keys, under the fencing
+    /// token `fence`.
+    Granted {
+        conn: ConnId,
+        token: u64,
+        fence: u64,
+    },
     /// The waiting Lock of `conn` hit its wait deadline: nothing is held; `busy` lists the keys
     /// that were still busy.
     TimedOut {
@@ -145,6 +151,8 @@ struct Lease {
 struct Hold {
     conn: ConnId,
     lease: Option<Lease>,
+    /// The fencing token of the grant that gave this key to `conn` (one per Lock).
+    token: u64,
 }
 
 /// One key: its holder and its waiters in arrival order. Removed from the table when it has
@@ -191,6 +199,8 @@ pub struct DlockTable {
     fired: Vec<(u64, Timer)>,
     /// Scratch for the queue heads `check_heads` looks at.
     heads: Vec<u64>,
+    /// The service's fencing counter (shared with the other tables of a state).
+    fence: Fence,
     stats: DlockStats,
 }
 
@@ -236,6 +246,7 @@ impl DlockTable {
             next_lease_gen: 0,
             fired: Vec::new(),
             heads: Vec::new(),
+            fence: Fence::default(),
             stats: DlockStats::default(),
         }
     }
@@ -288,8 +299,9 @@ impl DlockTable {
             .collect();
         if busy.is_empty() {
             let lease_ms = ms_from_us(lease_us);
+            let token = self.fence.next();
             for k in keys.iter() {
-                self.set_holder(k, conn, lease_ms, now_ms);
+                self.set_holder(k, conn, lease_ms, now_ms, token);
             }
             self.stats.grants += 1;
             return LockResult::Granted;
@@ -421,6 +433,24 @@ impl DlockTable {
         }
     }
 
+    /// The fencing token of the most recent grant (an immediate `Granted` reads its token here
+    /// right after the call; a waiter's grant carries its own in [`DlockEvent::Granted`]).
+    pub fn last_fence(&self) -> u64 {
+        self.fence.last()
+    }
+
+    /// The fencing token under which `conn` holds `key`.
+    pub fn token_of(&self, conn: ConnId, key: &[u8]) -> Option<u64> {
+        let h = self.keys.get(key)?.holder.as_ref()?;
+        (h.conn == conn).then_some(h.token)
+    }
+
+    /// Share the service's fencing counter (see [`Fence`]).
+    pub fn with_fence(mut self, fence: &Fence) -> Self {
+        self.fence.join(fence);
+        self
+    }
+
     /// Who holds `key`, and the lease deadline (ms) if it is a lease.
     pub fn holder(&self, key: &[u8]) -> Option<(ConnId, Option<u64>)> {
         let hold = self.keys.get(key)?.holder.as_ref()?;
@@ -474,7 +504,14 @@ impl DlockTable {
     }
 
     /// Make `conn` the holder of `key`, replacing its own earlier record if any.
-    fn set_holder(&mut self, key: &[u8], conn: ConnId, lease_ms: Option<u64>, now_ms: u64) {
+    fn set_holder(
+        &mut self,
+        key: &[u8],
+        conn: ConnId,
+        lease_ms: Option<u64>,
+        now_ms: u64,
+        token: u64,
+    ) {
         let (key, state) = match self.keys.entry_ref(key) {
             EntryRef::Occupied(o) => (o.key().clone(), o.into_mut()),
             EntryRef::Vacant(v) => {
@@ -513,7 +550,7 @@ impl DlockTable {
                 gen,
             }
         });
-        state.holder = Some(Hold { conn, lease });
+        state.holder = Some(Hold { conn, lease, token });
         if let Some(c) = self.conns.get_mut(&conn) {
             c.held.insert(key);
         }
@@ -596,14 +633,16 @@ impl DlockTable {
             return;
         };
         let lease_ms = ms_from_us(w.lease_us);
+        let fence = self.fence.next();
         for k in w.keys.iter() {
-            self.set_holder(k, w.conn, lease_ms, now_ms);
+            self.set_holder(k, w.conn, lease_ms, now_ms, fence);
         }
         self.stats.grants += 1;
         self.activity(w.conn, now_ms);
         events.push(DlockEvent::Granted {
             conn: w.conn,
             token: w.token,
+            fence,
         });
     }
 
@@ -786,6 +825,7 @@ impl Snapshot for DlockTable {
         codec::put_u64(out, self.wheel.now());
         codec::put_u64(out, self.next_seq);
         codec::put_u64(out, self.next_lease_gen);
+        codec::put_u64(out, self.fence.last());
         let s = &self.stats;
         for v in [s.grants, s.timeouts, s.lease_expiries, s.idle_disconnects] {
             codec::put_u64(out, v);
@@ -807,6 +847,7 @@ impl Snapshot for DlockTable {
                 Some(h) => {
                     codec::put_u8(out, 1);
                     h.conn.encode(out);
+                    codec::put_u64(out, h.token);
                     match &h.lease {
                         None => codec::put_u8(out, 0),
                         Some(l) => {
@@ -843,6 +884,7 @@ impl Snapshot for DlockTable {
         let mut t = DlockTable::new(config, r.u64()?);
         t.next_seq = r.u64()?;
         t.next_lease_gen = r.u64()?;
+        t.fence.raise_to(r.u64()?);
         t.stats.grants = r.u64()?;
         t.stats.timeouts = r.u64()?;
         t.stats.lease_expiries = r.u64()?;
@@ -878,6 +920,10 @@ impl Snapshot for DlockTable {
                 0 => None,
                 1 => {
                     let conn = ConnId::decode(r)?;
+                    let token = r.u64()?;
+                    if token > t.fence.last() {
+                        return Err(Invalid("dlock token not yet issued"));
+                    }
                     let lease = match r.u8()? {
                         0 => None,
                         1 => {
@@ -911,7 +957,7 @@ impl Snapshot for DlockTable {
                         return Err(Invalid("dlock connection-bound key of no session"));
                     }
                     t.stats.held_keys += 1;
-                    Some(Hold { conn, lease })
+                    Some(Hold { conn, lease, token })
                 }
                 _ => return Err(Invalid("dlock holder tag")),
             };
@@ -1052,7 +1098,31 @@ mod tests {
     }
 
     fn granted(conn: ConnId) -> DlockEvent {
-        DlockEvent::Granted { conn, token: 0 }
+        DlockEvent::Granted {
+            conn,
+            token: 0,
+            fence: 0,
+        }
+    }
+
+    /// Events with their fencing tokens blanked, for comparing with [`granted`] (the tokens are
+    /// checked by the fencing tests).
+    fn unfenced(ev: &[DlockEvent]) -> Vec<DlockEvent> {
+        ev.iter()
+            .map(|e| match e {
+                DlockEvent::Granted { conn, token, .. } => DlockEvent::Granted {
+                    conn: *conn,
+                    token: *token,
+                    fence: 0,
+                },
+                DlockEvent::TimedOut { conn, token, busy } => DlockEvent::TimedOut {
+                    conn: *conn,
+                    token: *token,
+                    busy: busy.clone(),
+                },
+                DlockEvent::Idle { conn } => DlockEvent::Idle { conn: *conn },
+            })
+            .collect()
     }
 
     #[test]
@@ -1074,7 +1144,7 @@ mod tests {
             LockResult::Waiting
         );
         assert_eq!(t.holder(b"a"), None, "a waiter holds no partial set");
-        assert_eq!(unlock(&mut t, c(1), &[b"b"], 1), [granted(c(2))]);
+        assert_eq!(unfenced(&unlock(&mut t, c(1), &[b"b"], 1)), [granted(c(2))]);
         assert_eq!(t.holder(b"a"), Some((c(2), None)));
         assert_eq!(t.holder(b"b"), Some((c(2), None)));
     }
@@ -1139,8 +1209,11 @@ mod tests {
             lock(&mut t, c(1), &[b"a", b"b"], None, None, 0),
             LockResult::Waiting
         );
-        assert_eq!(unlock(&mut t, c(3), &[b"b"], 1), [granted(c(1))]);
-        assert_eq!(unlock(&mut t, c(1), &[b"a", b"b"], 2), [granted(c(2))]);
+        assert_eq!(unfenced(&unlock(&mut t, c(3), &[b"b"], 1)), [granted(c(1))]);
+        assert_eq!(
+            unfenced(&unlock(&mut t, c(1), &[b"a", b"b"], 2)),
+            [granted(c(2))]
+        );
     }
 
     #[test]
@@ -1233,7 +1306,10 @@ mod tests {
             lock(&mut t, c(2), &[b"b", b"a"], None, None, 0),
             LockResult::Waiting
         );
-        assert_eq!(unlock(&mut t, c(1), &[b"a", b"b"], 1), [granted(c(2))]);
+        assert_eq!(
+            unfenced(&unlock(&mut t, c(1), &[b"a", b"b"], 1)),
+            [granted(c(2))]
+        );
         unlock(&mut t, c(2), &[b"a", b"b"], 1);
         // Held by two others; waiters in both orders.
         lock(&mut t, c(3), &[b"a"], None, None, 2);
@@ -1248,8 +1324,11 @@ mod tests {
         );
         assert_eq!(unlock(&mut t, c(3), &[b"a"], 3), []);
         assert_eq!(t.holder(b"a"), None, "nobody takes a partial set");
-        assert_eq!(unlock(&mut t, c(4), &[b"b"], 4), [granted(c(1))]);
-        assert_eq!(unlock(&mut t, c(1), &[b"b", b"a"], 5), [granted(c(2))]);
+        assert_eq!(unfenced(&unlock(&mut t, c(4), &[b"b"], 4)), [granted(c(1))]);
+        assert_eq!(
+            unfenced(&unlock(&mut t, c(1), &[b"b", b"a"], 5)),
+            [granted(c(2))]
+        );
     }
 
     #[test]
@@ -1275,8 +1354,11 @@ mod tests {
             lock(&mut t, c(4), &[b"b"], None, None, 0),
             LockResult::Waiting
         );
-        assert_eq!(unlock(&mut t, c(1), &[b"a"], 1), [granted(c(2))]);
-        assert_eq!(unlock(&mut t, c(2), &[b"a", b"b"], 2), [granted(c(3))]);
+        assert_eq!(unfenced(&unlock(&mut t, c(1), &[b"a"], 1)), [granted(c(2))]);
+        assert_eq!(
+            unfenced(&unlock(&mut t, c(2), &[b"a", b"b"], 2)),
+            [granted(c(3))]
+        );
         assert_eq!(t.queue_conns(b"b"), [c(4)]);
     }
 
@@ -1293,7 +1375,7 @@ mod tests {
         );
         assert_next_deadline_by(t.next_deadline(), 10);
         assert_eq!(advance(&mut t, 9), []);
-        assert_eq!(advance(&mut t, 10), [granted(c(2))]);
+        assert_eq!(unfenced(&advance(&mut t, 10)), [granted(c(2))]);
         // The new lease counts from the grant.
         assert_eq!(t.holder(b"a"), Some((c(2), Some(15))));
     }
@@ -1303,7 +1385,7 @@ mod tests {
         let mut t = table(0);
         lock(&mut t, c(1), &[b"a"], None, Some(10_000), 0);
         lock(&mut t, c(2), &[b"a"], Some(10_000), None, 0);
-        assert_eq!(advance(&mut t, 50), [granted(c(2))]);
+        assert_eq!(unfenced(&advance(&mut t, 50)), [granted(c(2))]);
     }
 
     #[test]
@@ -1333,7 +1415,7 @@ mod tests {
         assert_eq!(t.holder(b"a"), Some((c(1), Some(50))));
         assert_eq!(t.holder(b"b"), None);
         assert_eq!(advance(&mut t, 49), []);
-        assert_eq!(advance(&mut t, 50), [granted(c(2))]);
+        assert_eq!(unfenced(&advance(&mut t, 50)), [granted(c(2))]);
     }
 
     #[test]
@@ -1376,7 +1458,7 @@ mod tests {
         );
         assert_eq!(advance(&mut t, 100), [DlockEvent::Idle { conn: c(1) }]);
         assert_eq!(advance(&mut t, 299), []);
-        assert_eq!(advance(&mut t, 300), [granted(c(2))]);
+        assert_eq!(unfenced(&advance(&mut t, 300)), [granted(c(2))]);
         assert_eq!(advance(&mut t, 399), []);
         assert_eq!(advance(&mut t, 400), [DlockEvent::Idle { conn: c(2) }]);
         assert_eq!(t.holder(b"a"), None);
@@ -1427,7 +1509,7 @@ mod tests {
         );
         let mut ev = Vec::new();
         t.disconnect(c(2), 1, &mut ev);
-        assert_eq!(ev, [granted(c(3))]);
+        assert_eq!(unfenced(&ev), [granted(c(3))]);
         t.check_invariants();
         assert_eq!(t.queue_conns(b"a"), []);
     }
@@ -1440,7 +1522,7 @@ mod tests {
         lock(&mut t, c(3), &[b"b"], None, None, 0);
         let ev = advance(&mut t, 5);
         assert_eq!(
-            ev,
+            unfenced(&ev),
             [
                 DlockEvent::TimedOut {
                     conn: c(2),
@@ -1462,7 +1544,7 @@ mod tests {
         lock(&mut t, c(3), &[b"b"], Some(5_000), None, 0);
         let ev = advance(&mut t, 100);
         assert_eq!(ev.len(), 2);
-        assert_eq!(ev[1], granted(c(3)));
+        assert_eq!(unfenced(&ev)[1], granted(c(3)));
     }
 
     #[test]
@@ -1618,6 +1700,7 @@ mod tests {
                     ev.push(DlockEvent::Granted {
                         conn: w.conn,
                         token: w.token,
+                        fence: 0,
                     });
                 }
             }
@@ -1760,8 +1843,11 @@ mod tests {
 
     /// Events of one call, in a canonical order (several grants at one instant may come out in
     /// any order; which ones and at which time is what matters).
-    fn canon(mut ev: Vec<DlockEvent>) -> Vec<String> {
-        let mut out: Vec<String> = ev.drain(..).map(|e| format!("{e:?}")).collect();
+    fn canon(ev: Vec<DlockEvent>) -> Vec<String> {
+        let mut out: Vec<String> = super::tests::unfenced(&ev)
+            .iter()
+            .map(|e| format!("{e:?}"))
+            .collect();
         out.sort();
         out
     }
@@ -1810,7 +1896,7 @@ mod tests {
              pending: &mut hashbrown::HashMap<ConnId, u64>| {
                 for e in ev {
                     match e {
-                        DlockEvent::Granted { conn, token }
+                        DlockEvent::Granted { conn, token, .. }
                         | DlockEvent::TimedOut { conn, token, .. } => {
                             assert_eq!(pending.remove(conn), Some(*token), "answer without a wait");
                         }

@@ -31,6 +31,7 @@ use hashbrown::hash_table::HashTable;
 use slab::Slab;
 
 use super::codec::{self, DecodeError, Reader, Snapshot};
+use super::fence::Fence;
 use super::wheel::{TimerKey, Wheel};
 use super::ConnId;
 
@@ -89,8 +90,8 @@ pub struct LockdTable {
     fired: Vec<OrphanTimer>,
     /// Tells a live orphan timer from a stale one should a wheel ever report one.
     next_orphan_seq: u64,
-    /// The last fencing token handed out; 0 before the first.
-    fence: u64,
+    /// The service's fencing counter (shared with the other tables of a state).
+    fence: Fence,
     held: u64,
     orphaned: u64,
     grants: u64,
@@ -103,6 +104,8 @@ struct Lock {
     /// `hasher.hash_one(name)`, cached so that growing `by_name` never rehashes long names.
     hash: u64,
     holder: Holder,
+    /// The fencing token of the current (or, for an orphan, the last) holder's grant.
+    token: u64,
     /// Oldest queued ACQ (the next to be granted) and newest, in `waiters`.
     head: Link,
     tail: Link,
@@ -189,7 +192,7 @@ impl LockdTable {
             orphan_timers: Wheel::new(now_ms),
             fired: Vec::new(),
             next_orphan_seq: 0,
-            fence: 0,
+            fence: Fence::default(),
             held: 0,
             orphaned: 0,
             grants: 0,
@@ -271,7 +274,7 @@ impl LockdTable {
         self.adoptions += 1;
         // A new holder gets a new token, so that anything the vanished holder still has in
         // flight is fenced off. An adoption is not counted in `grants`.
-        self.fence += 1;
+        self.locks[key].token = self.fence.next();
         true
     }
 
@@ -381,7 +384,22 @@ impl LockdTable {
     /// strictly increase; an immediate ACQUIRED (acquire, try_lock) reads its token here right
     /// after the call, an asynchronous grant carries its own in [`Grant::fence`].
     pub fn last_fence(&self) -> u64 {
-        self.fence
+        self.fence.last()
+    }
+
+    /// Share the service's fencing counter (see [`Fence`]).
+    pub fn with_fence(mut self, fence: &Fence) -> Self {
+        self.fence.join(fence);
+        self
+    }
+
+    /// The fencing token of `name`'s lock if `conn` holds it (old's REQ_TOKEN).
+    pub fn token_of(&self, conn: ConnId, name: &[u8]) -> Option<u64> {
+        let lock = &self.locks[self.find(name)?];
+        match lock.holder {
+            Holder::Held { conn: c, .. } if c == conn => Some(lock.token),
+            _ => None,
+        }
     }
 
     /// The state of one name.
@@ -425,6 +443,7 @@ impl LockdTable {
             name: name.into(),
             hash,
             holder,
+            token: self.fence.next(),
             head: Link::NONE,
             tail: Link::NONE,
         });
@@ -432,7 +451,6 @@ impl LockdTable {
         let locks = &self.locks;
         self.by_name.insert_unique(hash, key, |&k| locks[k].hash);
         self.grants += 1;
-        self.fence += 1;
     }
 
     /// A lock with no waiters left and no holder leaves the table.
@@ -499,11 +517,12 @@ impl LockdTable {
         self.locks[key].holder = self.index_held(waiter.conn, key);
         self.unindex_wait(waiter.conn, waiter.pos);
         self.grants += 1;
-        self.fence += 1;
+        let token = self.fence.next();
+        self.locks[key].token = token;
         grants.push(Grant {
             conn: waiter.conn,
             payload: waiter.payload,
-            fence: self.fence,
+            fence: token,
         });
     }
 
@@ -620,7 +639,7 @@ impl Snapshot for LockdTable {
         codec::put_u64(out, self.orphan_timers.now());
         for v in [
             self.next_orphan_seq,
-            self.fence,
+            self.fence.last(),
             self.grants,
             self.orphan_expiries,
             self.adoptions,
@@ -632,6 +651,7 @@ impl Snapshot for LockdTable {
         for key in keys {
             let lock = &self.locks[key];
             codec::put_bytes(out, &lock.name);
+            codec::put_u64(out, lock.token);
             match lock.holder {
                 Holder::Held { conn, .. } => {
                     codec::put_u8(out, 0);
@@ -663,7 +683,7 @@ impl Snapshot for LockdTable {
         r.expect(Self::SNAPSHOT_MAGIC, "lockd snapshot magic")?;
         let mut t = LockdTable::new(config, r.u64()?);
         t.next_orphan_seq = r.u64()?;
-        t.fence = r.u64()?;
+        t.fence.raise_to(r.u64()?);
         let (grants, orphan_expiries, adoptions) = (r.u64()?, r.u64()?, r.u64()?);
         let n = r.count(3)?;
         let mut last: Option<&[u8]> = None;
@@ -673,6 +693,10 @@ impl Snapshot for LockdTable {
                 return Err(DecodeError::Invalid("lockd names out of order"));
             }
             last = Some(name);
+            let token = r.u64()?;
+            if token > t.fence.last() {
+                return Err(DecodeError::Invalid("lockd token not yet issued"));
+            }
             let hash = t.hasher.hash_one(name);
             let key = t.locks.vacant_key();
             let holder = match r.u8()? {
@@ -704,6 +728,7 @@ impl Snapshot for LockdTable {
                 name: name.into(),
                 hash,
                 holder,
+                token,
                 head: Link::NONE,
                 tail: Link::NONE,
             });

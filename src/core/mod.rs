@@ -7,6 +7,7 @@
 
 pub mod codec;
 pub mod dlock;
+pub mod fence;
 pub mod hash;
 pub mod lockd;
 pub mod store;

@@ -69,6 +69,7 @@ use hashbrown::HashTable;
 use super::hash::{HashMap, Seeded};
 
 use super::codec::{self, DecodeError, Reader, Snapshot};
+use super::fence::Fence;
 use super::wheel::{TimerKey, Wheel};
 use super::{ConnId, Now};
 
@@ -290,6 +291,8 @@ const EMPTY: Ends = Ends {
 /// One held lock: its holder and its neighbours in the holder's list (acquisition order).
 struct LockEntry {
     holder: ConnId,
+    /// The fencing token of this grant.
+    token: u64,
     prev: u32,
     next: u32,
 }
@@ -330,6 +333,8 @@ pub struct Store {
     /// When the pending batch of frees of flushed items runs (one at a time).
     reclaim_at: Option<u64>,
     last_cas: u64,
+    /// The service's fencing counter (shared with the other tables of a state).
+    fence: Fence,
     /// Live items (unlocked in the LRU, plus locked ones): count and charged bytes.
     live_count: usize,
     live_bytes: usize,
@@ -415,6 +420,7 @@ impl Store {
             pending_flush: None,
             reclaim_at: None,
             last_cas: 0,
+            fence: Fence::default(),
             live_count: 0,
             live_bytes: 0,
             dead_bytes: 0,
@@ -845,6 +851,20 @@ impl Store {
         self.visible(i, now).then(|| self.view(i))
     }
 
+    /// The fencing token of `key`'s lock if `conn` holds it (text `lock_token`; the binary Lock
+    /// reply's CAS field).
+    pub fn lock_token(&self, conn: ConnId, key: &[u8], now: Now) -> Option<u64> {
+        let i = self.find(key)?;
+        let e = self.locks.get(&i)?;
+        (self.visible(i, now) && e.holder == conn).then_some(e.token)
+    }
+
+    /// Share the service's fencing counter (see [`Fence`]).
+    pub fn with_fence(mut self, fence: &Fence) -> Self {
+        self.fence.join(fence);
+        self
+    }
+
     /// Who holds the lock on `key`, if it is visible and locked.
     pub fn lock_holder(&self, key: &[u8], now: Now) -> Option<ConnId> {
         let i = self.find(key)?;
@@ -1206,8 +1226,13 @@ impl Store {
         self.free_head = i;
     }
 
-    /// Gives slot `i` (live, unlocked, in the LRU) to `conn`.
+    /// Gives slot `i` (live, unlocked, in the LRU) to `conn` with a new fencing token.
     fn acquire(&mut self, i: u32, conn: ConnId) {
+        let token = self.fence.next();
+        self.acquire_with(i, conn, token);
+    }
+
+    fn acquire_with(&mut self, i: u32, conn: ConnId, token: u64) {
         self.unlink(LRU, i);
         let item = &mut self.slots[i as usize];
         item.state |= LOCKED;
@@ -1229,6 +1254,7 @@ impl Store {
             i,
             LockEntry {
                 holder: conn,
+                token,
                 prev,
                 next: NIL,
             },
@@ -1403,6 +1429,7 @@ impl Snapshot for Store {
         out.extend_from_slice(Self::SNAPSHOT_MAGIC);
         codec::put_u64(out, self.wheel.now());
         codec::put_u64(out, self.last_cas);
+        codec::put_u64(out, self.fence.last());
         for v in self.stats_fields() {
             codec::put_u64(out, v);
         }
@@ -1430,9 +1457,10 @@ impl Snapshot for Store {
             conn.encode(out);
             codec::put_u64(out, u64::from(list.count));
             let mut i = list.head;
-            while i != NIL {
+            while let Some(e) = self.locks.get(&i) {
+                codec::put_u64(out, e.token);
                 self.put_item(out, i);
-                i = self.locks.get(&i).map_or(NIL, |e| e.next);
+                i = e.next;
             }
         }
     }
@@ -1489,6 +1517,7 @@ impl Store {
         let mut s = Store::new(config, Now::from_unix_ms(now_ms));
         let now = Now::from_unix_ms(now_ms);
         s.last_cas = r.u64()?;
+        s.fence.raise_to(r.u64()?);
         let mut f = [0u64; 20];
         for v in f.iter_mut() {
             *v = r.u64()?;
@@ -1553,8 +1582,12 @@ impl Store {
                 return Err(DecodeError::Invalid("store lock holder with no locks"));
             }
             for _ in 0..n {
+                let token = r.u64()?;
+                if token > s.fence.last() {
+                    return Err(DecodeError::Invalid("store lock token not yet issued"));
+                }
                 let i = s.restore_item(r, now)?;
-                s.acquire(i, conn);
+                s.acquire_with(i, conn, token);
             }
         }
         // Restoring replays no grants.

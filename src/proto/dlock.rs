@@ -75,6 +75,9 @@ const F_RESP_STATUS: u32 = 3;
 const F_RESP_ERROR_TEXT: u32 = 4;
 const F_RESP_KEYS: u32 = 5;
 const F_RESP_TIME: u32 = 6;
+/// holdfast's extension (contract: "Fencing tokens"): `optional uint64 fence = 7`, set on every
+/// Ok Lock reply. Clients built from the original dlock.proto skip it as an unknown field.
+const F_RESP_FENCE: u32 = 7;
 
 /// A checked cursor over untrusted protobuf bytes: every read is bounds-checked and advances.
 struct Cursor<'a> {
@@ -333,6 +336,28 @@ pub fn encode_response<'k>(
     keys: impl IntoIterator<Item = &'k [u8]>,
     server_unix_time: i64,
 ) {
+    encode_response_fenced(
+        out,
+        request_id,
+        status,
+        error_text,
+        keys,
+        server_unix_time,
+        None,
+    )
+}
+
+/// [`encode_response`] with the fencing token of a granted Lock (field 7, after every field of
+/// the original message, so that the bytes before it are exactly the original reply's).
+pub fn encode_response_fenced<'k>(
+    out: &mut Vec<u8>,
+    request_id: Option<u64>,
+    status: u32,
+    error_text: Option<&str>,
+    keys: impl IntoIterator<Item = &'k [u8]>,
+    server_unix_time: i64,
+    fence: Option<u64>,
+) {
     let start = out.len();
     out.extend_from_slice(&[0; PREFIX_LEN]);
     put_varint_field(out, F_RESP_VERSION, API_VERSION);
@@ -350,6 +375,9 @@ pub fn encode_response<'k>(
     }
     // int64: two's complement, so a negative time is a 10-byte varint.
     put_varint_field(out, F_RESP_TIME, server_unix_time as u64);
+    if let Some(fence) = fence {
+        put_varint_field(out, F_RESP_FENCE, fence);
+    }
     let body_len = out.len() - start - PREFIX_LEN;
     debug_assert!(u32::try_from(body_len).is_ok(), "response body over 4 GiB");
     let prefix = u32::try_from(body_len).unwrap_or(u32::MAX);
@@ -437,6 +465,8 @@ pub struct ResponseView<'a> {
     /// Number of `keys` fields (5).
     pub key_count: usize,
     pub server_unix_time: Option<i64>,
+    /// holdfast's fencing token (field 7) on a granted Lock.
+    pub fence: Option<u64>,
 }
 
 impl ResponseView<'_> {
@@ -463,9 +493,10 @@ pub fn decode_response_view(body: &[u8]) -> Result<ResponseView<'_>, &'static st
                 resp.key_count += 1;
             }
             (F_RESP_TIME, WT_VARINT) => resp.server_unix_time = Some(c.varint()? as i64),
+            (F_RESP_FENCE, WT_VARINT) => resp.fence = Some(c.varint()?),
             (
                 F_RESP_VERSION | F_RESP_REQUEST_ID | F_RESP_STATUS | F_RESP_ERROR_TEXT
-                | F_RESP_KEYS | F_RESP_TIME,
+                | F_RESP_KEYS | F_RESP_TIME | F_RESP_FENCE,
                 _,
             ) => return Err("wrong wire type for a known field"),
             (_, wire) => c.skip(wire)?,
@@ -483,6 +514,8 @@ pub struct Response {
     pub error_text: Option<Vec<u8>>,
     pub keys: Vec<Vec<u8>>,
     pub server_unix_time: Option<i64>,
+    /// holdfast's fencing token (field 7) on a granted Lock.
+    pub fence: Option<u64>,
 }
 
 /// Decode a Response body (the bytes after the length prefix).
@@ -498,6 +531,7 @@ pub fn decode_response(body: &[u8]) -> Result<Response, &'static str> {
             (F_RESP_ERROR_TEXT, WT_LEN) => r.error_text = Some(c.bytes()?.to_vec()),
             (F_RESP_KEYS, WT_LEN) => r.keys.push(c.bytes()?.to_vec()),
             (F_RESP_TIME, WT_VARINT) => r.server_unix_time = Some(c.varint()? as i64),
+            (F_RESP_FENCE, WT_VARINT) => r.fence = Some(c.varint()?),
             (_, wire) => c.skip(wire)?,
         }
     }
@@ -1228,6 +1262,7 @@ mod tests {
                     error_text: text.map(str::as_bytes),
                     key_count: keys.len(),
                     server_unix_time: Some(time),
+                    fence: None,
                 }
             );
             assert!(resp.status_is(st));

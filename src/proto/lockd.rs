@@ -15,6 +15,9 @@ pub mod op {
     pub const PING: u8 = 4;
     pub const ADOPT: u8 = 5;
     pub const SYNC: u8 = 6;
+    /// holdfast's extension (contract: "Fencing tokens"): the caller's fencing token for the
+    /// named lock, answered with ACK (name, NUL, 8-byte big-endian token) or ERR.
+    pub const REQ_TOKEN: u8 = 7;
     pub const ACQUIRED: u8 = 128;
     pub const WBLOCK: u8 = 129;
     pub const RELEASED: u8 = 130;

@@ -145,6 +145,7 @@ mod tag {
     pub const TEXT_UNLOCK: u8 = 9;
     pub const TEXT_UNLOCK_ALL: u8 = 10;
     pub const BINARY: u8 = 11;
+    pub const TEXT_LOCK_TOKEN: u8 = 12;
     pub const LOCKD: u8 = 20;
     pub const DLOCK_PING: u8 = 30;
     pub const DLOCK_LOCK: u8 = 31;
@@ -257,6 +258,10 @@ pub fn encode_op(m: &OpMsg, arena: &[u8], out: &mut Vec<u8>) {
                 put_span(o, arena, key);
             }
             McOp::TextUnlockAll => o.push(tag::TEXT_UNLOCK_ALL),
+            McOp::TextLockToken { key } => {
+                o.push(tag::TEXT_LOCK_TOKEN);
+                put_span(o, arena, key);
+            }
             McOp::Binary {
                 opcode,
                 opaque,
@@ -391,6 +396,9 @@ pub fn decode_op(r: &mut Reader<'_>, limits: Limits, a: &mut Arena) -> Result<Op
             key: get_span(r, limits, a)?,
         }),
         tag::TEXT_UNLOCK_ALL => Op::Mc(McOp::TextUnlockAll),
+        tag::TEXT_LOCK_TOKEN => Op::Mc(McOp::TextLockToken {
+            key: get_span(r, limits, a)?,
+        }),
         tag::BINARY => Op::Mc(McOp::Binary {
             opcode: r.u8()?,
             opaque: r.u32()?,

@@ -22,7 +22,7 @@ fn random_op(rng: &mut Rng, arena: &mut Arena) -> OpMsg {
         rng.next() as u32,
     );
     let opt = |rng: &mut Rng| rng.chance(50).then(|| rng.wide());
-    let op = match rng.below(19) {
+    let op = match rng.below(20) {
         0 => Op::Mc(McOp::TextGet {
             keys: span(rng),
             cas: rng.chance(50),
@@ -69,6 +69,7 @@ fn random_op(rng: &mut Rng, arena: &mut Arena) -> OpMsg {
         7 => Op::Mc(McOp::TextLock { key: span(rng) }),
         8 => Op::Mc(McOp::TextUnlock { key: span(rng) }),
         9 => Op::Mc(McOp::TextUnlockAll),
+        17 => Op::Mc(McOp::TextLockToken { key: span(rng) }),
         10 => Op::Mc(McOp::Binary {
             opcode: rng.next() as u8,
             opaque: rng.next() as u32,

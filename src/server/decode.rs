@@ -235,6 +235,7 @@ fn text_request(
         R::Lock { key } => McOp::TextLock { key: a.push(key) },
         R::Unlock { key } => McOp::TextUnlock { key: a.push(key) },
         R::UnlockAll => McOp::TextUnlockAll,
+        R::LockToken { key } => McOp::TextLockToken { key: a.push(key) },
         R::Version => return conn.emit(VERSION_REPLY, false, id, batch),
         R::Verbosity { noreply } => {
             return conn.emit(if noreply { b"" } else { b"OK\r\n" }, false, id, batch)
@@ -265,7 +266,12 @@ fn lockd(conn: &mut Conn, buf: &[u8], id: ConnId, batch: &mut Batch) -> Step {
             ld::encode(&mut out, ld::op::PONG, frame.payload);
             conn.emit(&out, false, id, batch);
         }
-        ld::op::ACQ | ld::op::REL | ld::op::TRY | ld::op::ADOPT | ld::op::SYNC => {
+        ld::op::ACQ
+        | ld::op::REL
+        | ld::op::TRY
+        | ld::op::ADOPT
+        | ld::op::SYNC
+        | ld::op::REQ_TOKEN => {
             let payload = batch.arena.push(frame.payload);
             push(
                 conn,

@@ -201,6 +201,22 @@ struct To {
     id: Option<u64>,
 }
 
+/// The Ok answer to a granted Lock, with its fencing token (Response field 7).
+fn granted(out: &mut Outbox, to: To, fence: u64, now: Now) {
+    let no_keys: [&[u8]; 0] = [];
+    out.record(to.conn, to.done, false, |w| {
+        dl::encode_response_fenced(
+            w,
+            to.id,
+            status::OK,
+            None,
+            no_keys,
+            now.unix as i64,
+            Some(fence),
+        )
+    });
+}
+
 fn respond<'k>(
     out: &mut Outbox,
     to: To,
@@ -239,7 +255,7 @@ fn run(t: &mut Tables, out: &mut Outbox, conn: ConnId, op: DlockOp, arena: &[u8]
                     .lock(conn, token, keys, wait_us, lease_us, now.ms, events)
             });
             match result {
-                LockResult::Granted => respond(out, to, status::OK, None, no_keys, now),
+                LockResult::Granted => granted(out, to, t.dlock.last_fence(), now),
                 LockResult::Timeout { busy } => {
                     let busy = busy.iter().map(|k| &k[..]);
                     respond(out, to, status::ACQUIRE_TIMEOUT, None, busy, now)
@@ -286,27 +302,20 @@ pub fn eof(t: &mut Tables, out: &mut Outbox, conn: ConnId, now: Now) {
 /// Answer the waiting Locks that the table resolved, then run what waited behind them; repeat
 /// until nothing more happens (a backlog may release keys that grant other waiters).
 pub fn deliver_events(t: &mut Tables, out: &mut Outbox, now: Now) {
-    let none: [&[u8]; 0] = [];
     while !t.dlock_events.is_empty() {
         let events = std::mem::take(&mut t.dlock_events);
         for ev in events {
             let (conn, backlog) = match ev {
-                DlockEvent::Granted { conn, token } => {
+                DlockEvent::Granted { conn, token, fence } => {
                     let Some(w) = take_waiting(t, conn, token) else {
                         continue;
                     };
-                    respond(
-                        out,
-                        To {
-                            conn,
-                            done: 1,
-                            id: w.id,
-                        },
-                        status::OK,
-                        None,
-                        none,
-                        now,
-                    );
+                    let to = To {
+                        conn,
+                        done: 1,
+                        id: w.id,
+                    };
+                    granted(out, to, fence, now);
                     (conn, w.backlog)
                 }
                 DlockEvent::TimedOut { conn, token, busy } => {

@@ -51,6 +51,16 @@ pub fn apply(t: &mut Tables, out: &mut Outbox, conn: ConnId, o: LockdOp, arena: 
             reply(out, if released { op::RELEASED } else { op::ERR }, payload);
             deliver_grants(t, out);
         }
+        op::REQ_TOKEN => match lockd.token_of(conn, name) {
+            Some(token) => out.record(conn, 1, false, |w| {
+                let mut body = Vec::with_capacity(name.len() + 9);
+                body.extend_from_slice(name);
+                body.push(0);
+                body.extend_from_slice(&token.to_be_bytes());
+                ld::encode(w, op::ACK, &body)
+            }),
+            None => reply(out, op::ERR, payload),
+        },
         op::ADOPT => {
             let adopted = lockd.adopt(conn, name, now.ms);
             reply(out, if adopted { op::ACK } else { op::ERR }, payload)

@@ -222,6 +222,18 @@ fn apply_text(
             };
             text_reply(out, conn, false, reply);
         }
+        McOp::TextLockToken { key } => {
+            out.record(conn, 1, false, |o| {
+                match s.lock_token(conn, key.get(arena), now) {
+                    Some(token) => {
+                        o.extend_from_slice(b"TOKEN ");
+                        push_u64(o, token);
+                        o.extend_from_slice(b"\r\n");
+                    }
+                    None => o.extend_from_slice(b"CLIENT_ERROR object is not locked by you\r\n"),
+                }
+            });
+        }
         McOp::TextUnlockAll => {
             s.unlock_all(conn, now);
             text_reply(out, conn, false, b"OK\r\n");
@@ -621,8 +633,10 @@ fn apply_binary(
                 b.err(st::KEY_NOT_FOUND);
             }
         }
+        // The CAS field of a successful Lock carries its fencing token (contract: "Fencing
+        // tokens"); memcached clients ignore a Lock reply's CAS.
         opc::LOCK | opc::LOCKQ => match s.lock(conn, r.key, now) {
-            LockOutcome::Ok => b.ok(0, &[], &[], &[]),
+            LockOutcome::Ok => b.ok(s.lock_token(conn, r.key, now).unwrap_or(0), &[], &[], &[]),
             LockOutcome::Locked => b.err(st::LOCKED),
             LockOutcome::NotFound => b.err(st::KEY_NOT_FOUND),
         },

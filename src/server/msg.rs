@@ -91,6 +91,10 @@ pub enum McOp {
         key: Span,
     },
     TextUnlockAll,
+    /// `lock_token KEY`: the caller's fencing token for KEY's lock.
+    TextLockToken {
+        key: Span,
+    },
     /// Any binary request: the owner interprets the opcode.
     Binary {
         opcode: u8,

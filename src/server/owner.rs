@@ -17,6 +17,7 @@ use super::msg::{Arena, Batch, Op, OpMsg, Pool, Record, Replies, Span, ToOwner};
 use super::Shared;
 use crate::core::codec::{self, DecodeError, Reader, Snapshot};
 use crate::core::dlock::{DlockConfig, DlockEvent, DlockTable};
+use crate::core::fence::Fence;
 use crate::core::lockd::{Grant, LockdConfig, LockdTable};
 use crate::core::store::{Store, StoreConfig};
 use crate::core::{ConnId, Now};
@@ -34,6 +35,8 @@ pub struct Tables {
     pub dlock: DlockTable,
     pub dlock_sessions: DlockSessions,
     pub counters: Counters,
+    /// The one fencing counter every table's grants draw from.
+    pub fence: Fence,
     /// Scratch for lockd grants and dlock events.
     pub grants: Vec<Grant>,
     pub dlock_events: Vec<DlockEvent>,
@@ -51,12 +54,14 @@ impl Tables {
         let dlock = DlockConfig {
             idle_timeout_ms: c.dlock_idle_timeout_ms,
         };
+        let fence = Fence::default();
         Tables {
-            store: Store::new(store, now),
-            lockd: LockdTable::new(lockd, now.ms),
-            dlock: DlockTable::new(dlock, now.ms),
+            store: Store::new(store, now).with_fence(&fence),
+            lockd: LockdTable::new(lockd, now.ms).with_fence(&fence),
+            dlock: DlockTable::new(dlock, now.ms).with_fence(&fence),
             dlock_sessions: DlockSessions::default(),
             counters: Counters::default(),
+            fence,
             grants: Vec::new(),
             dlock_events: Vec::new(),
         }
@@ -86,19 +91,18 @@ impl Tables {
         let mut t = Tables::new(c, Now::default());
         let r = &mut Reader::new(bytes);
         r.expect(Self::SNAPSHOT_MAGIC, "state snapshot magic")?;
-        t.store = Store::restore(t.store.config(), r)?;
-        t.lockd = LockdTable::restore(
-            LockdConfig {
-                orphan_timeout_ms: c.orphan_timeout_ms,
-            },
-            r,
-        )?;
-        t.dlock = DlockTable::restore(
-            DlockConfig {
-                idle_timeout_ms: c.dlock_idle_timeout_ms,
-            },
-            r,
-        )?;
+        // Each table restores its holders' tokens and the counter's value; they share one
+        // counter again, at the largest value any of them saw.
+        let fence = t.fence.clone();
+        t.store = Store::restore(t.store.config(), r)?.with_fence(&fence);
+        let lockd = LockdConfig {
+            orphan_timeout_ms: c.orphan_timeout_ms,
+        };
+        t.lockd = LockdTable::restore(lockd, r)?.with_fence(&fence);
+        let dlock = DlockConfig {
+            idle_timeout_ms: c.dlock_idle_timeout_ms,
+        };
+        t.dlock = DlockTable::restore(dlock, r)?.with_fence(&fence);
         let limits = super::command::Limits {
             max_field: c.dlock_max_message,
             ..Default::default()

@@ -37,11 +37,14 @@ class Holdfast:
         return f"{host}:{port}"
 
 
-def start_holdfast(*extra):
+def start_holdfast(*extra, dlock=False):
+    """The daemon with its memcache listener (and with `dlock`, its dlock one) on port 0."""
     binary = os.environ.get("HOLDFAST_BIN")
     if not binary:
         pytest.fail("HOLDFAST_BIN must name the holdfast binary (make test-clients sets it)")
-    args = [binary, "--memcache", "127.0.0.1:0", "--lockd", "off", "--dlock", "off", "--threads", "2"]
+    dlock_addr = "127.0.0.1:0" if dlock else "off"
+    args = [binary, "--memcache", "127.0.0.1:0", "--lockd", "off", "--dlock", dlock_addr,
+            "--threads", "2"]
     proc = subprocess.Popen(list(args) + list(extra), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
     lines = queue.Queue()
 
@@ -54,7 +57,7 @@ def start_holdfast(*extra):
     threading.Thread(target=pump, daemon=True).start()
     addresses = {}
     try:
-        while "memcache" not in addresses:
+        while "memcache" not in addresses or (dlock and "dlock" not in addresses):
             line = lines.get(timeout=START_TIMEOUT_S)
             if line is None:
                 raise RuntimeError(f"holdfast exited with status {proc.wait()} before listening")

@@ -172,6 +172,10 @@ pub enum Request<'a> {
         key: &'a [u8],
     },
     UnlockAll,
+    /// holdfast's `lock_token KEY` (contract: "Fencing tokens").
+    LockToken {
+        key: &'a [u8],
+    },
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -495,17 +499,17 @@ fn parse_line_inner(
             }
             ok(Request::UnlockAll)
         }
-        b"lock" | b"unlock" => {
+        b"lock" | b"unlock" | b"lock_token" => {
             let Some(([key], 1)) = collect::<1>(toks) else {
                 return bad();
             };
             if key.len() > MAX_KEY_LEN {
                 return bad();
             }
-            if cmd == b"lock" {
-                ok(Request::Lock { key })
-            } else {
-                ok(Request::Unlock { key })
+            match cmd {
+                b"lock" => ok(Request::Lock { key }),
+                b"unlock" => ok(Request::Unlock { key }),
+                _ => ok(Request::LockToken { key }),
             }
         }
         _ => invalid(reply::ERROR, line_len),
@@ -899,6 +903,7 @@ mod tests {
             (b"lock k\r\n".to_vec(), Lock { key: b"k" }),
             (b"unlock k\r\n".to_vec(), Unlock { key: b"k" }),
             (b"unlock_all\r\n".to_vec(), UnlockAll),
+            (b"lock_token k\r\n".to_vec(), LockToken { key: b"k" }),
         ]
     }
 
