@@ -66,6 +66,7 @@ fmt:
 	$(CARGO) fmt --all
 
 bench: release
+	$(CARGO) build --release --example null_responder
 	$(PYTHON) tools/bench.py
 
 # Fuzzing: cargo-fuzz (libFuzzer) on the nightly toolchain; the crate is fuzz/, outside the

@@ -12,7 +12,7 @@ Environment (all optional):
   BENCH_ROUNDS           runs per side per row (default 3; medians need at least 3)
   BENCH_CONNECTIONS      client connections (default 50)
   BENCH_CLIENT_THREADS   holdfast-bench threads (default 1)
-  BENCH_HOLDFAST_THREADS holdfast --threads (default 1: one I/O worker, plus its owner thread)
+  BENCH_HOLDFAST_THREADS holdfast --threads (default: holdfast's own default, i.e. default flags)
   BENCH_ROWS             comma-separated row ids to run (default: all; see ROWS)
 """
 
@@ -37,7 +37,11 @@ WARMUP = float(os.environ.get("BENCH_WARMUP", "1"))
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
 CONNECTIONS = int(os.environ.get("BENCH_CONNECTIONS", "50"))
 CLIENT_THREADS = int(os.environ.get("BENCH_CLIENT_THREADS", "1"))
-HOLDFAST_THREADS = int(os.environ.get("BENCH_HOLDFAST_THREADS", "1"))
+HOLDFAST_THREADS = os.environ.get("BENCH_HOLDFAST_THREADS")  # None: holdfast's default
+NULL_RESPONDER = os.path.join(TARGET, "examples", "null_responder")
+# memcached is run twice, at -t 1 and at its default (-t 4), and each row's baseline is the faster
+# of the two in that run: the strongest memcached this machine has.
+MEMCACHED_THREADS = {"memcached-t1": ["-t", "1"], "memcached-default": []}
 # A server must accept connections within this long after it was started.
 START_DEADLINE = 10.0
 # A run may take its own time plus preparation and drain, plus this margin, then it is killed.
@@ -67,6 +71,10 @@ ROWS = [
      ("holdfast-dlock", "dlock", "lock", 16), ("memcached", "memcache-binary", "add-delete", 16)),
     ("get", "memcached text get (hits), depth 1 vs memcached get",
      ("holdfast-mc", "memcache-text", "get", 1), ("memcached", "memcache-text", "get", 1)),
+    ("null16", "memcached text lock+unlock, depth 16 vs a do-nothing responder",
+     ("holdfast-mc", "memcache-text", "lock", 16), ("null", "memcache-text", "lock", 16)),
+    ("null1", "memcached text lock+unlock, depth 1 vs a do-nothing responder",
+     ("holdfast-mc", "memcache-text", "lock", 1), ("null", "memcache-text", "lock", 1)),
     ("contended", "1000 clients on 10 names, old ACQ (hand-off)",
      ("holdfast-lockd", "lockd", "contended", 1), None),
 ]
@@ -127,7 +135,7 @@ class Servers:
     def start_holdfast(self, name, listeners):
         """holdfast with the given listeners on port 0; returns its process and {listener: port}
         read from the lines it prints (its output goes to a log file, kept for post-mortems)."""
-        args = [HOLDFAST, "--threads", str(HOLDFAST_THREADS)]
+        args = [HOLDFAST] + (["--threads", HOLDFAST_THREADS] if HOLDFAST_THREADS else [])
         for listener in ("memcache", "lockd", "dlock"):
             args += [f"--{listener}", "127.0.0.1:0" if listener in listeners else "off"]
         log_path = os.path.join(self.logdir, f"{name}.log")
@@ -174,13 +182,19 @@ class Servers:
         _, ports = self.start_holdfast("holdfast", ("memcache", "lockd"))
         self.addr["holdfast-mc"] = ports["memcache"]
         self.addr["holdfast-lockd"] = ports["lockd"]
+        for name, threads in MEMCACHED_THREADS.items():
+            port = free_port()
+            argv = ["memcached", "-U", "0", "-p", str(port), "-l", "127.0.0.1"] + threads
+            if os.geteuid() == 0:
+                argv += ["-u", "nobody"]  # memcached refuses to run as root without -u
+            proc = self.spawn(name, argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            wait_accepting(port, proc, name)
+            self.addr[name] = port
         port = free_port()
-        argv = ["memcached", "-U", "0", "-p", str(port), "-l", "127.0.0.1", "-t", "1"]
-        if os.geteuid() == 0:
-            argv += ["-u", "nobody"]  # memcached refuses to run as root without -u
-        proc = self.spawn("memcached", argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_accepting(port, proc, "memcached")
-        self.addr["memcached"] = port
+        proc = self.spawn("null-responder", [NULL_RESPONDER, f"127.0.0.1:{port}"],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_accepting(port, proc, "null-responder")
+        self.addr["null"] = port
         port = free_port()
         proc = self.spawn(
             "redis-server",
@@ -293,8 +307,8 @@ def probe_dlock(servers):
 
 
 def main():
-    if not (os.path.exists(HOLDFAST) and os.path.exists(BENCH)):
-        raise Failure("build first: cargo build --release --bins (make bench does)")
+    if not all(os.path.exists(p) for p in (HOLDFAST, BENCH, NULL_RESPONDER)):
+        raise Failure("build first: cargo build --release --bins --examples (make bench does)")
     if ROUNDS < 3:
         log(f"note: BENCH_ROUNDS={ROUNDS}: fewer than 3 rounds, the medians mean little")
     ensure_packages()
@@ -319,16 +333,26 @@ def main():
             if a[0] == "holdfast-dlock" and dlock_problem:
                 table.append((label, None, None, None, None, a, b, f"n/a: {dlock_problem}"))
                 continue
-            ra, rb = [], []
+            # The baseline sides of this row: both memcacheds for a memcached row.
+            bsides = []
+            if b is not None:
+                names = list(MEMCACHED_THREADS) if b[0] == "memcached" else [b[0]]
+                bsides = [(n,) + tuple(b[1:]) for n in names]
+            ra, rbs = [], {s[0]: [] for s in bsides}
             for rnd in range(ROUNDS):
                 log(f"[{row_id}] round {rnd + 1}/{ROUNDS}: holdfast")
                 ra.append(run_bench(servers, a))
                 servers.check_alive()
-                if b is not None:
-                    log(f"[{row_id}] round {rnd + 1}/{ROUNDS}: {b[0]}")
-                    rb.append(run_bench(servers, b))
+                for side in bsides:
+                    log(f"[{row_id}] round {rnd + 1}/{ROUNDS}: {side[0]}")
+                    rbs[side[0]].append(run_bench(servers, side))
                     servers.check_alive()
-            for side, results in (("holdfast", ra), (b[0] if b else "", rb)):
+            # The faster baseline (by median rate) stands for the row.
+            best = max(rbs, key=lambda n: median(rbs[n], "rate") or 0) if rbs else None
+            rb = rbs[best] if best else []
+            if best:
+                b = (best,) + tuple(b[1:])
+            for side, results in [("holdfast", ra)] + list(rbs.items()):
                 for r in results:
                     if "failed" in r:
                         notes.append(f"{label} ({side}): run failed: {r['failed']}")
@@ -349,8 +373,10 @@ def main():
           f"(+{WARMUP:g} s warmup), {CONNECTIONS} connections, {CLIENT_THREADS} client thread(s); "
           f"medians.")
     print(f"machine: {os.cpu_count()} CPUs (nproc {nproc()}), {cpu_model()}; loopback; "
-          f"holdfast --threads {HOLDFAST_THREADS} (plus its owner thread), memcached -t 1, "
-          f"redis-server (single-threaded). {versions}")
+          f"holdfast {'--threads ' + HOLDFAST_THREADS if HOLDFAST_THREADS else 'on default flags'} "
+          f"(I/O workers plus its owner thread); memcached the faster of -t 1 and its default "
+          f"(-t 4) per row; redis-server (single-threaded); a do-nothing responder "
+          f"(examples/null_responder.rs). {versions}")
     print()
     print("| load | holdfast ops/s | baseline ops/s | ratio | holdfast p99 us | baseline p99 us "
           "| p99 ratio | notes |")
