@@ -688,6 +688,16 @@ impl DlockTable {
         }
     }
 
+    /// The connections queued on `key`, first come first (the admin port's listing).
+    pub fn queue<'a>(&'a self, key: &[u8]) -> impl Iterator<Item = ConnId> + 'a {
+        let queue = self.keys.get(key).map(|s| &s.queue);
+        queue
+            .into_iter()
+            .flatten()
+            .filter_map(|q| self.waiters.get(q))
+            .map(|w| w.conn)
+    }
+
     /// The connections queued on `key`, first come first.
     #[cfg(test)]
     fn queue_conns(&self, key: &[u8]) -> Vec<ConnId> {

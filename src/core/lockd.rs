@@ -342,6 +342,17 @@ impl LockdTable {
         }
     }
 
+    /// Every lock with its holder (`None`: orphaned) and, for an orphan, when it expires (ms):
+    /// for the admin port's listing.
+    pub fn for_each_lock(&self, mut f: impl FnMut(&[u8], Option<ConnId>, Option<u64>)) {
+        for (_, lock) in &self.locks {
+            match lock.holder {
+                Holder::Held { conn, .. } => f(&lock.name, Some(conn), None),
+                Holder::Orphan { deadline_ms, .. } => f(&lock.name, None, Some(deadline_ms)),
+            }
+        }
+    }
+
     pub fn stats(&self) -> LockdStats {
         LockdStats {
             held: self.held,
