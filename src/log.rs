@@ -67,6 +67,36 @@ pub fn write(level: Level, args: Arguments<'_>) {
     let _ = std::io::stderr().lock().write_all(line.as_bytes());
 }
 
+/// Lines about one kind of client event (closed for stalling, for bad input) at most once per
+/// [`Limiter::PERIOD`], so that a flood of hostile clients cannot flood the log; the next line
+/// says how many were not logged.
+#[derive(Default, Debug)]
+pub struct Limiter {
+    last: Option<std::time::Instant>,
+    suppressed: u64,
+}
+
+impl Limiter {
+    pub const PERIOD: std::time::Duration = std::time::Duration::from_secs(1);
+
+    /// `Some(events not logged since the last line)` when a line may be written now.
+    pub fn ready(&mut self, level: Level) -> Option<u64> {
+        if !enabled(level) {
+            return None;
+        }
+        let now = std::time::Instant::now();
+        if self
+            .last
+            .is_some_and(|t| now.duration_since(t) < Self::PERIOD)
+        {
+            self.suppressed += 1;
+            return None;
+        }
+        self.last = Some(now);
+        Some(std::mem::take(&mut self.suppressed))
+    }
+}
+
 #[macro_export]
 macro_rules! log_error { ($($t:tt)*) => { $crate::log::write($crate::log::Level::Error, format_args!($($t)*)) } }
 #[macro_export]
@@ -113,6 +143,16 @@ mod tests {
         for (secs, ms, want) in cases {
             assert_eq!(rfc3339(secs, ms), want, "{secs}");
         }
+    }
+
+    #[test]
+    fn limiter_lets_one_line_through_per_period_and_counts_the_rest() {
+        let mut l = Limiter::default();
+        assert_eq!(l.ready(Level::Error), Some(0));
+        assert_eq!(l.ready(Level::Error), None);
+        assert_eq!(l.ready(Level::Error), None);
+        l.last = Some(std::time::Instant::now() - Limiter::PERIOD);
+        assert_eq!(l.ready(Level::Error), Some(2));
     }
 
     #[test]

@@ -402,3 +402,110 @@ fn an_explicit_admin_address_that_is_taken_is_an_error() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("cannot listen for admin"), "{err}");
 }
+
+/// Run the daemon with stderr captured, do `work` against its lockd address, stop it with
+/// SIGTERM, return its log (stderr).
+fn log_of(extra: &[&str], work: impl FnOnce(SocketAddr)) -> String {
+    use std::io::BufRead;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_holdfast"))
+        .args([
+            "--memcache",
+            "off",
+            "--lockd",
+            "127.0.0.1:0",
+            "--dlock",
+            "off",
+        ])
+        .args(["--admin", "127.0.0.1:0", "--threads", "1"])
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    assert!(
+        first.starts_with("holdfast: lockd listening on "),
+        "{first}"
+    );
+    let addr: SocketAddr = first.rsplit(' ').next().unwrap().parse().unwrap();
+    let admin_line = lines.next().unwrap().unwrap();
+    assert!(
+        admin_line.starts_with("holdfast: admin listening on "),
+        "{admin_line}"
+    );
+    work(addr);
+    // SAFETY: kill(2) on the PID of the child we started and have not reaped.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = child.wait_with_output().expect("wait");
+    assert!(out.status.success());
+    String::from_utf8(out.stderr).unwrap()
+}
+
+#[test]
+fn log_lines_have_a_timestamp_and_level_and_nothing_per_request_at_info() {
+    let log = log_of(&[], |addr| {
+        let mut c = Client::connect(addr);
+        for _ in 0..100 {
+            c.send(&lockd_frame(1, b"x"));
+            c.take(4 + 2);
+            c.send(&lockd_frame(2, b"x"));
+            c.take(4 + 2);
+        }
+        // A frame of protocol version 2: an error, then the connection closes.
+        let mut bad = Client::connect(addr);
+        bad.send(&[0x20, 0, 0, 0]);
+        bad.expect_closed();
+    });
+    let lines: Vec<&str> = log.lines().collect();
+    for l in &lines {
+        // 2026-11-23T07:05:35.123Z info holdfast: ...
+        let mut w = l.split(' ');
+        let ts = w.next().unwrap();
+        assert_eq!(ts.len(), 24, "{l}");
+        assert!(ts.ends_with('Z') && ts.as_bytes()[10] == b'T', "{l}");
+        assert!(matches!(w.next(), Some("info" | "warn" | "error")), "{l}");
+        assert_eq!(w.next(), Some("holdfast:"), "{l}");
+    }
+    assert!(lines[0].contains("starting holdfast") && lines[0].contains("orphan-timeout=5000ms"));
+    assert!(
+        log.contains("closing a lockd client for bad input"),
+        "{log}"
+    );
+    assert!(
+        log.contains("shutting down") && log.contains("stopped"),
+        "{log}"
+    );
+    assert!(lines.len() <= 6, "200 requests logged nothing each:\n{log}");
+}
+
+#[test]
+fn log_level_warn_keeps_info_lines_out() {
+    let log = log_of(&["--log-level", "warn"], |addr| {
+        let mut bad = Client::connect(addr);
+        bad.send(&[0x20, 0, 0, 0]);
+        bad.expect_closed();
+    });
+    assert_eq!(log, "", "nothing at warn in a quiet run");
+}
+
+#[test]
+fn reaching_the_connection_limit_is_logged_once_per_episode() {
+    let log = log_of(&["--max-connections", "1"], |addr| {
+        let mut first = Client::connect(addr);
+        first.send(&lockd_frame(1, b"x"));
+        first.take(4 + 2);
+        for _ in 0..5 {
+            let mut refused = Client::connect(addr);
+            refused.expect_closed();
+        }
+    });
+    assert_eq!(
+        log.matches("connection limit (1) reached").count(),
+        1,
+        "{log}"
+    );
+    assert!(log.contains(" warn holdfast: connection limit"), "{log}");
+}

@@ -115,6 +115,9 @@ pub struct Worker {
     /// per episode, not one per refused connection.
     limit_logged: bool,
     fds_logged: bool,
+    /// Closes for stalling or bad input are logged at most once a second per worker.
+    stall_log: crate::log::Limiter,
+    bad_input_log: crate::log::Limiter,
 }
 
 impl Worker {
@@ -152,6 +155,8 @@ impl Worker {
             stall_timeout: None,
             limit_logged: false,
             fds_logged: false,
+            stall_log: Default::default(),
+            bad_input_log: Default::default(),
         };
         let ms = worker.shared.config.client_stall_timeout_ms;
         worker.stall_timeout = (ms > 0).then(|| Duration::from_millis(ms));
@@ -354,8 +359,17 @@ impl Worker {
                 }
                 Ok(n) => {
                     let id = ConnId::new(self.id, slot as u32, s.gen);
-                    s.conn
-                        .receive(&scratch[..n], id, &self.shared.config, &mut self.batch);
+                    let fatal =
+                        s.conn
+                            .receive(&scratch[..n], id, &self.shared.config, &mut self.batch);
+                    if fatal {
+                        if let Some(more) = self.bad_input_log.ready(crate::log::Level::Info) {
+                            crate::log_info!(
+                                "closing a {} client for bad input ({more} more since the last line)",
+                                s.conn.proto.name()
+                            );
+                        }
+                    }
                     if s.conn.pending_output() > 0 {
                         self.dirty.push(slot);
                     }
@@ -564,10 +578,12 @@ impl Worker {
             }
         });
         for slot in expired {
-            crate::log_info!(
-                "closed a client that took none of its replies for {} ms",
-                timeout.as_millis()
-            );
+            if let Some(more) = self.stall_log.ready(crate::log::Level::Info) {
+                crate::log_info!(
+                    "closed a client that took none of its replies for {} ms ({more} more since the last line)",
+                    timeout.as_millis()
+                );
+            }
             self.close(slot);
         }
     }
