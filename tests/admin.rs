@@ -205,6 +205,17 @@ fn locks_lists_holders_with_addresses_and_waiters_in_order() {
     assert_eq!(lock["name"], "res");
     assert_eq!(lock["holder"]["address"], local(&dh));
     assert_eq!(lock["waiters"][0]["address"], local(&dw));
+    let held_for = lock["held_for_ms"].as_u64().expect("dlock records when");
+    assert!(held_for < 60_000, "{held_for}");
+    let since = lock["held_since_unix_ms"].as_u64().unwrap();
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    assert!(
+        since <= now_ms && now_ms - since < 60_000,
+        "{since} vs {now_ms}"
+    );
     let lease = lock["expires_in_ms"].as_u64().expect("a lease deadline");
     assert!(lease > 50_000 && lease <= 60_000, "{lease}");
 
@@ -214,6 +225,10 @@ fn locks_lists_holders_with_addresses_and_waiters_in_order() {
     assert_eq!(v["locks"][0]["name"], "mk");
     assert_eq!(v["locks"][0]["holder"]["address"], local(&mc));
     assert_eq!(v["locks"][0]["expires_in_ms"], Value::Null);
+    assert!(
+        v["locks"][0]["held_for_ms"].is_u64(),
+        "memcache records when"
+    );
 }
 
 #[test]

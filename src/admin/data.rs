@@ -129,8 +129,9 @@ pub struct LockInfo {
     pub name: Vec<u8>,
     /// `None`: an orphaned lockd lock (its holder closed; it waits for adoption or expiry).
     pub holder: Option<Who>,
-    /// When the lock was granted (Unix ms), when the table records it.
-    pub held_since_unix_ms: Option<u64>,
+    /// How long ago the lock was granted (ms), when the table records it (memcache, dlock;
+    /// lockd does not yet).
+    pub held_for_ms: Option<u64>,
     /// The fencing token of the grant, when the table records it.
     pub fence: Option<u64>,
     /// Milliseconds until a dlock lease or a lockd orphan expires.

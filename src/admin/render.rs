@@ -308,6 +308,9 @@ fn who(w: &Who) -> Value {
 }
 
 fn lock_list(l: &LockList) -> Value {
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
     let locks: Vec<Value> = l
         .locks
         .iter()
@@ -320,7 +323,9 @@ fn lock_list(l: &LockList) -> Value {
             }
             m.insert("holder".into(), k.holder.as_ref().map_or(Value::Null, who));
             m.insert("orphaned".into(), k.holder.is_none().into());
-            m.insert("held_since_unix_ms".into(), k.held_since_unix_ms.into());
+            let since = k.held_for_ms.map(|ago| now_ms.saturating_sub(ago));
+            m.insert("held_since_unix_ms".into(), since.into());
+            m.insert("held_for_ms".into(), k.held_for_ms.into());
             m.insert("fence".into(), k.fence.into());
             m.insert("expires_in_ms".into(), k.expires_in_ms.into());
             m.insert(

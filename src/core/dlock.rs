@@ -131,6 +131,8 @@ struct Lease {
 struct Hold {
     conn: ConnId,
     lease: Option<Lease>,
+    /// When it was granted (ms), for the admin port's listing.
+    since: u64,
 }
 
 /// One key: its holder and its waiters in arrival order. Removed from the table when it has
@@ -494,7 +496,11 @@ impl DlockTable {
                 gen,
             }
         });
-        state.holder = Some(Hold { conn, lease });
+        state.holder = Some(Hold {
+            conn,
+            lease,
+            since: now_ms,
+        });
         if let Some(c) = self.conns.get_mut(&conn) {
             c.held.insert(key);
         }
@@ -688,6 +694,11 @@ impl DlockTable {
         }
     }
 
+    /// When `key` was granted to its holder (ms), if it is held.
+    pub fn held_since(&self, key: &[u8]) -> Option<u64> {
+        Some(self.keys.get(key)?.holder.as_ref()?.since)
+    }
+
     /// The connections queued on `key`, first come first (the admin port's listing).
     pub fn queue<'a>(&'a self, key: &[u8]) -> impl Iterator<Item = ConnId> + 'a {
         let queue = self.keys.get(key).map(|s| &s.queue);
@@ -812,6 +823,22 @@ mod tests {
 
     fn granted(conn: ConnId) -> DlockEvent {
         DlockEvent::Granted { conn, token: 0 }
+    }
+
+    #[test]
+    fn queue_and_held_since_show_the_holder_and_its_waiters_in_order() {
+        let mut t = table(0);
+        lock(&mut t, c(1), &[b"k"], None, None, 5);
+        lock(&mut t, c(2), &[b"k"], None, None, 6);
+        lock(&mut t, c(3), &[b"k"], None, None, 7);
+        assert_eq!(t.held_since(b"k"), Some(5));
+        assert_eq!(t.queue(b"k").collect::<Vec<_>>(), [c(2), c(3)]);
+        assert_eq!(t.held_since(b"free"), None);
+        assert_eq!(t.queue(b"free").count(), 0);
+        // The next holder's time is its grant, not its request.
+        unlock(&mut t, c(1), &[b"k"], 9);
+        assert_eq!(t.held_since(b"k"), Some(9));
+        assert_eq!(t.queue(b"k").collect::<Vec<_>>(), [c(3)]);
     }
 
     #[test]

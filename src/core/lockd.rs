@@ -642,6 +642,24 @@ mod tests {
     }
 
     #[test]
+    fn for_each_lock_names_the_holder_or_the_orphan_deadline() {
+        let mut t = table();
+        assert_eq!(t.acquire(c(1), b"a", b"a\0", 0), AcquireOutcome::Acquired);
+        assert_eq!(t.acquire(c(2), b"b", b"b\0", 0), AcquireOutcome::Acquired);
+        t.disconnect(c(2), 10);
+        let mut seen = Vec::new();
+        t.for_each_lock(|n, holder, orphan| seen.push((n.to_vec(), holder, orphan)));
+        seen.sort();
+        assert_eq!(
+            seen,
+            [
+                (b"a".to_vec(), Some(c(1)), None),
+                (b"b".to_vec(), None, Some(10 + TIMEOUT)),
+            ]
+        );
+    }
+
+    #[test]
     fn acquire_of_free_name_is_acquired_at_once() {
         let mut t = table();
         assert_eq!(t.acquire(c(1), b"a", b"a\0", 0), AcquireOutcome::Acquired);

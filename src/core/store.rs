@@ -287,6 +287,8 @@ const EMPTY: Ends = Ends {
 /// One held lock: its holder and its neighbours in the holder's list (acquisition order).
 struct LockEntry {
     holder: ConnId,
+    /// When it was taken (`Now::ms`), for the admin port's listing.
+    since: u64,
     prev: u32,
     next: u32,
 }
@@ -689,7 +691,7 @@ impl Store {
             self.stats.lock_conflicts += 1;
             return LockOutcome::Locked;
         }
-        self.acquire(i, conn);
+        self.acquire(i, conn, now.ms);
         LockOutcome::Ok
     }
 
@@ -731,7 +733,7 @@ impl Store {
             self.stats.lock_conflicts += 1;
             return Err(LockOutcome::Locked);
         }
-        self.acquire(i, conn);
+        self.acquire(i, conn, now.ms);
         if let Some(exptime) = exptime {
             self.set_deadline(i, deadline_of(exptime, now), now);
         }
@@ -1203,7 +1205,7 @@ impl Store {
     }
 
     /// Gives slot `i` (live, unlocked, in the LRU) to `conn`.
-    fn acquire(&mut self, i: u32, conn: ConnId) {
+    fn acquire(&mut self, i: u32, conn: ConnId, now_ms: u64) {
         self.unlink(LRU, i);
         let item = &mut self.slots[i as usize];
         item.state |= LOCKED;
@@ -1225,6 +1227,7 @@ impl Store {
             i,
             LockEntry {
                 holder: conn,
+                since: now_ms,
                 prev,
                 next: NIL,
             },
@@ -1284,6 +1287,12 @@ impl Store {
 /// daemon's path.
 impl Store {
     /// Every locked item's key and its holder. No order.
+    /// When `key`'s lock was taken (`Now::ms`), if it is locked.
+    pub fn lock_since(&self, key: &[u8]) -> Option<u64> {
+        let i = self.find(key)?;
+        self.locks.get(&i).map(|e| e.since)
+    }
+
     pub fn for_each_lock(&self, mut f: impl FnMut(&[u8], ConnId)) {
         for (&i, e) in &self.locks {
             f(self.slots[i as usize].key(), e.holder);
@@ -1503,6 +1512,17 @@ mod tests {
         assert_eq!(s.lock(A, b"k", at(0)), LockOutcome::Ok);
         assert_eq!(s.unlock(A, b"k", at(0)), UnlockOutcome::Ok);
         assert_eq!(cas_of(&s, b"k", at(0)), c3);
+    }
+
+    #[test]
+    fn lock_since_is_the_time_of_the_lock() {
+        let mut s = big();
+        stored(set(&mut s, A, b"k", b"1", 0, at(0)));
+        assert_eq!(s.lock_since(b"k"), None);
+        assert_eq!(s.lock(A, b"k", at(42)), LockOutcome::Ok);
+        assert_eq!(s.lock_since(b"k"), Some(42));
+        assert_eq!(s.unlock(A, b"k", at(50)), UnlockOutcome::Ok);
+        assert_eq!(s.lock_since(b"k"), None);
     }
 
     #[test]

@@ -125,6 +125,7 @@ fn list(t: &Tables, now: Now, table: Table, prefix: &[u8], limit: usize) -> Lock
     let remaining = |deadline: u64| deadline.saturating_sub(now.ms);
     let mut add = |name: &[u8],
                    holder: Option<ConnId>,
+                   since: Option<u64>,
                    expires: Option<u64>,
                    waiters: &mut dyn Iterator<Item = ConnId>| {
         let mut listed = Vec::new();
@@ -138,7 +139,7 @@ fn list(t: &Tables, now: Now, table: Table, prefix: &[u8], limit: usize) -> Lock
         locks.push(LockInfo {
             name: name.to_vec(),
             holder: holder.map(|c| a.who(c)),
-            held_since_unix_ms: None,
+            held_for_ms: since.map(|s| now.ms.saturating_sub(s)),
             fence: None,
             expires_in_ms: expires.map(remaining),
             waiters: listed,
@@ -150,7 +151,8 @@ fn list(t: &Tables, now: Now, table: Table, prefix: &[u8], limit: usize) -> Lock
             if name.starts_with(prefix) {
                 matched += 1;
                 if matched <= limit {
-                    add(name, Some(holder), None, &mut std::iter::empty());
+                    let since = t.store.lock_since(name);
+                    add(name, Some(holder), since, None, &mut std::iter::empty());
                 }
             }
         }),
@@ -161,6 +163,7 @@ fn list(t: &Tables, now: Now, table: Table, prefix: &[u8], limit: usize) -> Lock
                     add(
                         name,
                         holder,
+                        None,
                         orphan_deadline,
                         &mut t.lockd.waiters(name).map(|(c, _)| c),
                     );
@@ -171,7 +174,8 @@ fn list(t: &Tables, now: Now, table: Table, prefix: &[u8], limit: usize) -> Lock
             if name.starts_with(prefix) {
                 matched += 1;
                 if matched <= limit {
-                    add(name, Some(holder), lease, &mut t.dlock.queue(name));
+                    let since = t.dlock.held_since(name);
+                    add(name, Some(holder), since, lease, &mut t.dlock.queue(name));
                 }
             }
         }),
