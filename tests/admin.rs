@@ -524,3 +524,40 @@ fn reaching_the_connection_limit_is_logged_once_per_episode() {
     );
     assert!(log.contains(" warn holdfast: connection limit"), "{log}");
 }
+
+#[test]
+fn a_listing_over_the_cap_is_cut_at_ten_thousand_and_grants_go_on() {
+    const LOCKS: usize = 12_000;
+    let d = Daemon::start(&[]);
+    let mut c = d.lockd();
+    let mut batch = Vec::new();
+    for i in 0..LOCKS {
+        batch.extend_from_slice(&lockd_frame(1, format!("n{i:05}").as_bytes()));
+    }
+    c.send(&batch);
+    // ACQUIRED, echoing "nXXXXX\0": 4 + 7 bytes each.
+    c.take(LOCKS * 11);
+    let v = get_json(admin(&d), "/locks?table=lockd&limit=50000");
+    assert_eq!(v["matched"], LOCKS);
+    assert_eq!(v["limit"], 10_000);
+    assert_eq!(v["truncated"], true);
+    let locks = v["locks"].as_array().unwrap();
+    assert_eq!(locks.len(), 10_000);
+    assert!(locks
+        .windows(2)
+        .all(|w| w[0]["name"].as_str() < w[1]["name"].as_str()));
+    // The lock path answers while a big listing is being served.
+    let a = admin(&d);
+    let lister = std::thread::spawn(move || {
+        for _ in 0..5 {
+            assert_eq!(get(a, "/locks?table=lockd&limit=10000").0, 200);
+        }
+    });
+    let mut other = d.lockd();
+    for i in 0..50 {
+        let name = format!("free{i}");
+        other.send(&lockd_frame(1, name.as_bytes()));
+        other.take(4 + name.len() + 1);
+    }
+    lister.join().unwrap();
+}
