@@ -184,6 +184,7 @@ fn locks_lists_holders_with_addresses_and_waiters_in_order() {
     assert_eq!(lock["name"], "job");
     assert_eq!(lock["holder"]["address"], local(&h));
     assert_eq!(lock["orphaned"], false);
+    assert!(lock["held_for_ms"].as_u64().unwrap() < 60_000);
     assert_eq!(lock["waiters_total"], 2);
     assert_eq!(lock["waiters"][0]["address"], local(&w1));
     assert_eq!(lock["waiters"][1]["address"], local(&w2));

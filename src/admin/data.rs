@@ -129,8 +129,7 @@ pub struct LockInfo {
     pub name: Vec<u8>,
     /// `None`: an orphaned lockd lock (its holder closed; it waits for adoption or expiry).
     pub holder: Option<Who>,
-    /// How long ago the lock was granted (ms), when the table records it (memcache, dlock;
-    /// lockd does not yet).
+    /// How long ago the current holder got the lock (ms).
     pub held_for_ms: Option<u64>,
     /// The fencing token of the grant, when the table records it.
     pub fence: Option<u64>,

@@ -171,7 +171,7 @@ fn list(t: &Tables, now: Now, table: Table, prefix: &[u8], limit: usize) -> Lock
                     add(
                         name,
                         holder,
-                        None,
+                        t.lockd.held_since(name),
                         orphan_deadline,
                         &mut t.lockd.waiters(name).map(|(c, _)| c),
                     );
