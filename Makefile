@@ -7,6 +7,8 @@
 #   make scale  memory per idle connection and per held lock, lease expiry accuracy, at 10k/1M
 #   make soak   mixed hostile traffic on all three protocols for SOAK_SECONDS (CI: 60)
 #   make owner-ceiling  ops/s of one owner thread at 100% and its instructions per op
+#   make install  the daemon, holdfast-lock, the systemd unit and the man page under DESTDIR/PREFIX
+#   make verify-service  systemd-analyze verify of dist/holdfast.service (and an install test)
 
 CARGO  ?= cargo
 # make soak: how long the traffic runs; the daemon's timers are short so that they fire often.
@@ -17,8 +19,18 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 # Debian packages the tests use: memccapable (libmemcached's conformance tool).
 APT_TEST_PACKAGES := libmemcached-tools
+# Debian packages of the admin page's browser test (tests/clients/test_admin.py).
+APT_BROWSER_PACKAGES := chromium chromium-driver
+# Debian package of systemd-analyze, for `make verify-service`.
+APT_SYSTEMD_PACKAGES := systemd
+# make install: where, and under which root (packagers set DESTDIR).
+PREFIX  ?= /usr/local
+DESTDIR ?=
+BINDIR  := $(PREFIX)/bin
+MANDIR  := $(PREFIX)/share/man/man1
+UNITDIR ?= $(PREFIX)/lib/systemd/system
 
-.PHONY: owner-ceiling run build release test test-rust test-clients conformance deps deps-apt deps-python lint fmt bench scale soak fuzz fuzz-smoke fuzz-deps clean
+.PHONY: run build release test test-rust test-clients conformance deps deps-apt deps-browser deps-systemd deps-python install verify-service lint fmt bench owner-ceiling scale soak fuzz fuzz-smoke fuzz-deps clean
 
 run: release
 	./target/release/holdfast
@@ -29,20 +41,20 @@ build:
 release:
 	$(CARGO) build --release --bins
 
-test: deps test-rust test-clients conformance
+test: deps test-rust test-clients conformance verify-service
 
 test-rust:
 	$(CARGO) test --all-targets
 
 # Real client libraries (pymemcache, python-binary-memcached, protobuf) against the real daemon.
-test-clients: deps-python release
+test-clients: deps-python deps-browser release
 	HOLDFAST_BIN=$(CURDIR)/target/release/holdfast $(PY) -m pytest -q tests/clients
 
 # libmemcached's own conformance tool against holdfast.
 conformance: deps-apt release
 	$(PYTHON) tools/memccapable.py $(CURDIR)/target/release/holdfast
 
-deps: deps-apt deps-python
+deps: deps-apt deps-browser deps-systemd deps-python
 
 # Install what is missing, once (a fresh machine has only Rust, gcc, Python and git).
 deps-apt:
@@ -50,6 +62,36 @@ deps-apt:
 		echo "installing $(APT_TEST_PACKAGES)"; \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_TEST_PACKAGES)) >/dev/null; \
 	fi
+
+deps-browser:
+	@if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then \
+		echo "installing $(APT_BROWSER_PACKAGES)"; \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_BROWSER_PACKAGES)) >/dev/null; \
+	fi
+
+deps-systemd:
+	@if ! command -v systemd-analyze >/dev/null 2>&1; then \
+		echo "installing $(APT_SYSTEMD_PACKAGES)"; \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_SYSTEMD_PACKAGES)) >/dev/null; \
+	fi
+
+# Install the release binaries, the unit (its ExecStart names $(BINDIR)) and the man page.
+install: release
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(MANDIR) $(DESTDIR)$(UNITDIR)
+	install -m 0755 target/release/holdfast target/release/holdfast-lock $(DESTDIR)$(BINDIR)/
+	install -m 0644 dist/holdfast.1 $(DESTDIR)$(MANDIR)/holdfast.1
+	sed 's|@BINDIR@|$(BINDIR)|g' dist/holdfast.service > $(DESTDIR)$(UNITDIR)/holdfast.service
+	chmod 0644 $(DESTDIR)$(UNITDIR)/holdfast.service
+
+# Install into a scratch root, check what landed, and have systemd-analyze verify the unit there
+# (it checks that ExecStart's binary exists, so the installed copy is the one verified).
+verify-service: deps-systemd release
+	rm -rf target/install-test
+	$(MAKE) --no-print-directory install DESTDIR=$(CURDIR)/target/install-test PREFIX=/usr/local
+	test -x target/install-test/usr/local/bin/holdfast
+	test -x target/install-test/usr/local/bin/holdfast-lock
+	test -f target/install-test/usr/local/share/man/man1/holdfast.1
+	$(PYTHON) tools/verify_service.py target/install-test
 
 deps-python: $(VENV)/.done
 

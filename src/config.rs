@@ -25,10 +25,18 @@ pub struct Config {
     /// Close a connection whose unread output has stayed at or above the high-water mark with no
     /// write progress for this long; 0: never (the hard output cap still applies).
     pub client_stall_timeout_ms: u64,
+    /// The admin HTTP port; `None` when `off`.
+    pub admin: Option<SocketAddr>,
+    /// Whether `--admin` was given: a default admin address that cannot be bound (another
+    /// daemon has it) is a warning, an explicit one an error.
+    pub admin_explicit: bool,
+    pub log_level: crate::log::Level,
 }
 
 /// What the command line asked for.
 #[derive(Debug)]
+// Built once at startup and matched at once: boxing the config would only cost every caller.
+#[allow(clippy::large_enum_variant)]
 pub enum Command {
     Run(Config),
     Help(String),
@@ -38,6 +46,7 @@ pub enum Command {
 const DEFAULT_MEMCACHE: &str = "127.0.0.1:11211";
 const DEFAULT_LOCKD: &str = "127.0.0.1:2626";
 const DEFAULT_DLOCK: &str = "127.0.0.1:2627";
+const DEFAULT_ADMIN: &str = "127.0.0.1:2629";
 /// memcached's default `-m 64` is small for a lock server; the contract says 1 GiB.
 const DEFAULT_MEMORY_MIB: usize = 1024;
 const DEFAULT_MAX_ITEM_SIZE: usize = 1024 * 1024;
@@ -120,6 +129,18 @@ fn options() -> getopts::Options {
         "close a client that reads none of its pending replies this long (default 10000, 0: never)",
         "MS",
     )
+    .optopt(
+        "",
+        "admin",
+        "admin HTTP port: /metrics /locks /healthz / (default 127.0.0.1:2629, or off)",
+        "ADDR",
+    )
+    .optopt(
+        "",
+        "log-level",
+        "error, warn, info or debug (default info)",
+        "LEVEL",
+    )
     .optflag("h", "help", "print this help")
     .optflag("V", "version", "print the version");
     o
@@ -189,6 +210,13 @@ where
             0,
             u32::MAX as u64,
         )?,
+        admin: address(&m, "admin", DEFAULT_ADMIN)?,
+        admin_explicit: m.opt_present("admin"),
+        log_level: match m.opt_str("log-level") {
+            None => crate::log::Level::Info,
+            Some(l) => crate::log::Level::parse(&l)
+                .ok_or_else(|| format!("--log-level {l}: one of error, warn, info, debug"))?,
+        },
     };
     if config.memcache.is_none() && config.lockd.is_none() && config.dlock.is_none() {
         return Err("every listener is off: nothing to serve".into());
@@ -253,6 +281,21 @@ mod tests {
         assert_eq!(c.dlock_token, None);
         assert_eq!(c.client_stall_timeout_ms, 10_000);
         assert!(c.threads >= 1);
+        assert_eq!(c.admin, Some("127.0.0.1:2629".parse().unwrap()));
+        assert!(!c.admin_explicit);
+        assert_eq!(c.log_level, crate::log::Level::Info);
+    }
+
+    #[test]
+    fn admin_and_log_level_flags() {
+        let c = run(&["--admin", "off", "--log-level", "debug"]).unwrap();
+        assert_eq!(c.admin, None);
+        assert!(c.admin_explicit);
+        assert_eq!(c.log_level, crate::log::Level::Debug);
+        let c = run(&["--admin", "127.0.0.1:0"]).unwrap();
+        assert_eq!(c.admin, Some("127.0.0.1:0".parse().unwrap()));
+        assert!(run(&["--log-level", "loud"]).is_err());
+        assert!(run(&["--admin", "nowhere"]).is_err());
     }
 
     #[test]

@@ -35,8 +35,11 @@
 //! Modules: [`config`] (flags), [`core`] (the tables: pure state machines, time passed in),
 //! [`proto`] (zero-copy parsers and encoders), [`server`] (threads and glue).
 
+pub mod admin;
 pub mod config;
 pub mod core;
+#[macro_use]
+pub mod log;
 pub mod proto;
 pub mod rng;
 pub mod server;

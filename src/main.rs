@@ -23,6 +23,8 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    holdfast::log::set_level(config.log_level);
+    holdfast::log_info!("starting {}", settings(&config));
     raise_fd_limit();
     // Block the stop signals in every thread (threads inherit the mask); this thread waits for
     // them with sigwait, so no handler runs in the middle of anything.
@@ -42,13 +44,52 @@ fn main() -> ExitCode {
         for (proto, addr) in &server.addresses {
             let _ = writeln!(stdout, "holdfast: {} listening on {addr}", proto.name());
         }
+        // After the lock listeners: launchers that read a fixed number of lines still work.
+        if let Some(addr) = server.admin {
+            let _ = writeln!(stdout, "holdfast: admin listening on {addr}");
+        }
         let _ = stdout.flush();
     }
+    holdfast::server::notify::ready();
     let mut signal = 0;
     // SAFETY: both pointers are valid for the duration of the call.
     unsafe { libc::sigwait(&signals, &mut signal) };
+    holdfast::log_info!("signal {signal}: shutting down");
+    holdfast::server::notify::stopping();
     server.stop();
+    holdfast::log_info!("stopped");
     ExitCode::SUCCESS
+}
+
+/// The effective settings, for the start line.
+fn settings(c: &config::Config) -> String {
+    let addr = |a: Option<std::net::SocketAddr>| a.map_or("off".to_string(), |a| a.to_string());
+    format!(
+        "holdfast {} memcache={} lockd={} dlock={} admin={} threads={} memory={}MiB \
+         max-item-size={} max-connections={} orphan-timeout={}ms dlock-idle-timeout={}ms \
+         dlock-max-keys={} dlock-max-message={} dlock-token={} client-stall-timeout={}ms \
+         log-level={}",
+        env!("CARGO_PKG_VERSION"),
+        addr(c.memcache),
+        addr(c.lockd),
+        addr(c.dlock),
+        addr(c.admin),
+        c.threads,
+        c.memory_limit >> 20,
+        c.max_item_size,
+        c.max_connections,
+        c.orphan_timeout_ms,
+        c.dlock_idle_timeout_ms,
+        c.dlock_max_keys,
+        c.dlock_max_message,
+        if c.dlock_token.is_some() {
+            "set"
+        } else {
+            "none"
+        },
+        c.client_stall_timeout_ms,
+        c.log_level.name(),
+    )
 }
 
 fn stop_signals() -> libc::sigset_t {

@@ -151,6 +151,10 @@ struct Lease {
 struct Hold {
     conn: ConnId,
     lease: Option<Lease>,
+    /// When it was granted, in whole seconds of the table's clock (for the admin port's
+    /// listing): 4 bytes fit in the padding after `conn`, where 8 made every held key 8 bytes
+    /// larger.
+    since_s: u32,
     /// The fencing token of the grant that gave this key to `conn` (one per Lock).
     token: u64,
 }
@@ -550,7 +554,12 @@ impl DlockTable {
                 gen,
             }
         });
-        state.holder = Some(Hold { conn, lease, token });
+        state.holder = Some(Hold {
+            conn,
+            lease,
+            since_s: (now_ms / 1000) as u32,
+            token,
+        });
         if let Some(c) = self.conns.get_mut(&conn) {
             c.held.insert(key);
         }
@@ -753,6 +762,21 @@ impl DlockTable {
         }
     }
 
+    /// When `key` was granted to its holder (ms, rounded down to a whole second), if it is held.
+    pub fn held_since(&self, key: &[u8]) -> Option<u64> {
+        Some(u64::from(self.keys.get(key)?.holder.as_ref()?.since_s) * 1000)
+    }
+
+    /// The connections queued on `key`, first come first (the admin port's listing).
+    pub fn queue<'a>(&'a self, key: &[u8]) -> impl Iterator<Item = ConnId> + 'a {
+        let queue = self.keys.get(key).map(|s| &s.queue);
+        queue
+            .into_iter()
+            .flatten()
+            .filter_map(|q| self.waiters.get(q))
+            .map(|w| w.conn)
+    }
+
     /// The connections queued on `key`, first come first.
     #[cfg(test)]
     fn queue_conns(&self, key: &[u8]) -> Vec<ConnId> {
@@ -848,6 +872,7 @@ impl Snapshot for DlockTable {
                     codec::put_u8(out, 1);
                     h.conn.encode(out);
                     codec::put_u64(out, h.token);
+                    codec::put_u64(out, u64::from(h.since_s));
                     match &h.lease {
                         None => codec::put_u8(out, 0),
                         Some(l) => {
@@ -924,6 +949,7 @@ impl Snapshot for DlockTable {
                     if token > t.fence.last() {
                         return Err(Invalid("dlock token not yet issued"));
                     }
+                    let since_s = r.u32()?;
                     let lease = match r.u8()? {
                         0 => None,
                         1 => {
@@ -957,7 +983,12 @@ impl Snapshot for DlockTable {
                         return Err(Invalid("dlock connection-bound key of no session"));
                     }
                     t.stats.held_keys += 1;
-                    Some(Hold { conn, lease, token })
+                    Some(Hold {
+                        conn,
+                        lease,
+                        since_s,
+                        token,
+                    })
                 }
                 _ => return Err(Invalid("dlock holder tag")),
             };
@@ -1123,6 +1154,22 @@ mod tests {
                 DlockEvent::Idle { conn } => DlockEvent::Idle { conn: *conn },
             })
             .collect()
+    }
+
+    #[test]
+    fn queue_and_held_since_show_the_holder_and_its_waiters_in_order() {
+        let mut t = table(0);
+        lock(&mut t, c(1), &[b"k"], None, None, 5_300);
+        lock(&mut t, c(2), &[b"k"], None, None, 6_000);
+        lock(&mut t, c(3), &[b"k"], None, None, 7_000);
+        assert_eq!(t.held_since(b"k"), Some(5_000), "whole seconds");
+        assert_eq!(t.queue(b"k").collect::<Vec<_>>(), [c(2), c(3)]);
+        assert_eq!(t.held_since(b"free"), None);
+        assert_eq!(t.queue(b"free").count(), 0);
+        // The next holder's time is its grant, not its request.
+        unlock(&mut t, c(1), &[b"k"], 9_999);
+        assert_eq!(t.held_since(b"k"), Some(9_000));
+        assert_eq!(t.queue(b"k").collect::<Vec<_>>(), [c(3)]);
     }
 
     #[test]

@@ -106,6 +106,8 @@ struct Lock {
     holder: Holder,
     /// The fencing token of the current (or, for an orphan, the last) holder's grant.
     token: u64,
+    /// When its holder got it (ms; adoption counts as getting it), for the admin port.
+    since: u64,
     /// Oldest queued ACQ (the next to be granted) and newest, in `waiters`.
     head: Link,
     tail: Link,
@@ -208,12 +210,12 @@ impl LockdTable {
         conn: ConnId,
         name: &[u8],
         payload: &[u8],
-        _now_ms: u64,
+        now_ms: u64,
     ) -> AcquireOutcome {
         let hash = self.hasher.hash_one(name);
         match self.find_hashed(name, hash) {
             None => {
-                self.insert_lock(conn, name, hash);
+                self.insert_lock(conn, name, hash, now_ms);
                 AcquireOutcome::Acquired
             }
             Some(key) => {
@@ -230,12 +232,12 @@ impl LockdTable {
 
     /// TRY: a free name is taken (true); a locked one, also by `conn` itself or an orphan, is
     /// not (false). Never queues.
-    pub fn try_lock(&mut self, conn: ConnId, name: &[u8], _now_ms: u64) -> bool {
+    pub fn try_lock(&mut self, conn: ConnId, name: &[u8], now_ms: u64) -> bool {
         let hash = self.hasher.hash_one(name);
         if self.find_hashed(name, hash).is_some() {
             return false;
         }
-        self.insert_lock(conn, name, hash);
+        self.insert_lock(conn, name, hash, now_ms);
         true
     }
 
@@ -246,14 +248,14 @@ impl LockdTable {
         &mut self,
         _conn: ConnId,
         name: &[u8],
-        _now_ms: u64,
+        now_ms: u64,
         grants: &mut Vec<Grant>,
     ) -> bool {
         let Some(key) = self.find(name) else {
             return false;
         };
         self.detach_holder(key);
-        self.pass_on(key, grants);
+        self.pass_on(key, now_ms, grants);
         true
     }
 
@@ -271,6 +273,7 @@ impl LockdTable {
         }
         self.detach_holder(key);
         self.locks[key].holder = self.index_held(conn, key);
+        self.locks[key].since = now_ms;
         self.adoptions += 1;
         // A new holder gets a new token, so that anything the vanished holder still has in
         // flight is fenced off. An adoption is not counted in `grants`.
@@ -344,7 +347,7 @@ impl LockdTable {
             // The timer has fired: nothing to cancel, only the count to move.
             self.orphaned -= 1;
             self.orphan_expiries += 1;
-            self.pass_on(t.lock, grants);
+            self.pass_on(t.lock, now_ms, grants);
         }
         self.fired = fired;
     }
@@ -367,6 +370,24 @@ impl LockdTable {
         let mut keys: Vec<usize> = self.locks.iter().map(|(k, _)| k).collect();
         keys.sort_unstable_by(|&a, &b| self.locks[a].name.cmp(&self.locks[b].name));
         keys
+    }
+
+    /// When `name`'s holder got it (ms), if it is locked (an orphan keeps its holder's time).
+    pub fn held_since(&self, name: &[u8]) -> Option<u64> {
+        self.find(name).map(|k| self.locks[k].since)
+    }
+
+    /// Every lock with its holder (`None`: orphaned), for an orphan when it expires (ms), and
+    /// the fencing token of its (last) holder's grant: for the admin port's listing.
+    pub fn for_each_lock(&self, mut f: impl FnMut(&[u8], Option<ConnId>, Option<u64>, u64)) {
+        for (_, lock) in &self.locks {
+            match lock.holder {
+                Holder::Held { conn, .. } => f(&lock.name, Some(conn), None, lock.token),
+                Holder::Orphan { deadline_ms, .. } => {
+                    f(&lock.name, None, Some(deadline_ms), lock.token)
+                }
+            }
+        }
     }
 
     pub fn stats(&self) -> LockdStats {
@@ -436,7 +457,7 @@ impl LockdTable {
     }
 
     /// Lock a free name for `conn`: an immediate grant.
-    fn insert_lock(&mut self, conn: ConnId, name: &[u8], hash: u64) {
+    fn insert_lock(&mut self, conn: ConnId, name: &[u8], hash: u64, now_ms: u64) {
         let key = self.locks.vacant_key();
         let holder = self.index_held(conn, key);
         let inserted = self.locks.insert(Lock {
@@ -444,6 +465,7 @@ impl LockdTable {
             hash,
             holder,
             token: self.fence.next(),
+            since: now_ms,
             head: Link::NONE,
             tail: Link::NONE,
         });
@@ -505,7 +527,7 @@ impl LockdTable {
 
     /// The lock `key` has just lost its holder: hand it to the first waiter (one grant, nobody
     /// else touched), or drop it from the table when nobody waits.
-    fn pass_on(&mut self, key: usize, grants: &mut Vec<Grant>) {
+    fn pass_on(&mut self, key: usize, now_ms: u64, grants: &mut Vec<Grant>) {
         let Some(w) = self.locks[key].head.get() else {
             self.remove_lock(key);
             return;
@@ -515,6 +537,7 @@ impl LockdTable {
         // Index the new holding before removing the wait, so that the connection's entry is
         // never dropped and recreated in between.
         self.locks[key].holder = self.index_held(waiter.conn, key);
+        self.locks[key].since = now_ms;
         self.unindex_wait(waiter.conn, waiter.pos);
         self.grants += 1;
         let token = self.fence.next();
@@ -652,6 +675,7 @@ impl Snapshot for LockdTable {
             let lock = &self.locks[key];
             codec::put_bytes(out, &lock.name);
             codec::put_u64(out, lock.token);
+            codec::put_u64(out, lock.since);
             match lock.holder {
                 Holder::Held { conn, .. } => {
                     codec::put_u8(out, 0);
@@ -697,6 +721,7 @@ impl Snapshot for LockdTable {
             if token > t.fence.last() {
                 return Err(DecodeError::Invalid("lockd token not yet issued"));
             }
+            let since = r.u64()?;
             let hash = t.hasher.hash_one(name);
             let key = t.locks.vacant_key();
             let holder = match r.u8()? {
@@ -729,6 +754,7 @@ impl Snapshot for LockdTable {
                 hash,
                 holder,
                 token,
+                since,
                 head: Link::NONE,
                 tail: Link::NONE,
             });
@@ -795,6 +821,46 @@ mod tests {
         t.for_each_locked(|n| v.push(n.to_vec()));
         v.sort();
         v
+    }
+
+    #[test]
+    fn held_since_is_the_time_the_holder_got_the_lock() {
+        let mut t = table();
+        assert_eq!(t.acquire(c(1), b"a", b"a\0", 5), AcquireOutcome::Acquired);
+        assert!(t.try_lock(c(1), b"t", 6));
+        assert_eq!(t.held_since(b"a"), Some(5));
+        assert_eq!(t.held_since(b"t"), Some(6));
+        assert_eq!(t.held_since(b"free"), None);
+        t.disconnect(c(1), 10);
+        assert_eq!(
+            t.held_since(b"a"),
+            Some(5),
+            "an orphan keeps its holder's time"
+        );
+        assert!(t.adopt(c(2), b"a", 20));
+        assert_eq!(t.held_since(b"a"), Some(20), "adopting is getting it");
+        assert_eq!(t.acquire(c(3), b"a", b"a\0", 25), AcquireOutcome::Queued);
+        assert!(t.release(c(2), b"a", 30, &mut Vec::new()));
+        assert_eq!(t.held_since(b"a"), Some(30), "a waiter's time is its grant");
+        t.check_invariants();
+    }
+
+    #[test]
+    fn for_each_lock_names_the_holder_or_the_orphan_deadline() {
+        let mut t = table();
+        assert_eq!(t.acquire(c(1), b"a", b"a\0", 0), AcquireOutcome::Acquired);
+        assert_eq!(t.acquire(c(2), b"b", b"b\0", 0), AcquireOutcome::Acquired);
+        t.disconnect(c(2), 10);
+        let mut seen = Vec::new();
+        t.for_each_lock(|n, holder, orphan, _| seen.push((n.to_vec(), holder, orphan)));
+        seen.sort();
+        assert_eq!(
+            seen,
+            [
+                (b"a".to_vec(), Some(c(1)), None),
+                (b"b".to_vec(), None, Some(10 + TIMEOUT)),
+            ]
+        );
     }
 
     #[test]

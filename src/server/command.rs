@@ -21,7 +21,10 @@ use crate::core::codec::{self, DecodeError, Reader};
 use crate::core::ConnId;
 use crate::proto::memcache::text::StoreCmd;
 
+use std::net::{IpAddr, SocketAddr};
+
 use super::msg::{Arena, Batch, DlockKind, DlockOp, LockdOp, McOp, Op, OpMsg, Span};
+use super::Proto;
 
 const MAGIC: &[u8] = b"HFc1";
 
@@ -155,6 +158,24 @@ mod tag {
     pub const DLOCK_OPEN: u8 = 41;
     pub const CLOSE: u8 = 42;
     pub const EOF: u8 = 43;
+    pub const OPEN: u8 = 44;
+}
+
+fn proto_code(p: Proto) -> u8 {
+    match p {
+        Proto::Memcache => 0,
+        Proto::Lockd => 1,
+        Proto::Dlock => 2,
+    }
+}
+
+fn proto_of(code: u8) -> Result<Proto, DecodeError> {
+    Ok(match code {
+        0 => Proto::Memcache,
+        1 => Proto::Lockd,
+        2 => Proto::Dlock,
+        _ => return Err(DecodeError::Invalid("listener")),
+    })
 }
 
 fn store_cmd_code(c: StoreCmd) -> u8 {
@@ -327,6 +348,21 @@ pub fn encode_op(m: &OpMsg, arena: &[u8], out: &mut Vec<u8>) {
             codec::put_bool(o, close);
         }
         Op::DlockOpen => o.push(tag::DLOCK_OPEN),
+        Op::Open { proto, peer } => {
+            o.push(tag::OPEN);
+            o.push(proto_code(proto));
+            match peer.ip() {
+                IpAddr::V4(ip) => {
+                    o.push(4);
+                    o.extend_from_slice(&ip.octets());
+                }
+                IpAddr::V6(ip) => {
+                    o.push(6);
+                    o.extend_from_slice(&ip.octets());
+                }
+            }
+            codec::put_u64(o, u64::from(peer.port()));
+        }
         Op::Close => o.push(tag::CLOSE),
         Op::Eof => o.push(tag::EOF),
     }
@@ -442,6 +478,31 @@ pub fn decode_op(r: &mut Reader<'_>, limits: Limits, a: &mut Arena) -> Result<Op
             close: r.bool()?,
         },
         tag::DLOCK_OPEN => Op::DlockOpen,
+        tag::OPEN => {
+            let proto = proto_of(r.u8()?)?;
+            let ip = match r.u8()? {
+                4 => {
+                    let mut b = [0u8; 4];
+                    for x in b.iter_mut() {
+                        *x = r.u8()?;
+                    }
+                    IpAddr::from(b)
+                }
+                6 => {
+                    let mut b = [0u8; 16];
+                    for x in b.iter_mut() {
+                        *x = r.u8()?;
+                    }
+                    IpAddr::from(b)
+                }
+                _ => return Err(DecodeError::Invalid("address family")),
+            };
+            let port = u16::try_from(r.u64()?).map_err(|_| DecodeError::Invalid("port"))?;
+            Op::Open {
+                proto,
+                peer: SocketAddr::new(ip, port),
+            }
+        }
         tag::CLOSE => Op::Close,
         tag::EOF => Op::Eof,
         _ => return Err(DecodeError::Invalid("operation tag")),

@@ -1,5 +1,6 @@
 use super::*;
 use crate::rng::Rng;
+use crate::server::Proto;
 
 /// A valid RequestLock message of one to three random keys (field 1, length-delimited).
 fn lock_keys(rng: &mut Rng, arena: &mut Arena) -> Span {
@@ -22,7 +23,7 @@ fn random_op(rng: &mut Rng, arena: &mut Arena) -> OpMsg {
         rng.next() as u32,
     );
     let opt = |rng: &mut Rng| rng.chance(50).then(|| rng.wide());
-    let op = match rng.below(20) {
+    let op = match rng.below(21) {
         0 => Op::Mc(McOp::TextGet {
             keys: span(rng),
             cas: rng.chance(50),
@@ -108,6 +109,14 @@ fn random_op(rng: &mut Rng, arena: &mut Arena) -> OpMsg {
             close: rng.chance(50),
         },
         14 => Op::DlockOpen,
+        18 => Op::Open {
+            proto: [Proto::Memcache, Proto::Lockd, Proto::Dlock][rng.index(3)],
+            peer: if rng.chance(50) {
+                std::net::SocketAddr::from(([127, 0, 0, rng.next() as u8], rng.next() as u16))
+            } else {
+                std::net::SocketAddr::from(([0xfe80, 0, 0, 0, 0, 0, 0, rng.next() as u16], 80))
+            },
+        },
         15 => Op::Close,
         _ => Op::Eof,
     };

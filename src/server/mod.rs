@@ -3,10 +3,12 @@
 pub mod command;
 mod conn;
 mod decode;
+mod exec_admin;
 mod exec_dlock;
 mod exec_lockd;
 mod exec_mc;
 pub mod msg;
+pub mod notify;
 mod owner;
 pub mod sim;
 mod stats;
@@ -64,6 +66,8 @@ pub struct Server {
     shared: Arc<Shared>,
     /// The addresses actually bound (port 0 resolved), one per enabled listener.
     pub addresses: Vec<(Proto, SocketAddr)>,
+    /// The admin port's address, when it is on.
+    pub admin: Option<SocketAddr>,
     wakers: Vec<Arc<mio::Waker>>,
     to_owner: crossbeam_channel::Sender<msg::ToOwner>,
     threads: Vec<JoinHandle<()>>,
@@ -112,6 +116,8 @@ impl Server {
             addresses.push((proto, addr));
         }
 
+        let admin_listener = bind_admin(&config)?;
+
         let (to_owner, owner_rx) = crossbeam_channel::unbounded();
         let mut wakers = Vec::new();
         let mut worker_links = Vec::new();
@@ -142,9 +148,17 @@ impl Server {
                 .name("holdfast-owner".into())
                 .spawn(move || owner.run())?,
         );
+        let mut admin = None;
+        if let Some(l) = admin_listener {
+            let a = crate::admin::start(l, shared.clone(), to_owner.clone(), addresses.clone())?;
+            admin = Some(a.addr);
+            wakers.push(a.waker);
+            threads.push(a.thread);
+        }
         Ok(Server {
             shared,
             addresses,
+            admin,
             wakers,
             to_owner,
             threads,
@@ -161,5 +175,24 @@ impl Server {
         for t in self.threads {
             let _ = t.join();
         }
+    }
+}
+
+/// Bind the admin port: a default address that is taken (another daemon on this host has it)
+/// is a warning and no admin port; an address given with `--admin` must bind.
+fn bind_admin(config: &Config) -> io::Result<Option<std::net::TcpListener>> {
+    let Some(addr) = config.admin else {
+        return Ok(None);
+    };
+    match std::net::TcpListener::bind(addr) {
+        Ok(l) => Ok(Some(l)),
+        Err(e) if !config.admin_explicit => {
+            crate::log_warn!("admin port off: cannot listen on default {addr}: {e}");
+            Ok(None)
+        }
+        Err(e) => Err(io::Error::new(
+            e.kind(),
+            format!("cannot listen for admin on {addr}: {e}"),
+        )),
     }
 }

@@ -154,6 +154,12 @@ pub enum Op {
     },
     /// A dlock connection was accepted (starts its idle timer).
     DlockOpen,
+    /// A connection was accepted from `peer` on a `proto` listener (for the admin port's lock
+    /// listing and per-listener counts). Never answered, not counted in flight.
+    Open {
+        proto: super::Proto,
+        peer: std::net::SocketAddr,
+    },
     /// The connection is gone: release or orphan what it held, drop its waits. Never answered.
     Close,
     /// The client ended its side of a dlock connection (EOF) with requests still in flight. If
@@ -179,6 +185,9 @@ pub struct Batch {
     /// it has none): with [`Replies::spare_ops`], no buffer is allocated per turn in steady state.
     pub spare_records: Vec<Record>,
     pub spare_reply_arena: Vec<u8>,
+    /// When the worker's loop turn that read these requests began (one clock read per turn, not
+    /// per request): the owner's lock-request latency histograms count from here.
+    pub stamp: Option<std::time::Instant>,
 }
 
 /// One answer for one connection.
@@ -238,5 +247,11 @@ impl<T> Pool<T> {
 #[derive(Debug)]
 pub enum ToOwner {
     Batch(Batch),
+    /// An admin-port question; the answer goes back on the channel (the admin thread waits for
+    /// it with a deadline, so a busy owner delays the admin port, never the reverse).
+    Admin(
+        crate::admin::data::Query,
+        crossbeam_channel::Sender<crate::admin::data::Answer>,
+    ),
     Shutdown,
 }

@@ -40,6 +40,8 @@ pub struct Tables {
     /// Scratch for lockd grants and dlock events.
     pub grants: Vec<Grant>,
     pub dlock_events: Vec<DlockEvent>,
+    /// Peers of open connections and latency histograms, for the admin port.
+    pub admin: super::exec_admin::AdminState,
 }
 
 impl Tables {
@@ -64,6 +66,7 @@ impl Tables {
             fence,
             grants: Vec::new(),
             dlock_events: Vec::new(),
+            admin: Default::default(),
         }
     }
 }
@@ -218,6 +221,8 @@ pub struct Owner {
     pools: Vec<Pools>,
     /// This turn's messages, taken from the channel before the turn's time is read.
     turn: Vec<ToOwner>,
+    /// This turn's batches' start stamps and lock-request counts, for the latency histograms.
+    stamps: Vec<(std::time::Instant, [u32; 3])>,
 }
 
 impl Owner {
@@ -237,6 +242,7 @@ impl Owner {
             outbox,
             pools,
             turn: Vec::with_capacity(MAX_BATCHES_PER_TURN),
+            stamps: Vec::with_capacity(MAX_BATCHES_PER_TURN),
         }
     }
 
@@ -276,11 +282,22 @@ impl Owner {
                 match msg {
                     ToOwner::Shutdown => return,
                     ToOwner::Batch(batch) => self.apply(batch, now),
+                    ToOwner::Admin(query, reply) => {
+                        let answer =
+                            super::exec_admin::answer(&self.tables, &self.shared, now, query);
+                        let _ = reply.send(answer);
+                    }
                 }
             }
             self.turn = turn;
             self.fire_timers(now);
             self.send_replies();
+            if !self.stamps.is_empty() {
+                let sent = std::time::Instant::now();
+                for (stamp, counts) in self.stamps.drain(..) {
+                    self.tables.admin.observe(stamp, counts, sent);
+                }
+            }
         }
     }
 
@@ -297,6 +314,13 @@ impl Owner {
     }
 
     fn apply(&mut self, batch: Batch, now: Now) {
+        if let Some(stamp) = batch.stamp {
+            let ops = batch.ops.iter().map(|m| &m.op);
+            let counts = super::exec_admin::count_lock_requests(ops);
+            if counts != [0; 3] {
+                self.stamps.push((stamp, counts));
+            }
+        }
         let arena = &batch.arena.bytes;
         for msg in &batch.ops {
             apply_op(
@@ -318,6 +342,7 @@ impl Owner {
             arena,
             spare_records,
             spare_reply_arena,
+            ..
         } = batch;
         if let Some(p) = self.pools.get_mut(worker as usize) {
             p.ops.give(ops);
@@ -407,6 +432,7 @@ pub fn apply_op(
         Op::Lockd(op) => super::exec_lockd::apply(t, out, conn, op, arena, now),
         Op::Dlock(op) => super::exec_dlock::receive(t, out, conn, op, arena, now),
         Op::DlockOpen => super::exec_dlock::open(t, conn, now),
+        Op::Open { proto, peer } => t.admin.opened(conn, proto, peer),
         Op::Literal { bytes, close } => {
             if t.dlock_sessions.is_waiting(conn) {
                 t.dlock_sessions
@@ -420,6 +446,7 @@ pub fn apply_op(
             t.store.disconnect(conn, now);
             t.lockd.disconnect(conn, now.ms);
             t.dlock_sessions.remove(conn);
+            t.admin.closed(conn);
             t.dlock.disconnect(conn, now.ms, &mut t.dlock_events);
             super::exec_dlock::deliver_events(t, out, now);
         }

@@ -111,6 +111,13 @@ pub struct Worker {
     next_stall_check: Instant,
     /// `--client-stall-timeout`; `None`: stalled connections are never closed for it.
     stall_timeout: Option<Duration>,
+    /// The connection limit or fd exhaustion was logged and has not cleared since: one log line
+    /// per episode, not one per refused connection.
+    limit_logged: bool,
+    fds_logged: bool,
+    /// Closes for stalling or bad input are logged at most once a second per worker.
+    stall_log: crate::log::Limiter,
+    bad_input_log: crate::log::Limiter,
 }
 
 impl Worker {
@@ -146,6 +153,10 @@ impl Worker {
             stalled: Vec::new(),
             next_stall_check: Instant::now(),
             stall_timeout: None,
+            limit_logged: false,
+            fds_logged: false,
+            stall_log: Default::default(),
+            bad_input_log: Default::default(),
         };
         let ms = worker.shared.config.client_stall_timeout_ms;
         worker.stall_timeout = (ms > 0).then(|| Duration::from_millis(ms));
@@ -183,6 +194,9 @@ impl Worker {
             if self.shared.shutdown.load(Ordering::Acquire) {
                 break;
             }
+            // One clock read per turn (vDSO, no syscall), none per request: the owner's latency
+            // histograms count each lock request of this turn's batch from here.
+            self.batch.stamp = Some(Instant::now());
             if self.accept_paused {
                 self.accept_paused = false;
                 for i in 0..self.listeners.len() {
@@ -228,18 +242,28 @@ impl Worker {
         };
         loop {
             match self.listeners[index].0.accept() {
-                Ok((stream, _)) => {
+                Ok((stream, peer)) => {
                     let shared = &self.shared;
                     let open = shared.curr_connections.fetch_add(1, Ordering::Relaxed);
                     if open >= shared.config.max_connections as u64 {
                         shared.curr_connections.fetch_sub(1, Ordering::Relaxed);
                         shared.rejected_connections.fetch_add(1, Ordering::Relaxed);
+                        if !self.limit_logged {
+                            self.limit_logged = true;
+                            crate::log_warn!(
+                                "connection limit ({}) reached: refusing {} clients",
+                                shared.config.max_connections,
+                                proto.name()
+                            );
+                        }
                         drop(stream);
                         continue;
                     }
                     shared.total_connections.fetch_add(1, Ordering::Relaxed);
+                    self.limit_logged = false;
+                    self.fds_logged = false;
                     let _ = stream.set_nodelay(true);
-                    self.add_socket(stream, proto);
+                    self.add_socket(stream, proto, peer);
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
@@ -250,6 +274,13 @@ impl Worker {
                         e.raw_os_error(),
                         Some(libc::ECONNABORTED) | Some(libc::EPROTO)
                     ) {
+                        if !self.fds_logged {
+                            self.fds_logged = true;
+                            crate::log_warn!(
+                                "accept failed, pausing {} accepts: {e}",
+                                proto.name()
+                            );
+                        }
                         self.accept_paused = true;
                         return;
                     }
@@ -258,7 +289,7 @@ impl Worker {
         }
     }
 
-    fn add_socket(&mut self, mut stream: TcpStream, proto: Proto) {
+    fn add_socket(&mut self, mut stream: TcpStream, proto: Proto, peer: SocketAddr) {
         let entry = self.sockets.vacant_entry();
         let slot = entry.key();
         let token = Token(slot + FIRST_CONN);
@@ -284,8 +315,12 @@ impl Worker {
             sent: 0,
             stall: None,
         });
+        let conn = ConnId::new(self.id, slot as u32, gen);
+        self.batch.ops.push(OpMsg {
+            conn,
+            op: Op::Open { proto, peer },
+        });
         if proto == Proto::Dlock {
-            let conn = ConnId::new(self.id, slot as u32, gen);
             self.batch.ops.push(OpMsg {
                 conn,
                 op: Op::DlockOpen,
@@ -324,8 +359,17 @@ impl Worker {
                 }
                 Ok(n) => {
                     let id = ConnId::new(self.id, slot as u32, s.gen);
-                    s.conn
-                        .receive(&scratch[..n], id, &self.shared.config, &mut self.batch);
+                    let fatal =
+                        s.conn
+                            .receive(&scratch[..n], id, &self.shared.config, &mut self.batch);
+                    if fatal {
+                        if let Some(more) = self.bad_input_log.ready(crate::log::Level::Info) {
+                            crate::log_info!(
+                                "closing a {} client for bad input ({more} more since the last line)",
+                                s.conn.proto.name()
+                            );
+                        }
+                    }
                     if s.conn.pending_output() > 0 {
                         self.dirty.push(slot);
                     }
@@ -534,6 +578,12 @@ impl Worker {
             }
         });
         for slot in expired {
+            if let Some(more) = self.stall_log.ready(crate::log::Level::Info) {
+                crate::log_info!(
+                    "closed a client that took none of its replies for {} ms ({more} more since the last line)",
+                    timeout.as_millis()
+                );
+            }
             self.close(slot);
         }
     }

@@ -37,14 +37,15 @@ class Holdfast:
         return f"{host}:{port}"
 
 
-def start_holdfast(*extra, dlock=False):
-    """The daemon with its memcache listener (and with `dlock`, its dlock one) on port 0."""
+def start_holdfast(*extra, base=None, want=("memcache",)):
+    """Start the daemon with `base` flags (default: memcache only) plus `extra`; wait until every
+    listener named in `want` has printed its line."""
     binary = os.environ.get("HOLDFAST_BIN")
     if not binary:
         pytest.fail("HOLDFAST_BIN must name the holdfast binary (make test-clients sets it)")
-    dlock_addr = "127.0.0.1:0" if dlock else "off"
-    args = [binary, "--memcache", "127.0.0.1:0", "--lockd", "off", "--dlock", dlock_addr,
-            "--threads", "2"]
+    if base is None:
+        base = ["--memcache", "127.0.0.1:0", "--lockd", "off", "--dlock", "off", "--threads", "2"]
+    args = [binary] + list(base)
     proc = subprocess.Popen(list(args) + list(extra), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
     lines = queue.Queue()
 
@@ -57,7 +58,7 @@ def start_holdfast(*extra, dlock=False):
     threading.Thread(target=pump, daemon=True).start()
     addresses = {}
     try:
-        while "memcache" not in addresses or (dlock and "dlock" not in addresses):
+        while not all(w in addresses for w in want):
             line = lines.get(timeout=START_TIMEOUT_S)
             if line is None:
                 raise RuntimeError(f"holdfast exited with status {proc.wait()} before listening")

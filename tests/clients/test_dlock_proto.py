@@ -50,7 +50,9 @@ def protos(tmp_path_factory):
 
 @pytest.fixture
 def dlock_addr():
-    daemon = start_holdfast(dlock=True)
+    base = ["--memcache", "127.0.0.1:0", "--lockd", "off", "--dlock", "127.0.0.1:0",
+            "--threads", "2"]
+    daemon = start_holdfast(base=base, want=("memcache", "dlock"))
     yield daemon.addresses["dlock"]
     stop_holdfast(daemon.proc)
 

@@ -16,6 +16,8 @@ pub struct Daemon {
     pub memcache: Option<SocketAddr>,
     pub lockd: Option<SocketAddr>,
     pub dlock: Option<SocketAddr>,
+    /// The admin HTTP port (on port 0 unless a test says otherwise).
+    pub admin: Option<SocketAddr>,
 }
 
 impl Daemon {
@@ -27,6 +29,7 @@ impl Daemon {
             ("--lockd", "127.0.0.1:0"),
             ("--dlock", "127.0.0.1:0"),
             ("--threads", "2"),
+            ("--admin", "127.0.0.1:0"),
         ];
         let mut args: Vec<&str> = Vec::new();
         for (flag, value) in defaults {
@@ -52,7 +55,7 @@ impl Daemon {
                 .find(|w| w[0] == flag)
                 .is_some_and(|w| w[1] == "off")
         };
-        let expected = ["memcache", "lockd", "dlock"]
+        let expected = ["memcache", "lockd", "dlock", "admin"]
             .iter()
             .filter(|p| !is_off(p))
             .count();
@@ -61,6 +64,7 @@ impl Daemon {
             memcache: None,
             lockd: None,
             dlock: None,
+            admin: None,
         };
         for _ in 0..expected {
             let line = lines
@@ -79,6 +83,7 @@ impl Daemon {
                 "memcache" => d.memcache = Some(addr),
                 "lockd" => d.lockd = Some(addr),
                 "dlock" => d.dlock = Some(addr),
+                "admin" => d.admin = Some(addr),
                 other => panic!("unexpected listener line {other}: {line}"),
             }
         }

@@ -1,0 +1,150 @@
+//! What the admin thread asks the owner and what the owner answers: plain data, built on the
+//! owner thread in one bounded pass and formatted (Prometheus text, JSON) on the admin thread.
+//!
+//! It owns no state and must not reach into the tables: only `server::exec_admin` does, on the
+//! owner thread.
+
+use std::net::SocketAddr;
+
+use crate::core::ConnId;
+
+/// Locks listed per request at most, whatever `limit` asks: one listing costs the owner a few
+/// milliseconds at most (one pass, a copy of each listed name), so grants are never held up by
+/// a big one.
+pub const MAX_LIST: usize = 10_000;
+/// Locks listed when the request names no `limit`.
+pub const DEFAULT_LIST: usize = 1000;
+/// Waiters listed per lock at most (the count is always exact).
+pub const MAX_WAITERS_LISTED: usize = 100;
+
+/// The lock tables, as `/locks?table=` names them.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Table {
+    Memcache,
+    Lockd,
+    Dlock,
+}
+
+impl Table {
+    pub const ALL: [Table; 3] = [Table::Memcache, Table::Lockd, Table::Dlock];
+
+    pub fn parse(s: &[u8]) -> Option<Table> {
+        match s {
+            b"memcache" => Some(Table::Memcache),
+            b"lockd" => Some(Table::Lockd),
+            b"dlock" => Some(Table::Dlock),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Table::Memcache => "memcache",
+            Table::Lockd => "lockd",
+            Table::Dlock => "dlock",
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub enum Query {
+    /// Counters, gauges, histograms.
+    Metrics,
+    /// Held locks of one table whose name starts with `prefix`, at most `limit` (≤ [`MAX_LIST`]).
+    Locks {
+        table: Table,
+        prefix: Vec<u8>,
+        limit: usize,
+    },
+    /// Metrics plus the first `limit` locks of every table (the status page).
+    Status { limit: usize },
+    /// Is the owner turning? (`/healthz`)
+    Ping,
+}
+
+#[derive(Debug)]
+pub enum Answer {
+    Metrics(Snapshot),
+    Locks(LockList),
+    Status(Snapshot, Vec<LockList>),
+    Pong,
+}
+
+/// Latency buckets (upper bounds, seconds) of the lock-request histograms: from a fast
+/// in-memory grant (tens of microseconds) to a daemon in trouble (a second).
+pub const LATENCY_BOUNDS: [f64; 14] = [
+    0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1,
+    0.25, 1.0,
+];
+
+/// A Prometheus histogram: counts per bucket (not cumulative; the last is +Inf), sum, count.
+#[derive(Clone, Debug, Default)]
+pub struct Histogram {
+    pub buckets: [u64; LATENCY_BOUNDS.len() + 1],
+    pub sum_ns: u128,
+    pub count: u64,
+}
+
+impl Histogram {
+    /// Count `n` observations of `ns` nanoseconds each.
+    pub fn observe(&mut self, ns: u64, n: u64) {
+        let secs = ns as f64 / 1e9;
+        let i = LATENCY_BOUNDS
+            .iter()
+            .position(|&b| secs <= b)
+            .unwrap_or(LATENCY_BOUNDS.len());
+        self.buckets[i] += n;
+        self.sum_ns += u128::from(ns) * u128::from(n);
+        self.count += n;
+    }
+}
+
+/// Everything `/metrics` shows, copied out of the owner.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    /// Every `stats` pair, in `stats` order, values as text.
+    pub stats: Vec<(String, String)>,
+    /// Open connections per listener: memcache, lockd, dlock.
+    pub open: [u64; 3],
+    /// Lock-request latency per protocol: memcache, lockd, dlock.
+    pub latency: [Histogram; 3],
+}
+
+/// A connection, as the lock listing names it.
+#[derive(Clone, Copy, Debug)]
+pub struct Who {
+    pub conn: ConnId,
+    pub peer: Option<SocketAddr>,
+}
+
+impl Who {
+    /// The session id shown to operators: worker, slot and generation of the connection.
+    pub fn session(&self) -> String {
+        format!("{}.{}.{}", self.conn.worker, self.conn.slot, self.conn.gen)
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct LockInfo {
+    pub name: Vec<u8>,
+    /// `None`: an orphaned lockd lock (its holder closed; it waits for adoption or expiry).
+    pub holder: Option<Who>,
+    /// How long ago the current holder got the lock (ms).
+    pub held_for_ms: Option<u64>,
+    /// The fencing token of the grant, when the table records it.
+    pub fence: Option<u64>,
+    /// Milliseconds until a dlock lease or a lockd orphan expires.
+    pub expires_in_ms: Option<u64>,
+    /// First come first; at most [`MAX_WAITERS_LISTED`].
+    pub waiters: Vec<Who>,
+    pub waiters_total: usize,
+}
+
+#[derive(Clone, Debug)]
+pub struct LockList {
+    pub table: Table,
+    pub locks: Vec<LockInfo>,
+    /// Held locks matching the prefix, listed or not.
+    pub matched: usize,
+    pub limit: usize,
+}

@@ -1,0 +1,327 @@
+//! One admin connection: read one request under the caps, route it, write one response, close.
+//!
+//! It owns the connection's socket only; data comes from the owner through [`Ctx::ask`].
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use super::data::{Answer, Query, Table, DEFAULT_LIST, MAX_LIST};
+use super::{render, Ctx, MAX_HEADERS, MAX_REQUEST_BYTES, REQUEST_DEADLINE, WRITE_DEADLINE};
+
+/// The status page, served as is (no external assets).
+const PAGE: &str = include_str!("page.html");
+/// Locks per table on the status page.
+const STATUS_LIST: usize = 200;
+
+pub struct Response {
+    pub status: u16,
+    pub content_type: &'static str,
+    pub body: Vec<u8>,
+}
+
+impl Response {
+    fn new(status: u16, content_type: &'static str, body: impl Into<Vec<u8>>) -> Response {
+        Response {
+            status,
+            content_type,
+            body: body.into(),
+        }
+    }
+
+    fn text(status: u16, body: impl Into<String>) -> Response {
+        let mut body: String = body.into();
+        body.push('\n');
+        Response::new(status, "text/plain; charset=utf-8", body)
+    }
+
+    pub fn busy() -> Response {
+        Response::text(503, "too many admin connections")
+    }
+}
+
+fn reason(status: u16) -> &'static str {
+    match status {
+        200 => "OK",
+        400 => "Bad Request",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        408 => "Request Timeout",
+        413 => "Content Too Large",
+        431 => "Request Header Fields Too Large",
+        503 => "Service Unavailable",
+        _ => "Error",
+    }
+}
+
+/// Write the whole response (head only for HEAD).
+pub fn write_response(
+    mut stream: &TcpStream,
+    r: &Response,
+    head_only: bool,
+) -> std::io::Result<()> {
+    let mut out = format!(
+        "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nCache-Control: no-store\r\nConnection: close\r\n",
+        r.status,
+        reason(r.status),
+        r.content_type,
+        r.body.len()
+    )
+    .into_bytes();
+    if r.status == 405 {
+        out.extend_from_slice(b"Allow: GET, HEAD\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    if !head_only {
+        out.extend_from_slice(&r.body);
+    }
+    stream.write_all(&out)
+}
+
+/// Serve one request on a blocking socket, then close it.
+pub fn serve(stream: TcpStream, peer: SocketAddr, ctx: &Ctx) {
+    let _ = stream.set_nonblocking(false);
+    let _ = stream.set_nodelay(true);
+    let _ = stream.set_write_timeout(Some(WRITE_DEADLINE));
+    let deadline = Instant::now() + REQUEST_DEADLINE;
+    let mut buf = vec![0u8; MAX_REQUEST_BYTES];
+    let mut len = 0;
+    let mut reader = &stream;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            crate::log_info!(
+                "admin: closed {peer}: no complete request within {} s",
+                REQUEST_DEADLINE.as_secs()
+            );
+            let _ = write_response(&stream, &Response::text(408, "request timeout"), false);
+            return;
+        }
+        if len == buf.len() {
+            crate::log_info!("admin: closed {peer}: request head over {MAX_REQUEST_BYTES} bytes");
+            let r = Response::text(431, "request head too large");
+            let _ = write_response(&stream, &r, false);
+            return;
+        }
+        let _ = stream.set_read_timeout(Some(left.max(Duration::from_millis(1))));
+        match reader.read(&mut buf[len..]) {
+            Ok(0) => return,
+            Ok(n) => len += n,
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => continue,
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            Err(_) => return,
+        }
+        let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut req = httparse::Request::new(&mut headers);
+        let (response, head_only) = match req.parse(&buf[..len]) {
+            Ok(httparse::Status::Partial) => continue,
+            Ok(httparse::Status::Complete(_)) => {
+                let head_only = req.method == Some("HEAD");
+                (route(&req, ctx), head_only)
+            }
+            Err(httparse::Error::TooManyHeaders) => {
+                (Response::text(431, "too many header fields"), false)
+            }
+            Err(e) => (Response::text(400, format!("bad request: {e}")), false),
+        };
+        if response.status == 400 || response.status == 431 {
+            crate::log_info!("admin: closed {peer}: bad request ({})", response.status);
+        }
+        let _ = write_response(&stream, &response, head_only);
+        return;
+    }
+}
+
+fn route(req: &httparse::Request<'_, '_>, ctx: &Ctx) -> Response {
+    match req.method {
+        Some("GET") | Some("HEAD") => {}
+        _ => return Response::text(405, "only GET and HEAD"),
+    }
+    for h in req.headers.iter() {
+        let body = h.name.eq_ignore_ascii_case("transfer-encoding")
+            || (h.name.eq_ignore_ascii_case("content-length") && h.value != b"0");
+        if body {
+            return Response::text(413, "a GET takes no request body");
+        }
+    }
+    let target = req.path.unwrap_or("/");
+    let (path, query) = target.split_once('?').unwrap_or((target, ""));
+    let params = match parse_query(query) {
+        Ok(p) => p,
+        Err(e) => return Response::text(400, e),
+    };
+    match path {
+        "/" | "/index.html" => Response::new(200, "text/html; charset=utf-8", PAGE),
+        "/healthz" => healthz(ctx),
+        "/metrics" => match ctx.ask(Query::Metrics) {
+            Some(Answer::Metrics(s)) => Response::new(
+                200,
+                "text/plain; version=0.0.4; charset=utf-8",
+                render::metrics(&s, ctx),
+            ),
+            _ => owner_busy(),
+        },
+        "/status.json" => match ctx.ask(Query::Status { limit: STATUS_LIST }) {
+            Some(Answer::Status(s, lists)) => {
+                Response::new(200, "application/json", render::status(&s, &lists, ctx))
+            }
+            _ => owner_busy(),
+        },
+        "/locks" => match locks_query(&params) {
+            Err(e) => Response::text(400, e),
+            Ok(q) => match ctx.ask(q) {
+                Some(Answer::Locks(l)) => Response::new(200, "application/json", render::locks(&l)),
+                _ => owner_busy(),
+            },
+        },
+        _ => Response::text(404, "not found: try /, /metrics, /locks?table=T, /healthz"),
+    }
+}
+
+fn owner_busy() -> Response {
+    Response::text(503, "the owner thread did not answer in time")
+}
+
+fn healthz(ctx: &Ctx) -> Response {
+    if ctx
+        .shared
+        .shutdown
+        .load(std::sync::atomic::Ordering::Acquire)
+    {
+        return Response::text(503, "shutting down");
+    }
+    match ctx.ask(Query::Ping) {
+        Some(Answer::Pong) => Response::text(200, "ok"),
+        _ => Response::text(
+            503,
+            format!(
+                "the owner thread did not answer within {} ms",
+                super::OWNER_DEADLINE.as_millis()
+            ),
+        ),
+    }
+}
+
+/// `/locks` parameters: `table` (required), `prefix`, `limit` (1 or more; capped at MAX_LIST).
+fn locks_query(params: &[(String, Vec<u8>)]) -> Result<Query, String> {
+    let mut table = None;
+    let mut prefix = Vec::new();
+    let mut limit = DEFAULT_LIST;
+    for (k, v) in params {
+        match k.as_str() {
+            "table" => {
+                table = Some(Table::parse(v).ok_or("table: one of memcache, lockd, dlock")?);
+            }
+            "prefix" => prefix = v.clone(),
+            "limit" => {
+                let n: usize = std::str::from_utf8(v)
+                    .ok()
+                    .and_then(|s| s.parse().ok())
+                    .filter(|&n| n > 0)
+                    .ok_or("limit: a positive number")?;
+                limit = n.min(MAX_LIST);
+            }
+            other => return Err(format!("unknown parameter {other:?}")),
+        }
+    }
+    Ok(Query::Locks {
+        table: table.ok_or("table is required: memcache, lockd or dlock")?,
+        prefix,
+        limit,
+    })
+}
+
+/// Split and percent-decode `a=b&c=d` (`+` is a space). A parameter given twice is an error.
+pub fn parse_query(q: &str) -> Result<Vec<(String, Vec<u8>)>, String> {
+    let mut out: Vec<(String, Vec<u8>)> = Vec::new();
+    for part in q.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = part.split_once('=').unwrap_or((part, ""));
+        let k = String::from_utf8(decode(k)?).map_err(|_| "parameter name not UTF-8")?;
+        if out.iter().any(|(seen, _)| *seen == k) {
+            return Err(format!("parameter {k:?} given twice"));
+        }
+        out.push((k, decode(v)?));
+    }
+    Ok(out)
+}
+
+fn decode(s: &str) -> Result<Vec<u8>, String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'+' => out.push(b' '),
+            b'%' => {
+                let hex = b.get(i + 1..i + 3).ok_or("truncated %-escape")?;
+                let hex = std::str::from_utf8(hex).map_err(|_| "bad %-escape")?;
+                out.push(u8::from_str_radix(hex, 16).map_err(|_| "bad %-escape")?);
+                i += 2;
+            }
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_strings_decode_and_refuse_what_is_malformed() {
+        type Params = &'static [(&'static str, &'static [u8])];
+        let ok: &[(&str, Params)] = &[
+            ("", &[]),
+            ("table=lockd", &[("table", b"lockd")]),
+            (
+                "prefix=a%2Fb+c&limit=5",
+                &[("prefix", b"a/b c"), ("limit", b"5")],
+            ),
+            ("prefix=%00%ff", &[("prefix", b"\x00\xff")]),
+            ("flag", &[("flag", b"")]),
+            ("&&a=1&", &[("a", b"1")]),
+        ];
+        for (q, want) in ok {
+            let got = parse_query(q).unwrap();
+            let want: Vec<(String, Vec<u8>)> = want
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_vec()))
+                .collect();
+            assert_eq!(got, want, "{q}");
+        }
+        for bad in ["a=%", "a=%4", "a=%zz", "a=1&a=2", "%ff=1"] {
+            assert!(parse_query(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn locks_parameters_are_checked() {
+        let q = |s: &str| locks_query(&parse_query(s).unwrap());
+        assert!(matches!(
+            q("table=dlock&limit=999999").unwrap(),
+            Query::Locks {
+                table: Table::Dlock,
+                limit: MAX_LIST,
+                ..
+            }
+        ));
+        assert!(matches!(
+            q("table=memcache").unwrap(),
+            Query::Locks {
+                limit: DEFAULT_LIST,
+                ..
+            }
+        ));
+        for bad in [
+            "",
+            "table=redis",
+            "table=lockd&limit=0",
+            "table=lockd&limit=-1",
+            "table=lockd&x=1",
+        ] {
+            assert!(q(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,395 @@
+//! Formatting on the admin thread: Prometheus text exposition format and JSON.
+//!
+//! It owns no state; it must not block or ask the owner anything.
+
+use std::fmt::Write;
+
+use serde_json::{json, Map, Value};
+
+use super::data::{Histogram, LockList, Snapshot, Who, LATENCY_BOUNDS};
+use super::Ctx;
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Counter,
+    Gauge,
+    Untyped,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Counter => "counter",
+            Kind::Gauge => "gauge",
+            Kind::Untyped => "untyped",
+        }
+    }
+}
+
+/// How a `stats` name becomes a metric: name, type, `table` label (lock-table counters share a
+/// metric and differ by label), help.
+fn map_stat(name: &str) -> (String, Kind, Option<&'static str>, String) {
+    const TABLE: &[(&str, &str, Kind, &str)] = &[
+        ("locks_held", "holdfast_locks_held", Kind::Gauge, "memcache"),
+        (
+            "lock_grants",
+            "holdfast_lock_grants_total",
+            Kind::Counter,
+            "memcache",
+        ),
+        (
+            "lock_conflicts",
+            "holdfast_lock_conflicts_total",
+            Kind::Counter,
+            "memcache",
+        ),
+        ("lockd_held", "holdfast_locks_held", Kind::Gauge, "lockd"),
+        (
+            "lockd_waiting",
+            "holdfast_lock_waiters",
+            Kind::Gauge,
+            "lockd",
+        ),
+        (
+            "lockd_grants",
+            "holdfast_lock_grants_total",
+            Kind::Counter,
+            "lockd",
+        ),
+        (
+            "lockd_orphaned",
+            "holdfast_lockd_orphaned",
+            Kind::Gauge,
+            "lockd",
+        ),
+        (
+            "lockd_orphan_expiries",
+            "holdfast_lockd_orphan_expiries_total",
+            Kind::Counter,
+            "lockd",
+        ),
+        (
+            "lockd_adoptions",
+            "holdfast_lockd_adoptions_total",
+            Kind::Counter,
+            "lockd",
+        ),
+        (
+            "dlock_held_keys",
+            "holdfast_locks_held",
+            Kind::Gauge,
+            "dlock",
+        ),
+        (
+            "dlock_waiting",
+            "holdfast_lock_waiters",
+            Kind::Gauge,
+            "dlock",
+        ),
+        (
+            "dlock_grants",
+            "holdfast_lock_grants_total",
+            Kind::Counter,
+            "dlock",
+        ),
+        (
+            "dlock_leases",
+            "holdfast_dlock_leases",
+            Kind::Gauge,
+            "dlock",
+        ),
+        (
+            "dlock_timeouts",
+            "holdfast_dlock_wait_timeouts_total",
+            Kind::Counter,
+            "dlock",
+        ),
+        (
+            "dlock_lease_expiries",
+            "holdfast_dlock_lease_expiries_total",
+            Kind::Counter,
+            "dlock",
+        ),
+        (
+            "dlock_idle_disconnects",
+            "holdfast_dlock_idle_disconnects_total",
+            Kind::Counter,
+            "dlock",
+        ),
+    ];
+    const GAUGES: &[&str] = &[
+        "pid",
+        "uptime",
+        "time",
+        "pointer_size",
+        "curr_connections",
+        "threads",
+        "limit_maxbytes",
+        "bytes",
+        "curr_items",
+    ];
+    const COUNTERS: &[&str] = &[
+        "total_connections",
+        "rejected_connections",
+        "cmd_get",
+        "cmd_set",
+        "cmd_flush",
+        "cmd_touch",
+        "get_hits",
+        "get_misses",
+        "get_expired",
+        "delete_misses",
+        "delete_hits",
+        "incr_misses",
+        "incr_hits",
+        "decr_misses",
+        "decr_hits",
+        "cas_misses",
+        "cas_hits",
+        "cas_badval",
+        "touch_hits",
+        "touch_misses",
+        "total_items",
+        "expired_unfetched",
+        "evictions",
+        "reclaimed",
+    ];
+    let help = format!("memcached stats \"{name}\"");
+    if let Some(&(_, metric, kind, table)) = TABLE.iter().find(|t| t.0 == name) {
+        return (metric.to_string(), kind, Some(table), help);
+    }
+    if GAUGES.contains(&name) {
+        return (format!("holdfast_{name}"), Kind::Gauge, None, help);
+    }
+    if COUNTERS.contains(&name) {
+        return (format!("holdfast_{name}_total"), Kind::Counter, None, help);
+    }
+    // A stat added since this table was written: shown, typed as unknown.
+    (format!("holdfast_{name}"), Kind::Untyped, None, help)
+}
+
+/// One metric family: every sample of a name must be together, under one TYPE line.
+struct Family {
+    name: String,
+    kind: Kind,
+    help: String,
+    samples: Vec<(String, String)>,
+}
+
+fn family<'a>(fams: &'a mut Vec<Family>, name: &str, kind: Kind, help: &str) -> &'a mut Family {
+    let i = match fams.iter().position(|f| f.name == name) {
+        Some(i) => i,
+        None => {
+            fams.push(Family {
+                name: name.to_string(),
+                kind,
+                help: help.to_string(),
+                samples: Vec::new(),
+            });
+            fams.len() - 1
+        }
+    };
+    &mut fams[i]
+}
+
+fn label_value(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// The `/metrics` page.
+pub fn metrics(s: &Snapshot, ctx: &Ctx) -> String {
+    let mut fams: Vec<Family> = Vec::new();
+    for (name, value) in &s.stats {
+        if name.contains(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+            continue;
+        }
+        if name == "version" {
+            let f = family(
+                &mut fams,
+                "holdfast_build_info",
+                Kind::Gauge,
+                "the daemon's version",
+            );
+            f.samples.push((
+                format!("{{version=\"{}\"}}", label_value(value)),
+                "1".into(),
+            ));
+            continue;
+        }
+        if value.parse::<f64>().is_err() {
+            continue;
+        }
+        let (metric, kind, table, help) = map_stat(name);
+        let labels = table.map_or(String::new(), |t| format!("{{table=\"{t}\"}}"));
+        family(&mut fams, &metric, kind, &help)
+            .samples
+            .push((labels, value.clone()));
+    }
+    let protos = ["memcache", "lockd", "dlock"];
+    for (proto, addr) in &ctx.listeners {
+        let i = protos.iter().position(|p| *p == proto.name()).unwrap_or(0);
+        let f = family(
+            &mut fams,
+            "holdfast_open_connections",
+            Kind::Gauge,
+            "open client connections per listener",
+        );
+        f.samples.push((
+            format!("{{listener=\"{}\",address=\"{addr}\"}}", proto.name()),
+            s.open[i].to_string(),
+        ));
+    }
+    let active = ctx.active.load(std::sync::atomic::Ordering::Relaxed);
+    family(
+        &mut fams,
+        "holdfast_admin_connections",
+        Kind::Gauge,
+        "admin port connections being served",
+    )
+    .samples
+    .push((String::new(), active.to_string()));
+
+    let mut out = String::with_capacity(8192);
+    for f in &fams {
+        let _ = writeln!(out, "# HELP {} {}", f.name, f.help);
+        let _ = writeln!(out, "# TYPE {} {}", f.name, f.kind.name());
+        for (labels, v) in &f.samples {
+            let _ = writeln!(out, "{}{labels} {v}", f.name);
+        }
+    }
+    let name = "holdfast_lock_request_duration_seconds";
+    let _ = writeln!(
+        out,
+        "# HELP {name} lock requests, from the worker turn that read them to the owner handing their replies back"
+    );
+    let _ = writeln!(out, "# TYPE {name} histogram");
+    for (proto, h) in protos.iter().zip(&s.latency) {
+        histogram(&mut out, name, proto, h);
+    }
+    cluster_metrics(&mut out);
+    out
+}
+
+fn histogram(out: &mut String, name: &str, proto: &str, h: &Histogram) {
+    let mut cumulative = 0;
+    for (bound, n) in LATENCY_BOUNDS.iter().zip(&h.buckets) {
+        cumulative += n;
+        let _ = writeln!(
+            out,
+            "{name}_bucket{{protocol=\"{proto}\",le=\"{bound}\"}} {cumulative}"
+        );
+    }
+    let _ = writeln!(
+        out,
+        "{name}_bucket{{protocol=\"{proto}\",le=\"+Inf\"}} {}",
+        h.count
+    );
+    let _ = writeln!(
+        out,
+        "{name}_sum{{protocol=\"{proto}\"}} {}",
+        h.sum_ns as f64 / 1e9
+    );
+    let _ = writeln!(out, "{name}_count{{protocol=\"{proto}\"}} {}", h.count);
+}
+
+/// Cluster mode's gauges (role, term, commit index, leader id, peers' reachability) go here
+/// when cluster mode exists; a single node has none.
+fn cluster_metrics(_out: &mut String) {}
+
+fn who(w: &Who) -> Value {
+    json!({
+        "session": w.session(),
+        "address": w.peer.map(|a| a.to_string()),
+        // Cluster mode names the node that holds the session; a single node has none.
+        "node": Value::Null,
+    })
+}
+
+fn lock_list(l: &LockList) -> Value {
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let locks: Vec<Value> = l
+        .locks
+        .iter()
+        .map(|k| {
+            let mut m = Map::new();
+            m.insert("name".into(), String::from_utf8_lossy(&k.name).into());
+            if std::str::from_utf8(&k.name).is_err() {
+                let hex: String = k.name.iter().map(|b| format!("{b:02x}")).collect();
+                m.insert("name_hex".into(), hex.into());
+            }
+            m.insert("holder".into(), k.holder.as_ref().map_or(Value::Null, who));
+            m.insert("orphaned".into(), k.holder.is_none().into());
+            let since = k.held_for_ms.map(|ago| now_ms.saturating_sub(ago));
+            m.insert("held_since_unix_ms".into(), since.into());
+            m.insert("held_for_ms".into(), k.held_for_ms.into());
+            m.insert("fence".into(), k.fence.into());
+            m.insert("expires_in_ms".into(), k.expires_in_ms.into());
+            m.insert(
+                "waiters".into(),
+                Value::Array(k.waiters.iter().map(who).collect()),
+            );
+            m.insert("waiters_total".into(), k.waiters_total.into());
+            Value::Object(m)
+        })
+        .collect();
+    json!({
+        "table": l.table.name(),
+        "matched": l.matched,
+        "limit": l.limit,
+        "truncated": l.matched > l.locks.len(),
+        "locks": locks,
+    })
+}
+
+/// `/locks`.
+pub fn locks(l: &LockList) -> Vec<u8> {
+    let mut v = serde_json::to_vec_pretty(&lock_list(l)).unwrap_or_default();
+    v.push(b'\n');
+    v
+}
+
+/// `/status.json`: what the status page shows.
+pub fn status(s: &Snapshot, lists: &[LockList], ctx: &Ctx) -> Vec<u8> {
+    let protos = ["memcache", "lockd", "dlock"];
+    let listeners: Vec<Value> = ctx
+        .listeners
+        .iter()
+        .map(|(p, a)| {
+            let i = protos.iter().position(|x| *x == p.name()).unwrap_or(0);
+            json!({"protocol": p.name(), "address": a.to_string(), "open": s.open[i]})
+        })
+        .collect();
+    let stats: Map<String, Value> = s
+        .stats
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone().into()))
+        .collect();
+    let latency: Map<String, Value> = protos
+        .iter()
+        .zip(&s.latency)
+        .map(|(p, h)| {
+            let mean_us = if h.count > 0 {
+                (h.sum_ns / u128::from(h.count)) as f64 / 1000.0
+            } else {
+                0.0
+            };
+            (p.to_string(), json!({"count": h.count, "mean_us": mean_us}))
+        })
+        .collect();
+    let tables: Map<String, Value> = lists
+        .iter()
+        .map(|l| (l.table.name().to_string(), lock_list(l)))
+        .collect();
+    let v = json!({
+        "admin": ctx.admin.to_string(),
+        "listeners": listeners,
+        "stats": stats,
+        "latency": latency,
+        "tables": tables,
+    });
+    serde_json::to_vec(&v).unwrap_or_default()
+}

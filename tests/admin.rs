@@ -1,0 +1,564 @@
+//! The admin HTTP port against the real daemon: every endpoint, the caps, hostile clients.
+
+mod common;
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use common::{Client, Daemon, DEADLINE};
+use holdfast::proto::dlock::{self as dl, req_type, LockFields};
+use serde_json::Value;
+
+/// A raw HTTP exchange: send `request`, read to EOF. Status, head, body.
+fn http_raw(addr: SocketAddr, request: &[u8]) -> (u16, String, Vec<u8>) {
+    let mut s = TcpStream::connect(addr).expect("connect admin");
+    s.set_read_timeout(Some(DEADLINE)).unwrap();
+    s.write_all(request).expect("send");
+    read_response(&mut s)
+}
+
+fn read_response(s: &mut TcpStream) -> (u16, String, Vec<u8>) {
+    let deadline = Instant::now() + DEADLINE;
+    let mut all = Vec::new();
+    let mut buf = [0u8; 65536];
+    loop {
+        assert!(Instant::now() < deadline, "response not finished in time");
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => all.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == ErrorKind::ConnectionReset && !all.is_empty() => break,
+            Err(e) => panic!("read: {e} after {:?}", String::from_utf8_lossy(&all)),
+        }
+    }
+    let split = all
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or_else(|| panic!("no head in {:?}", String::from_utf8_lossy(&all)));
+    let head = String::from_utf8_lossy(&all[..split]).into_owned();
+    let body = all[split + 4..].to_vec();
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("status code");
+    (status, head, body)
+}
+
+fn get(addr: SocketAddr, path: &str) -> (u16, String, Vec<u8>) {
+    http_raw(
+        addr,
+        format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes(),
+    )
+}
+
+fn get_json(addr: SocketAddr, path: &str) -> Value {
+    let (status, head, body) = get(addr, path);
+    assert_eq!(status, 200, "{path}: {head}");
+    assert!(head.contains("Content-Type: application/json"), "{head}");
+    serde_json::from_slice(&body).expect("valid JSON")
+}
+
+/// Poll `path` until `done` holds, failing after DEADLINE (grants travel through the owner).
+fn wait_json(addr: SocketAddr, path: &str, done: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let v = get_json(addr, path);
+        if done(&v) {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "{path} never satisfied: {v}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn lockd_frame(opcode: u8, name: &[u8]) -> Vec<u8> {
+    let mut payload = name.to_vec();
+    payload.push(0);
+    let word = (1u32 << 28) | (u32::from(opcode) << 20) | payload.len() as u32;
+    let mut out = word.to_be_bytes().to_vec();
+    out.extend_from_slice(&payload);
+    out
+}
+
+fn dlock_lock(id: u64, key: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    let keys: &[&[u8]] = &[key];
+    let fields = LockFields {
+        keys,
+        release_micro: Some(60_000_000),
+        ..Default::default()
+    };
+    dl::encode_request(&mut out, Some(id), None, req_type::LOCK, Some(fields));
+    out
+}
+
+fn admin(d: &Daemon) -> SocketAddr {
+    d.admin.expect("admin listener")
+}
+
+fn local(c: &Client) -> String {
+    c.stream.local_addr().unwrap().to_string()
+}
+
+#[test]
+fn admin_port_prints_its_listening_line_and_off_disables_it() {
+    let d = Daemon::start(&[]);
+    assert!(d.admin.is_some());
+    let off = Daemon::start(&["--admin", "off"]);
+    assert!(off.admin.is_none());
+    let mut c = off.memcache();
+    c.expect(b"version\r\n", holdfast::server::VERSION_REPLY);
+}
+
+#[test]
+fn healthz_is_ok_while_the_owner_turns() {
+    let d = Daemon::start(&[]);
+    let (status, head, body) = get(admin(&d), "/healthz");
+    assert_eq!(status, 200, "{head}");
+    assert_eq!(body, b"ok\n");
+    let (status, _, body) = http_raw(admin(&d), b"HEAD /healthz HTTP/1.1\r\n\r\n");
+    assert_eq!(status, 200);
+    assert!(body.is_empty(), "HEAD has no body");
+}
+
+#[test]
+fn metrics_show_every_table_open_connections_and_latency() {
+    let d = Daemon::start(&[]);
+    let mut mc = d.memcache();
+    mc.expect(b"set m1 0 0 1\r\nv\r\nlock m1\r\n", b"STORED\r\nOK\r\n");
+    let mut ld = d.lockd();
+    ld.send(&lockd_frame(1, b"l1"));
+    ld.take(4 + 3);
+    let mut dc = d.dlock();
+    dc.send(&dlock_lock(1, b"d1"));
+    dc.fill(4);
+    let (status, head, body) = get(admin(&d), "/metrics");
+    assert_eq!(status, 200);
+    assert!(head.contains("text/plain; version=0.0.4"), "{head}");
+    let text = String::from_utf8(body).unwrap();
+    for want in [
+        "holdfast_locks_held{table=\"memcache\"} 1\n",
+        "holdfast_locks_held{table=\"lockd\"} 1\n",
+        "holdfast_locks_held{table=\"dlock\"} 1\n",
+        "holdfast_lock_grants_total{table=\"lockd\"} 1\n",
+        "# TYPE holdfast_lock_grants_total counter\n",
+        "# TYPE holdfast_curr_connections gauge\n",
+        "holdfast_curr_connections 3\n",
+        "holdfast_cmd_set_total 1\n",
+        "# TYPE holdfast_lock_request_duration_seconds histogram\n",
+        "holdfast_build_info{version=",
+    ] {
+        assert!(text.contains(want), "missing {want:?} in\n{text}");
+    }
+    for proto in ["memcache", "lockd", "dlock"] {
+        let open = format!("holdfast_open_connections{{listener=\"{proto}\",");
+        let line = text.lines().find(|l| l.starts_with(&open)).expect(&open);
+        assert!(line.ends_with(" 1"), "{line}");
+        let count =
+            format!("holdfast_lock_request_duration_seconds_count{{protocol=\"{proto}\"}} 1");
+        assert!(text.contains(&count), "missing {count}");
+        let inf = format!(
+            "holdfast_lock_request_duration_seconds_bucket{{protocol=\"{proto}\",le=\"+Inf\"}} 1"
+        );
+        assert!(text.contains(&inf), "missing {inf}");
+    }
+}
+
+#[test]
+fn locks_lists_holders_with_addresses_and_waiters_in_order() {
+    let d = Daemon::start(&[]);
+    let a = admin(&d);
+    let (mut h, mut w1, mut w2) = (d.lockd(), d.lockd(), d.lockd());
+    h.send(&lockd_frame(1, b"job"));
+    h.take(4 + 4);
+    w1.send(&lockd_frame(1, b"job"));
+    w1.take(4 + 4); // ACK: queued
+    w2.send(&lockd_frame(1, b"job"));
+    w2.take(4 + 4);
+    let v = get_json(a, "/locks?table=lockd");
+    assert_eq!(v["table"], "lockd");
+    assert_eq!(v["matched"], 1);
+    let lock = &v["locks"][0];
+    assert_eq!(lock["name"], "job");
+    assert_eq!(lock["holder"]["address"], local(&h));
+    assert_eq!(lock["orphaned"], false);
+    assert!(lock["held_for_ms"].as_u64().unwrap() < 60_000);
+    assert_eq!(lock["waiters_total"], 2);
+    assert_eq!(lock["waiters"][0]["address"], local(&w1));
+    assert_eq!(lock["waiters"][1]["address"], local(&w2));
+    assert!(lock["fence"].is_null() || lock["fence"].is_u64());
+    // The holder leaves: the lock is an orphan (lockd) until its timeout.
+    drop(h);
+    wait_json(a, "/locks?table=lockd", |v| {
+        v["locks"][0]["orphaned"] == true
+    });
+
+    let (mut dh, mut dw) = (d.dlock(), d.dlock());
+    dh.send(&dlock_lock(1, b"res"));
+    dh.fill(4);
+    dw.send(&dlock_lock(2, b"res"));
+    let v = wait_json(a, "/locks?table=dlock", |v| {
+        v["locks"][0]["waiters_total"] == 1
+    });
+    let lock = &v["locks"][0];
+    assert_eq!(lock["name"], "res");
+    assert_eq!(lock["holder"]["address"], local(&dh));
+    assert_eq!(lock["waiters"][0]["address"], local(&dw));
+    let held_for = lock["held_for_ms"].as_u64().expect("dlock records when");
+    assert!(held_for < 60_000, "{held_for}");
+    let since = lock["held_since_unix_ms"].as_u64().unwrap();
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    assert!(
+        since <= now_ms && now_ms - since < 60_000,
+        "{since} vs {now_ms}"
+    );
+    let lease = lock["expires_in_ms"].as_u64().expect("a lease deadline");
+    assert!(lease > 50_000 && lease <= 60_000, "{lease}");
+
+    let mut mc = d.memcache();
+    mc.expect(b"set mk 0 0 1\r\nv\r\nlock mk\r\n", b"STORED\r\nOK\r\n");
+    let v = get_json(a, "/locks?table=memcache");
+    assert_eq!(v["locks"][0]["name"], "mk");
+    assert_eq!(v["locks"][0]["holder"]["address"], local(&mc));
+    assert_eq!(v["locks"][0]["expires_in_ms"], Value::Null);
+    assert!(
+        v["locks"][0]["held_for_ms"].is_u64(),
+        "memcache records when"
+    );
+}
+
+#[test]
+fn locks_filters_by_prefix_and_caps_the_listing_at_limit() {
+    let d = Daemon::start(&[]);
+    let a = admin(&d);
+    let mut mc = d.memcache();
+    for k in ["app/1", "app/2", "app/3", "other"] {
+        let req = format!("set {k} 0 0 1\r\nv\r\nlock {k}\r\n");
+        mc.expect(req.as_bytes(), b"STORED\r\nOK\r\n");
+    }
+    let v = get_json(a, "/locks?table=memcache&prefix=app%2F&limit=2");
+    assert_eq!(v["matched"], 3);
+    assert_eq!(v["truncated"], true);
+    let names: Vec<&str> = v["locks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names.len(), 2);
+    assert!(names.iter().all(|n| n.starts_with("app/")), "{names:?}");
+    let v = get_json(a, "/locks?table=memcache&limit=99999999");
+    assert_eq!(v["limit"], 10_000, "the limit is capped");
+    assert_eq!(v["matched"], 4);
+}
+
+#[test]
+fn status_page_and_its_json_are_served() {
+    let d = Daemon::start(&[]);
+    let (status, head, body) = get(admin(&d), "/");
+    assert_eq!(status, 200);
+    assert!(head.contains("text/html"), "{head}");
+    let page = String::from_utf8(body).unwrap();
+    assert!(page.contains("<script>") && page.contains("/status.json"));
+    assert!(
+        !page.contains("http://") && !page.contains("https://"),
+        "no external assets"
+    );
+    let v = get_json(admin(&d), "/status.json");
+    assert_eq!(v["listeners"].as_array().unwrap().len(), 3);
+    assert!(v["stats"]["uptime"].is_string());
+    for t in ["memcache", "lockd", "dlock"] {
+        assert!(v["tables"][t]["locks"].is_array(), "{t}");
+    }
+}
+
+#[test]
+fn bad_requests_get_4xx_and_the_port_keeps_serving() {
+    let d = Daemon::start(&[]);
+    let a = admin(&d);
+    let cases: &[(&[u8], u16)] = &[
+        (b"POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n", 405),
+        (b"DELETE /locks HTTP/1.1\r\n\r\n", 405),
+        (b"GET /nope HTTP/1.1\r\n\r\n", 404),
+        (b"GET /locks HTTP/1.1\r\n\r\n", 400),
+        (b"GET /locks?table=redis HTTP/1.1\r\n\r\n", 400),
+        (b"GET /locks?table=lockd&limit=zero HTTP/1.1\r\n\r\n", 400),
+        (b"GET /locks?table=lockd&limit=0 HTTP/1.1\r\n\r\n", 400),
+        (b"GET /locks?table=lockd&evil=1 HTTP/1.1\r\n\r\n", 400),
+        (b"GET /locks?table=lockd&prefix=%zz HTTP/1.1\r\n\r\n", 400),
+        (b"GET /locks?table=lockd&table=dlock HTTP/1.1\r\n\r\n", 400),
+        (
+            b"GET /metrics HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello",
+            413,
+        ),
+        (
+            b"GET /metrics HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+            413,
+        ),
+        (b"\x00\x01\x02 garbage\r\n\r\n", 400),
+        (b"GET /metrics HTTP/9.9\r\n\r\n", 400),
+        (b"GET /metrics HTTP/1.1\r\nBad Header\r\n\r\n", 400),
+    ];
+    for (req, want) in cases {
+        let (status, head, _) = http_raw(a, req);
+        assert_eq!(status, *want, "{:?}: {head}", String::from_utf8_lossy(req));
+    }
+    // A head over the cap: 431, not a buffer that grows.
+    let mut big = b"GET /metrics HTTP/1.1\r\nX-Big: ".to_vec();
+    big.extend(std::iter::repeat_n(b'a', 20_000));
+    big.extend_from_slice(b"\r\n\r\n");
+    assert_eq!(http_raw(a, &big).0, 431);
+    // More header fields than the parser holds.
+    let mut many = b"GET /metrics HTTP/1.1\r\n".to_vec();
+    for i in 0..100 {
+        many.extend_from_slice(format!("X-{i}: v\r\n").as_bytes());
+    }
+    many.extend_from_slice(b"\r\n");
+    assert_eq!(http_raw(a, &many).0, 431);
+    assert_eq!(get(a, "/healthz").0, 200);
+}
+
+#[test]
+fn a_slowloris_client_is_closed_after_the_request_deadline_without_blocking_others() {
+    let d = Daemon::start(&[]);
+    let a = admin(&d);
+    let mut slow = TcpStream::connect(a).unwrap();
+    slow.write_all(b"GET /metrics HTTP/1.1\r\nX-Drip: ")
+        .unwrap();
+    let start = Instant::now();
+    // Others are served meanwhile.
+    assert_eq!(get(a, "/healthz").0, 200);
+    slow.set_read_timeout(Some(DEADLINE)).unwrap();
+    let mut drip = Instant::now();
+    let mut buf = [0u8; 1024];
+    let mut got = Vec::new();
+    slow.set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    loop {
+        assert!(start.elapsed() < DEADLINE, "slow client never closed");
+        if drip.elapsed() > Duration::from_millis(400) {
+            // Still dripping bytes: activity must not extend the deadline.
+            let _ = slow.write_all(b"a");
+            drip = Instant::now();
+        }
+        match slow.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            Err(_) => break,
+        }
+    }
+    let took = start.elapsed();
+    assert!(took >= Duration::from_secs(4), "closed too early: {took:?}");
+    assert!(
+        String::from_utf8_lossy(&got).starts_with("HTTP/1.1 408"),
+        "{:?}",
+        String::from_utf8_lossy(&got)
+    );
+}
+
+#[test]
+fn connections_over_the_cap_get_503_and_the_port_recovers() {
+    let d = Daemon::start(&[]);
+    let a = admin(&d);
+    // Idle connections (no request yet) hold their slots until the request deadline.
+    let idle: Vec<TcpStream> = (0..holdfast::admin::MAX_ADMIN_CONNS)
+        .map(|_| TcpStream::connect(a).unwrap())
+        .collect();
+    // Give the admin thread time to accept them all (it accepts in order).
+    let deadline = Instant::now() + DEADLINE;
+    let mut refused = false;
+    while Instant::now() < deadline {
+        let (status, _, body) = get(a, "/healthz");
+        if status == 503 {
+            assert_eq!(body, b"too many admin connections\n");
+            refused = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(refused, "a connection over the cap was served");
+    // The lock path is not affected meanwhile.
+    let mut mc = d.memcache();
+    mc.expect(b"set k 0 0 1\r\nv\r\nlock k\r\n", b"STORED\r\nOK\r\n");
+    drop(idle);
+    wait_until(|| get(a, "/healthz").0 == 200);
+}
+
+fn wait_until(f: impl Fn() -> bool) {
+    let deadline = Instant::now() + DEADLINE;
+    while !f() {
+        assert!(Instant::now() < deadline, "condition never held");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn an_explicit_admin_address_that_is_taken_is_an_error() {
+    let d = Daemon::start(&[]);
+    let taken = admin(&d).to_string();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_holdfast"))
+        .args([
+            "--memcache",
+            "127.0.0.1:0",
+            "--lockd",
+            "off",
+            "--dlock",
+            "off",
+        ])
+        .args(["--admin", &taken])
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cannot listen for admin"), "{err}");
+}
+
+/// Run the daemon with stderr captured, do `work` against its lockd address, stop it with
+/// SIGTERM, return its log (stderr).
+fn log_of(extra: &[&str], work: impl FnOnce(SocketAddr)) -> String {
+    use std::io::BufRead;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_holdfast"))
+        .args([
+            "--memcache",
+            "off",
+            "--lockd",
+            "127.0.0.1:0",
+            "--dlock",
+            "off",
+        ])
+        .args(["--admin", "127.0.0.1:0", "--threads", "1"])
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    assert!(
+        first.starts_with("holdfast: lockd listening on "),
+        "{first}"
+    );
+    let addr: SocketAddr = first.rsplit(' ').next().unwrap().parse().unwrap();
+    let admin_line = lines.next().unwrap().unwrap();
+    assert!(
+        admin_line.starts_with("holdfast: admin listening on "),
+        "{admin_line}"
+    );
+    work(addr);
+    // SAFETY: kill(2) on the PID of the child we started and have not reaped.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = child.wait_with_output().expect("wait");
+    assert!(out.status.success());
+    String::from_utf8(out.stderr).unwrap()
+}
+
+#[test]
+fn log_lines_have_a_timestamp_and_level_and_nothing_per_request_at_info() {
+    let log = log_of(&[], |addr| {
+        let mut c = Client::connect(addr);
+        for _ in 0..100 {
+            c.send(&lockd_frame(1, b"x"));
+            c.take(4 + 2);
+            c.send(&lockd_frame(2, b"x"));
+            c.take(4 + 2);
+        }
+        // A frame of protocol version 2: an error, then the connection closes.
+        let mut bad = Client::connect(addr);
+        bad.send(&[0x20, 0, 0, 0]);
+        bad.expect_closed();
+    });
+    let lines: Vec<&str> = log.lines().collect();
+    for l in &lines {
+        // 2026-11-23T07:05:35.123Z info holdfast: ...
+        let mut w = l.split(' ');
+        let ts = w.next().unwrap();
+        assert_eq!(ts.len(), 24, "{l}");
+        assert!(ts.ends_with('Z') && ts.as_bytes()[10] == b'T', "{l}");
+        assert!(matches!(w.next(), Some("info" | "warn" | "error")), "{l}");
+        assert_eq!(w.next(), Some("holdfast:"), "{l}");
+    }
+    assert!(lines[0].contains("starting holdfast") && lines[0].contains("orphan-timeout=5000ms"));
+    assert!(
+        log.contains("closing a lockd client for bad input"),
+        "{log}"
+    );
+    assert!(
+        log.contains("shutting down") && log.contains("stopped"),
+        "{log}"
+    );
+    assert!(lines.len() <= 6, "200 requests logged nothing each:\n{log}");
+}
+
+#[test]
+fn log_level_warn_keeps_info_lines_out() {
+    let log = log_of(&["--log-level", "warn"], |addr| {
+        let mut bad = Client::connect(addr);
+        bad.send(&[0x20, 0, 0, 0]);
+        bad.expect_closed();
+    });
+    assert_eq!(log, "", "nothing at warn in a quiet run");
+}
+
+#[test]
+fn reaching_the_connection_limit_is_logged_once_per_episode() {
+    let log = log_of(&["--max-connections", "1"], |addr| {
+        let mut first = Client::connect(addr);
+        first.send(&lockd_frame(1, b"x"));
+        first.take(4 + 2);
+        for _ in 0..5 {
+            let mut refused = Client::connect(addr);
+            refused.expect_closed();
+        }
+    });
+    assert_eq!(
+        log.matches("connection limit (1) reached").count(),
+        1,
+        "{log}"
+    );
+    assert!(log.contains(" warn holdfast: connection limit"), "{log}");
+}
+
+#[test]
+fn a_listing_over_the_cap_is_cut_at_ten_thousand_and_grants_go_on() {
+    const LOCKS: usize = 12_000;
+    let d = Daemon::start(&[]);
+    let mut c = d.lockd();
+    let mut batch = Vec::new();
+    for i in 0..LOCKS {
+        batch.extend_from_slice(&lockd_frame(1, format!("n{i:05}").as_bytes()));
+    }
+    c.send(&batch);
+    // ACQUIRED, echoing "nXXXXX\0": 4 + 7 bytes each.
+    c.take(LOCKS * 11);
+    let v = get_json(admin(&d), "/locks?table=lockd&limit=50000");
+    assert_eq!(v["matched"], LOCKS);
+    assert_eq!(v["limit"], 10_000);
+    assert_eq!(v["truncated"], true);
+    let locks = v["locks"].as_array().unwrap();
+    assert_eq!(locks.len(), 10_000);
+    assert!(locks
+        .windows(2)
+        .all(|w| w[0]["name"].as_str() < w[1]["name"].as_str()));
+    // The lock path answers while a big listing is being served.
+    let a = admin(&d);
+    let lister = std::thread::spawn(move || {
+        for _ in 0..5 {
+            assert_eq!(get(a, "/locks?table=lockd&limit=10000").0, 200);
+        }
+    });
+    let mut other = d.lockd();
+    for i in 0..50 {
+        let name = format!("free{i}");
+        other.send(&lockd_frame(1, name.as_bytes()));
+        other.take(4 + name.len() + 1);
+    }
+    lister.join().unwrap();
+}
