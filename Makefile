@@ -43,8 +43,11 @@ release:
 
 test: deps test-rust test-clients conformance verify-service
 
+# The integration suites run twice: with the owner on a thread of its own (--threads 2) and run
+# to completion inside the one worker (--threads 1).
 test-rust:
 	$(CARGO) test --all-targets
+	HOLDFAST_TEST_THREADS=1 $(CARGO) test --tests -- --skip core:: --skip proto::
 
 # Real client libraries (pymemcache, python-binary-memcached, protobuf) against the real daemon.
 test-clients: deps-python deps-browser release

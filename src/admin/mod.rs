@@ -56,10 +56,28 @@ const CONN_STACK: usize = 256 * 1024;
 const LISTENER: Token = Token(0);
 const WAKER: Token = Token(1);
 
+/// How the admin port reaches the owner: its channel, and the waker of the thread that runs it
+/// when that is the one I/O worker (run to completion), which sleeps in its poll otherwise.
+#[derive(Clone)]
+pub struct OwnerLink {
+    pub tx: Sender<ToOwner>,
+    pub wake: Option<Arc<Waker>>,
+}
+
+impl OwnerLink {
+    fn send(&self, msg: ToOwner) -> bool {
+        let sent = self.tx.send(msg).is_ok();
+        if let Some(w) = &self.wake {
+            let _ = w.wake();
+        }
+        sent
+    }
+}
+
 /// What every admin connection thread needs.
 pub struct Ctx {
     pub shared: Arc<Shared>,
-    pub to_owner: Sender<ToOwner>,
+    pub to_owner: OwnerLink,
     /// The lock listeners (protocol, bound address) and the admin port's own address.
     pub listeners: Vec<(Proto, SocketAddr)>,
     pub admin: SocketAddr,
@@ -92,7 +110,7 @@ impl Ctx {
 
     fn ask_now(&self, q: data::Query) -> Option<data::Answer> {
         let (tx, rx) = crossbeam_channel::bounded(1);
-        self.to_owner.send(ToOwner::Admin(q, tx)).ok()?;
+        self.to_owner.send(ToOwner::Admin(q, tx)).then_some(())?;
         rx.recv_timeout(OWNER_DEADLINE).ok()
     }
 }
@@ -108,7 +126,7 @@ pub struct Admin {
 pub fn start(
     listener: std::net::TcpListener,
     shared: Arc<Shared>,
-    to_owner: Sender<ToOwner>,
+    to_owner: OwnerLink,
     listeners: Vec<(Proto, SocketAddr)>,
 ) -> io::Result<Admin> {
     let addr = listener.local_addr()?;

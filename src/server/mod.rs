@@ -121,7 +121,7 @@ impl Server {
         let (to_owner, owner_rx) = crossbeam_channel::unbounded();
         let mut wakers = Vec::new();
         let mut worker_links = Vec::new();
-        let mut threads = Vec::new();
+        let mut workers = Vec::new();
         for (i, listeners) in per_worker.into_iter().enumerate() {
             let poll = mio::Poll::new()?;
             let waker = Arc::new(worker::waker(&poll)?);
@@ -136,21 +136,42 @@ impl Server {
             )?;
             wakers.push(waker.clone());
             worker_links.push((reply_tx, waker));
+            workers.push(w);
+        }
+        // One I/O thread: it runs the owner itself (run to completion; see `Owner::step_inline`),
+        // and whoever else talks to the owner (the admin port) must wake that thread.
+        let inline_waker = (workers.len() == 1).then(|| wakers[0].clone());
+        let mut owner_rx = Some(owner_rx);
+        if let (Some(w), Some(link), Some(rx)) = (
+            workers.first_mut(),
+            worker_links.first(),
+            owner_rx.take_if(|_| inline_waker.is_some()),
+        ) {
+            w.run_owner_inline(owner::Owner::new_inline(shared.clone(), rx, link.clone()));
+        }
+        let mut threads = Vec::new();
+        for (i, w) in workers.into_iter().enumerate() {
             threads.push(
                 std::thread::Builder::new()
                     .name(format!("holdfast-worker-{i}"))
                     .spawn(move || w.run())?,
             );
         }
-        let owner = owner::Owner::new(shared.clone(), owner_rx, worker_links);
-        threads.push(
-            std::thread::Builder::new()
-                .name("holdfast-owner".into())
-                .spawn(move || owner.run())?,
-        );
+        if let Some(rx) = owner_rx {
+            let owner = owner::Owner::new(shared.clone(), rx, worker_links);
+            threads.push(
+                std::thread::Builder::new()
+                    .name("holdfast-owner".into())
+                    .spawn(move || owner.run())?,
+            );
+        }
         let mut admin = None;
         if let Some(l) = admin_listener {
-            let a = crate::admin::start(l, shared.clone(), to_owner.clone(), addresses.clone())?;
+            let owner_link = crate::admin::OwnerLink {
+                tx: to_owner.clone(),
+                wake: inline_waker.clone(),
+            };
+            let a = crate::admin::start(l, shared.clone(), owner_link, addresses.clone())?;
             admin = Some(a.addr);
             wakers.push(a.waker);
             threads.push(a.thread);

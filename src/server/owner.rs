@@ -223,6 +223,9 @@ pub struct Owner {
     turn: Vec<ToOwner>,
     /// This turn's batches' start stamps and lock-request counts, for the latency histograms.
     stamps: Vec<(std::time::Instant, [u32; 3])>,
+    /// Run by the one worker's own thread (run to completion) instead of a thread of its own:
+    /// replies go to that worker's channel without waking it, since it reads them next.
+    inline: bool,
 }
 
 impl Owner {
@@ -243,7 +246,50 @@ impl Owner {
             pools,
             turn: Vec::with_capacity(MAX_BATCHES_PER_TURN),
             stamps: Vec::with_capacity(MAX_BATCHES_PER_TURN),
+            inline: false,
         }
+    }
+
+    /// An owner that the one worker runs in its own loop (see [`Owner::step_inline`]).
+    pub fn new_inline(
+        shared: Arc<Shared>,
+        rx: Receiver<ToOwner>,
+        worker: (Sender<Replies>, Arc<Waker>),
+    ) -> Owner {
+        let mut owner = Owner::new(shared, rx, vec![worker]);
+        owner.inline = true;
+        owner
+    }
+
+    /// Run to completion: the worker hands over its turn's batch (if any) and the owner runs a
+    /// turn at once, with whatever else is queued (admin questions, a shutdown), or only its
+    /// due timers. The replies are in the worker's channel when this returns. False on shutdown.
+    pub fn step_inline(&mut self, batch: Option<Batch>) -> bool {
+        debug_assert!(self.inline);
+        if let Some(b) = batch {
+            self.turn.push(ToOwner::Batch(b));
+        }
+        while self.turn.len() < MAX_BATCHES_PER_TURN {
+            match self.rx.try_recv() {
+                Ok(msg) => self.turn.push(msg),
+                Err(_) => break,
+            }
+        }
+        let due = || {
+            let now = clock(&self.shared);
+            self.next_deadline().is_some_and(|d| d <= now.ms)
+        };
+        if self.turn.is_empty() && !due() {
+            return true;
+        }
+        self.turn()
+    }
+
+    /// How long the worker running this owner may sleep before a timer is due.
+    pub fn until_due(&self) -> Option<Duration> {
+        let now = clock(&self.shared);
+        self.next_deadline()
+            .map(|d| Duration::from_millis(d.saturating_sub(now.ms)))
     }
 
     pub fn run(mut self) {
@@ -267,38 +313,47 @@ impl Owner {
                     }
                 }
             }
-            // The turn's time is read after its messages are taken, so it is never earlier than
-            // anything they report: a disconnect, a Lock, a request that restarts an idle clock
-            // all happened before their batch was sent. Read before the last batch arrived, it
-            // could date an event before it happened, and every timer counted from it (orphan,
-            // lease, idle, wait) would fire early by as long as the turn took.
-            let now = clock(&self.shared);
-            // Timers due by now fire before this turn's requests see the tables (an orphan whose
-            // time is up is released before anyone can TRY or ADOPT it), and again after them
-            // for timers the requests set at or before now (a zero orphan timeout).
-            self.fire_timers(now);
-            let mut turn = std::mem::take(&mut self.turn);
-            for msg in turn.drain(..) {
-                match msg {
-                    ToOwner::Shutdown => return,
-                    ToOwner::Batch(batch) => self.apply(batch, now),
-                    ToOwner::Admin(query, reply) => {
-                        let answer =
-                            super::exec_admin::answer(&self.tables, &self.shared, now, query);
-                        let _ = reply.send(answer);
-                    }
-                }
+            if !self.turn() {
+                return;
             }
-            self.turn = turn;
-            self.fire_timers(now);
-            self.send_replies();
-            if !self.stamps.is_empty() {
-                let sent = std::time::Instant::now();
-                for (stamp, counts) in self.stamps.drain(..) {
-                    self.tables.admin.observe(stamp, counts, sent);
+        }
+    }
+
+    /// One turn over the messages taken (`self.turn`): read the clock, fire due timers, apply
+    /// the batches and admin questions in arrival order, fire timers again, send the replies.
+    /// False when a shutdown was among the messages.
+    fn turn(&mut self) -> bool {
+        // The turn's time is read after its messages are taken, so it is never earlier than
+        // anything they report: a disconnect, a Lock, a request that restarts an idle clock
+        // all happened before their batch was sent. Read before the last batch arrived, it
+        // could date an event before it happened, and every timer counted from it (orphan,
+        // lease, idle, wait) would fire early by as long as the turn took.
+        let now = clock(&self.shared);
+        // Timers due by now fire before this turn's requests see the tables (an orphan whose
+        // time is up is released before anyone can TRY or ADOPT it), and again after them
+        // for timers the requests set at or before now (a zero orphan timeout).
+        self.fire_timers(now);
+        let mut turn = std::mem::take(&mut self.turn);
+        for msg in turn.drain(..) {
+            match msg {
+                ToOwner::Shutdown => return false,
+                ToOwner::Batch(batch) => self.apply(batch, now),
+                ToOwner::Admin(query, reply) => {
+                    let answer = super::exec_admin::answer(&self.tables, &self.shared, now, query);
+                    let _ = reply.send(answer);
                 }
             }
         }
+        self.turn = turn;
+        self.fire_timers(now);
+        self.send_replies();
+        if !self.stamps.is_empty() {
+            let sent = std::time::Instant::now();
+            for (stamp, counts) in self.stamps.drain(..) {
+                self.tables.admin.observe(stamp, counts, sent);
+            }
+        }
+        true
     }
 
     fn next_deadline(&self) -> Option<u64> {
@@ -381,7 +436,7 @@ impl Owner {
             let mut full = std::mem::replace(replies, next);
             full.spare_ops = pool.ops.take();
             full.spare_batch_arena = pool.batch_arena.take();
-            if tx.send(full).is_ok() {
+            if tx.send(full).is_ok() && !self.inline {
                 let _ = waker.wake();
             }
         }

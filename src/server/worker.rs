@@ -31,6 +31,7 @@ use slab::Slab;
 
 use super::conn::{Conn, WBUF_HIGH, WBUF_MAX};
 use super::msg::{Arena, Batch, Op, OpMsg, Pool, Record, Replies, ToOwner};
+use super::owner::Owner;
 use super::{Proto, Shared};
 use crate::core::ConnId;
 
@@ -93,6 +94,9 @@ pub struct Worker {
     gens: Vec<u32>,
     to_owner: Sender<ToOwner>,
     from_owner: Receiver<Replies>,
+    /// Run to completion (`--threads 1`): this worker runs the owner itself at the end of each
+    /// turn, so a request costs no thread hand-off and no wake-up in either direction.
+    inline: Option<Box<Owner>>,
     batch: Batch,
     /// Buffers coming back from the owner, reused for the next batches and returned with them.
     pool_ops: Pool<OpMsg>,
@@ -138,6 +142,7 @@ impl Worker {
             gens: Vec::new(),
             to_owner,
             from_owner,
+            inline: None,
             batch: Batch {
                 worker: id,
                 ..Batch::default()
@@ -169,6 +174,11 @@ impl Worker {
         Ok(worker)
     }
 
+    /// Run `owner` in this worker's own loop (the only worker; see [`Owner::step_inline`]).
+    pub fn run_owner_inline(&mut self, owner: Owner) {
+        self.inline = Some(Box::new(owner));
+    }
+
     pub fn run(mut self) {
         let mut events = Events::with_capacity(EVENTS);
         loop {
@@ -184,6 +194,9 @@ impl Worker {
                     .next_stall_check
                     .saturating_duration_since(Instant::now());
                 timeout = Some(timeout.map_or(left, |t| t.min(left)));
+            }
+            if let Some(due) = self.inline.as_ref().and_then(|o| o.until_due()) {
+                timeout = Some(timeout.map_or(due, |t| t.min(due)));
             }
             if let Err(e) = self.poll.poll(&mut events, timeout) {
                 if e.kind() != ErrorKind::Interrupted {
@@ -222,8 +235,22 @@ impl Worker {
                     }
                 }
             }
-            self.apply_replies();
-            self.end_turn();
+            // Run to completion: the owner's due timers and queued questions first, then every
+            // batch this turn produces is applied at once and its replies delivered and written
+            // in the same turn, until nothing is left (a delivery may clear backpressure and let
+            // buffered requests be parsed).
+            if let Some(owner) = self.inline.as_mut() {
+                if !owner.step_inline(None) {
+                    break;
+                }
+            }
+            loop {
+                self.apply_replies();
+                self.end_turn();
+                if self.inline.is_none() || self.from_owner.is_empty() {
+                    break;
+                }
+            }
             if !self.stalled.is_empty() {
                 let now = Instant::now();
                 if now >= self.next_stall_check {
@@ -484,8 +511,12 @@ impl Worker {
             let mut full = std::mem::replace(&mut self.batch, next);
             full.spare_records = self.pool_records.take();
             full.spare_reply_arena = self.pool_reply_arena.take();
-            if self.to_owner.send(ToOwner::Batch(full)).is_err() {
-                // The owner is gone: the daemon is stopping.
+            let delivered = match self.inline.as_mut() {
+                Some(owner) => owner.step_inline(Some(full)),
+                None => self.to_owner.send(ToOwner::Batch(full)).is_ok(),
+            };
+            if !delivered {
+                // The owner is gone or stopping: so is the daemon.
                 self.shared.shutdown.store(true, Ordering::Release);
             }
         }

@@ -11,6 +11,13 @@ use std::time::{Duration, Instant};
 /// shared and noisy; a correct daemon answers in microseconds).
 pub const DEADLINE: Duration = Duration::from_secs(10);
 
+/// `--threads` of the test daemons: 1 runs the owner inside the one worker (run to completion),
+/// 2 gives the owner a thread of its own. `make test` runs the suites both ways
+/// (HOLDFAST_TEST_THREADS, read at run time), 2 when unset.
+pub fn test_threads() -> String {
+    std::env::var("HOLDFAST_TEST_THREADS").unwrap_or_else(|_| "2".into())
+}
+
 pub struct Daemon {
     child: Child,
     pub memcache: Option<SocketAddr>,
@@ -24,11 +31,12 @@ impl Daemon {
     /// Start with every listener on 127.0.0.1:0 plus `extra` flags (which may override them:
     /// the daemon refuses a flag given twice, so a default that `extra` names is left out).
     pub fn start(extra: &[&str]) -> Daemon {
+        let threads = test_threads();
         let defaults = [
             ("--memcache", "127.0.0.1:0"),
             ("--lockd", "127.0.0.1:0"),
             ("--dlock", "127.0.0.1:0"),
-            ("--threads", "2"),
+            ("--threads", threads.as_str()),
             ("--admin", "127.0.0.1:0"),
         ];
         let mut args: Vec<&str> = Vec::new();
