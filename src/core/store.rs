@@ -701,16 +701,30 @@ impl Store {
     }
 
     pub fn lock(&mut self, conn: ConnId, key: &[u8], now: Now) -> LockOutcome {
+        match self.lock_for_token(conn, key, now) {
+            Ok(_) => LockOutcome::Ok,
+            Err(e) => e,
+        }
+    }
+
+    /// [`Store::lock`] that also answers the grant's fencing token (the binary Lock reply's CAS),
+    /// without a second lookup.
+    pub fn lock_for_token(
+        &mut self,
+        conn: ConnId,
+        key: &[u8],
+        now: Now,
+    ) -> Result<u64, LockOutcome> {
         self.sync(now);
         let Some(i) = self.lookup(key, now, false) else {
-            return LockOutcome::NotFound;
+            return Err(LockOutcome::NotFound);
         };
         if self.slots[i as usize].is_locked() {
             self.stats.lock_conflicts += 1;
-            return LockOutcome::Locked;
+            return Err(LockOutcome::Locked);
         }
         self.acquire(i, conn, now);
-        LockOutcome::Ok
+        Ok(self.fence.last())
     }
 
     pub fn unlock(&mut self, conn: ConnId, key: &[u8], now: Now) -> UnlockOutcome {

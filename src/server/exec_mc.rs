@@ -635,10 +635,10 @@ fn apply_binary(
         }
         // The CAS field of a successful Lock carries its fencing token (contract: "Fencing
         // tokens"); memcached clients ignore a Lock reply's CAS.
-        opc::LOCK | opc::LOCKQ => match s.lock(conn, r.key, now) {
-            LockOutcome::Ok => b.ok(s.lock_token(conn, r.key, now).unwrap_or(0), &[], &[], &[]),
-            LockOutcome::Locked => b.err(st::LOCKED),
-            LockOutcome::NotFound => b.err(st::KEY_NOT_FOUND),
+        opc::LOCK | opc::LOCKQ => match s.lock_for_token(conn, r.key, now) {
+            Ok(token) => b.ok(token, &[], &[], &[]),
+            Err(LockOutcome::Locked) => b.err(st::LOCKED),
+            Err(_) => b.err(st::KEY_NOT_FOUND),
         },
         opc::UNLOCK | opc::UNLOCKQ => match s.unlock(conn, r.key, now) {
             UnlockOutcome::Ok => b.ok(0, &[], &[], &[]),
