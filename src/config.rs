@@ -25,6 +25,17 @@ pub struct Config {
     /// Close a connection whose unread output has stayed at or above the high-water mark with no
     /// write progress for this long; 0: never (the hard output cap still applies).
     pub client_stall_timeout_ms: u64,
+    /// Which server the memcached port answers like where memcached and yrmcds differ
+    /// (`docs/compat.md`).
+    pub compat: Compat,
+}
+
+/// `--compat`: whose answers the memcached port gives where memcached and yrmcds differ.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Compat {
+    #[default]
+    Memcached,
+    Yrmcds,
 }
 
 /// What the command line asked for.
@@ -120,6 +131,12 @@ fn options() -> getopts::Options {
         "close a client that reads none of its pending replies this long (default 10000, 0: never)",
         "MS",
     )
+    .optopt(
+        "",
+        "compat",
+        "answer like memcached or yrmcds where they differ (default memcached)",
+        "memcached|yrmcds",
+    )
     .optflag("h", "help", "print this help")
     .optflag("V", "version", "print the version");
     o
@@ -189,6 +206,11 @@ where
             0,
             u32::MAX as u64,
         )?,
+        compat: match m.opt_str("compat").as_deref() {
+            None | Some("memcached") => Compat::Memcached,
+            Some("yrmcds") => Compat::Yrmcds,
+            Some(other) => return Err(format!("--compat {other}: must be memcached or yrmcds")),
+        },
     };
     if config.memcache.is_none() && config.lockd.is_none() && config.dlock.is_none() {
         return Err("every listener is off: nothing to serve".into());
@@ -269,6 +291,9 @@ mod tests {
         assert!(run(&["--threads", "x"]).is_err());
         assert!(run(&["--memcache", "nonsense"]).is_err());
         assert!(run(&["--bogus"]).is_err());
+        assert!(run(&["--compat", "redis"]).is_err());
+        assert_eq!(run(&["--compat", "yrmcds"]).unwrap().compat, Compat::Yrmcds);
+        assert_eq!(run(&[]).unwrap().compat, Compat::Memcached);
         assert!(run(&["stray"]).is_err());
         assert!(run(&["--memcache", "off", "--lockd", "off", "--dlock", "off"]).is_err());
     }

@@ -145,6 +145,8 @@ mod tag {
     pub const TEXT_UNLOCK: u8 = 9;
     pub const TEXT_UNLOCK_ALL: u8 = 10;
     pub const BINARY: u8 = 11;
+    pub const TEXT_KEYS: u8 = 12;
+    pub const KEYS_NEXT: u8 = 13;
     pub const LOCKD: u8 = 20;
     pub const DLOCK_PING: u8 = 30;
     pub const DLOCK_LOCK: u8 = 31;
@@ -257,6 +259,11 @@ pub fn encode_op(m: &OpMsg, arena: &[u8], out: &mut Vec<u8>) {
                 put_span(o, arena, key);
             }
             McOp::TextUnlockAll => o.push(tag::TEXT_UNLOCK_ALL),
+            McOp::TextKeys { prefix } => {
+                o.push(tag::TEXT_KEYS);
+                put_span(o, arena, prefix);
+            }
+            McOp::KeysNext => o.push(tag::KEYS_NEXT),
             McOp::Binary {
                 opcode,
                 opaque,
@@ -391,6 +398,10 @@ pub fn decode_op(r: &mut Reader<'_>, limits: Limits, a: &mut Arena) -> Result<Op
             key: get_span(r, limits, a)?,
         }),
         tag::TEXT_UNLOCK_ALL => Op::Mc(McOp::TextUnlockAll),
+        tag::TEXT_KEYS => Op::Mc(McOp::TextKeys {
+            prefix: get_span(r, limits, a)?,
+        }),
+        tag::KEYS_NEXT => Op::Mc(McOp::KeysNext),
         tag::BINARY => Op::Mc(McOp::Binary {
             opcode: r.u8()?,
             opaque: r.u32()?,

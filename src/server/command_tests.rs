@@ -22,7 +22,7 @@ fn random_op(rng: &mut Rng, arena: &mut Arena) -> OpMsg {
         rng.next() as u32,
     );
     let opt = |rng: &mut Rng| rng.chance(50).then(|| rng.wide());
-    let op = match rng.below(19) {
+    let op = match rng.below(21) {
         0 => Op::Mc(McOp::TextGet {
             keys: span(rng),
             cas: rng.chance(50),
@@ -108,6 +108,8 @@ fn random_op(rng: &mut Rng, arena: &mut Arena) -> OpMsg {
         },
         14 => Op::DlockOpen,
         15 => Op::Close,
+        16 => Op::Mc(McOp::TextKeys { prefix: span(rng) }),
+        17 => Op::Mc(McOp::KeysNext),
         _ => Op::Eof,
     };
     OpMsg { conn, op }

@@ -274,6 +274,10 @@ impl Sim {
             Some(conn) => {
                 let out = conn.output().to_vec();
                 conn.written(out.len());
+                if conn.dump == super::conn::Dump::Waiting {
+                    // The client took its output: a key dump paused for it goes on.
+                    self.run();
+                }
                 out
             }
             None => self.closed_output.remove(&id).unwrap_or_default(),
@@ -339,6 +343,7 @@ impl Sim {
                 let Some(conn) = self.conns.get_mut(&id) else {
                     continue;
                 };
+                conn.continue_dump(id, &mut self.batch);
                 if !conn.closing && !conn.rbuf.is_empty() && conn.can_parse() {
                     let from = conn.wbuf.len();
                     conn.parse_buffered(id, &self.shared.config, &mut self.batch);

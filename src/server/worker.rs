@@ -410,9 +410,11 @@ impl Worker {
         recheck.sort_unstable();
         recheck.dedup();
         for &slot in &recheck {
-            let Some(s) = self.sockets.get(slot) else {
+            let Some(s) = self.sockets.get_mut(slot) else {
                 continue;
             };
+            let id = ConnId::new(self.id, slot as u32, s.gen);
+            s.conn.continue_dump(id, &mut self.batch);
             if s.conn.closing {
                 if s.conn.finished() {
                     self.close(slot);
@@ -499,7 +501,10 @@ impl Worker {
             }
             s.write_interest = !drained;
         }
-        if drained && (s.conn.closing || s.read_pending || !s.conn.rbuf.is_empty()) {
+        let dump_waits = s.conn.dump == super::conn::Dump::Waiting;
+        if (drained || dump_waits)
+            && (s.conn.closing || s.read_pending || !s.conn.rbuf.is_empty() || dump_waits)
+        {
             self.recheck.push(slot);
         }
     }

@@ -172,6 +172,10 @@ pub enum Request<'a> {
         key: &'a [u8],
     },
     UnlockAll,
+    /// yrmcds's key dump: `keys [<prefix>]` (cybozu/yrmcds docs/keys.md).
+    Keys {
+        prefix: &'a [u8],
+    },
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -507,6 +511,16 @@ fn parse_line_inner(
             } else {
                 ok(Request::Unlock { key })
             }
+        }
+        b"keys" => {
+            // At most one prefix, no longer than a key (a longer one could match nothing).
+            let Some(([prefix], n)) = collect::<1>(toks) else {
+                return bad();
+            };
+            if n > 1 || prefix.len() > MAX_KEY_LEN {
+                return bad();
+            }
+            ok(Request::Keys { prefix })
         }
         _ => invalid(reply::ERROR, line_len),
     }
