@@ -2061,6 +2061,48 @@ mod tests {
     }
 
     #[test]
+    fn keys_step_lists_visible_keys_with_the_prefix_in_bounded_steps() {
+        let mut s = big();
+        for i in 0..100u32 {
+            stored(set(&mut s, A, format!("p{i}").as_bytes(), b"v", 0, at(0)));
+        }
+        stored(set(&mut s, A, b"q", b"v", 0, at(0)));
+        stored(set(&mut s, A, b"p-soon", b"v", 1, at(0)));
+        stored(set(&mut s, A, b"p-held", b"v", 1, at(0)));
+        assert_eq!(s.lock(B, b"p-held", at(0)), LockOutcome::Ok);
+        let now = at(5000); // p-soon has expired (not yet reclaimed); p-held is locked
+        let (mut listed, mut from, mut steps) = (Vec::new(), Some(0), 0);
+        while let Some(f) = from {
+            from = s.keys_step(f, b"p", 7, now, |k| listed.push(k.to_vec()));
+            steps += 1;
+        }
+        assert_eq!(steps, 103usize.div_ceil(7));
+        listed.sort();
+        let mut want: Vec<Vec<u8>> = (0..100).map(|i| format!("p{i}").into_bytes()).collect();
+        want.push(b"p-held".to_vec());
+        want.sort();
+        assert_eq!(listed, want);
+        // A step past the end lists nothing and ends.
+        assert_eq!(
+            s.keys_step(10_000, b"", 7, now, |_| panic!("nothing")),
+            None
+        );
+    }
+
+    #[test]
+    fn size_classes_follow_stores_rewrites_and_removals() {
+        let mut s = store_with(1 << 24, 1 << 16);
+        stored(set(&mut s, A, b"a", &[0; 10], 0, at(0)));
+        stored(set(&mut s, A, b"b", &[0; 1024], 0, at(0)));
+        assert_eq!(s.size_counts(), [1, 1, 0, 0, 0, 0, 0, 0]);
+        stored(put(&mut s, StoreMode::Append, b"a", &[0; 2000], at(0)));
+        assert_eq!(s.size_counts(), [0, 2, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(s.delete(A, b"b", None, at(0)), DeleteOutcome::Deleted);
+        assert_eq!(s.size_counts(), [0, 1, 0, 0, 0, 0, 0, 0]);
+        s.check_invariants();
+    }
+
+    #[test]
     fn expired_items_are_removed_by_the_wheel() {
         let mut s = big();
         stored(set(&mut s, A, b"a", b"v", 1, at(0)));

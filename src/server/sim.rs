@@ -380,6 +380,52 @@ mod tests {
     }
 
     #[test]
+    fn a_key_dump_goes_on_in_steps_the_connection_asks_for_and_replays_the_same() {
+        let mut sim = Sim::new(config());
+        sim.record();
+        let (a, b) = (sim.connect(Proto::Memcache), sim.connect(Proto::Memcache));
+        let n = 3 * super::super::exec_mc::KEYS_SLOTS_PER_STEP + 5;
+        let mut load = Vec::new();
+        for i in 0..n {
+            load.extend_from_slice(format!("set k{i} 0 0 1 noreply\r\nv\r\n").as_bytes());
+        }
+        sim.send(b, &load);
+        sim.send(a, b"keys k1\r\nget k1\r\n");
+        let out = String::from_utf8(sim.output(a)).unwrap();
+        // Dump lines are `VALUE <key>`; the get's is `VALUE k1 0 1`.
+        let listed = out
+            .lines()
+            .filter(|l| l.starts_with("VALUE k1") && l.split(' ').count() == 2)
+            .count();
+        let want = (0..n).filter(|i| i.to_string().starts_with('1')).count();
+        assert_eq!(listed, want);
+        assert!(
+            out.ends_with("END\r\nVALUE k1 0 1\r\nv\r\nEND\r\n"),
+            "{out}"
+        );
+        let rec = sim.take_recording();
+        let mut batch = Batch::default();
+        let mut continues = 0;
+        for entry in &rec.entries {
+            command::decode_entry(entry, command::Limits::default(), &mut batch).unwrap();
+            continues += batch
+                .ops
+                .iter()
+                .filter(|m| matches!(m.op, Op::Mc(super::super::msg::McOp::KeysNext)))
+                .count();
+        }
+        assert_eq!(
+            continues, 3,
+            "one step per turn, each asked for by the worker"
+        );
+        let mut replica = Replayer::new(config());
+        for (entry, effects) in rec.entries.iter().zip(&rec.effects) {
+            assert_eq!(&replica.apply(entry).unwrap(), effects);
+        }
+        assert_eq!(replica.snapshot(), sim.snapshot());
+    }
+
+    #[test]
     fn memcached_locks_work_through_the_sim() {
         let mut sim = Sim::new(config());
         let (a, b) = (sim.connect(Proto::Memcache), sim.connect(Proto::Memcache));

@@ -684,6 +684,7 @@ mod tests {
         let mut set250 = b"set ".to_vec();
         set250.extend_from_slice(k250);
         set250.extend_from_slice(b" 0 0 1\r\nx\r\n");
+        let keys250 = [&b"keys "[..], k250, b"\r\n"].concat();
         vec![
             (
                 b"get foo\r\n".to_vec(),
@@ -913,6 +914,17 @@ mod tests {
             (b"lock k\r\n".to_vec(), Lock { key: b"k" }),
             (b"unlock k\r\n".to_vec(), Unlock { key: b"k" }),
             (b"unlock_all\r\n".to_vec(), UnlockAll),
+            (b"keys\r\n".to_vec(), Request::Keys { prefix: b"" }),
+            (b"keys   \r\n".to_vec(), Request::Keys { prefix: b"" }),
+            (
+                b"keys user:\r\n".to_vec(),
+                Request::Keys { prefix: b"user:" },
+            ),
+            (
+                b"keys  user: \n".to_vec(),
+                Request::Keys { prefix: b"user:" },
+            ),
+            (keys250, Request::Keys { prefix: k250 }),
         ]
     }
 
@@ -929,7 +941,12 @@ mod tests {
         let del251_len = del251.len();
         let unlock251 = line(&[b"unlock ", &k251, b"\r\n"]);
         let unlock251_len = unlock251.len();
+        let keys251 = line(&[b"keys ", &k251, b"\r\n"]);
+        let keys251_len = keys251.len();
         vec![
+            (keys251, MAX, BAD_FORMAT, keys251_len),
+            (b"keys a b\r\n".to_vec(), MAX, BAD_FORMAT, 10),
+            (b"KEYS\r\n".to_vec(), MAX, ERROR, 6),
             (b"bogus\r\n".to_vec(), MAX, ERROR, 7),
             (b"GET foo\r\n".to_vec(), MAX, ERROR, 9),
             (b"\r\n".to_vec(), MAX, ERROR, 2),
