@@ -136,7 +136,8 @@ struct KeyDump {
 }
 
 impl McState {
-    /// The counters and the dumps, dumps in connection order. A dump's position is a store
+    /// The counters (binary ones for yrmcds's opcodes only: the others are never shown) and the
+    /// dumps, dumps in connection order. A dump's position is a store
     /// slot: slot numbers are not canonical, so a dump under way when the state is restored
     /// goes on from the same slot number of the restored store (`docs/compat.md`).
     pub fn snapshot(&self, out: &mut Vec<u8>) {
@@ -190,33 +191,33 @@ impl McState {
     }
 }
 
-/// The [`TEXT_OPS`] entry a text request counts under. yrmcds has no gat/gats: they count as
-/// get/gets.
+/// The [`TEXT_OPS`] entry a text request counts under (an index, so that counting is one
+/// increment; `text_ops_are_counted_under_their_yrmcds_names` checks the numbers). yrmcds has no
+/// gat/gats: they count as get/gets.
 fn text_op_index(op: &McOp) -> Option<usize> {
-    let name = match op {
-        McOp::TextGet { cas: false, .. } => "get",
-        McOp::TextGet { cas: true, .. } => "gets",
+    Some(match op {
         McOp::TextStore { cmd, .. } => match cmd {
-            StoreCmd::Set => "set",
-            StoreCmd::Add => "add",
-            StoreCmd::Replace => "replace",
-            StoreCmd::Append => "append",
-            StoreCmd::Prepend => "prepend",
-            StoreCmd::Cas => "cas",
+            StoreCmd::Set => 0,
+            StoreCmd::Add => 1,
+            StoreCmd::Replace => 2,
+            StoreCmd::Append => 3,
+            StoreCmd::Prepend => 4,
+            StoreCmd::Cas => 5,
         },
-        McOp::TextDelete { .. } => "delete",
-        McOp::TextArith { incr: true, .. } => "incr",
-        McOp::TextArith { incr: false, .. } => "decr",
-        McOp::TextTouch { .. } => "touch",
-        McOp::TextFlush { .. } => "flush_all",
-        McOp::TextStats { .. } => "stats",
-        McOp::TextLock { .. } => "lock",
-        McOp::TextUnlock { .. } => "unlock",
-        McOp::TextUnlockAll => "unlock_all",
-        McOp::TextKeys { .. } => "keys",
-        _ => return None,
-    };
-    TEXT_OPS.iter().position(|&n| n == name)
+        McOp::TextGet { cas: false, .. } => 6,
+        McOp::TextGet { cas: true, .. } => 7,
+        McOp::TextDelete { .. } => 8,
+        McOp::TextArith { incr: true, .. } => 9,
+        McOp::TextArith { incr: false, .. } => 10,
+        McOp::TextTouch { .. } => 11,
+        McOp::TextLock { .. } => 12,
+        McOp::TextUnlock { .. } => 13,
+        McOp::TextUnlockAll => 14,
+        McOp::TextStats { .. } => 16,
+        McOp::TextFlush { .. } => 17,
+        McOp::TextKeys { .. } => 21,
+        McOp::KeysNext | McOp::Binary { .. } => return None,
+    })
 }
 
 /// One step of `conn`'s dump: up to [`KEYS_SLOTS_PER_STEP`] slots listed into one record. The
@@ -800,9 +801,8 @@ fn apply_binary(
             return b.err(st::INVALID_ARGUMENTS);
         }
     }
-    if BINARY_OPS.iter().any(|&(_, op)| op == r.opcode) {
-        t.mc.binary_ops[usize::from(r.opcode)] += 1;
-    }
+    // Every opcode counts; `stats ops` shows those yrmcds names.
+    t.mc.binary_ops[usize::from(r.opcode)] += 1;
     let cas = (r.cas != 0).then_some(r.cas);
     let s = &mut t.store;
     match r.opcode {
@@ -1035,5 +1035,99 @@ fn apply_binary(
             dump_start(t, out, conn, r.key, Some(opaque), now);
         }
         _ => b.err(st::UNKNOWN_COMMAND),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::server::msg::Span;
+
+    #[test]
+    fn text_ops_are_counted_under_their_yrmcds_names() {
+        let k = Span::EMPTY;
+        let store = |cmd| McOp::TextStore {
+            cmd,
+            key: k,
+            flags: 0,
+            exptime: 0,
+            value: k,
+            cas: 0,
+            noreply: false,
+        };
+        let arith = |incr| McOp::TextArith {
+            key: k,
+            incr,
+            delta: 1,
+            noreply: false,
+        };
+        let get = |cas| McOp::TextGet {
+            keys: k,
+            cas,
+            exptime: None,
+        };
+        let cases = [
+            (store(StoreCmd::Set), "set"),
+            (store(StoreCmd::Add), "add"),
+            (store(StoreCmd::Replace), "replace"),
+            (store(StoreCmd::Append), "append"),
+            (store(StoreCmd::Prepend), "prepend"),
+            (store(StoreCmd::Cas), "cas"),
+            (get(false), "get"),
+            (get(true), "gets"),
+            (
+                McOp::TextGet {
+                    keys: k,
+                    cas: true,
+                    exptime: Some(1),
+                },
+                "gets",
+            ),
+            (
+                McOp::TextDelete {
+                    key: k,
+                    noreply: false,
+                },
+                "delete",
+            ),
+            (arith(true), "incr"),
+            (arith(false), "decr"),
+            (
+                McOp::TextTouch {
+                    key: k,
+                    exptime: 0,
+                    noreply: false,
+                },
+                "touch",
+            ),
+            (McOp::TextLock { key: k }, "lock"),
+            (McOp::TextUnlock { key: k }, "unlock"),
+            (McOp::TextUnlockAll, "unlock_all"),
+            (McOp::TextStats { arg: None }, "stats"),
+            (
+                McOp::TextFlush {
+                    delay: 0,
+                    noreply: false,
+                },
+                "flush_all",
+            ),
+            (McOp::TextKeys { prefix: k }, "keys"),
+        ];
+        for (op, name) in cases {
+            let i = text_op_index(&op).expect("counted");
+            assert_eq!(TEXT_OPS[i], name, "{op:?}");
+        }
+        assert_eq!(text_op_index(&McOp::KeysNext), None);
+    }
+
+    #[test]
+    fn binary_ops_list_yrmcds_opcodes_once_each() {
+        let mut seen = [false; 256];
+        for (name, op) in BINARY_OPS {
+            assert!(!seen[usize::from(op)], "{name} twice");
+            seen[usize::from(op)] = true;
+        }
+        assert_eq!(BINARY_OPS[0], ("Get", 0x00));
+        assert_eq!(BINARY_OPS[44], ("Keys", 0x50));
     }
 }

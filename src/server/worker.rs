@@ -501,10 +501,11 @@ impl Worker {
             }
             s.write_interest = !drained;
         }
-        let dump_waits = s.conn.dump == super::conn::Dump::Waiting;
-        if (drained || dump_waits)
-            && (s.conn.closing || s.read_pending || !s.conn.rbuf.is_empty() || dump_waits)
-        {
+        if drained && (s.conn.closing || s.read_pending || !s.conn.rbuf.is_empty()) {
+            self.recheck.push(slot);
+        } else if s.conn.dump == super::conn::Dump::Waiting && s.conn.pending_output() < WBUF_HIGH {
+            // A key dump paused for its reader may go on (only then: no spinning while the
+            // client reads nothing).
             self.recheck.push(slot);
         }
     }
