@@ -1,5 +1,8 @@
 //! memcached text protocol parser (memcached's doc/protocol.txt, every command but the meta
-//! commands) plus yrmcds's `lock`, `unlock` and `unlock_all` (yrmcds-locking.md).
+//! commands) plus yrmcds's `lock`, `unlock` and `unlock_all` (yrmcds-locking.md) and its key
+//! dump `keys [<prefix>]` (cybozu/yrmcds docs/keys.md; a prefix over 250 bytes or a second
+//! argument is `CLIENT_ERROR bad command line format`). The `--compat yrmcds` error words are
+//! chosen by the caller (`server::decode`), not here.
 //!
 //! Owns: splitting the receive buffer into request lines and data blocks, validating them, and
 //! choosing the error line memcached answers for each malformed request together with how many
