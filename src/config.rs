@@ -31,6 +31,17 @@ pub struct Config {
     /// daemon has it) is a warning, an explicit one an error.
     pub admin_explicit: bool,
     pub log_level: crate::log::Level,
+    /// Which server the memcached port answers like where memcached and yrmcds differ
+    /// (`docs/compat.md`).
+    pub compat: Compat,
+}
+
+/// `--compat`: whose answers the memcached port gives where memcached and yrmcds differ.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Compat {
+    #[default]
+    Memcached,
+    Yrmcds,
 }
 
 /// What the command line asked for.
@@ -141,6 +152,12 @@ fn options() -> getopts::Options {
         "error, warn, info or debug (default info)",
         "LEVEL",
     )
+    .optopt(
+        "",
+        "compat",
+        "answer like memcached or yrmcds where they differ (default memcached)",
+        "memcached|yrmcds",
+    )
     .optflag("h", "help", "print this help")
     .optflag("V", "version", "print the version");
     o
@@ -216,6 +233,11 @@ where
             None => crate::log::Level::Info,
             Some(l) => crate::log::Level::parse(&l)
                 .ok_or_else(|| format!("--log-level {l}: one of error, warn, info, debug"))?,
+        },
+        compat: match m.opt_str("compat").as_deref() {
+            None | Some("memcached") => Compat::Memcached,
+            Some("yrmcds") => Compat::Yrmcds,
+            Some(other) => return Err(format!("--compat {other}: must be memcached or yrmcds")),
         },
     };
     if config.memcache.is_none() && config.lockd.is_none() && config.dlock.is_none() {
@@ -312,6 +334,9 @@ mod tests {
         assert!(run(&["--threads", "x"]).is_err());
         assert!(run(&["--memcache", "nonsense"]).is_err());
         assert!(run(&["--bogus"]).is_err());
+        assert!(run(&["--compat", "redis"]).is_err());
+        assert_eq!(run(&["--compat", "yrmcds"]).unwrap().compat, Compat::Yrmcds);
+        assert_eq!(run(&[]).unwrap().compat, Compat::Memcached);
         assert!(run(&["stray"]).is_err());
         assert!(run(&["--memcache", "off", "--lockd", "off", "--dlock", "off"]).is_err());
     }

@@ -353,6 +353,28 @@ pub struct Store {
     /// Charged bytes of locked items (they can never be evicted).
     locked_bytes: usize,
     stats: StoreStats,
+    /// Stored values by size, yrmcds's `stats sizes` classes ([`SIZE_CLASSES`]); every occupied
+    /// slot counts (flushed ones until they are freed), as yrmcds counts what its GC last saw.
+    sizes: [u64; SIZE_CLASSES.len() + 1],
+}
+
+/// Upper bounds (exclusive) of yrmcds's `stats sizes` classes, in value bytes; larger values
+/// are "huge" (cybozu/yrmcds src/memcache/gc.cpp).
+pub const SIZE_CLASSES: [usize; 7] = [
+    1 << 10,
+    4 << 10,
+    16 << 10,
+    64 << 10,
+    256 << 10,
+    1 << 20,
+    4 << 20,
+];
+
+fn size_class(value_len: usize) -> usize {
+    SIZE_CLASSES
+        .iter()
+        .position(|&bound| value_len < bound)
+        .unwrap_or(SIZE_CLASSES.len())
 }
 
 /// Converts a memcached exptime into a monotonic deadline in ms (see the module header).
@@ -436,6 +458,7 @@ impl Store {
             dead_bytes: 0,
             locked_bytes: 0,
             stats: StoreStats::default(),
+            sizes: [0; SIZE_CLASSES.len() + 1],
         }
     }
 
@@ -889,6 +912,43 @@ impl Store {
         self
     }
 
+    /// One step of a key dump (yrmcds's `keys`): the keys of visible items (locked ones
+    /// included, expired and flushed ones not) that start with `prefix`, in slot order, from
+    /// slot `from`, looking at no more than `budget` slots. Calls `emit` for each; returns the
+    /// slot to continue from, or `None` once every slot was looked at. No effect on the store.
+    ///
+    /// Consistency, as memcached's `lru_crawler metadump`: an item present and unchanged for
+    /// the whole dump is listed once; one stored, deleted or expiring meanwhile may or may not
+    /// be (a key deleted and stored again may land in a slot already passed, or in one still
+    /// ahead and so be listed twice if its old slot was already listed).
+    pub fn keys_step(
+        &self,
+        from: u32,
+        prefix: &[u8],
+        budget: usize,
+        now: Now,
+        mut emit: impl FnMut(&[u8]),
+    ) -> Option<u32> {
+        let start = from as usize;
+        let end = self.slots.len().min(start.saturating_add(budget.max(1)));
+        for i in start..end {
+            let item = &self.slots[i];
+            if item.state & OCCUPIED != 0
+                && item.key().starts_with(prefix)
+                && self.visible(i as u32, now)
+            {
+                emit(item.key());
+            }
+        }
+        (end < self.slots.len()).then_some(end as u32)
+    }
+
+    /// Stored values per `stats sizes` class: one count per bound of [`SIZE_CLASSES`], then the
+    /// larger ones.
+    pub fn size_counts(&self) -> [u64; SIZE_CLASSES.len() + 1] {
+        self.sizes
+    }
+
     /// Who holds the lock on `key`, if it is visible and locked.
     pub fn lock_holder(&self, key: &[u8], now: Now) -> Option<ConnId> {
         let i = self.find(key)?;
@@ -1171,6 +1231,7 @@ impl Store {
         now: Now,
     ) -> u32 {
         let charge = data.len() + ITEM_OVERHEAD;
+        self.sizes[size_class(data.len().saturating_sub(key_len))] += 1;
         let item = Item {
             data,
             cas,
@@ -1210,7 +1271,9 @@ impl Store {
     fn rewrite(&mut self, i: u32, data: Box<[u8]>) {
         let item = &mut self.slots[i as usize];
         let old = item.charge();
+        self.sizes[size_class(item.value().len())] -= 1;
         item.data = data;
+        self.sizes[size_class(item.value().len())] += 1;
         let new = item.charge();
         let locked = item.is_locked();
         self.live_bytes = self.live_bytes - old + new;
@@ -1224,6 +1287,7 @@ impl Store {
     fn remove(&mut self, i: u32) {
         let idx = i as usize;
         let charge = self.slots[idx].charge();
+        self.sizes[size_class(self.slots[idx].value().len())] -= 1;
         if self.slots[idx].is_locked() {
             self.detach_lock(i);
             self.live_bytes -= charge;
@@ -1354,6 +1418,11 @@ impl Store {
     /// Checks every structural invariant: lists, slab, index, lock tables, accounting, timers;
     /// panics on a mismatch.
     pub fn check_invariants(&self) {
+        let mut sizes = [0u64; SIZE_CLASSES.len() + 1];
+        for item in self.slots.iter().filter(|s| s.state & OCCUPIED != 0) {
+            sizes[size_class(item.value().len())] += 1;
+        }
+        assert_eq!(sizes, self.sizes, "size classes");
         let mut seen = vec![false; self.slots.len()];
         let mut mark = |i: u32| {
             assert!(!seen[i as usize], "slot {i} reachable twice");
@@ -2066,6 +2135,48 @@ mod tests {
         );
         stored(put(&mut s, StoreMode::Add, b"k", b"new", at(0)));
         assert_eq!(val(&mut s, b"k", at(0)).as_deref(), Some(&b"new"[..]));
+    }
+
+    #[test]
+    fn keys_step_lists_visible_keys_with_the_prefix_in_bounded_steps() {
+        let mut s = big();
+        for i in 0..100u32 {
+            stored(set(&mut s, A, format!("p{i}").as_bytes(), b"v", 0, at(0)));
+        }
+        stored(set(&mut s, A, b"q", b"v", 0, at(0)));
+        stored(set(&mut s, A, b"p-soon", b"v", 1, at(0)));
+        stored(set(&mut s, A, b"p-held", b"v", 1, at(0)));
+        assert_eq!(s.lock(B, b"p-held", at(0)), LockOutcome::Ok);
+        let now = at(5000); // p-soon has expired (not yet reclaimed); p-held is locked
+        let (mut listed, mut from, mut steps) = (Vec::new(), Some(0), 0);
+        while let Some(f) = from {
+            from = s.keys_step(f, b"p", 7, now, |k| listed.push(k.to_vec()));
+            steps += 1;
+        }
+        assert_eq!(steps, 103usize.div_ceil(7));
+        listed.sort();
+        let mut want: Vec<Vec<u8>> = (0..100).map(|i| format!("p{i}").into_bytes()).collect();
+        want.push(b"p-held".to_vec());
+        want.sort();
+        assert_eq!(listed, want);
+        // A step past the end lists nothing and ends.
+        assert_eq!(
+            s.keys_step(10_000, b"", 7, now, |_| panic!("nothing")),
+            None
+        );
+    }
+
+    #[test]
+    fn size_classes_follow_stores_rewrites_and_removals() {
+        let mut s = store_with(1 << 24, 1 << 16);
+        stored(set(&mut s, A, b"a", &[0; 10], 0, at(0)));
+        stored(set(&mut s, A, b"b", &[0; 1024], 0, at(0)));
+        assert_eq!(s.size_counts(), [1, 1, 0, 0, 0, 0, 0, 0]);
+        stored(put(&mut s, StoreMode::Append, b"a", &[0; 2000], at(0)));
+        assert_eq!(s.size_counts(), [0, 2, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(s.delete(A, b"b", None, at(0)), DeleteOutcome::Deleted);
+        assert_eq!(s.size_counts(), [0, 1, 0, 0, 0, 0, 0, 0]);
+        s.check_invariants();
     }
 
     #[test]

@@ -149,6 +149,8 @@ mod tag {
     pub const TEXT_UNLOCK_ALL: u8 = 10;
     pub const BINARY: u8 = 11;
     pub const TEXT_LOCK_TOKEN: u8 = 12;
+    pub const TEXT_KEYS: u8 = 13;
+    pub const KEYS_NEXT: u8 = 14;
     pub const LOCKD: u8 = 20;
     pub const DLOCK_PING: u8 = 30;
     pub const DLOCK_LOCK: u8 = 31;
@@ -283,6 +285,11 @@ pub fn encode_op(m: &OpMsg, arena: &[u8], out: &mut Vec<u8>) {
                 o.push(tag::TEXT_LOCK_TOKEN);
                 put_span(o, arena, key);
             }
+            McOp::TextKeys { prefix } => {
+                o.push(tag::TEXT_KEYS);
+                put_span(o, arena, prefix);
+            }
+            McOp::KeysNext => o.push(tag::KEYS_NEXT),
             McOp::Binary {
                 opcode,
                 opaque,
@@ -435,6 +442,10 @@ pub fn decode_op(r: &mut Reader<'_>, limits: Limits, a: &mut Arena) -> Result<Op
         tag::TEXT_LOCK_TOKEN => Op::Mc(McOp::TextLockToken {
             key: get_span(r, limits, a)?,
         }),
+        tag::TEXT_KEYS => Op::Mc(McOp::TextKeys {
+            prefix: get_span(r, limits, a)?,
+        }),
+        tag::KEYS_NEXT => Op::Mc(McOp::KeysNext),
         tag::BINARY => Op::Mc(McOp::Binary {
             opcode: r.u8()?,
             opaque: r.u32()?,

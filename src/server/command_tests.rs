@@ -23,7 +23,7 @@ fn random_op(rng: &mut Rng, arena: &mut Arena) -> OpMsg {
         rng.next() as u32,
     );
     let opt = |rng: &mut Rng| rng.chance(50).then(|| rng.wide());
-    let op = match rng.below(21) {
+    let op = match rng.below(22) {
         0 => Op::Mc(McOp::TextGet {
             keys: span(rng),
             cas: rng.chance(50),
@@ -118,6 +118,8 @@ fn random_op(rng: &mut Rng, arena: &mut Arena) -> OpMsg {
             },
         },
         15 => Op::Close,
+        16 => Op::Mc(McOp::TextKeys { prefix: span(rng) }),
+        19 => Op::Mc(McOp::KeysNext),
         _ => Op::Eof,
     };
     OpMsg { conn, op }

@@ -48,6 +48,20 @@ pub struct Conn {
     /// [`REPLY_BUDGET`] or more, so a client that never reads cannot make the owner build more
     /// than about that much for it. Reset when nothing is in flight.
     pub reply_bound: usize,
+    /// A key dump (`keys`) under way: nothing more is parsed until it ends, so that no other
+    /// reply lands in the middle of it.
+    pub dump: Dump,
+}
+
+/// Where a connection's key dump is (`docs/compat.md`, "Key dump").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dump {
+    Idle,
+    /// The owner has the dump; its next chunk is coming.
+    Running,
+    /// A chunk arrived and more are to come: ask for the next once the output is below
+    /// [`WBUF_HIGH`] (the dump goes at the pace the client reads).
+    Waiting,
 }
 
 impl Conn {
@@ -62,6 +76,7 @@ impl Conn {
             inflight: 0,
             closing: false,
             reply_bound: 0,
+            dump: Dump::Idle,
         }
     }
 
@@ -90,6 +105,7 @@ impl Conn {
     /// May more requests be parsed now?
     pub fn can_parse(&self) -> bool {
         !self.closing
+            && self.dump == Dump::Idle
             && self.reply_bound < REPLY_BUDGET
             && self.inflight < MAX_INFLIGHT
             && self.pending_output() < WBUF_HIGH
@@ -145,9 +161,34 @@ impl Conn {
         if self.inflight == 0 {
             self.reply_bound = 0;
         }
+        if self.dump != Dump::Idle {
+            // While dumping, the dump is the last request in flight: a record that completes
+            // nothing is one of its chunks, and the end of the dump leaves nothing in flight.
+            self.dump = if self.inflight == 0 {
+                Dump::Idle
+            } else if done == 0 {
+                Dump::Waiting
+            } else {
+                Dump::Running
+            };
+        }
         if close {
             self.closing = true;
         }
+    }
+
+    /// Ask the owner for the next chunk of this connection's key dump if one is awaited and the
+    /// client has taken enough of the output. Returns whether it asked.
+    pub fn continue_dump(&mut self, id: ConnId, batch: &mut Batch) -> bool {
+        if self.dump != Dump::Waiting || self.pending_output() >= WBUF_HIGH {
+            return false;
+        }
+        self.dump = Dump::Running;
+        batch.ops.push(OpMsg {
+            conn: id,
+            op: Op::Mc(super::msg::McOp::KeysNext),
+        });
+        true
     }
 
     /// `n` more bytes of the write buffer reached the socket.

@@ -4,7 +4,7 @@
 use super::conn::{Conn, REPLY_BUDGET};
 use super::msg::{Batch, DlockKind, DlockOp, LockdOp, McOp, Op, OpMsg};
 use super::Proto;
-use crate::config::Config;
+use crate::config::{Compat, Config};
 use crate::core::ConnId;
 use crate::proto::dlock as dl;
 use crate::proto::lockd as ld;
@@ -103,6 +103,9 @@ fn memcache(conn: &mut Conn, buf: &[u8], id: ConnId, config: &Config, batch: &mu
                 };
                 push(conn, id, Op::Mc(op), batch);
                 conn.charge(binary_reply_bound(req.opcode, config));
+                if req.opcode == binary::opcode::KEYS {
+                    conn.dump = super::conn::Dump::Running;
+                }
                 Step::Consumed(n)
             }
             Err(binary::ParseError::Incomplete) => Step::Incomplete,
@@ -113,10 +116,13 @@ fn memcache(conn: &mut Conn, buf: &[u8], id: ConnId, config: &Config, batch: &mu
                 skip,
             }) => {
                 let mut out = Vec::with_capacity(64);
-                let msg: &[u8] = if status == binary::status::VALUE_TOO_LARGE {
-                    b"Too large."
-                } else {
-                    b"Invalid arguments"
+                let yrmcds = config.compat == Compat::Yrmcds;
+                let msg: &[u8] = match (status == binary::status::VALUE_TOO_LARGE, yrmcds) {
+                    (true, false) => b"Too large.",
+                    (false, false) => b"Invalid arguments",
+                    // cybozu/yrmcds src/memcache/memcache.cpp, STATUS_TOO_LARGE / STATUS_INVALID
+                    (true, true) => b"Too large value",
+                    (false, true) => b"Invalid request",
                 };
                 binary::encode_response(&mut out, opcode, status, opaque, 0, &[], &[], msg);
                 conn.emit(&out, false, id, batch);
@@ -136,6 +142,11 @@ fn memcache(conn: &mut Conn, buf: &[u8], id: ConnId, config: &Config, batch: &mu
         Err(text::ParseError::Incomplete) => Step::Incomplete,
         Err(text::ParseError::Invalid { reply, skip }) => {
             conn.scanned = 0;
+            let reply = if config.compat == Compat::Yrmcds {
+                yrmcds_text_error(buf, reply)
+            } else {
+                reply
+            };
             if !reply.is_empty() {
                 conn.emit(reply, false, id, batch);
             }
@@ -148,6 +159,23 @@ fn memcache(conn: &mut Conn, buf: &[u8], id: ConnId, config: &Config, batch: &mu
             conn.emit(reply, true, id, batch);
             Step::Fatal
         }
+    }
+}
+
+/// yrmcds answers every request it cannot parse with a bare `ERROR` (its `cmd_text`), and any
+/// `slabs ...` line with `OK` (it ignores them).
+fn yrmcds_text_error(buf: &[u8], reply: &'static [u8]) -> &'static [u8] {
+    let first = text::Keys { raw: buf }.next().unwrap_or_default();
+    let first = first
+        .split(|&b| b == b'\r' || b == b'\n')
+        .next()
+        .unwrap_or_default();
+    if reply == text::reply::ERROR && first == b"slabs" {
+        b"OK\r\n"
+    } else if reply.is_empty() {
+        reply
+    } else {
+        text::reply::ERROR
     }
 }
 
@@ -236,6 +264,12 @@ fn text_request(
         R::Unlock { key } => McOp::TextUnlock { key: a.push(key) },
         R::UnlockAll => McOp::TextUnlockAll,
         R::LockToken { key } => McOp::TextLockToken { key: a.push(key) },
+        R::Keys { prefix } => {
+            conn.dump = super::conn::Dump::Running;
+            McOp::TextKeys {
+                prefix: a.push(prefix),
+            }
+        }
         R::Version => return conn.emit(VERSION_REPLY, false, id, batch),
         R::Verbosity { noreply } => {
             return conn.emit(if noreply { b"" } else { b"OK\r\n" }, false, id, batch)

@@ -95,6 +95,13 @@ pub enum McOp {
     TextLockToken {
         key: Span,
     },
+    /// yrmcds's `keys [<prefix>]` (an empty prefix lists every key).
+    TextKeys {
+        prefix: Span,
+    },
+    /// Continue this connection's key dump (text `keys` or binary Keys): sent by the worker,
+    /// not counted in flight, once the previous chunk went out (`docs/compat.md`).
+    KeysNext,
     /// Any binary request: the owner interprets the opcode.
     Binary {
         opcode: u8,

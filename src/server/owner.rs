@@ -37,6 +37,8 @@ pub struct Tables {
     pub counters: Counters,
     /// The one fencing counter every table's grants draw from.
     pub fence: Fence,
+    /// Key dumps under way and `stats ops` counters of the memcached port.
+    pub mc: super::exec_mc::McState,
     /// Scratch for lockd grants and dlock events.
     pub grants: Vec<Grant>,
     pub dlock_events: Vec<DlockEvent>,
@@ -64,6 +66,7 @@ impl Tables {
             dlock_sessions: DlockSessions::default(),
             counters: Counters::default(),
             fence,
+            mc: super::exec_mc::McState::default(),
             grants: Vec::new(),
             dlock_events: Vec::new(),
             admin: Default::default(),
@@ -86,6 +89,7 @@ impl Tables {
         for v in [c.cmd_get, c.cmd_set, c.cmd_flush, c.cmd_touch] {
             codec::put_u64(out, v);
         }
+        self.mc.snapshot(out);
     }
 
     /// The state from bytes written by [`Tables::snapshot`], with this daemon's configuration.
@@ -117,6 +121,7 @@ impl Tables {
             cmd_flush: r.u64()?,
             cmd_touch: r.u64()?,
         };
+        t.mc = super::exec_mc::McState::restore(r)?;
         r.finish()?;
         Ok(t)
     }
@@ -498,6 +503,7 @@ pub fn apply_op(
         }
         Op::Eof => super::exec_dlock::eof(t, out, conn, now),
         Op::Close => {
+            t.mc.disconnect(conn);
             t.store.disconnect(conn, now);
             t.lockd.disconnect(conn, now.ms);
             t.dlock_sessions.remove(conn);

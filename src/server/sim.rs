@@ -274,6 +274,10 @@ impl Sim {
             Some(conn) => {
                 let out = conn.output().to_vec();
                 conn.written(out.len());
+                if conn.dump == super::conn::Dump::Waiting {
+                    // The client took its output: a key dump paused for it goes on.
+                    self.run();
+                }
                 out
             }
             None => self.closed_output.remove(&id).unwrap_or_default(),
@@ -339,6 +343,7 @@ impl Sim {
                 let Some(conn) = self.conns.get_mut(&id) else {
                     continue;
                 };
+                conn.continue_dump(id, &mut self.batch);
                 if !conn.closing && !conn.rbuf.is_empty() && conn.can_parse() {
                     let from = conn.wbuf.len();
                     conn.parse_buffered(id, &self.shared.config, &mut self.batch);
@@ -372,6 +377,52 @@ mod tests {
             Ok(crate::config::Command::Run(c)) => c,
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn a_key_dump_goes_on_in_steps_the_connection_asks_for_and_replays_the_same() {
+        let mut sim = Sim::new(config());
+        sim.record();
+        let (a, b) = (sim.connect(Proto::Memcache), sim.connect(Proto::Memcache));
+        let n = 3 * super::super::exec_mc::KEYS_SLOTS_PER_STEP + 5;
+        let mut load = Vec::new();
+        for i in 0..n {
+            load.extend_from_slice(format!("set k{i} 0 0 1 noreply\r\nv\r\n").as_bytes());
+        }
+        sim.send(b, &load);
+        sim.send(a, b"keys k1\r\nget k1\r\n");
+        let out = String::from_utf8(sim.output(a)).unwrap();
+        // Dump lines are `VALUE <key>`; the get's is `VALUE k1 0 1`.
+        let listed = out
+            .lines()
+            .filter(|l| l.starts_with("VALUE k1") && l.split(' ').count() == 2)
+            .count();
+        let want = (0..n).filter(|i| i.to_string().starts_with('1')).count();
+        assert_eq!(listed, want);
+        assert!(
+            out.ends_with("END\r\nVALUE k1 0 1\r\nv\r\nEND\r\n"),
+            "{out}"
+        );
+        let rec = sim.take_recording();
+        let mut batch = Batch::default();
+        let mut continues = 0;
+        for entry in &rec.entries {
+            command::decode_entry(entry, command::Limits::default(), &mut batch).unwrap();
+            continues += batch
+                .ops
+                .iter()
+                .filter(|m| matches!(m.op, Op::Mc(super::super::msg::McOp::KeysNext)))
+                .count();
+        }
+        assert_eq!(
+            continues, 3,
+            "one step per turn, each asked for by the worker"
+        );
+        let mut replica = Replayer::new(config());
+        for (entry, effects) in rec.entries.iter().zip(&rec.effects) {
+            assert_eq!(&replica.apply(entry).unwrap(), effects);
+        }
+        assert_eq!(replica.snapshot(), sim.snapshot());
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! memcached `stats` (and its `settings`, `items`, `slabs`, `conns` groups), with the lock
-//! counters of all three tables. Text and binary share this list; each encodes the pairs.
+//! memcached `stats` (and its `settings`, `items`, `slabs`, `conns` groups, and yrmcds's `ops`
+//! and `sizes`), with the lock counters of all three tables. Text and binary share this list;
+//! each encodes the pairs.
 
 use std::sync::atomic::Ordering;
 
@@ -115,6 +116,33 @@ pub fn write(
         Some(b"slabs") => {
             num("active_slabs", u64::from(s.curr_items > 0));
             num("total_malloced", s.bytes);
+        }
+        // yrmcds's groups (cybozu/yrmcds src/memcache/memcache.cpp, `stats_ops`, `stats_sizes`).
+        Some(b"ops") => {
+            use super::exec_mc::{BINARY_OPS, TEXT_OPS};
+            let mut name = String::with_capacity(24);
+            for (i, op) in TEXT_OPS.iter().enumerate() {
+                name.clear();
+                name.push_str("text:");
+                name.push_str(op);
+                num(&name, t.mc.text_ops[i]);
+            }
+            for (op, code) in BINARY_OPS {
+                name.clear();
+                name.push_str("binary:");
+                name.push_str(op);
+                num(&name, t.mc.binary_ops[usize::from(code)]);
+            }
+        }
+        Some(b"sizes") => {
+            let counts = t.store.size_counts();
+            let mut name = String::with_capacity(8);
+            for (bound, n) in crate::core::store::SIZE_CLASSES.iter().zip(counts) {
+                name.clear();
+                name.push_str(&bound.to_string());
+                num(&name, n);
+            }
+            num("huge", counts[crate::core::store::SIZE_CLASSES.len()]);
         }
         Some(b"conns") => {
             num(

@@ -481,9 +481,11 @@ impl Worker {
         recheck.sort_unstable();
         recheck.dedup();
         for &slot in &recheck {
-            let Some(s) = self.sockets.get(slot) else {
+            let Some(s) = self.sockets.get_mut(slot) else {
                 continue;
             };
+            let id = ConnId::new(self.id, slot as u32, s.gen);
+            s.conn.continue_dump(id, &mut self.batch);
             if s.conn.closing {
                 if s.conn.finished() {
                     self.close(slot);
@@ -575,6 +577,10 @@ impl Worker {
             s.write_interest = !drained;
         }
         if drained && (s.conn.closing || s.read_pending || !s.conn.rbuf.is_empty()) {
+            self.recheck.push(slot);
+        } else if s.conn.dump == super::conn::Dump::Waiting && s.conn.pending_output() < WBUF_HIGH {
+            // A key dump paused for its reader may go on (only then: no spinning while the
+            // client reads nothing).
             self.recheck.push(slot);
         }
     }

@@ -79,9 +79,11 @@ pub mod opcode {
     /// Replace and unlock.
     pub const RAU: u8 = 0x4a;
     pub const RAUQ: u8 = 0x4b;
+    /// yrmcds's key dump (cybozu/yrmcds docs/keys.md).
+    pub const KEYS: u8 = 0x50;
 
     /// Every opcode holdfast serves, for tables and tests.
-    pub const ALL: [u8; 45] = [
+    pub const ALL: [u8; 46] = [
         GET,
         SET,
         ADD,
@@ -127,6 +129,7 @@ pub mod opcode {
         LAGKQ,
         RAU,
         RAUQ,
+        KEYS,
     ];
 
     /// A quiet variant: silent on the uninteresting outcome (success, or a miss for the get
@@ -505,6 +508,7 @@ mod tests {
             FLUSH | FLUSHQ | VERBOSITY => (EXP, b"", b""),
             TOUCH | GAT | GATQ | GATK | GATKQ | LAG | LAGQ | LAGK | LAGKQ => (EXP, b"key", b""),
             STAT => (b"", b"settings", b""),
+            KEYS => (b"", b"prefix:", b""),
             _ => (b"", b"", b""),
         }
     }
@@ -515,7 +519,8 @@ mod tests {
         // 0x00..=0x1c are memcached's contiguous opcodes.
         assert_eq!(&ALL[..29], &(0x00..=0x1c).collect::<Vec<u8>>()[..]);
         assert_eq!([GAT, GATQ, GATK, GATKQ], [0x1d, 0x1e, 0x23, 0x24]);
-        assert_eq!(&ALL[33..], &(0x40..=0x4b).collect::<Vec<u8>>()[..]);
+        assert_eq!(&ALL[33..45], &(0x40..=0x4b).collect::<Vec<u8>>()[..]);
+        assert_eq!(ALL[45], 0x50);
         assert_eq!([TOUCH, VERBOSITY, NOOP, STAT], [0x1c, 0x1b, 0x0a, 0x10]);
         assert_eq!([status::LOCKED, status::NOT_LOCKED], [0x10, 0x11]);
         assert_eq!(

@@ -1,5 +1,8 @@
 //! memcached text protocol parser (memcached's doc/protocol.txt, every command but the meta
-//! commands) plus yrmcds's `lock`, `unlock` and `unlock_all` (yrmcds-locking.md).
+//! commands) plus yrmcds's `lock`, `unlock` and `unlock_all` (yrmcds-locking.md) and its key
+//! dump `keys [<prefix>]` (cybozu/yrmcds docs/keys.md; a prefix over 250 bytes or a second
+//! argument is `CLIENT_ERROR bad command line format`). The `--compat yrmcds` error words are
+//! chosen by the caller (`server::decode`), not here.
 //!
 //! Owns: splitting the receive buffer into request lines and data blocks, validating them, and
 //! choosing the error line memcached answers for each malformed request together with how many
@@ -175,6 +178,10 @@ pub enum Request<'a> {
     /// holdfast's `lock_token KEY` (contract: "Fencing tokens").
     LockToken {
         key: &'a [u8],
+    },
+    /// yrmcds's key dump: `keys [<prefix>]` (cybozu/yrmcds docs/keys.md).
+    Keys {
+        prefix: &'a [u8],
     },
 }
 
@@ -512,6 +519,16 @@ fn parse_line_inner(
                 _ => ok(Request::LockToken { key }),
             }
         }
+        b"keys" => {
+            // At most one prefix, no longer than a key (a longer one could match nothing).
+            let Some(([prefix], n)) = collect::<1>(toks) else {
+                return bad();
+            };
+            if n > 1 || prefix.len() > MAX_KEY_LEN {
+                return bad();
+            }
+            ok(Request::Keys { prefix })
+        }
         _ => invalid(reply::ERROR, line_len),
     }
 }
@@ -674,6 +691,7 @@ mod tests {
         let mut set250 = b"set ".to_vec();
         set250.extend_from_slice(k250);
         set250.extend_from_slice(b" 0 0 1\r\nx\r\n");
+        let keys250 = [&b"keys "[..], k250, b"\r\n"].concat();
         vec![
             (
                 b"get foo\r\n".to_vec(),
@@ -904,6 +922,17 @@ mod tests {
             (b"unlock k\r\n".to_vec(), Unlock { key: b"k" }),
             (b"unlock_all\r\n".to_vec(), UnlockAll),
             (b"lock_token k\r\n".to_vec(), LockToken { key: b"k" }),
+            (b"keys\r\n".to_vec(), Request::Keys { prefix: b"" }),
+            (b"keys   \r\n".to_vec(), Request::Keys { prefix: b"" }),
+            (
+                b"keys user:\r\n".to_vec(),
+                Request::Keys { prefix: b"user:" },
+            ),
+            (
+                b"keys  user: \n".to_vec(),
+                Request::Keys { prefix: b"user:" },
+            ),
+            (keys250, Request::Keys { prefix: k250 }),
         ]
     }
 
@@ -920,7 +949,12 @@ mod tests {
         let del251_len = del251.len();
         let unlock251 = line(&[b"unlock ", &k251, b"\r\n"]);
         let unlock251_len = unlock251.len();
+        let keys251 = line(&[b"keys ", &k251, b"\r\n"]);
+        let keys251_len = keys251.len();
         vec![
+            (keys251, MAX, BAD_FORMAT, keys251_len),
+            (b"keys a b\r\n".to_vec(), MAX, BAD_FORMAT, 10),
+            (b"KEYS\r\n".to_vec(), MAX, ERROR, 6),
             (b"bogus\r\n".to_vec(), MAX, ERROR, 7),
             (b"GET foo\r\n".to_vec(), MAX, ERROR, 9),
             (b"\r\n".to_vec(), MAX, ERROR, 2),
