@@ -36,17 +36,17 @@ run: release
 	./target/release/holdfast
 
 build:
-	$(CARGO) build --all-targets
+	$(CARGO) build --workspace --all-targets
 
 release:
-	$(CARGO) build --release --bins
+	$(CARGO) build --release --workspace --bins
 
 test: deps test-rust test-clients conformance verify-service
 
 # The integration suites run twice: with the owner on a thread of its own (--threads 2) and run
 # to completion inside the one worker (--threads 1).
 test-rust:
-	$(CARGO) test --all-targets
+	$(CARGO) test --workspace --all-targets
 	HOLDFAST_TEST_THREADS=1 $(CARGO) test --tests -- --skip core:: --skip proto::
 
 # Real client libraries (pymemcache, python-binary-memcached, protobuf) against the real daemon.
@@ -105,7 +105,7 @@ $(VENV)/.done: tests/clients/requirements.txt
 
 lint:
 	$(CARGO) fmt --all -- --check
-	$(CARGO) clippy --all-targets -- -D warnings
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 fmt:
 	$(CARGO) fmt --all

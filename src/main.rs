@@ -68,7 +68,7 @@ fn settings(c: &config::Config) -> String {
         "holdfast {} memcache={} lockd={} dlock={} admin={} threads={} memory={}MiB \
          max-item-size={} max-connections={} orphan-timeout={}ms dlock-idle-timeout={}ms \
          dlock-max-keys={} dlock-max-message={} dlock-token={} client-stall-timeout={}ms \
-         log-level={}",
+         compat={} log-level={}",
         env!("CARGO_PKG_VERSION"),
         addr(c.memcache),
         addr(c.lockd),
@@ -88,6 +88,10 @@ fn settings(c: &config::Config) -> String {
             "none"
         },
         c.client_stall_timeout_ms,
+        match c.compat {
+            config::Compat::Memcached => "memcached",
+            config::Compat::Yrmcds => "yrmcds",
+        },
         c.log_level.name(),
     )
 }
