@@ -106,6 +106,9 @@ $(VENV)/.done: tests/clients/requirements.txt
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	# The fuzz crate is outside the workspace (it needs libFuzzer): check that it still compiles
+	# against the library (a new request variant must reach its printers too).
+	$(CARGO) check --manifest-path fuzz/Cargo.toml --lib --quiet
 
 fmt:
 	$(CARGO) fmt --all

@@ -130,6 +130,16 @@ pub fn encode_text(req: &text::Request<'_>) -> Vec<u8> {
             word(&mut out, key);
         }
         R::UnlockAll => out.extend_from_slice(b"unlock_all"),
+        R::LockToken { key } => {
+            out.extend_from_slice(b"lock_token");
+            word(&mut out, key);
+        }
+        R::Keys { prefix } => {
+            out.extend_from_slice(b"keys");
+            if !prefix.is_empty() {
+                word(&mut out, prefix);
+            }
+        }
     }
     out.extend_from_slice(b"\r\n");
     out
@@ -146,7 +156,9 @@ pub fn text_keys<'a>(req: &text::Request<'a>) -> Vec<&'a [u8]> {
         | R::Decr { key, .. }
         | R::Touch { key, .. }
         | R::Lock { key }
-        | R::Unlock { key } => vec![key],
+        | R::Unlock { key }
+        | R::LockToken { key } => vec![key],
+        R::Keys { prefix } => vec![prefix],
         _ => Vec::new(),
     }
 }
