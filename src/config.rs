@@ -85,7 +85,12 @@ fn options() -> getopts::Options {
     )
     .optopt("l", "lockd", "old lock-daemon listener (or off)", "ADDR")
     .optopt("d", "dlock", "dlock listener (or off)", "ADDR")
-    .optopt("t", "threads", "I/O worker threads (default: cores)", "N")
+    .optopt(
+        "t",
+        "threads",
+        "I/O threads; 1 runs the owner in the one I/O thread (default: 1 up to 2 cores, else cores-1)",
+        "N",
+    )
     .optopt(
         "M",
         "memory",
@@ -163,6 +168,21 @@ fn options() -> getopts::Options {
     o
 }
 
+/// The default `--threads` for a machine with `cores` cores. Measured on 2 cores (make bench,
+/// 2026-11-23): one I/O thread running the owner itself (run to completion) beats two workers
+/// plus the owner thread on every row, depth 1 and 16, by 7-45%: with the load generator on the
+/// same machine, a third busy thread only adds hand-offs and wake-ups. With more cores, the
+/// owner's ceiling (millions of operations a second, `make owner-ceiling`) leaves room for
+/// parallel I/O: one worker per core but the one the owner thread needs (not measured here, a
+/// machine with more cores was not available).
+pub fn default_threads(cores: usize) -> usize {
+    if cores <= 2 {
+        1
+    } else {
+        cores - 1
+    }
+}
+
 /// Parse the arguments after the program name.
 pub fn parse<I, S>(args: I) -> Result<Command, String>
 where
@@ -182,12 +202,13 @@ where
         return Err(format!("unexpected argument '{extra}'"));
     }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let default_threads = default_threads(cores);
     let memory_mib: usize = number(&m, "memory", DEFAULT_MEMORY_MIB, 1, 1 << 30)?;
     let config = Config {
         memcache: address(&m, "memcache", DEFAULT_MEMCACHE)?,
         lockd: address(&m, "lockd", DEFAULT_LOCKD)?,
         dlock: address(&m, "dlock", DEFAULT_DLOCK)?,
-        threads: number(&m, "threads", cores, 1, 1024)?,
+        threads: number(&m, "threads", default_threads, 1, 1024)?,
         memory_limit: memory_mib.saturating_mul(1024 * 1024),
         max_item_size: number(
             &m,
@@ -330,6 +351,9 @@ mod tests {
 
     #[test]
     fn bad_flags_are_errors() {
+        assert_eq!(super::default_threads(1), 1);
+        assert_eq!(super::default_threads(2), 1, "run to completion on 2 cores");
+        assert_eq!(super::default_threads(8), 7, "a core for the owner thread");
         assert!(run(&["--threads", "0"]).is_err());
         assert!(run(&["--threads", "x"]).is_err());
         assert!(run(&["--memcache", "nonsense"]).is_err());
