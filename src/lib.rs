@@ -35,6 +35,7 @@
 //! Modules: [`config`] (flags), [`core`] (the tables: pure state machines, time passed in),
 //! [`proto`] (zero-copy parsers and encoders), [`server`] (threads and glue).
 
+pub mod cluster;
 pub mod config;
 pub mod core;
 pub mod proto;
