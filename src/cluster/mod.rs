@@ -9,4 +9,5 @@
 //! described in `docs/state-machine.md`.
 
 pub mod crc32c;
+pub mod sim;
 pub mod storage;

@@ -135,25 +135,30 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> LogError + '_ {
     }
 }
 
-/// The replayable state: what memory holds and what the records describe.
+/// The replayable state: what memory holds and what the records describe. Also the whole of
+/// the simulator's in-memory storage (`cluster::sim`), so both answer raft alike.
 #[derive(Default, Clone)]
-struct LogState {
-    hard_state: HardState,
-    conf_state: ConfState,
+pub(crate) struct LogState {
+    pub(crate) hard_state: HardState,
+    pub(crate) conf_state: ConfState,
     /// Index and term of the entry just before `entries` (0/0, a snapshot's or a compaction's).
     base_index: u64,
     base_term: u64,
     entries: VecDeque<Entry>,
     /// The newest snapshot file, if any.
-    snapshot: Option<SnapshotMetadata>,
+    pub(crate) snapshot: Option<SnapshotMetadata>,
 }
 
 impl LogState {
-    fn last_index(&self) -> u64 {
+    pub(crate) fn base_index(&self) -> u64 {
+        self.base_index
+    }
+
+    pub(crate) fn last_index(&self) -> u64 {
         self.base_index + self.entries.len() as u64
     }
 
-    fn term(&self, idx: u64) -> Option<u64> {
+    pub(crate) fn term(&self, idx: u64) -> Option<u64> {
         if idx == self.base_index {
             return Some(self.base_term);
         }
@@ -164,7 +169,7 @@ impl LogState {
     }
 
     /// Appends one entry, dropping a conflicting suffix first.
-    fn push(&mut self, e: Entry) -> Result<(), String> {
+    pub(crate) fn push(&mut self, e: Entry) -> Result<(), String> {
         if e.index <= self.base_index {
             return Err(format!(
                 "entry {} at or before the compaction point {}",
@@ -184,7 +189,7 @@ impl LogState {
         Ok(())
     }
 
-    fn compact(&mut self, index: u64, term: u64) -> Result<(), String> {
+    pub(crate) fn compact(&mut self, index: u64, term: u64) -> Result<(), String> {
         if index < self.base_index {
             return Err(format!(
                 "compaction to {} before {}",
@@ -206,7 +211,7 @@ impl LogState {
 
     /// A leader's snapshot: entries after it survive only if the log agrees at its index
     /// (Raft's InstallSnapshot rule); the commit index reaches it.
-    fn install(&mut self, meta: &SnapshotMetadata) {
+    pub(crate) fn install(&mut self, meta: &SnapshotMetadata) {
         if self.term(meta.index) == Some(meta.term) && meta.index >= self.base_index {
             let drop = (meta.index - self.base_index) as usize;
             self.entries.drain(..drop);
@@ -793,6 +798,37 @@ fn read_snapshot_file(path: &Path) -> Result<Snapshot, LogError> {
     parse(&payload[1..]).map_err(corrupt)
 }
 
+impl LogState {
+    /// `Storage::entries` over this state.
+    pub(crate) fn read_entries(
+        &self,
+        low: u64,
+        high: u64,
+        max_size: Option<u64>,
+    ) -> raft::Result<Vec<Entry>> {
+        if low <= self.base_index {
+            return Err(raft::Error::Store(StorageError::Compacted));
+        }
+        if high > self.last_index() + 1 || low > high {
+            return Err(raft::Error::Store(StorageError::Unavailable));
+        }
+        let lo = (low - self.base_index - 1) as usize;
+        let hi = (high - self.base_index - 1) as usize;
+        let mut out: Vec<Entry> = self.entries.range(lo..hi).cloned().collect();
+        raft::util::limit_size(&mut out, max_size);
+        Ok(out)
+    }
+
+    /// `Storage::term` over this state.
+    pub(crate) fn read_term(&self, idx: u64) -> raft::Result<u64> {
+        if idx < self.base_index {
+            return Err(raft::Error::Store(StorageError::Compacted));
+        }
+        self.term(idx)
+            .ok_or(raft::Error::Store(StorageError::Unavailable))
+    }
+}
+
 impl Storage for DiskStorage {
     fn initial_state(&self) -> raft::Result<RaftState> {
         Ok(RaftState::new(
@@ -808,26 +844,11 @@ impl Storage for DiskStorage {
         max_size: impl Into<Option<u64>>,
         _context: GetEntriesContext,
     ) -> raft::Result<Vec<Entry>> {
-        if low <= self.state.base_index {
-            return Err(raft::Error::Store(StorageError::Compacted));
-        }
-        if high > self.state.last_index() + 1 || low > high {
-            return Err(raft::Error::Store(StorageError::Unavailable));
-        }
-        let lo = (low - self.state.base_index - 1) as usize;
-        let hi = (high - self.state.base_index - 1) as usize;
-        let mut out: Vec<Entry> = self.state.entries.range(lo..hi).cloned().collect();
-        raft::util::limit_size(&mut out, max_size.into());
-        Ok(out)
+        self.state.read_entries(low, high, max_size.into())
     }
 
     fn term(&self, idx: u64) -> raft::Result<u64> {
-        if idx < self.state.base_index {
-            return Err(raft::Error::Store(StorageError::Compacted));
-        }
-        self.state
-            .term(idx)
-            .ok_or(raft::Error::Store(StorageError::Unavailable))
+        self.state.read_term(idx)
     }
 
     fn first_index(&self) -> raft::Result<u64> {
