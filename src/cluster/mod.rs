@@ -11,3 +11,4 @@
 pub mod crc32c;
 pub mod sim;
 pub mod storage;
+pub mod transport;
