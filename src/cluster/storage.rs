@@ -470,9 +470,16 @@ impl DiskStorage {
             fs::remove_file(&p).map_err(io_err(&p))?;
         }
         let keep = state.snapshot.as_ref().map(|m| snap_path(&dir, m));
-        if let Some(keep) = &keep {
-            // Fails on a missing or damaged file.
-            read_snapshot_file(keep)?;
+        if let (Some(keep), Some(meta)) = (&keep, &state.snapshot) {
+            // Fails on a missing or damaged file, or one that is not the snapshot named.
+            let snap = read_snapshot_file(keep)?;
+            if snap.get_metadata() != meta {
+                return Err(LogError::Corrupt {
+                    path: keep.clone(),
+                    offset: 0,
+                    reason: "snapshot metadata differs from the log's record".into(),
+                });
+            }
         }
         for p in snaps {
             if Some(&p) != keep.as_ref() {

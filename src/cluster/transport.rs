@@ -52,6 +52,12 @@ pub const BACKOFF_MIN: Duration = Duration::from_millis(20);
 pub const BACKOFF_MAX: Duration = Duration::from_secs(2);
 /// A write that makes no progress this long fails the connection (a peer that stopped reading).
 const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Inbound connections served at once: a peer needs one (two across a reconnect); more are
+/// strangers, refused so that they cannot make us start a thread each.
+pub const MAX_INBOUND_CONNECTIONS: usize = 32;
+/// A connection that has not sent one whole valid frame this long after it was accepted is
+/// closed, so that idle strangers cannot hold the inbound slots.
+pub const FIRST_FRAME_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often blocked threads look at the shutdown flag.
 const POLL: Duration = Duration::from_millis(50);
 
@@ -384,6 +390,12 @@ fn accept_loop(
     while !shutdown.load(Ordering::Relaxed) {
         match listener.accept() {
             Ok((s, _)) => {
+                readers.retain(|h| !h.is_finished());
+                if readers.len() >= MAX_INBOUND_CONNECTIONS {
+                    stats.refused.fetch_add(1, Ordering::Relaxed);
+                    drop(s);
+                    continue;
+                }
                 let r = Reader {
                     id,
                     members: members.clone(),
@@ -398,7 +410,6 @@ fn accept_loop(
                 {
                     readers.push(h);
                 }
-                readers.retain(|h| !h.is_finished());
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => thread::sleep(POLL / 5),
             Err(_) => thread::sleep(POLL),
@@ -444,11 +455,12 @@ impl Reader {
         }
     }
 
-    /// Reads exactly `buf.len()` bytes; false at EOF, error, or shutdown.
-    fn fill(&self, s: &mut TcpStream, buf: &mut [u8]) -> bool {
+    /// Reads exactly `buf.len()` bytes; false at EOF, error, shutdown or the deadline.
+    fn fill(&self, s: &mut TcpStream, buf: &mut [u8], deadline: Option<Instant>) -> bool {
         let mut at = 0;
         while at < buf.len() {
-            if self.shutdown.load(Ordering::Relaxed) {
+            if self.shutdown.load(Ordering::Relaxed) || deadline.is_some_and(|d| Instant::now() > d)
+            {
                 return false;
             }
             match s.read(&mut buf[at..]) {
@@ -472,8 +484,12 @@ impl Reader {
         sender: &mut Option<u64>,
         body: &mut Vec<u8>,
     ) -> Result<Got, FrameError> {
+        // Until the peer has proved itself with one valid frame, it has a deadline.
+        let deadline = sender
+            .is_none()
+            .then(|| Instant::now() + FIRST_FRAME_TIMEOUT);
         let mut h = [0u8; HEADER_LEN];
-        if !self.fill(s, &mut h) {
+        if !self.fill(s, &mut h, deadline) {
             return Ok(Got::Closed);
         }
         let head = decode_header(&h, self.max_frame)?;
@@ -496,7 +512,7 @@ impl Reader {
             let start = body.len();
             let n = (head.len - start).min(CHUNK);
             body.resize(start + n, 0);
-            if !self.fill(s, &mut body[start..]) {
+            if !self.fill(s, &mut body[start..], deadline) {
                 return Ok(Got::Closed);
             }
         }

@@ -209,3 +209,26 @@ fn a_full_queue_drops_instead_of_blocking() {
         std::iter::from_fn(|| a.try_event()).find(|e| *e == PeerEvent::SnapshotFailed(2))
     });
 }
+
+/// Strangers that connect and say nothing take no more than the inbound cap, are closed after
+/// the first-frame timeout, and the real peer gets in after them.
+#[test]
+fn idle_strangers_cannot_hold_the_inbound_slots() {
+    let (la, lb) = (listener(), listener());
+    let (aa, ab) = (la.local_addr().unwrap(), lb.local_addr().unwrap());
+    let peers: BTreeMap<u64, SocketAddr> = [(1, aa), (2, ab)].into_iter().collect();
+    let a = Transport::start(TransportConfig::new(1, peers.clone()), la).unwrap();
+    let idle: Vec<TcpStream> = (0..MAX_INBOUND_CONNECTIONS + 3)
+        .map(|_| TcpStream::connect(aa).unwrap())
+        .collect();
+    wait_for("connections over the cap refused", || {
+        (a.stats().refused.load(Ordering::Relaxed) >= 3).then_some(())
+    });
+    let b = Transport::start(TransportConfig::new(2, peers), lb).unwrap();
+    let got = wait_for("the real peer gets through", || {
+        b.send(msg(2, 1, 3));
+        a.recv_timeout(Duration::from_millis(50))
+    });
+    assert_eq!(got.from, 2);
+    drop(idle);
+}
