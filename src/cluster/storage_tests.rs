@@ -468,3 +468,142 @@ fn random_operations_match_memstorage_across_reopens() {
         }
     }
 }
+
+/// Three raft-rs nodes on disk logs, messages passed by hand: they elect a leader, commit
+/// proposals, snapshot and compact, then every node restarts from its directory alone and the
+/// cluster carries on from where it was.
+#[test]
+fn raft_nodes_on_disk_logs_commit_and_survive_a_full_restart() {
+    use raft::prelude::Message;
+    use raft::{Config, RawNode, StateRole};
+
+    let dirs: Vec<TempDir> = (0..3).map(|_| TempDir::new("raft")).collect();
+    let logger = slog::Logger::root(slog::Discard, slog::o!());
+    let start = |i: usize, fresh: bool| {
+        let mut s = DiskStorage::open(&dirs[i].0).unwrap();
+        if fresh {
+            s.initialize_with_conf_state(ConfState::from((vec![1, 2, 3], vec![])))
+                .unwrap();
+            s.sync().unwrap();
+        }
+        let applied = s.snapshot_metadata().map_or(0, |m| m.index);
+        let cfg = Config {
+            id: i as u64 + 1,
+            election_tick: 10,
+            heartbeat_tick: 1,
+            pre_vote: true,
+            check_quorum: true,
+            applied,
+            ..Default::default()
+        };
+        RawNode::new(&cfg, s, &logger).unwrap()
+    };
+    // Drives every node until quiet; returns the data of entries applied, per node.
+    fn pump(nodes: &mut [RawNode<DiskStorage>], applied: &mut [Vec<Vec<u8>>]) {
+        for _ in 0..200 {
+            let mut mail: Vec<Message> = Vec::new();
+            for (i, n) in nodes.iter_mut().enumerate() {
+                if !n.has_ready() {
+                    continue;
+                }
+                let mut rd = n.ready();
+                mail.extend(rd.take_messages());
+                if !rd.snapshot().is_empty() {
+                    n.mut_store().apply_snapshot(rd.snapshot()).unwrap();
+                }
+                for e in rd.take_committed_entries() {
+                    if !e.get_data().is_empty() {
+                        applied[i].push(e.get_data().to_vec());
+                    }
+                }
+                n.mut_store().append(rd.entries()).unwrap();
+                if let Some(hs) = rd.hs() {
+                    n.mut_store().set_hard_state(hs).unwrap();
+                }
+                n.mut_store().sync().unwrap();
+                mail.extend(rd.take_persisted_messages());
+                let mut light = n.advance(rd);
+                if let Some(c) = light.commit_index() {
+                    let mut hs = n.store().hard_state().clone();
+                    hs.commit = c;
+                    n.mut_store().set_hard_state(&hs).unwrap();
+                    n.mut_store().sync().unwrap();
+                }
+                mail.extend(light.take_messages());
+                for e in light.take_committed_entries() {
+                    if !e.get_data().is_empty() {
+                        applied[i].push(e.get_data().to_vec());
+                    }
+                }
+                n.advance_apply();
+            }
+            if mail.is_empty() && nodes.iter().all(|n| !n.has_ready()) {
+                return;
+            }
+            for m in mail {
+                let to = m.to as usize - 1;
+                let _ = nodes[to].step(m);
+            }
+        }
+    }
+    let mut nodes: Vec<RawNode<DiskStorage>> = (0..3).map(|i| start(i, true)).collect();
+    let mut applied = vec![Vec::new(); 3];
+    nodes[0].campaign().unwrap();
+    pump(&mut nodes, &mut applied);
+    assert_eq!(nodes[0].raft.state, StateRole::Leader);
+    for k in 0..20u8 {
+        nodes[0].propose(vec![], vec![b'a', k]).unwrap();
+        pump(&mut nodes, &mut applied);
+    }
+    let want: Vec<Vec<u8>> = (0..20u8).map(|k| vec![b'a', k]).collect();
+    assert_eq!(applied[0], want);
+    // Heartbeats carry the commit index to followers.
+    for _ in 0..3 {
+        for n in nodes.iter_mut() {
+            n.tick();
+        }
+        pump(&mut nodes, &mut applied);
+    }
+    assert!(
+        applied.iter().all(|a| *a == want),
+        "{:?}",
+        applied.iter().map(|a| a.len()).collect::<Vec<_>>()
+    );
+    let last = nodes[0].raft.raft_log.last_index();
+    let term = nodes[0].raft.term;
+    // Node 1 snapshots and compacts what it applied.
+    let commit = nodes[0].store().hard_state().commit;
+    let s = nodes[0].mut_store();
+    s.create_snapshot(
+        commit,
+        ConfState::from((vec![1, 2, 3], vec![])),
+        b"app state".to_vec(),
+    )
+    .unwrap();
+    s.compact(commit).unwrap();
+    s.sync().unwrap();
+    drop(nodes);
+
+    // Everyone restarts from disk.
+    let mut nodes: Vec<RawNode<DiskStorage>> = (0..3).map(|i| start(i, false)).collect();
+    for n in &nodes {
+        assert_eq!(n.raft.raft_log.last_index(), last);
+        assert!(n.raft.term >= term);
+    }
+    assert_eq!(nodes[0].store().first_index().unwrap(), commit);
+    let mut applied = vec![Vec::new(); 3];
+    nodes[1].campaign().unwrap();
+    pump(&mut nodes, &mut applied);
+    assert_eq!(nodes[1].raft.state, StateRole::Leader);
+    nodes[1].propose(vec![], b"after restart".to_vec()).unwrap();
+    pump(&mut nodes, &mut applied);
+    for _ in 0..3 {
+        for n in nodes.iter_mut() {
+            n.tick();
+        }
+        pump(&mut nodes, &mut applied);
+    }
+    for a in &applied {
+        assert_eq!(a.last().map(|v| &v[..]), Some(&b"after restart"[..]));
+    }
+}
