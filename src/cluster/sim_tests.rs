@@ -6,7 +6,12 @@ use super::*;
 /// Runs `seeds`, panicking with the first failing seed so it can become a named test below.
 fn run_seeds(seeds: std::ops::Range<u64>) -> Report {
     let mut total = Report::default();
+    let start = Instant::now();
+    let first = seeds.start;
     for seed in seeds {
+        if (seed - first) % 5000 == 0 && seed > first {
+            eprintln!("{} seeds passed in {:?}", seed - first, start.elapsed());
+        }
         let r = run_holdfast_seed(seed)
             .unwrap_or_else(|e| panic!("{} (add it as a regression test)", e));
         total.events += r.events;
