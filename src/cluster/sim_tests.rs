@@ -9,7 +9,7 @@ fn run_seeds(seeds: std::ops::Range<u64>) -> Report {
     let start = Instant::now();
     let first = seeds.start;
     for seed in seeds {
-        if (seed - first) % 5000 == 0 && seed > first {
+        if (seed - first).is_multiple_of(5000) && seed > first {
             eprintln!("{} seeds passed in {:?}", seed - first, start.elapsed());
         }
         let r = run_holdfast_seed(seed)
