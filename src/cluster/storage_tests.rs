@@ -607,3 +607,34 @@ fn raft_nodes_on_disk_logs_commit_and_survive_a_full_restart() {
         assert_eq!(a.last().map(|v| &v[..]), Some(&b"after restart"[..]));
     }
 }
+
+#[test]
+fn a_snapshot_file_that_is_not_the_one_named_or_has_no_log_is_an_error() {
+    let d = TempDir::new("snapname");
+    let mut s = DiskStorage::open(&d.0).unwrap();
+    s.append(&(1..=4).map(|i| entry(i, 3, b"e")).collect::<Vec<_>>())
+        .unwrap();
+    s.set_hard_state(&hs(3, 1, 4)).unwrap();
+    s.create_snapshot(4, ConfState::from((vec![1], vec![])), b"at 4".to_vec())
+        .unwrap();
+    s.sync().unwrap();
+    drop(s);
+    let d2 = TempDir::new("snapname2");
+    let mut s = DiskStorage::open(&d2.0).unwrap();
+    s.append(&[entry(1, 1, b"e"), entry(2, 1, b"e")]).unwrap();
+    s.set_hard_state(&hs(1, 1, 2)).unwrap();
+    s.create_snapshot(2, ConfState::from((vec![1], vec![])), b"at 2".to_vec())
+        .unwrap();
+    s.sync().unwrap();
+    drop(s);
+    fs::copy(d.0.join("snap-4-3"), d2.0.join("snap-2-1")).unwrap();
+    let err = DiskStorage::open(&d2.0)
+        .err()
+        .expect("mismatched snapshot refused");
+    assert!(err.to_string().contains("differs from the log"), "{}", err);
+    fs::remove_file(only_log(&d2.0)).unwrap();
+    let err = DiskStorage::open(&d2.0)
+        .err()
+        .expect("snapshot without a log refused");
+    assert!(err.to_string().contains("without a log"), "{}", err);
+}
