@@ -160,6 +160,16 @@ owner-ceiling:
 	$(PYTHON) tools/owner_ceiling.py target/release/examples/owner_ceiling 16
 	$(PYTHON) tools/owner_ceiling.py target/release/examples/owner_ceiling 1
 
+# The cluster simulator (src/cluster/sim.rs) over many seeds in release mode: SIM_SEEDS seeds
+# from SIM_FIRST (cargo test runs 200 from 0). A failing seed is printed; replay it with
+# HOLDFAST_SIM_SEED=N cargo test --lib cluster::sim::tests::one_seed -- --ignored --nocapture.
+SIM_SEEDS ?= 100000
+SIM_FIRST ?= 1000
+.PHONY: cluster-sim
+cluster-sim:
+	HOLDFAST_SIM_FIRST=$(SIM_FIRST) HOLDFAST_SIM_SEEDS=$(SIM_SEEDS) $(CARGO) test --release --lib \
+		cluster::sim::tests::replicas_of_holdfast_agree_under_faults_100k_seeds -- --ignored --nocapture
+
 clean:
 	$(CARGO) clean
 	rm -rf $(VENV)

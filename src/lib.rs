@@ -36,6 +36,7 @@
 //! [`proto`] (zero-copy parsers and encoders), [`server`] (threads and glue).
 
 pub mod admin;
+pub mod cluster;
 pub mod config;
 pub mod core;
 #[macro_use]

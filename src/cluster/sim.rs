@@ -1,0 +1,1229 @@
+//! A deterministic simulator of a raft cluster: 3 or 5 raft-rs `RawNode`s in one thread, their
+//! disks, their network and their clocks, all driven from one seed (after tigerbeetle's VOPR
+//! and FoundationDB's simulation testing).
+//!
+//! Owns: the simulated world (an event queue in simulated microseconds), the driving loop that
+//! a real node will run (ready → send → apply → persist → sync → send persisted → advance),
+//! and the invariant checks. It must not read a clock, a socket or a file: everything comes
+//! from the seed, so a failing seed replays exactly.
+//!
+//! - **Disks** ([`MemLog`]): the node's raft storage in memory; a crash keeps only what the
+//!   last sync made durable. A node may crash between persisting a `Ready` and syncing it.
+//! - **Network**: seeded loss, delay (hence reordering) and duplication; symmetric and one-way
+//!   partitions; dropped snapshot messages are reported to the leader as a transport would.
+//! - **Clocks**: each node ticks at its own rate (±5%) and reads its own offset wall clock; the
+//!   leader stamps each command with its clock, so log time is the leader's.
+//! - **Clients** propose `(client, seq, request)` through any node; a follower forwards to the
+//!   leader it knows, and nothing tells a client that a proposal was dropped: it retries the
+//!   same `(client, seq)` until it sees it applied. [`Deduped`] (replicated, in the snapshot)
+//!   applies each `(client, seq)` once.
+//!
+//! Checked after every applied entry, on every node: the entry at each index is the same
+//! everywhere (log matching on what was applied), its effects are the same, the state
+//! machine's snapshot at each applied index is byte-identical (also right after a restore),
+//! each client's requests apply once and in order, and the workload's own check (for locks:
+//! never two holders). At the end of the run the faults stop and every node must converge and
+//! every client's request must have been applied (liveness).
+
+use std::cmp::Ordering as CmpOrdering;
+use std::collections::{BTreeMap, BinaryHeap};
+
+use raft::prelude::{
+    ConfState, Entry, EntryType, HardState, Message, MessageType, Snapshot, SnapshotMetadata,
+};
+use raft::{
+    Config, GetEntriesContext, RaftState, RawNode, SnapshotStatus, StateRole, Storage, StorageError,
+};
+
+use super::storage::LogState;
+use crate::rng::Rng;
+
+/// A replicated state machine: deterministic, fed committed commands in log order.
+pub trait StateMachine {
+    /// Apply one committed command; returns its effects (replies, grants) as bytes.
+    fn apply(&mut self, command: &[u8]) -> Vec<u8>;
+    /// The whole state as canonical bytes.
+    fn snapshot(&self) -> Vec<u8>;
+    /// Replace the state by one restored from `snapshot` (hostile input: an error, no panic).
+    fn restore(&mut self, snapshot: &[u8]) -> Result<(), String>;
+}
+
+/// What clients do against a [`StateMachine`], and what must hold of its effects.
+pub trait Workload {
+    /// The next request of `client`, chosen from what the applied log has shown so far.
+    fn request(&mut self, client: u64, rng: &mut Rng) -> Vec<u8>;
+    /// The command the leader proposes for `request`, stamped with the leader's clock.
+    fn command(&self, client: u64, request: &[u8], now_ms: u64) -> Vec<u8>;
+    /// Called once per applied command, in log order, with its effects.
+    fn check(&mut self, client: u64, command: &[u8], effects: &[u8]) -> Result<(), String>;
+}
+
+/// Exactly-once application of client commands: the replicated `(client → last seq)` table in
+/// front of a state machine. A proposal is `client(u64 LE) seq(u64 LE) command`.
+pub struct Deduped<M> {
+    pub inner: M,
+    last_seq: BTreeMap<u64, u64>,
+}
+
+/// What applying one log entry did.
+#[derive(Debug, PartialEq)]
+pub enum Applied {
+    /// A first application: the client, its sequence number and the effects.
+    Command {
+        client: u64,
+        seq: u64,
+        effects: Vec<u8>,
+    },
+    /// A re-proposal of a request already applied: nothing happened.
+    Duplicate { client: u64, seq: u64 },
+    /// Not a proposal (too short): ignored on every replica alike.
+    Ignored,
+}
+
+pub fn encode_proposal(client: u64, seq: u64, command: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(16 + command.len());
+    out.extend_from_slice(&client.to_le_bytes());
+    out.extend_from_slice(&seq.to_le_bytes());
+    out.extend_from_slice(command);
+    out
+}
+
+fn le_u64(b: &[u8]) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[..8]);
+    u64::from_le_bytes(a)
+}
+
+impl<M: StateMachine> Deduped<M> {
+    pub fn new(inner: M) -> Deduped<M> {
+        Deduped {
+            inner,
+            last_seq: BTreeMap::new(),
+        }
+    }
+
+    pub fn apply(&mut self, proposal: &[u8]) -> Applied {
+        if proposal.len() < 16 {
+            return Applied::Ignored;
+        }
+        let (client, seq) = (le_u64(&proposal[..8]), le_u64(&proposal[8..16]));
+        let last = self.last_seq.entry(client).or_insert(0);
+        if seq <= *last {
+            return Applied::Duplicate { client, seq };
+        }
+        *last = seq;
+        Applied::Command {
+            client,
+            seq,
+            effects: self.inner.apply(&proposal[16..]),
+        }
+    }
+
+    pub fn snapshot(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        out.extend_from_slice(&(self.last_seq.len() as u64).to_le_bytes());
+        for (c, s) in &self.last_seq {
+            out.extend_from_slice(&c.to_le_bytes());
+            out.extend_from_slice(&s.to_le_bytes());
+        }
+        out.extend_from_slice(&self.inner.snapshot());
+        out
+    }
+
+    pub fn restore(&mut self, bytes: &[u8]) -> Result<(), String> {
+        if bytes.len() < 8 {
+            return Err("dedup table truncated".into());
+        }
+        let n = le_u64(bytes);
+        let table_len = n
+            .checked_mul(16)
+            .filter(|&l| l <= (bytes.len() - 8) as u64)
+            .ok_or("dedup table truncated")?;
+        let mut last_seq = BTreeMap::new();
+        for pair in bytes[8..8 + table_len as usize].chunks_exact(16) {
+            last_seq.insert(le_u64(pair), le_u64(&pair[8..]));
+        }
+        self.inner.restore(&bytes[8 + table_len as usize..])?;
+        self.last_seq = last_seq;
+        Ok(())
+    }
+}
+
+/// Raft storage in memory, cloned whole to model what a sync made durable.
+#[derive(Clone, Default)]
+pub struct MemLog {
+    state: LogState,
+    snapshot_data: Vec<u8>,
+}
+
+impl MemLog {
+    fn new(voters: Vec<u64>) -> MemLog {
+        let mut m = MemLog::default();
+        m.state.conf_state = ConfState::from((voters, vec![]));
+        m
+    }
+
+    fn append(&mut self, ents: &[Entry]) -> Result<(), String> {
+        for e in ents {
+            self.state.push(e.clone())?;
+        }
+        Ok(())
+    }
+
+    fn apply_snapshot(&mut self, snap: &Snapshot) {
+        self.state.install(snap.get_metadata());
+        self.snapshot_data = snap.get_data().to_vec();
+    }
+
+    fn create_snapshot(&mut self, index: u64, data: Vec<u8>) {
+        let mut meta = SnapshotMetadata {
+            index,
+            term: self.state.term(index).unwrap_or_default(),
+            ..Default::default()
+        };
+        meta.set_conf_state(self.state.conf_state.clone());
+        self.state.snapshot = Some(meta);
+        self.snapshot_data = data;
+    }
+
+    fn compact(&mut self, compact_index: u64) -> Result<(), String> {
+        let Some(index) = compact_index.checked_sub(1) else {
+            return Ok(());
+        };
+        match self.state.term(index) {
+            Some(term) if index > self.state.base_index() => self.state.compact(index, term),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl Storage for MemLog {
+    fn initial_state(&self) -> raft::Result<RaftState> {
+        Ok(RaftState::new(
+            self.state.hard_state.clone(),
+            self.state.conf_state.clone(),
+        ))
+    }
+
+    fn entries(
+        &self,
+        low: u64,
+        high: u64,
+        max_size: impl Into<Option<u64>>,
+        _context: GetEntriesContext,
+    ) -> raft::Result<Vec<Entry>> {
+        self.state.read_entries(low, high, max_size.into())
+    }
+
+    fn term(&self, idx: u64) -> raft::Result<u64> {
+        self.state.read_term(idx)
+    }
+
+    fn first_index(&self) -> raft::Result<u64> {
+        Ok(self.state.base_index() + 1)
+    }
+
+    fn last_index(&self) -> raft::Result<u64> {
+        Ok(self.state.last_index())
+    }
+
+    fn snapshot(&self, request_index: u64, _to: u64) -> raft::Result<Snapshot> {
+        match &self.state.snapshot {
+            Some(meta) if meta.index >= request_index => {
+                let mut s = Snapshot::default();
+                s.set_metadata(meta.clone());
+                s.set_data(self.snapshot_data.clone().into());
+                Ok(s)
+            }
+            _ => Err(raft::Error::Store(
+                StorageError::SnapshotTemporarilyUnavailable,
+            )),
+        }
+    }
+}
+
+/// The knobs of one run; [`Options::for_seed`] draws them from the seed.
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub nodes: usize,
+    pub clients: u64,
+    /// Simulated time with faults, then time without them (liveness), in ms.
+    pub chaos_ms: u64,
+    pub quiet_ms: u64,
+    pub loss_percent: u64,
+    pub dup_percent: u64,
+    pub max_delay_us: u64,
+    pub crashes: bool,
+    pub partitions: bool,
+    /// Per mille of `Ready`s during which the node crashes before its sync.
+    pub crash_before_sync_permille: u64,
+    /// Each node snapshots its state machine (and compacts its log) every this many entries.
+    pub snapshot_every: u64,
+    /// A deliberately broken driver, to show the checks catch it: half of the time it sends a
+    /// `Ready`'s votes and acknowledgements without having synced what they promise.
+    pub bug_ack_before_sync: bool,
+}
+
+impl Options {
+    pub fn for_seed(seed: u64) -> Options {
+        let mut r = Rng::new(seed ^ 0x006f_7074_696f_6e73);
+        Options {
+            nodes: if r.chance(50) { 3 } else { 5 },
+            clients: 2 + r.below(4),
+            chaos_ms: 4_000,
+            quiet_ms: 5_000,
+            loss_percent: r.below(15),
+            dup_percent: r.below(10),
+            max_delay_us: 500 + r.below(20_000),
+            crashes: r.chance(70),
+            partitions: r.chance(70),
+            crash_before_sync_permille: if r.chance(50) { 2 } else { 0 },
+            snapshot_every: 5 + r.below(40),
+            bug_ack_before_sync: false,
+        }
+    }
+}
+
+/// What a run did, for reports and for tests that the faults happened.
+#[derive(Clone, Debug, Default)]
+pub struct Report {
+    pub events: u64,
+    pub applied: u64,
+    pub commands: u64,
+    pub duplicates: u64,
+    pub leaders: u64,
+    pub crashes: u64,
+    pub crashes_before_sync: u64,
+    pub partitions: u64,
+    pub snapshots_installed: u64,
+    pub messages_dropped: u64,
+}
+
+/// Ticks: every 10 ms of a node's clock; elections after 10 to 20 ticks, heartbeats every
+/// tick (a tenth of the election timeout, as `--election-timeout` specifies).
+const TICK_US: u64 = 10_000;
+const ELECTION_TICKS: usize = 10;
+/// A client re-proposes after this long without seeing its request applied.
+const RETRY_US: u64 = 300_000;
+/// Log entries kept behind a snapshot for followers slightly behind.
+const KEEP_ENTRIES: u64 = 5;
+/// Simulated Unix time at start (ms), so commands carry realistic timestamps.
+const EPOCH_MS: u64 = 1_700_000_000_000;
+
+enum Packet {
+    Raft(Message),
+    Forward {
+        client: u64,
+        seq: u64,
+        request: Vec<u8>,
+    },
+}
+
+enum Ev {
+    Tick(usize),
+    Deliver {
+        from: usize,
+        to: usize,
+        packet: Packet,
+    },
+    Client(u64),
+    Fault,
+    Restart(usize),
+    Heal,
+}
+
+struct Queued {
+    at: u64,
+    seq: u64,
+    ev: Ev,
+}
+
+impl PartialEq for Queued {
+    fn eq(&self, o: &Self) -> bool {
+        (self.at, self.seq) == (o.at, o.seq)
+    }
+}
+impl Eq for Queued {}
+impl PartialOrd for Queued {
+    fn partial_cmp(&self, o: &Self) -> Option<CmpOrdering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Queued {
+    // Earliest first out of a max-heap.
+    fn cmp(&self, o: &Self) -> CmpOrdering {
+        (o.at, o.seq).cmp(&(self.at, self.seq))
+    }
+}
+
+struct Node<M> {
+    id: u64,
+    raw: Option<RawNode<MemLog>>,
+    durable: MemLog,
+    machine: Deduped<M>,
+    applied: u64,
+    last_snapshot: u64,
+    /// Clock rate in per mille of real time, and wall-clock offset.
+    rate: u64,
+    offset_ms: u64,
+    /// Role and term when last driven: a change means raft redrew its election timeout.
+    seen: Option<(StateRole, u64)>,
+}
+
+struct Client {
+    home: usize,
+    seq: u64,
+    request: Vec<u8>,
+    /// The current `seq` was applied.
+    done: bool,
+}
+
+/// One simulated cluster.
+pub struct Cluster<M, W> {
+    opts: Options,
+    rng: Rng,
+    now: u64,
+    next_seq: u64,
+    queue: BinaryHeap<Queued>,
+    nodes: Vec<Node<M>>,
+    new_machine: Box<dyn Fn() -> M>,
+    workload: W,
+    clients: Vec<Client>,
+    /// blocked[a][b]: packets from a to b are lost.
+    blocked: Vec<Vec<bool>>,
+    /// The applied log: per index, the entry's term and data and its effects.
+    log: BTreeMap<u64, (u64, Vec<u8>, Vec<u8>)>,
+    /// Per applied index, the state machine's snapshot there.
+    snaps: BTreeMap<u64, Vec<u8>>,
+    client_applied: BTreeMap<u64, u64>,
+    leader_terms: BTreeMap<u64, u64>,
+    /// Snapshot messages lost on the way: (sender, receiver), reported to the sender.
+    snapshot_failures: Vec<(usize, usize)>,
+    logger: slog::Logger,
+    pub report: Report,
+}
+
+fn raft_config(id: u64, applied: u64) -> Config {
+    Config {
+        id,
+        election_tick: ELECTION_TICKS,
+        heartbeat_tick: 1,
+        // raft-rs 0.7 draws the randomized timeout from `thread_rng` whenever it changes role or
+        // term; the simulator overwrites it from its seed right after (see `drive`).
+        min_election_tick: ELECTION_TICKS,
+        max_election_tick: 2 * ELECTION_TICKS,
+        applied,
+        pre_vote: true,
+        check_quorum: true,
+        max_size_per_msg: 1 << 20,
+        max_inflight_msgs: 64,
+        ..Default::default()
+    }
+}
+
+impl<M: StateMachine, W: Workload> Cluster<M, W> {
+    pub fn new(
+        seed: u64,
+        opts: Options,
+        new_machine: Box<dyn Fn() -> M>,
+        workload: W,
+    ) -> Cluster<M, W> {
+        let mut rng = Rng::new(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x5eed);
+        let voters: Vec<u64> = (1..=opts.nodes as u64).collect();
+        let logger = slog::Logger::root(slog::Discard, slog::o!());
+        let mut nodes = Vec::new();
+        for i in 0..opts.nodes {
+            let durable = MemLog::new(voters.clone());
+            nodes.push(Node {
+                id: i as u64 + 1,
+                raw: None,
+                durable,
+                machine: Deduped::new(new_machine()),
+                applied: 0,
+                last_snapshot: 0,
+                rate: 950 + rng.below(101),
+                offset_ms: rng.below(2_000),
+                seen: None,
+            });
+        }
+        let clients = (0..opts.clients)
+            .map(|_| Client {
+                home: rng.index(opts.nodes),
+                seq: 0,
+                request: Vec::new(),
+                done: true,
+            })
+            .collect();
+        let n = opts.nodes;
+        let mut c = Cluster {
+            opts,
+            rng,
+            now: 0,
+            next_seq: 0,
+            queue: BinaryHeap::new(),
+            nodes,
+            new_machine,
+            workload,
+            clients,
+            blocked: vec![vec![false; n]; n],
+            log: BTreeMap::new(),
+            snaps: BTreeMap::new(),
+            client_applied: BTreeMap::new(),
+            leader_terms: BTreeMap::new(),
+            snapshot_failures: Vec::new(),
+            logger,
+            report: Report::default(),
+        };
+        for i in 0..n {
+            c.start_node(i);
+            let first = c.rng.below(TICK_US);
+            c.push(first, Ev::Tick(i));
+        }
+        for k in 0..c.opts.clients {
+            let at = 1_000 + c.rng.below(50_000);
+            c.push(at, Ev::Client(k));
+        }
+        if c.opts.crashes || c.opts.partitions {
+            let at = 300_000 + c.rng.below(500_000);
+            c.push(at, Ev::Fault);
+        }
+        c
+    }
+
+    fn push(&mut self, delay_us: u64, ev: Ev) {
+        self.next_seq += 1;
+        self.queue.push(Queued {
+            at: self.now + delay_us,
+            seq: self.next_seq,
+            ev,
+        });
+    }
+
+    fn local_ms(&self, i: usize) -> u64 {
+        let n = &self.nodes[i];
+        EPOCH_MS + n.offset_ms + self.now * n.rate / 1_000_000
+    }
+
+    /// (Re)starts node `i` from what its disk holds.
+    fn start_node(&mut self, i: usize) -> Option<String> {
+        let node = &mut self.nodes[i];
+        node.machine = Deduped::new((self.new_machine)());
+        node.applied = 0;
+        if let Some(meta) = node.durable.state.snapshot.clone() {
+            if let Err(e) = node.machine.restore(&node.durable.snapshot_data) {
+                return Some(format!("node {} restart: restore failed: {}", node.id, e));
+            }
+            node.applied = meta.index;
+        }
+        node.last_snapshot = node.applied;
+        let cfg = raft_config(node.id, node.applied);
+        match RawNode::new(&cfg, node.durable.clone(), &self.logger) {
+            Ok(raw) => node.raw = Some(raw),
+            Err(e) => return Some(format!("node {} restart: {}", node.id, e)),
+        }
+        node.seen = None;
+        let (idx, snap) = (node.applied, node.machine.snapshot());
+        if idx > 0 {
+            return self.check_snapshot(i, idx, snap).err();
+        }
+        None
+    }
+
+    fn crash(&mut self, i: usize) {
+        self.nodes[i].raw = None;
+        self.report.crashes += 1;
+        let after = 100_000 + self.rng.below(2_000_000);
+        self.push(after, Ev::Restart(i));
+    }
+
+    /// Runs to the end; `Err` names the first broken invariant.
+    pub fn run(&mut self) -> Result<Report, String> {
+        let end = (self.opts.chaos_ms + self.opts.quiet_ms) * 1000;
+        let chaos_end = self.opts.chaos_ms * 1000;
+        let mut healed = false;
+        while let Some(q) = self.queue.pop() {
+            if q.at > end {
+                break;
+            }
+            self.now = q.at;
+            if !healed && self.now >= chaos_end {
+                healed = true;
+                self.heal_all()?;
+            }
+            self.report.events += 1;
+            self.event(q.ev, self.now >= chaos_end)?;
+        }
+        self.finish()
+    }
+
+    fn heal_all(&mut self) -> Result<(), String> {
+        for row in &mut self.blocked {
+            row.iter_mut().for_each(|b| *b = false);
+        }
+        self.opts.loss_percent = 0;
+        self.opts.crash_before_sync_permille = 0;
+        for i in 0..self.nodes.len() {
+            if self.nodes[i].raw.is_none() {
+                if let Some(e) = self.start_node(i) {
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn event(&mut self, ev: Ev, quiet: bool) -> Result<(), String> {
+        match ev {
+            Ev::Tick(i) => {
+                if let Some(raw) = self.nodes[i].raw.as_mut() {
+                    raw.tick();
+                }
+                let jitter = self.rng.below(TICK_US / 20);
+                let every = TICK_US * 1000 / self.nodes[i].rate + jitter;
+                self.push(every, Ev::Tick(i));
+                self.drive(i)?;
+            }
+            Ev::Deliver { from, to, packet } => {
+                if self.nodes[to].raw.is_none() {
+                    // A transport learns that a snapshot did not arrive (its connection failed):
+                    // the leader must hear it, or it waits for that snapshot forever.
+                    if let Packet::Raft(m) = &packet {
+                        if m.get_msg_type() == MessageType::MsgSnapshot {
+                            self.snapshot_failures.push((from, to));
+                            self.report_snapshot_failures();
+                            return self.drive(from);
+                        }
+                    }
+                    return Ok(());
+                }
+                match packet {
+                    Packet::Raft(m) => {
+                        let is_snap = m.get_msg_type() == MessageType::MsgSnapshot;
+                        if let Some(raw) = self.nodes[to].raw.as_mut() {
+                            // Errors here are stale or foreign messages raft refuses; it stays up.
+                            let _ = raw.step(m);
+                        }
+                        if is_snap {
+                            if let Some(leader) = self.nodes[from].raw.as_mut() {
+                                leader.report_snapshot(to as u64 + 1, SnapshotStatus::Finish);
+                            }
+                        }
+                    }
+                    Packet::Forward {
+                        client,
+                        seq,
+                        request,
+                    } => self.propose_at(to, client, seq, &request),
+                }
+                self.drive(to)?;
+            }
+            Ev::Client(k) => self.client_event(k, quiet)?,
+            Ev::Fault => {
+                if !quiet {
+                    self.fault();
+                    let next = 200_000 + self.rng.below(1_000_000);
+                    self.push(next, Ev::Fault);
+                }
+            }
+            Ev::Restart(i) => {
+                if self.nodes[i].raw.is_none() {
+                    if let Some(e) = self.start_node(i) {
+                        return Err(e);
+                    }
+                    self.drive(i)?;
+                }
+            }
+            Ev::Heal => {
+                for row in &mut self.blocked {
+                    row.iter_mut().for_each(|b| *b = false);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn fault(&mut self) {
+        let n = self.nodes.len();
+        match self.rng.below(4) {
+            0 | 1 if self.opts.crashes => {
+                let i = self.rng.index(n);
+                if self.nodes[i].raw.is_some() {
+                    self.crash(i);
+                }
+            }
+            2 if self.opts.partitions => {
+                // Symmetric: a random side cut off from the rest.
+                let side: Vec<bool> = (0..n).map(|_| self.rng.chance(50)).collect();
+                for a in 0..n {
+                    for b in 0..n {
+                        self.blocked[a][b] = side[a] != side[b];
+                    }
+                }
+                self.report.partitions += 1;
+                let heal = 200_000 + self.rng.below(2_000_000);
+                self.push(heal, Ev::Heal);
+            }
+            3 if self.opts.partitions => {
+                // One-way: a node stops hearing another (or being heard).
+                let (a, b) = (self.rng.index(n), self.rng.index(n));
+                if a != b {
+                    self.blocked[a][b] = true;
+                    self.report.partitions += 1;
+                    let heal = 200_000 + self.rng.below(2_000_000);
+                    self.push(heal, Ev::Heal);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn client_event(&mut self, k: u64, quiet: bool) -> Result<(), String> {
+        let late = self.now + 2 * RETRY_US > (self.opts.chaos_ms + self.opts.quiet_ms) * 1000;
+        let c = &self.clients[k as usize];
+        if c.done {
+            if quiet && late {
+                return Ok(());
+            }
+            let request = self.workload.request(k, &mut self.rng);
+            let c = &mut self.clients[k as usize];
+            c.seq += 1;
+            c.request = request;
+            c.done = false;
+        }
+        // Send (or resend) through the home node; a client whose node is down moves.
+        if self.nodes[self.clients[k as usize].home].raw.is_none() {
+            self.clients[k as usize].home = self.rng.index(self.nodes.len());
+        }
+        let (home, seq, request) = {
+            let c = &self.clients[k as usize];
+            (c.home, c.seq, c.request.clone())
+        };
+        if self.nodes[home].raw.is_some() {
+            self.propose_at(home, k, seq, &request);
+            self.drive(home)?;
+        }
+        self.push(RETRY_US, Ev::Client(k));
+        Ok(())
+    }
+
+    /// A proposal reaching node `i`: proposed if it leads, forwarded to the leader it knows,
+    /// dropped otherwise (the client retries).
+    fn propose_at(&mut self, i: usize, client: u64, seq: u64, request: &[u8]) {
+        let now_ms = self.local_ms(i);
+        let Some(raw) = self.nodes[i].raw.as_mut() else {
+            return;
+        };
+        if raw.raft.state == StateRole::Leader {
+            let command = self.workload.command(client, request, now_ms);
+            // A leader stepping down refuses; the client retries.
+            let _ = raw.propose(Vec::new(), encode_proposal(client, seq, &command));
+        } else if raw.raft.leader_id != 0 {
+            let to = (raw.raft.leader_id - 1) as usize;
+            self.send(
+                i,
+                to,
+                Packet::Forward {
+                    client,
+                    seq,
+                    request: request.to_vec(),
+                },
+            );
+        }
+    }
+
+    fn send(&mut self, from: usize, to: usize, packet: Packet) {
+        let lost = self.blocked[from][to] || self.rng.chance(self.opts.loss_percent);
+        if lost {
+            self.report.messages_dropped += 1;
+            if let Packet::Raft(m) = &packet {
+                if m.get_msg_type() == MessageType::MsgSnapshot {
+                    // The sender is being driven (its RawNode is out of `nodes`): told after.
+                    self.snapshot_failures.push((from, to));
+                }
+            }
+            return;
+        }
+        if self.rng.chance(self.opts.dup_percent) {
+            let delay = 50 + self.rng.below(self.opts.max_delay_us);
+            self.push(
+                delay,
+                Ev::Deliver {
+                    from,
+                    to,
+                    packet: packet_clone(&packet),
+                },
+            );
+        }
+        let delay = 50 + self.rng.below(self.opts.max_delay_us);
+        self.push(delay, Ev::Deliver { from, to, packet });
+    }
+
+    /// The node's driving loop: handle every `Ready`.
+    fn drive(&mut self, i: usize) -> Result<(), String> {
+        loop {
+            let Some(mut raw) = self.nodes[i].raw.take() else {
+                return Ok(());
+            };
+            // Randomize the election timeout from the seed whenever raft reset it.
+            let seen = Some((raw.raft.state, raw.raft.term));
+            if seen != self.nodes[i].seen {
+                self.nodes[i].seen = seen;
+                let t = ELECTION_TICKS + self.rng.index(ELECTION_TICKS);
+                raw.raft.set_randomized_election_timeout(t);
+                if raw.raft.state == StateRole::Leader {
+                    self.note_leader(raw.raft.id, raw.raft.term)?;
+                }
+            }
+            if !raw.has_ready() {
+                self.nodes[i].raw = Some(raw);
+                return Ok(());
+            }
+            let mut rd = raw.ready();
+            let msgs = rd.take_messages();
+            self.send_all(i, msgs);
+            if !rd.snapshot().is_empty() {
+                let snap = rd.snapshot().clone();
+                raw.mut_store().apply_snapshot(&snap);
+                let node = &mut self.nodes[i];
+                node.machine
+                    .restore(snap.get_data())
+                    .map_err(|e| format!("node {}: snapshot restore: {}", node.id, e))?;
+                node.applied = snap.get_metadata().index;
+                node.last_snapshot = node.applied;
+                self.report.snapshots_installed += 1;
+                let s = node.machine.snapshot();
+                self.check_snapshot(i, snap.get_metadata().index, s)?;
+            }
+            self.apply_entries(i, rd.take_committed_entries())?;
+            raw.mut_store()
+                .append(rd.entries())
+                .map_err(|e| format!("node {}: append: {}", i + 1, e))?;
+            if let Some(hs) = rd.hs() {
+                raw.mut_store().state.hard_state = hs.clone();
+            }
+            if self.opts.crash_before_sync_permille > 0
+                && self.rng.below(1000) < self.opts.crash_before_sync_permille
+            {
+                // Persisted but not synced: lost with the process.
+                self.report.crashes_before_sync += 1;
+                self.crash(i);
+                return Ok(());
+            }
+            if !(self.opts.bug_ack_before_sync && self.rng.chance(50)) {
+                self.nodes[i].durable = raw.store().clone();
+            }
+            let persisted = rd.take_persisted_messages();
+            self.send_all(i, persisted);
+            let mut light = raw.advance(rd);
+            if let Some(commit) = light.commit_index() {
+                set_commit(&mut raw.mut_store().state.hard_state, commit);
+            }
+            self.send_all(i, light.take_messages());
+            self.apply_entries(i, light.take_committed_entries())?;
+            raw.advance_apply();
+            let node = &mut self.nodes[i];
+            if node.applied >= node.last_snapshot + self.opts.snapshot_every {
+                let data = node.machine.snapshot();
+                raw.mut_store().create_snapshot(node.applied, data);
+                raw.mut_store()
+                    .compact(node.applied.saturating_sub(KEEP_ENTRIES))?;
+                node.last_snapshot = node.applied;
+            }
+            self.nodes[i].raw = Some(raw);
+            self.report_snapshot_failures();
+        }
+    }
+
+    fn report_snapshot_failures(&mut self) {
+        for (from, to) in std::mem::take(&mut self.snapshot_failures) {
+            if let Some(raw) = self.nodes[from].raw.as_mut() {
+                raw.report_snapshot(to as u64 + 1, SnapshotStatus::Failure);
+            }
+        }
+    }
+
+    fn note_leader(&mut self, id: u64, term: u64) -> Result<(), String> {
+        self.report.leaders += 1;
+        match self.leader_terms.insert(term, id) {
+            Some(other) if other != id => Err(format!(
+                "two leaders in term {}: {} and {}",
+                term, other, id
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    fn send_all(&mut self, from: usize, msgs: Vec<Message>) {
+        for m in msgs {
+            let to = m.to;
+            if to >= 1 && to as usize <= self.nodes.len() {
+                self.send(from, to as usize - 1, Packet::Raft(m));
+            }
+        }
+    }
+
+    fn apply_entries(&mut self, i: usize, entries: Vec<Entry>) -> Result<(), String> {
+        for e in entries {
+            let node = &mut self.nodes[i];
+            if e.index <= node.applied {
+                continue;
+            }
+            if e.index != node.applied + 1 {
+                return Err(format!(
+                    "node {} applies {} after {}",
+                    node.id, e.index, node.applied
+                ));
+            }
+            let effects = match e.get_entry_type() {
+                EntryType::EntryNormal if !e.get_data().is_empty() => {
+                    node.machine.apply(e.get_data())
+                }
+                _ => Applied::Ignored,
+            };
+            node.applied = e.index;
+            let snap = node.machine.snapshot();
+            let effect_bytes = match &effects {
+                Applied::Command { effects, .. } => effects.clone(),
+                _ => Vec::new(),
+            };
+            let id = node.id;
+            match self.log.get(&e.index) {
+                Some((term, data, eff)) => {
+                    if *term != e.term || data[..] != e.get_data()[..] {
+                        return Err(format!(
+                            "node {} applied a different entry at {}",
+                            id, e.index
+                        ));
+                    }
+                    if *eff != effect_bytes {
+                        return Err(format!("node {}: different effects at {}", id, e.index));
+                    }
+                }
+                None => {
+                    self.log
+                        .insert(e.index, (e.term, e.get_data().to_vec(), effect_bytes));
+                    self.first_application(effects, e.get_data())?;
+                }
+            }
+            self.report.applied = self.report.applied.max(e.index);
+            self.check_snapshot(i, e.index, snap)?;
+        }
+        Ok(())
+    }
+
+    /// The checks made once per log index, in log order.
+    fn first_application(&mut self, applied: Applied, proposal: &[u8]) -> Result<(), String> {
+        match applied {
+            Applied::Command {
+                client,
+                seq,
+                effects,
+            } => {
+                self.report.commands += 1;
+                let last = self.client_applied.entry(client).or_insert(0);
+                if seq != *last + 1 {
+                    return Err(format!(
+                        "client {} request {} applied after {}",
+                        client, seq, last
+                    ));
+                }
+                *last = seq;
+                if let Some(c) = self.clients.get_mut(client as usize) {
+                    if c.seq == seq {
+                        c.done = true;
+                    }
+                }
+                self.workload.check(client, &proposal[16..], &effects)
+            }
+            Applied::Duplicate { .. } => {
+                self.report.duplicates += 1;
+                Ok(())
+            }
+            Applied::Ignored => Ok(()),
+        }
+    }
+
+    fn check_snapshot(&mut self, i: usize, index: u64, snap: Vec<u8>) -> Result<(), String> {
+        match self.snaps.get(&index) {
+            Some(s) if *s != snap => Err(format!(
+                "node {}: state at applied index {} differs from another node's ({} vs {} bytes)",
+                i + 1,
+                index,
+                snap.len(),
+                s.len()
+            )),
+            Some(_) => Ok(()),
+            None => {
+                self.snaps.insert(index, snap);
+                Ok(())
+            }
+        }
+    }
+
+    fn finish(&mut self) -> Result<Report, String> {
+        let applied: Vec<u64> = self.nodes.iter().map(|n| n.applied).collect();
+        if applied.iter().any(|&a| a != applied[0]) {
+            let mut why = String::new();
+            for n in &self.nodes {
+                if let Some(r) = &n.raw {
+                    let st = r.status();
+                    why += &format!(
+                        "\n node {} {:?} term {} commit {} last {} first {} snap {:?} progress {:?}",
+                        n.id,
+                        r.raft.state,
+                        r.raft.term,
+                        r.raft.raft_log.committed,
+                        r.raft.raft_log.last_index(),
+                        r.store().state.base_index() + 1,
+                        r.store().state.snapshot.as_ref().map(|m| m.index),
+                        st.progress.map(|p| p.iter().map(|(id, pr)| (*id, pr.matched, pr.next_idx, pr.state)).collect::<Vec<_>>())
+                    );
+                }
+            }
+            return Err(format!(
+                "nodes did not converge: applied {:?}{}",
+                applied, why
+            ));
+        }
+        for (k, c) in self.clients.iter().enumerate() {
+            if !c.done {
+                return Err(format!("client {} request {} never applied", k, c.seq));
+            }
+        }
+        let first = self.nodes[0].machine.snapshot();
+        for n in &self.nodes[1..] {
+            if n.machine.snapshot() != first {
+                return Err(format!("node {} state differs at the end", n.id));
+            }
+        }
+        Ok(self.report.clone())
+    }
+}
+
+fn set_commit(hs: &mut HardState, commit: u64) {
+    hs.commit = commit;
+}
+
+fn packet_clone(p: &Packet) -> Packet {
+    match p {
+        Packet::Raft(m) => Packet::Raft(m.clone()),
+        Packet::Forward {
+            client,
+            seq,
+            request,
+        } => Packet::Forward {
+            client: *client,
+            seq: *seq,
+            request: request.clone(),
+        },
+    }
+}
+
+/// One seeded run of holdfast's own state machine under a lockd lock workload.
+pub fn run_holdfast_seed(seed: u64) -> Result<Report, String> {
+    run_holdfast(seed, Options::for_seed(seed))
+}
+
+/// [`run_holdfast_seed`] with other options.
+pub fn run_holdfast(seed: u64, opts: Options) -> Result<Report, String> {
+    let mut c = Cluster::new(
+        seed,
+        opts,
+        Box::new(holdfast::HoldfastMachine::new),
+        holdfast::LockWorkload::default(),
+    );
+    c.run().map_err(|e| format!("seed {}: {}", seed, e))
+}
+
+/// holdfast's `Replayer` as the replicated state machine, with lockd ACQ/TRY/REL clients.
+pub mod holdfast {
+    use std::collections::BTreeMap;
+
+    use super::{StateMachine, Workload};
+    use crate::config::{self, Command, Config};
+    use crate::core::codec::{self, Reader};
+    use crate::core::ConnId;
+    use crate::proto::lockd::op;
+    use crate::rng::Rng;
+    use crate::server::command::{self, Limits};
+    use crate::server::msg::{Arena, Batch, LockdOp, Op, OpMsg};
+    use crate::server::sim::Replayer;
+
+    /// Lock names clients fight over: few, so that they collide.
+    const NAMES: u64 = 3;
+
+    fn config() -> Config {
+        match config::parse(["--orphan-timeout", "2000"]) {
+            Ok(Command::Run(c)) => c,
+            _ => unreachable!("fixed flags parse"),
+        }
+    }
+
+    /// The replayer plus the log's clock: a command's time never runs backwards, even when a new
+    /// leader's clock is behind the old one's (the command is re-stamped on every replica alike).
+    pub struct HoldfastMachine {
+        replayer: Replayer,
+        last_ms: u64,
+        batch: Batch,
+        buf: Vec<u8>,
+    }
+
+    impl HoldfastMachine {
+        pub fn new() -> HoldfastMachine {
+            HoldfastMachine {
+                replayer: Replayer::new(config()),
+                last_ms: 0,
+                batch: Batch::default(),
+                buf: Vec::new(),
+            }
+        }
+
+        pub fn locks_held(&self) -> u64 {
+            self.replayer.locks_held()
+        }
+    }
+
+    impl Default for HoldfastMachine {
+        fn default() -> Self {
+            HoldfastMachine::new()
+        }
+    }
+
+    impl StateMachine for HoldfastMachine {
+        fn apply(&mut self, cmd: &[u8]) -> Vec<u8> {
+            let Ok(now) = command::decode_entry(cmd, Limits::default(), &mut self.batch) else {
+                // Refused alike on every replica.
+                return b"bad command".to_vec();
+            };
+            self.last_ms = self.last_ms.max(now);
+            self.buf.clear();
+            command::encode_entry(
+                self.last_ms,
+                &self.batch.ops,
+                &self.batch.arena.bytes,
+                &mut self.buf,
+            );
+            self.replayer
+                .apply(&self.buf)
+                .unwrap_or_else(|_| b"bad command".to_vec())
+        }
+
+        fn snapshot(&self) -> Vec<u8> {
+            let mut out = Vec::new();
+            codec::put_u64(&mut out, self.last_ms);
+            out.extend_from_slice(&self.replayer.snapshot());
+            out
+        }
+
+        fn restore(&mut self, bytes: &[u8]) -> Result<(), String> {
+            let mut r = Reader::new(bytes);
+            let last_ms = r.u64().map_err(|e| format!("{:?}", e))?;
+            let rest = &bytes[bytes.len() - r.remaining()..];
+            self.replayer
+                .restore(rest)
+                .map_err(|e| format!("{:?}", e))?;
+            self.last_ms = last_ms;
+            Ok(())
+        }
+    }
+
+    fn conn(client: u64) -> ConnId {
+        ConnId::new(0, client as u32, 1)
+    }
+
+    fn name(i: u64) -> Vec<u8> {
+        format!("lock-{}\0", i).into_bytes()
+    }
+
+    /// Clients acquiring, trying and releasing a few lockd names; the check keeps who holds
+    /// each name from the ACQUIRED and RELEASED replies in the applied log.
+    #[derive(Default)]
+    pub struct LockWorkload {
+        holder: BTreeMap<Vec<u8>, u64>,
+        pub grants: u64,
+    }
+
+    impl Workload for LockWorkload {
+        fn request(&mut self, client: u64, rng: &mut Rng) -> Vec<u8> {
+            let held: Vec<&Vec<u8>> = self
+                .holder
+                .iter()
+                .filter(|(_, &c)| c == client)
+                .map(|(n, _)| n)
+                .collect();
+            let mut req = Vec::new();
+            if !held.is_empty() && rng.chance(70) {
+                req.push(op::REL);
+                req.extend_from_slice(held[rng.index(held.len())]);
+            } else {
+                req.push(match rng.below(10) {
+                    0 => op::REL,
+                    1 | 2 => op::TRY,
+                    _ => op::ACQ,
+                });
+                req.extend_from_slice(&name(rng.below(NAMES)));
+            }
+            req
+        }
+
+        fn command(&self, client: u64, request: &[u8], now_ms: u64) -> Vec<u8> {
+            let mut arena = Arena::default();
+            let payload = arena.push(&request[1..]);
+            let ops = [OpMsg {
+                conn: conn(client),
+                op: Op::Lockd(LockdOp {
+                    opcode: request[0],
+                    payload,
+                }),
+            }];
+            let mut out = Vec::new();
+            command::encode_entry(now_ms, &ops, &arena.bytes, &mut out);
+            out
+        }
+
+        fn check(&mut self, _client: u64, _command: &[u8], effects: &[u8]) -> Result<(), String> {
+            let mut r = Reader::new(effects);
+            while r.remaining() > 0 {
+                let to = ConnId::decode(&mut r).map_err(|e| format!("effects: {:?}", e))?;
+                let _done = r.u64().map_err(|e| format!("effects: {:?}", e))?;
+                let _close = r.bool().map_err(|e| format!("effects: {:?}", e))?;
+                let mut bytes = r
+                    .bytes(usize::MAX)
+                    .map_err(|e| format!("effects: {:?}", e))?;
+                while bytes.len() >= 4 {
+                    let h = u32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+                    let (opcode, len) = (((h >> 20) & 0xff) as u8, (h & 0xf_ffff) as usize);
+                    let payload = bytes.get(4..4 + len).ok_or("effects: short lockd frame")?;
+                    let who = u64::from(to.slot);
+                    match opcode {
+                        op::ACQUIRED => {
+                            if let Some(other) = self.holder.get(payload) {
+                                return Err(format!(
+                                    "{} granted to client {} while client {} holds it",
+                                    String::from_utf8_lossy(payload),
+                                    who,
+                                    other
+                                ));
+                            }
+                            self.holder.insert(payload.to_vec(), who);
+                            self.grants += 1;
+                        }
+                        op::RELEASED if self.holder.remove(payload).is_none() => {
+                            return Err(format!(
+                                "{} released but held by nobody",
+                                String::from_utf8_lossy(payload)
+                            ));
+                        }
+                        _ => {}
+                    }
+                    bytes = &bytes[4 + len..];
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "sim_tests.rs"]
+mod tests;

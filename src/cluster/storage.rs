@@ -1,0 +1,884 @@
+//! Durable Raft storage: the log, hard state, conf state and snapshots of one node in a data
+//! directory, behind raft-rs's `Storage` trait.
+//!
+//! Owns the files of `--data-dir` and an in-memory copy of the live log (the entries after the
+//! last compaction point), which serves every read. It must not apply anything to the state
+//! machine and must not decide when to snapshot or compact: the driver does.
+//!
+//! ```text
+//! data-dir/
+//!   log.<gen>            "HFRL" version(u32 LE), then records, append-only
+//!   snap-<index>-<term>  one record: a Snapshot protobuf (metadata + state machine bytes)
+//!
+//! record = len(u32 LE) crc32c(payload)(u32 LE) crc32c(first 8 bytes)(u32 LE) payload
+//! payload = kind(u8) body
+//!   ENTRY       Entry protobuf: appends; an index at or below the last one first drops the
+//!               conflicting suffix (a new leader's log wins)
+//!   HARD_STATE  HardState protobuf (term, vote, commit)
+//!   CONF_STATE  ConfState protobuf
+//!   COMPACT     index(u64) term(u64): entries up to index are gone; index/term stay for matching
+//!   SNAPSHOT    SnapshotMetadata protobuf: the latest snapshot file (made here)
+//!   INSTALL     SnapshotMetadata protobuf: a leader's snapshot replaced the log up to its index
+//! ```
+//!
+//! **Durability.** Every mutation updates memory and appends its record to a pending buffer;
+//! [`DiskStorage::sync`] writes the buffer with one `write` and makes it durable with one
+//! `fdatasync` (group commit). The driver calls `sync` after persisting a `Ready` and before it
+//! sends the messages (votes, append acks) that promise that state. A snapshot file is written
+//! to a temporary name, synced, renamed and the directory synced before the record naming it.
+//!
+//! **Recovery.** At open the records are replayed. A crash can only tear the end of the last
+//! write, so a partial last record (a short header, a header whose length runs past the end of
+//! the file, a last payload whose checksum fails, or a zero-filled tail) is cut off and the log
+//! recovers to a prefix of what was written. Any damage before the tail, a bad file header, a
+//! record that breaks the log's order, or a missing or damaged snapshot file is a [`LogError`]:
+//! the node refuses to start rather than silently forget a vote or an acknowledged entry.
+//!
+//! **Bounded.** `compact` drops entries covered by a snapshot; when the log file has grown to
+//! twice its live size (and past [`REWRITE_MIN_BYTES`]) `sync` rewrites it as `log.<gen+1>`
+//! holding only the live state, then removes the old file and any superseded snapshot file.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+use protobuf::Message as PbMessage;
+use raft::prelude::{ConfState, Entry, HardState, Snapshot, SnapshotMetadata};
+use raft::{GetEntriesContext, RaftState, Storage, StorageError};
+
+use super::crc32c;
+
+/// First bytes of a log file: the format's name and version.
+const LOG_MAGIC: &[u8; 4] = b"HFRL";
+const LOG_VERSION: u32 = 1;
+const FILE_HEADER_LEN: u64 = 8;
+/// len + payload crc + header crc.
+const RECORD_HEADER_LEN: usize = 12;
+/// The largest record the log accepts: a corrupt length must not make recovery allocate
+/// gigabytes. 64 MiB is far above one owner turn's entry (its ops carry values of at most
+/// `--max-item-size`, 1 MiB by default) yet cheap to allocate once.
+pub const MAX_RECORD_LEN: usize = 64 << 20;
+/// The largest snapshot file read back: a lock service's whole state (the item store defaults
+/// to 1 GiB) with room to spare; a snapshot is also never larger than its file.
+pub const MAX_SNAPSHOT_LEN: u64 = 16 << 30;
+/// Below this size the log file is never rewritten: rewriting a small file on every compaction
+/// would cost more than the space it frees.
+pub const REWRITE_MIN_BYTES: u64 = 4 << 20;
+
+const ENTRY: u8 = 1;
+const HARD_STATE: u8 = 2;
+const CONF_STATE: u8 = 3;
+const COMPACT: u8 = 4;
+const SNAPSHOT: u8 = 5;
+const INSTALL: u8 = 6;
+
+/// Why the data directory could not be opened or written.
+#[derive(Debug)]
+pub enum LogError {
+    Io {
+        path: PathBuf,
+        source: io::Error,
+    },
+    Corrupt {
+        path: PathBuf,
+        offset: u64,
+        reason: String,
+    },
+    /// A caller asked for something the log cannot do (an append with a gap, a compaction past
+    /// the last entry); the log is unchanged.
+    Misuse(String),
+}
+
+impl fmt::Display for LogError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LogError::Io { path, source } => write!(f, "{}: {}", path.display(), source),
+            LogError::Corrupt {
+                path,
+                offset,
+                reason,
+            } => {
+                write!(
+                    f,
+                    "{}: corrupt at byte {}: {}",
+                    path.display(),
+                    offset,
+                    reason
+                )
+            }
+            LogError::Misuse(what) => write!(f, "raft log: {}", what),
+        }
+    }
+}
+
+impl std::error::Error for LogError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            LogError::Io { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
+
+impl From<LogError> for raft::Error {
+    fn from(e: LogError) -> raft::Error {
+        raft::Error::Store(StorageError::Other(Box::new(e)))
+    }
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> LogError + '_ {
+    move |source| LogError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// The replayable state: what memory holds and what the records describe. Also the whole of
+/// the simulator's in-memory storage (`cluster::sim`), so both answer raft alike.
+#[derive(Default, Clone)]
+pub(crate) struct LogState {
+    pub(crate) hard_state: HardState,
+    pub(crate) conf_state: ConfState,
+    /// Index and term of the entry just before `entries` (0/0, a snapshot's or a compaction's).
+    base_index: u64,
+    base_term: u64,
+    entries: VecDeque<Entry>,
+    /// The newest snapshot file, if any.
+    pub(crate) snapshot: Option<SnapshotMetadata>,
+}
+
+impl LogState {
+    pub(crate) fn base_index(&self) -> u64 {
+        self.base_index
+    }
+
+    pub(crate) fn last_index(&self) -> u64 {
+        self.base_index + self.entries.len() as u64
+    }
+
+    pub(crate) fn term(&self, idx: u64) -> Option<u64> {
+        if idx == self.base_index {
+            return Some(self.base_term);
+        }
+        if idx < self.base_index || idx > self.last_index() {
+            return None;
+        }
+        Some(self.entries[(idx - self.base_index - 1) as usize].term)
+    }
+
+    /// Appends one entry, dropping a conflicting suffix first.
+    pub(crate) fn push(&mut self, e: Entry) -> Result<(), String> {
+        if e.index <= self.base_index {
+            return Err(format!(
+                "entry {} at or before the compaction point {}",
+                e.index, self.base_index
+            ));
+        }
+        if e.index > self.last_index() + 1 {
+            return Err(format!(
+                "entry {} leaves a gap after {}",
+                e.index,
+                self.last_index()
+            ));
+        }
+        self.entries
+            .truncate((e.index - self.base_index - 1) as usize);
+        self.entries.push_back(e);
+        Ok(())
+    }
+
+    pub(crate) fn compact(&mut self, index: u64, term: u64) -> Result<(), String> {
+        if index < self.base_index {
+            return Err(format!(
+                "compaction to {} before {}",
+                index, self.base_index
+            ));
+        }
+        let drop = (index - self.base_index).min(self.entries.len() as u64) as usize;
+        if self.term(index).is_some_and(|t| t != term) {
+            return Err(format!(
+                "compaction to {} term {} disagrees with the log",
+                index, term
+            ));
+        }
+        self.entries.drain(..drop);
+        self.base_index = index;
+        self.base_term = term;
+        Ok(())
+    }
+
+    /// A leader's snapshot: entries after it survive only if the log agrees at its index
+    /// (Raft's InstallSnapshot rule); the commit index reaches it.
+    pub(crate) fn install(&mut self, meta: &SnapshotMetadata) {
+        if self.term(meta.index) == Some(meta.term) && meta.index >= self.base_index {
+            let drop = (meta.index - self.base_index) as usize;
+            self.entries.drain(..drop);
+        } else {
+            self.entries.clear();
+        }
+        self.base_index = meta.index;
+        self.base_term = meta.term;
+        self.hard_state.term = self.hard_state.term.max(meta.term);
+        self.hard_state.commit = self.hard_state.commit.max(meta.index);
+        self.conf_state = meta.get_conf_state().clone();
+        self.snapshot = Some(meta.clone());
+    }
+
+    fn apply_record(&mut self, kind: u8, body: &[u8]) -> Result<(), String> {
+        match kind {
+            ENTRY => self.push(parse::<Entry>(body)?),
+            HARD_STATE => {
+                self.hard_state = parse(body)?;
+                Ok(())
+            }
+            CONF_STATE => {
+                self.conf_state = parse(body)?;
+                Ok(())
+            }
+            COMPACT => {
+                if body.len() != 16 {
+                    return Err(format!("compaction record of {} bytes", body.len()));
+                }
+                let index = u64::from_le_bytes(body[..8].try_into().unwrap_or_default());
+                let term = u64::from_le_bytes(body[8..].try_into().unwrap_or_default());
+                self.compact(index, term)
+            }
+            SNAPSHOT => {
+                self.snapshot = Some(parse(body)?);
+                Ok(())
+            }
+            INSTALL => {
+                self.install(&parse(body)?);
+                Ok(())
+            }
+            other => Err(format!("unknown record kind {}", other)),
+        }
+    }
+}
+
+fn parse<M: PbMessage>(body: &[u8]) -> Result<M, String> {
+    M::parse_from_bytes(body).map_err(|e| format!("bad protobuf: {}", e))
+}
+
+/// Appends one framed record to `buf`.
+fn put_record(buf: &mut Vec<u8>, kind: u8, body: &[u8]) {
+    let len = (body.len() + 1) as u32;
+    let payload_crc = crc32c::extend(crc32c::checksum(&[kind]), body);
+    let mut head = [0u8; RECORD_HEADER_LEN];
+    head[..4].copy_from_slice(&len.to_le_bytes());
+    head[4..8].copy_from_slice(&payload_crc.to_le_bytes());
+    let head_crc = crc32c::checksum(&head[..8]);
+    head[8..].copy_from_slice(&head_crc.to_le_bytes());
+    buf.extend_from_slice(&head);
+    buf.push(kind);
+    buf.extend_from_slice(body);
+}
+
+fn put_message<M: PbMessage>(buf: &mut Vec<u8>, kind: u8, m: &M) -> Result<(), LogError> {
+    let body = m
+        .write_to_bytes()
+        .map_err(|e| LogError::Misuse(format!("encode: {}", e)))?;
+    if body.len() + 1 > MAX_RECORD_LEN {
+        return Err(LogError::Misuse(format!(
+            "record of {} bytes over the cap",
+            body.len()
+        )));
+    }
+    put_record(buf, kind, &body);
+    Ok(())
+}
+
+/// What the scan of one record found.
+enum Scan<'a> {
+    Record {
+        kind: u8,
+        body: &'a [u8],
+        next: usize,
+    },
+    /// The rest of the file is the torn end of an interrupted write.
+    TornTail,
+    /// `after`: where the damaged record ends, as far as its header tells.
+    Corrupt { reason: String, after: usize },
+}
+
+/// Scans the record at `at`. Damage is a torn tail when nothing but zeros follows the damaged
+/// part: file systems may extend a file (with zeros) before the data of an interrupted write
+/// lands, while damage before the tail is followed by the records written after it.
+fn scan(buf: &[u8], at: usize) -> Scan<'_> {
+    match scan_one(&buf[at..], at) {
+        Scan::Corrupt { reason, after } => {
+            if buf[(at + after).min(buf.len())..].iter().all(|&b| b == 0) {
+                Scan::TornTail
+            } else {
+                Scan::Corrupt { reason, after }
+            }
+        }
+        other => other,
+    }
+}
+
+fn scan_one(rest: &[u8], at: usize) -> Scan<'_> {
+    if rest.len() < RECORD_HEADER_LEN {
+        return Scan::TornTail;
+    }
+    let word = |i: usize| u32::from_le_bytes([rest[i], rest[i + 1], rest[i + 2], rest[i + 3]]);
+    let (len, payload_crc, head_crc) = (word(0) as usize, word(4), word(8));
+    if crc32c::checksum(&rest[..8]) != head_crc {
+        return Scan::Corrupt {
+            reason: "record header checksum mismatch".into(),
+            after: RECORD_HEADER_LEN,
+        };
+    }
+    if len == 0 || len > MAX_RECORD_LEN {
+        return Scan::Corrupt {
+            reason: format!("record length {} outside 1..={}", len, MAX_RECORD_LEN),
+            // A torn write never leaves a well-formed header with a length we never write.
+            after: 0,
+        };
+    }
+    let end = RECORD_HEADER_LEN + len;
+    if end > rest.len() {
+        // The header made it to disk, not all of the payload.
+        return Scan::TornTail;
+    }
+    let payload = &rest[RECORD_HEADER_LEN..end];
+    if crc32c::checksum(payload) != payload_crc {
+        if end == rest.len() {
+            return Scan::TornTail;
+        }
+        return Scan::Corrupt {
+            reason: "record checksum mismatch".into(),
+            after: end,
+        };
+    }
+    Scan::Record {
+        kind: payload[0],
+        body: &payload[1..],
+        next: at + end,
+    }
+}
+
+/// raft-rs `Storage` over a data directory. See the module header for the format.
+pub struct DiskStorage {
+    dir: PathBuf,
+    state: LogState,
+    /// The current log file, its generation and its length on disk (written, maybe unsynced).
+    file: File,
+    gen: u64,
+    file_len: u64,
+    /// Records not yet written.
+    pending: Vec<u8>,
+    /// `sync` rewrites the log once it reaches this length.
+    rewrite_at: u64,
+    /// Snapshot files to remove once the record superseding them is durable.
+    obsolete: Vec<PathBuf>,
+}
+
+fn log_path(dir: &Path, gen: u64) -> PathBuf {
+    dir.join(format!("log.{}", gen))
+}
+
+fn snap_path(dir: &Path, meta: &SnapshotMetadata) -> PathBuf {
+    dir.join(format!("snap-{}-{}", meta.index, meta.term))
+}
+
+fn sync_dir(dir: &Path) -> Result<(), LogError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io_err(dir))
+}
+
+impl DiskStorage {
+    /// Opens (or creates) the log in `dir`, recovering from a torn tail. See the module header
+    /// for what is an error.
+    pub fn open(dir: impl AsRef<Path>) -> Result<DiskStorage, LogError> {
+        let dir = dir.as_ref().to_path_buf();
+        fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+        let mut gens = Vec::new();
+        let mut snaps = Vec::new();
+        for ent in fs::read_dir(&dir).map_err(io_err(&dir))? {
+            let ent = ent.map_err(io_err(&dir))?;
+            let name = ent.file_name();
+            let Some(name) = name.to_str() else { continue };
+            if name.ends_with(".tmp") {
+                // An interrupted rewrite or snapshot write: never referenced.
+                fs::remove_file(ent.path()).map_err(io_err(&ent.path()))?;
+            } else if let Some(g) = name
+                .strip_prefix("log.")
+                .and_then(|g| g.parse::<u64>().ok())
+            {
+                gens.push(g);
+            } else if name.starts_with("snap-") {
+                snaps.push(ent.path());
+            }
+        }
+        gens.sort_unstable();
+        let Some(&gen) = gens.last() else {
+            if let Some(p) = snaps.first() {
+                return Err(LogError::Corrupt {
+                    path: p.clone(),
+                    offset: 0,
+                    reason: "snapshot file without a log: the log was lost".into(),
+                });
+            }
+            let mut s = DiskStorage::create(dir, 1, LogState::default())?;
+            s.rewrite_at = REWRITE_MIN_BYTES;
+            return Ok(s);
+        };
+        let path = log_path(&dir, gen);
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(io_err(&path))?;
+        let mut buf = Vec::new();
+        file.read_to_end(&mut buf).map_err(io_err(&path))?;
+        let corrupt = |offset: usize, reason: String| LogError::Corrupt {
+            path: path.clone(),
+            offset: offset as u64,
+            reason,
+        };
+        if buf.len() < FILE_HEADER_LEN as usize
+            || &buf[..4] != LOG_MAGIC
+            || buf[4..8] != LOG_VERSION.to_le_bytes()
+        {
+            return Err(corrupt(0, "not a holdfast raft log of version 1".into()));
+        }
+        let mut state = LogState::default();
+        let mut at = FILE_HEADER_LEN as usize;
+        while at < buf.len() {
+            match scan(&buf, at) {
+                Scan::Record { kind, body, next } => {
+                    state.apply_record(kind, body).map_err(|r| corrupt(at, r))?;
+                    at = next;
+                }
+                Scan::TornTail => break,
+                Scan::Corrupt { reason, .. } => return Err(corrupt(at, reason)),
+            }
+        }
+        if at < buf.len() {
+            file.set_len(at as u64).map_err(io_err(&path))?;
+            file.sync_all().map_err(io_err(&path))?;
+        }
+        file.seek(SeekFrom::Start(at as u64))
+            .map_err(io_err(&path))?;
+        // Older generations are leftovers of a rewrite that finished.
+        for &old in &gens[..gens.len() - 1] {
+            let p = log_path(&dir, old);
+            fs::remove_file(&p).map_err(io_err(&p))?;
+        }
+        let keep = state.snapshot.as_ref().map(|m| snap_path(&dir, m));
+        if let (Some(keep), Some(meta)) = (&keep, &state.snapshot) {
+            // Fails on a missing or damaged file, or one that is not the snapshot named.
+            let snap = read_snapshot_file(keep)?;
+            if snap.get_metadata() != meta {
+                return Err(LogError::Corrupt {
+                    path: keep.clone(),
+                    offset: 0,
+                    reason: "snapshot metadata differs from the log's record".into(),
+                });
+            }
+        }
+        for p in snaps {
+            if Some(&p) != keep.as_ref() {
+                fs::remove_file(&p).map_err(io_err(&p))?;
+            }
+        }
+        Ok(DiskStorage {
+            dir,
+            state,
+            file,
+            gen,
+            file_len: at as u64,
+            pending: Vec::new(),
+            rewrite_at: (2 * at as u64).max(REWRITE_MIN_BYTES),
+            obsolete: Vec::new(),
+        })
+    }
+
+    /// Writes `state` as log file `gen` (temporary name, sync, rename, directory sync).
+    fn create(dir: PathBuf, gen: u64, state: LogState) -> Result<DiskStorage, LogError> {
+        let mut buf = Vec::new();
+        buf.extend_from_slice(LOG_MAGIC);
+        buf.extend_from_slice(&LOG_VERSION.to_le_bytes());
+        if let Some(meta) = &state.snapshot {
+            put_message(&mut buf, SNAPSHOT, meta)?;
+        }
+        if state.base_index > 0 {
+            let mut body = [0u8; 16];
+            body[..8].copy_from_slice(&state.base_index.to_le_bytes());
+            body[8..].copy_from_slice(&state.base_term.to_le_bytes());
+            put_record(&mut buf, COMPACT, &body);
+        }
+        put_message(&mut buf, CONF_STATE, &state.conf_state)?;
+        put_message(&mut buf, HARD_STATE, &state.hard_state)?;
+        for e in &state.entries {
+            put_message(&mut buf, ENTRY, e)?;
+        }
+        let path = log_path(&dir, gen);
+        let tmp = path.with_extension(format!("{}.tmp", gen));
+        let mut f = File::create(&tmp).map_err(io_err(&tmp))?;
+        f.write_all(&buf).map_err(io_err(&tmp))?;
+        f.sync_all().map_err(io_err(&tmp))?;
+        drop(f);
+        fs::rename(&tmp, &path).map_err(io_err(&path))?;
+        sync_dir(&dir)?;
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(io_err(&path))?;
+        file.seek(SeekFrom::End(0)).map_err(io_err(&path))?;
+        let len = buf.len() as u64;
+        Ok(DiskStorage {
+            dir,
+            state,
+            file,
+            gen,
+            file_len: len,
+            pending: Vec::new(),
+            rewrite_at: (2 * len).max(REWRITE_MIN_BYTES),
+            obsolete: Vec::new(),
+        })
+    }
+
+    /// The data directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Sets the membership of a brand-new cluster (every founding node the same), like
+    /// raft-rs's `MemStorage::new_with_conf_state`. Refused once the log holds anything.
+    pub fn initialize_with_conf_state(&mut self, cs: ConfState) -> Result<(), LogError> {
+        if self.state.last_index() != 0 || self.state.conf_state != ConfState::default() {
+            return Err(LogError::Misuse(
+                "initialising a log that is not empty".into(),
+            ));
+        }
+        self.set_conf_state(cs)
+    }
+
+    /// Appends entries from a `Ready` (the leader's or our own), replacing any conflicting
+    /// suffix. Durable after the next [`DiskStorage::sync`].
+    pub fn append(&mut self, ents: &[Entry]) -> Result<(), LogError> {
+        let Some(first) = ents.first() else {
+            return Ok(());
+        };
+        if first.index <= self.state.base_index || first.index > self.state.last_index() + 1 {
+            return Err(LogError::Misuse(format!(
+                "append at {} outside {}..={}",
+                first.index,
+                self.state.base_index + 1,
+                self.state.last_index() + 1
+            )));
+        }
+        for (i, e) in ents.iter().enumerate() {
+            if e.index != first.index + i as u64 {
+                return Err(LogError::Misuse(format!(
+                    "append of non-consecutive entry {}",
+                    e.index
+                )));
+            }
+        }
+        let mark = self.pending.len();
+        for e in ents {
+            if let Err(err) = put_message(&mut self.pending, ENTRY, e) {
+                self.pending.truncate(mark);
+                return Err(err);
+            }
+        }
+        for e in ents {
+            self.state.push(e.clone()).map_err(LogError::Misuse)?;
+        }
+        Ok(())
+    }
+
+    pub fn set_hard_state(&mut self, hs: &HardState) -> Result<(), LogError> {
+        put_message(&mut self.pending, HARD_STATE, hs)?;
+        self.state.hard_state = hs.clone();
+        Ok(())
+    }
+
+    pub fn set_conf_state(&mut self, cs: ConfState) -> Result<(), LogError> {
+        put_message(&mut self.pending, CONF_STATE, &cs)?;
+        self.state.conf_state = cs;
+        Ok(())
+    }
+
+    /// Drops every entry before `compact_index` (they must be covered by a snapshot the
+    /// driver made; at most up to the commit index). Indexes already compacted are ignored.
+    pub fn compact(&mut self, compact_index: u64) -> Result<(), LogError> {
+        if compact_index <= self.state.base_index + 1 {
+            return Ok(());
+        }
+        let index = compact_index - 1;
+        if index > self.state.last_index() || index > self.state.hard_state.commit {
+            return Err(LogError::Misuse(format!(
+                "compaction to {} past the last entry {} or the commit index {}",
+                compact_index,
+                self.state.last_index(),
+                self.state.hard_state.commit
+            )));
+        }
+        let term = self.state.term(index).unwrap_or_default();
+        let mut body = [0u8; 16];
+        body[..8].copy_from_slice(&index.to_le_bytes());
+        body[8..].copy_from_slice(&term.to_le_bytes());
+        put_record(&mut self.pending, COMPACT, &body);
+        self.state.compact(index, term).map_err(LogError::Misuse)
+    }
+
+    /// Writes a snapshot of the state machine as applied through `index` (at most the commit
+    /// index), served to followers that fell behind. The file is durable when this returns; the
+    /// record naming it after the next sync.
+    pub fn create_snapshot(
+        &mut self,
+        index: u64,
+        cs: ConfState,
+        data: Vec<u8>,
+    ) -> Result<(), LogError> {
+        if index > self.state.hard_state.commit || index < self.state.base_index {
+            return Err(LogError::Misuse(format!(
+                "snapshot at {} outside {}..={}",
+                index, self.state.base_index, self.state.hard_state.commit
+            )));
+        }
+        if self
+            .state
+            .snapshot
+            .as_ref()
+            .is_some_and(|m| m.index >= index)
+        {
+            return Ok(());
+        }
+        let mut snap = Snapshot::default();
+        let meta = snap.mut_metadata();
+        meta.index = index;
+        meta.term = self.state.term(index).unwrap_or_default();
+        meta.set_conf_state(cs);
+        snap.set_data(data.into());
+        self.write_snapshot_file(&snap)?;
+        put_message(&mut self.pending, SNAPSHOT, snap.get_metadata())?;
+        self.replace_snapshot(snap.get_metadata().clone());
+        Ok(())
+    }
+
+    /// Installs a leader's snapshot from a `Ready` (the driver restores the state machine from
+    /// its data). Refused when older than our compaction point.
+    pub fn apply_snapshot(&mut self, snap: &Snapshot) -> Result<(), LogError> {
+        let meta = snap.get_metadata();
+        if meta.index < self.state.base_index {
+            return Err(LogError::Misuse(format!(
+                "snapshot at {} older than the compaction point {}",
+                meta.index, self.state.base_index
+            )));
+        }
+        self.write_snapshot_file(snap)?;
+        put_message(&mut self.pending, INSTALL, meta)?;
+        let old = self.state.snapshot.clone();
+        self.state.install(meta);
+        self.state.snapshot = old;
+        self.replace_snapshot(meta.clone());
+        Ok(())
+    }
+
+    fn replace_snapshot(&mut self, meta: SnapshotMetadata) {
+        if let Some(old) = self.state.snapshot.replace(meta) {
+            let old = snap_path(&self.dir, &old);
+            if Some(&old)
+                != self
+                    .state
+                    .snapshot
+                    .as_ref()
+                    .map(|m| snap_path(&self.dir, m))
+                    .as_ref()
+            {
+                self.obsolete.push(old);
+            }
+        }
+    }
+
+    fn write_snapshot_file(&self, snap: &Snapshot) -> Result<(), LogError> {
+        let body = snap
+            .write_to_bytes()
+            .map_err(|e| LogError::Misuse(format!("encode: {}", e)))?;
+        if body.len() as u64 + 1 > MAX_SNAPSHOT_LEN || body.len() >= u32::MAX as usize {
+            return Err(LogError::Misuse(format!(
+                "snapshot of {} bytes over the cap",
+                body.len()
+            )));
+        }
+        let mut buf = Vec::with_capacity(body.len() + RECORD_HEADER_LEN + 1);
+        put_record(&mut buf, SNAPSHOT, &body);
+        let path = snap_path(&self.dir, snap.get_metadata());
+        let tmp = path.with_extension("tmp");
+        let mut f = File::create(&tmp).map_err(io_err(&tmp))?;
+        f.write_all(&buf).map_err(io_err(&tmp))?;
+        f.sync_all().map_err(io_err(&tmp))?;
+        drop(f);
+        fs::rename(&tmp, &path).map_err(io_err(&path))?;
+        sync_dir(&self.dir)
+    }
+
+    /// Makes every mutation so far durable: one write, one fdatasync. Call it after persisting
+    /// a `Ready`'s entries, hard state and snapshot and before sending its messages.
+    pub fn sync(&mut self) -> Result<(), LogError> {
+        let path = log_path(&self.dir, self.gen);
+        if !self.pending.is_empty() {
+            self.file.write_all(&self.pending).map_err(io_err(&path))?;
+            self.file_len += self.pending.len() as u64;
+            self.pending.clear();
+            self.file.sync_data().map_err(io_err(&path))?;
+        }
+        if self.file_len >= self.rewrite_at {
+            self.rewrite()?;
+        }
+        for p in self.obsolete.drain(..) {
+            match fs::remove_file(&p) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(LogError::Io { path: p, source: e }),
+            }
+        }
+        Ok(())
+    }
+
+    /// Bytes recorded but not yet synced.
+    pub fn unsynced_bytes(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Length of the current log file (for tests and metrics).
+    pub fn log_file_len(&self) -> u64 {
+        self.file_len
+    }
+
+    fn rewrite(&mut self) -> Result<(), LogError> {
+        let old = log_path(&self.dir, self.gen);
+        let next = DiskStorage::create(self.dir.clone(), self.gen + 1, self.state.clone())?;
+        let obsolete = std::mem::take(&mut self.obsolete);
+        *self = next;
+        self.obsolete = obsolete;
+        fs::remove_file(&old).map_err(io_err(&old))
+    }
+
+    /// The hard state as last set.
+    pub fn hard_state(&self) -> &HardState {
+        &self.state.hard_state
+    }
+
+    /// The metadata of the newest snapshot file, if any.
+    pub fn snapshot_metadata(&self) -> Option<&SnapshotMetadata> {
+        self.state.snapshot.as_ref()
+    }
+}
+
+fn read_snapshot_file(path: &Path) -> Result<Snapshot, LogError> {
+    let mut f = File::open(path).map_err(io_err(path))?;
+    let len = f.metadata().map_err(io_err(path))?.len();
+    let corrupt = |reason: String| LogError::Corrupt {
+        path: path.to_path_buf(),
+        offset: 0,
+        reason,
+    };
+    if len > MAX_SNAPSHOT_LEN + RECORD_HEADER_LEN as u64 {
+        return Err(corrupt(format!(
+            "snapshot file of {} bytes over the cap",
+            len
+        )));
+    }
+    let mut buf = Vec::with_capacity(len as usize);
+    f.read_to_end(&mut buf).map_err(io_err(path))?;
+    if buf.len() < RECORD_HEADER_LEN {
+        return Err(corrupt("snapshot file truncated".into()));
+    }
+    let word = |i: usize| u32::from_le_bytes([buf[i], buf[i + 1], buf[i + 2], buf[i + 3]]);
+    if crc32c::checksum(&buf[..8]) != word(8) || word(0) as usize != buf.len() - RECORD_HEADER_LEN {
+        return Err(corrupt("snapshot file header damaged or truncated".into()));
+    }
+    let payload = &buf[RECORD_HEADER_LEN..];
+    if crc32c::checksum(payload) != word(4) || payload.first() != Some(&SNAPSHOT) {
+        return Err(corrupt("snapshot file checksum mismatch".into()));
+    }
+    parse(&payload[1..]).map_err(corrupt)
+}
+
+impl LogState {
+    /// `Storage::entries` over this state.
+    pub(crate) fn read_entries(
+        &self,
+        low: u64,
+        high: u64,
+        max_size: Option<u64>,
+    ) -> raft::Result<Vec<Entry>> {
+        if low <= self.base_index {
+            return Err(raft::Error::Store(StorageError::Compacted));
+        }
+        if high > self.last_index() + 1 || low > high {
+            return Err(raft::Error::Store(StorageError::Unavailable));
+        }
+        let lo = (low - self.base_index - 1) as usize;
+        let hi = (high - self.base_index - 1) as usize;
+        let mut out: Vec<Entry> = self.entries.range(lo..hi).cloned().collect();
+        raft::util::limit_size(&mut out, max_size);
+        Ok(out)
+    }
+
+    /// `Storage::term` over this state.
+    pub(crate) fn read_term(&self, idx: u64) -> raft::Result<u64> {
+        if idx < self.base_index {
+            return Err(raft::Error::Store(StorageError::Compacted));
+        }
+        self.term(idx)
+            .ok_or(raft::Error::Store(StorageError::Unavailable))
+    }
+}
+
+impl Storage for DiskStorage {
+    fn initial_state(&self) -> raft::Result<RaftState> {
+        Ok(RaftState::new(
+            self.state.hard_state.clone(),
+            self.state.conf_state.clone(),
+        ))
+    }
+
+    fn entries(
+        &self,
+        low: u64,
+        high: u64,
+        max_size: impl Into<Option<u64>>,
+        _context: GetEntriesContext,
+    ) -> raft::Result<Vec<Entry>> {
+        self.state.read_entries(low, high, max_size.into())
+    }
+
+    fn term(&self, idx: u64) -> raft::Result<u64> {
+        self.state.read_term(idx)
+    }
+
+    fn first_index(&self) -> raft::Result<u64> {
+        Ok(self.state.base_index + 1)
+    }
+
+    fn last_index(&self) -> raft::Result<u64> {
+        Ok(self.state.last_index())
+    }
+
+    fn snapshot(&self, request_index: u64, _to: u64) -> raft::Result<Snapshot> {
+        match &self.state.snapshot {
+            Some(meta) if meta.index >= request_index => {
+                Ok(read_snapshot_file(&snap_path(&self.dir, meta))?)
+            }
+            // The driver makes a newer one from the state machine; raft asks again later.
+            _ => Err(raft::Error::Store(
+                StorageError::SnapshotTemporarilyUnavailable,
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "storage_tests.rs"]
+mod tests;

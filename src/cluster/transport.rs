@@ -1,0 +1,541 @@
+//! Peer transport: raft messages between cluster nodes over TCP.
+//!
+//! Owns the peer listener, one outbound connection per peer (each with its own writer thread
+//! and bounded queue) and the reader threads of inbound connections. It must not interpret
+//! messages beyond checking who sent them, and must never block the caller (the raft driver):
+//! [`Transport::send`] only enqueues, dropping the message when that peer's queue is full
+//! (raft retransmits what matters), and inbound messages arrive on a bounded channel that the
+//! driver polls.
+//!
+//! ```text
+//! frame = magic "HFRT" | version u8 (1) | reserved u8 (0) | sender id u64 LE
+//!         | length u32 LE | length bytes: one raft `Message` (protobuf)
+//! ```
+//!
+//! Every inbound byte is hostile: a wrong magic or version, a length over the cap, a sender
+//! that is not a member, a sender that changes within a connection, a message whose `from`
+//! is not its frame's sender or whose `to` is not us, or bytes that are not a `Message` close
+//! the connection (counted in [`TransportStats::refused`]). A frame's buffer grows only as its
+//! bytes arrive, so a lying length allocates nothing.
+//!
+//! Outbound connections reconnect with exponential backoff ([`BACKOFF_MIN`] doubling to
+//! [`BACKOFF_MAX`]); the driver hears [`PeerEvent::Unreachable`] once per failed attempt (for
+//! `report_unreachable`) and [`PeerEvent::SnapshotFailed`] for a snapshot message that was
+//! not written (for `report_snapshot(.., Failure)`), or raft waits for it forever.
+
+use std::collections::BTreeMap;
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender, TrySendError};
+use protobuf::Message as PbMessage;
+use raft::prelude::{Message, MessageType};
+
+pub const MAGIC: &[u8; 4] = b"HFRT";
+pub const VERSION: u8 = 1;
+pub const HEADER_LEN: usize = 18;
+/// The largest frame accepted by default: a raft message carrying a snapshot of the whole
+/// state (the item store is 1 GiB by default). Larger snapshots need chunking (not done yet).
+pub const DEFAULT_MAX_FRAME: usize = (1 << 30) + (1 << 20);
+/// Messages queued per peer: raft sends a few per tick per peer; more than this means the
+/// peer is not keeping up, and dropping is what raft expects of a lossy network.
+pub const DEFAULT_QUEUE_LEN: usize = 4096;
+/// Inbound messages waiting for the driver, from all peers together.
+pub const DEFAULT_INBOUND_LEN: usize = 16384;
+/// Reconnect backoff: quick enough to rejoin within one election timeout after a restart,
+/// slow enough not to spin against a dead peer.
+pub const BACKOFF_MIN: Duration = Duration::from_millis(20);
+pub const BACKOFF_MAX: Duration = Duration::from_secs(2);
+/// A write that makes no progress this long fails the connection (a peer that stopped reading).
+const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Inbound connections served at once: a peer needs one (two across a reconnect); more are
+/// strangers, refused so that they cannot make us start a thread each.
+pub const MAX_INBOUND_CONNECTIONS: usize = 32;
+/// A connection that has not sent one whole valid frame this long after it was accepted is
+/// closed, so that idle strangers cannot hold the inbound slots.
+pub const FIRST_FRAME_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often blocked threads look at the shutdown flag.
+const POLL: Duration = Duration::from_millis(50);
+
+/// Why an inbound frame was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FrameError {
+    BadMagic,
+    BadVersion(u8),
+    TooLarge(usize),
+    NotMember(u64),
+    SenderChanged { was: u64, now: u64 },
+    BadMessage(String),
+}
+
+/// A frame header, checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    pub sender: u64,
+    pub len: usize,
+}
+
+/// Checks a frame header (exactly [`HEADER_LEN`] bytes).
+pub fn decode_header(h: &[u8; HEADER_LEN], max_frame: usize) -> Result<Header, FrameError> {
+    if &h[..4] != MAGIC {
+        return Err(FrameError::BadMagic);
+    }
+    if h[4] != VERSION {
+        return Err(FrameError::BadVersion(h[4]));
+    }
+    let mut id = [0u8; 8];
+    id.copy_from_slice(&h[6..14]);
+    let len = u32::from_le_bytes([h[14], h[15], h[16], h[17]]) as usize;
+    if len > max_frame {
+        return Err(FrameError::TooLarge(len));
+    }
+    Ok(Header {
+        sender: u64::from_le_bytes(id),
+        len,
+    })
+}
+
+/// Appends one frame carrying `m` to `out` (a reused buffer).
+pub fn encode_frame(sender: u64, m: &Message, out: &mut Vec<u8>) -> Result<(), String> {
+    let start = out.len();
+    out.extend_from_slice(MAGIC);
+    out.push(VERSION);
+    out.push(0);
+    out.extend_from_slice(&sender.to_le_bytes());
+    out.extend_from_slice(&[0; 4]);
+    m.write_to_vec(out).map_err(|e| e.to_string())?;
+    let len = out.len() - start - HEADER_LEN;
+    let len32 = u32::try_from(len).map_err(|_| format!("message of {} bytes", len))?;
+    out[start + 14..start + 18].copy_from_slice(&len32.to_le_bytes());
+    Ok(())
+}
+
+/// Something the driver must tell raft.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PeerEvent {
+    /// A connection attempt to this peer failed (`RawNode::report_unreachable`).
+    Unreachable(u64),
+    /// A snapshot message to this peer was dropped (`report_snapshot(id, Failure)`).
+    SnapshotFailed(u64),
+}
+
+/// Counters, for metrics and tests.
+#[derive(Debug, Default)]
+pub struct TransportStats {
+    pub sent: AtomicU64,
+    pub received: AtomicU64,
+    /// Outbound messages dropped: queue full, unknown peer, or lost with a failed connection.
+    pub dropped: AtomicU64,
+    /// Inbound messages dropped because the driver's queue was full.
+    pub dropped_inbound: AtomicU64,
+    /// Inbound connections closed for a bad frame.
+    pub refused: AtomicU64,
+    pub connects: AtomicU64,
+}
+
+pub struct TransportConfig {
+    pub id: u64,
+    /// Every other member and where it listens.
+    pub peers: BTreeMap<u64, SocketAddr>,
+    pub max_frame: usize,
+    pub queue_len: usize,
+    pub inbound_len: usize,
+}
+
+impl TransportConfig {
+    pub fn new(id: u64, peers: BTreeMap<u64, SocketAddr>) -> TransportConfig {
+        TransportConfig {
+            id,
+            peers,
+            max_frame: DEFAULT_MAX_FRAME,
+            queue_len: DEFAULT_QUEUE_LEN,
+            inbound_len: DEFAULT_INBOUND_LEN,
+        }
+    }
+}
+
+/// The running transport of one node. Dropping it stops every thread it started.
+pub struct Transport {
+    id: u64,
+    local: SocketAddr,
+    outbound: BTreeMap<u64, Sender<Message>>,
+    inbound: Receiver<Message>,
+    events: Receiver<PeerEvent>,
+    event_tx: Sender<PeerEvent>,
+    stats: Arc<TransportStats>,
+    shutdown: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Transport {
+    /// Starts serving `listener` (already bound: the caller chose the address, port 0 included)
+    /// and a writer per peer.
+    pub fn start(cfg: TransportConfig, listener: TcpListener) -> io::Result<Transport> {
+        let local = listener.local_addr()?;
+        listener.set_nonblocking(true)?;
+        let shutdown = Arc::new(AtomicBool::new(false));
+        let stats = Arc::new(TransportStats::default());
+        let (in_tx, in_rx) = bounded(cfg.inbound_len);
+        // Events are few (one per failed attempt per backoff step); bounded all the same.
+        let (ev_tx, ev_rx) = bounded(1024);
+        let mut threads = Vec::new();
+        let members: Arc<Vec<u64>> = Arc::new(cfg.peers.keys().copied().collect());
+        {
+            let (shutdown, stats) = (shutdown.clone(), stats.clone());
+            let (id, max_frame) = (cfg.id, cfg.max_frame);
+            threads.push(
+                thread::Builder::new()
+                    .name(format!("raft-accept-{}", id))
+                    .spawn(move || {
+                        accept_loop(listener, id, members, max_frame, in_tx, stats, shutdown)
+                    })?,
+            );
+        }
+        let mut outbound = BTreeMap::new();
+        for (&peer, &addr) in &cfg.peers {
+            if peer == cfg.id {
+                continue;
+            }
+            let (tx, rx) = bounded(cfg.queue_len);
+            outbound.insert(peer, tx);
+            let w = Writer {
+                id: cfg.id,
+                peer,
+                addr,
+                rx,
+                events: ev_tx.clone(),
+                stats: stats.clone(),
+                shutdown: shutdown.clone(),
+            };
+            threads.push(
+                thread::Builder::new()
+                    .name(format!("raft-send-{}-{}", cfg.id, peer))
+                    .spawn(move || w.run())?,
+            );
+        }
+        Ok(Transport {
+            id: cfg.id,
+            local,
+            outbound,
+            inbound: in_rx,
+            events: ev_rx,
+            event_tx: ev_tx,
+            stats,
+            shutdown,
+            threads,
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Queues `m` for `m.to`; never blocks. Returns false when it was dropped (unknown peer or
+    /// its queue full). A dropped snapshot is reported as [`PeerEvent::SnapshotFailed`] too.
+    pub fn send(&self, m: Message) -> bool {
+        let to = m.to;
+        let is_snap = m.get_msg_type() == MessageType::MsgSnapshot;
+        let ok = match self.outbound.get(&to) {
+            Some(q) => match q.try_send(m) {
+                Ok(()) => true,
+                Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => false,
+            },
+            None => false,
+        };
+        if !ok {
+            self.stats.dropped.fetch_add(1, Ordering::Relaxed);
+            if is_snap {
+                let _ = self.event_tx.try_send(PeerEvent::SnapshotFailed(to));
+            }
+        }
+        ok
+    }
+
+    /// The driver's side of inbound messages (to poll or to `select!` on).
+    pub fn inbound(&self) -> &Receiver<Message> {
+        &self.inbound
+    }
+
+    pub fn try_recv(&self) -> Option<Message> {
+        self.inbound.try_recv().ok()
+    }
+
+    pub fn recv_timeout(&self, d: Duration) -> Option<Message> {
+        match self.inbound.recv_timeout(d) {
+            Ok(m) => Some(m),
+            Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => None,
+        }
+    }
+
+    /// The next event for raft, if any.
+    pub fn try_event(&self) -> Option<PeerEvent> {
+        self.events.try_recv().ok()
+    }
+
+    pub fn stats(&self) -> &TransportStats {
+        &self.stats
+    }
+}
+
+impl Drop for Transport {
+    fn drop(&mut self) {
+        self.shutdown.store(true, Ordering::Relaxed);
+        self.outbound.clear();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+struct Writer {
+    id: u64,
+    peer: u64,
+    addr: SocketAddr,
+    rx: Receiver<Message>,
+    events: Sender<PeerEvent>,
+    stats: Arc<TransportStats>,
+    shutdown: Arc<AtomicBool>,
+}
+
+impl Writer {
+    fn run(self) {
+        let mut buf = Vec::new();
+        let mut backoff = BACKOFF_MIN;
+        let mut conn: Option<TcpStream> = None;
+        let mut retry_at = Instant::now();
+        loop {
+            if self.shutdown.load(Ordering::Relaxed) {
+                return;
+            }
+            let m = match self.rx.recv_timeout(POLL) {
+                Ok(m) => m,
+                Err(RecvTimeoutError::Timeout) => continue,
+                Err(RecvTimeoutError::Disconnected) => return,
+            };
+            if conn.is_none() && Instant::now() >= retry_at {
+                match TcpStream::connect_timeout(&self.addr, BACKOFF_MAX) {
+                    Ok(s) => {
+                        let _ = s.set_nodelay(true);
+                        let _ = s.set_write_timeout(Some(WRITE_TIMEOUT));
+                        self.stats.connects.fetch_add(1, Ordering::Relaxed);
+                        backoff = BACKOFF_MIN;
+                        conn = Some(s);
+                    }
+                    Err(_) => {
+                        let _ = self.events.try_send(PeerEvent::Unreachable(self.peer));
+                        retry_at = Instant::now() + backoff;
+                        backoff = (backoff * 2).min(BACKOFF_MAX);
+                    }
+                }
+            }
+            let Some(s) = conn.as_mut() else {
+                self.lost(&m);
+                continue;
+            };
+            // Batch whatever else is queued into one write.
+            buf.clear();
+            let mut batch = vec![m];
+            while batch.len() < 256 {
+                match self.rx.try_recv() {
+                    Ok(m) => batch.push(m),
+                    Err(_) => break,
+                }
+            }
+            for m in &batch {
+                if encode_frame(self.id, m, &mut buf).is_err() {
+                    self.lost(m);
+                }
+            }
+            if s.write_all(&buf).is_err() {
+                conn = None;
+                retry_at = Instant::now() + backoff;
+                for m in &batch {
+                    self.lost(m);
+                }
+                let _ = self.events.try_send(PeerEvent::Unreachable(self.peer));
+            } else {
+                self.stats
+                    .sent
+                    .fetch_add(batch.len() as u64, Ordering::Relaxed);
+            }
+        }
+    }
+
+    fn lost(&self, m: &Message) {
+        self.stats.dropped.fetch_add(1, Ordering::Relaxed);
+        if m.get_msg_type() == MessageType::MsgSnapshot {
+            let _ = self.events.try_send(PeerEvent::SnapshotFailed(self.peer));
+        }
+    }
+}
+
+fn accept_loop(
+    listener: TcpListener,
+    id: u64,
+    members: Arc<Vec<u64>>,
+    max_frame: usize,
+    inbound: Sender<Message>,
+    stats: Arc<TransportStats>,
+    shutdown: Arc<AtomicBool>,
+) {
+    let mut readers: Vec<JoinHandle<()>> = Vec::new();
+    while !shutdown.load(Ordering::Relaxed) {
+        match listener.accept() {
+            Ok((s, _)) => {
+                readers.retain(|h| !h.is_finished());
+                if readers.len() >= MAX_INBOUND_CONNECTIONS {
+                    stats.refused.fetch_add(1, Ordering::Relaxed);
+                    drop(s);
+                    continue;
+                }
+                let r = Reader {
+                    id,
+                    members: members.clone(),
+                    max_frame,
+                    inbound: inbound.clone(),
+                    stats: stats.clone(),
+                    shutdown: shutdown.clone(),
+                };
+                if let Ok(h) = thread::Builder::new()
+                    .name(format!("raft-recv-{}", id))
+                    .spawn(move || r.run(s))
+                {
+                    readers.push(h);
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => thread::sleep(POLL / 5),
+            Err(_) => thread::sleep(POLL),
+        }
+    }
+    for h in readers {
+        let _ = h.join();
+    }
+}
+
+struct Reader {
+    id: u64,
+    members: Arc<Vec<u64>>,
+    max_frame: usize,
+    inbound: Sender<Message>,
+    stats: Arc<TransportStats>,
+    shutdown: Arc<AtomicBool>,
+}
+
+/// What reading one frame gave.
+enum Got {
+    Frame,
+    Closed,
+}
+
+impl Reader {
+    fn run(self, mut s: TcpStream) {
+        if s.set_nonblocking(false).is_err() || s.set_read_timeout(Some(POLL)).is_err() {
+            return;
+        }
+        let mut sender: Option<u64> = None;
+        let mut body = Vec::new();
+        loop {
+            match self.frame(&mut s, &mut sender, &mut body) {
+                Ok(Got::Frame) => {}
+                Ok(Got::Closed) => return,
+                Err(_refused) => {
+                    self.stats.refused.fetch_add(1, Ordering::Relaxed);
+                    let _ = s.shutdown(std::net::Shutdown::Both);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Reads exactly `buf.len()` bytes; false at EOF, error, shutdown or the deadline.
+    fn fill(&self, s: &mut TcpStream, buf: &mut [u8], deadline: Option<Instant>) -> bool {
+        let mut at = 0;
+        while at < buf.len() {
+            if self.shutdown.load(Ordering::Relaxed) || deadline.is_some_and(|d| Instant::now() > d)
+            {
+                return false;
+            }
+            match s.read(&mut buf[at..]) {
+                Ok(0) => return false,
+                Ok(n) => at += n,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return false,
+            }
+        }
+        true
+    }
+
+    fn frame(
+        &self,
+        s: &mut TcpStream,
+        sender: &mut Option<u64>,
+        body: &mut Vec<u8>,
+    ) -> Result<Got, FrameError> {
+        // Until the peer has proved itself with one valid frame, it has a deadline.
+        let deadline = sender
+            .is_none()
+            .then(|| Instant::now() + FIRST_FRAME_TIMEOUT);
+        let mut h = [0u8; HEADER_LEN];
+        if !self.fill(s, &mut h, deadline) {
+            return Ok(Got::Closed);
+        }
+        let head = decode_header(&h, self.max_frame)?;
+        if head.sender == self.id || !self.members.contains(&head.sender) {
+            return Err(FrameError::NotMember(head.sender));
+        }
+        match *sender {
+            Some(was) if was != head.sender => {
+                return Err(FrameError::SenderChanged {
+                    was,
+                    now: head.sender,
+                })
+            }
+            _ => *sender = Some(head.sender),
+        }
+        // Grow as the bytes arrive: a lying length costs at most one chunk.
+        body.clear();
+        const CHUNK: usize = 64 << 10;
+        while body.len() < head.len {
+            let start = body.len();
+            let n = (head.len - start).min(CHUNK);
+            body.resize(start + n, 0);
+            if !self.fill(s, &mut body[start..], deadline) {
+                return Ok(Got::Closed);
+            }
+        }
+        let m =
+            Message::parse_from_bytes(body).map_err(|e| FrameError::BadMessage(e.to_string()))?;
+        if m.from != head.sender || m.to != self.id {
+            return Err(FrameError::BadMessage(format!(
+                "message from {} to {} in a frame from {}",
+                m.from, m.to, head.sender
+            )));
+        }
+        self.stats.received.fetch_add(1, Ordering::Relaxed);
+        if self.inbound.try_send(m).is_err() {
+            self.stats.dropped_inbound.fetch_add(1, Ordering::Relaxed);
+        }
+        if body.capacity() > 4 * CHUNK {
+            // A snapshot-sized buffer is not kept for heartbeats.
+            *body = Vec::new();
+        }
+        Ok(Got::Frame)
+    }
+}
+
+#[cfg(test)]
+#[path = "transport_tests.rs"]
+mod tests;
