@@ -46,6 +46,8 @@ pub struct CounterTable {
     held: HashMap<ConnId, HashMap<Box<[u8]>, u32>>,
     /// Length of a stats interval in seconds (yrmcds `counter.stats_interval`), at least 1.
     interval: u64,
+    /// The interval start at which [`CounterTable::collect_due`] last collected.
+    collected_at: u64,
     pub stats: CounterStats,
 }
 
@@ -55,6 +57,7 @@ impl CounterTable {
             counters: HashMap::new(),
             held: HashMap::new(),
             interval: interval_secs.max(1),
+            collected_at: 0,
             stats: CounterStats::default(),
         }
     }
@@ -183,6 +186,16 @@ impl CounterTable {
         self.counters
             .retain(|_, c| c.consumption != 0 || c.last_updated >= boundary);
         before - self.counters.len()
+    }
+
+    /// Collect once per interval: the first call in a new interval walks the table, the others
+    /// cost one division.
+    pub fn collect_due(&mut self, now: u64) {
+        let boundary = self.boundary(now);
+        if boundary > self.collected_at {
+            self.collected_at = boundary;
+            self.collect(now);
+        }
     }
 
     /// Every counter: name, current consumption, maximum consumption in this interval.

@@ -200,6 +200,15 @@ pub fn encode_header(out: &mut Vec<u8>, opcode: u8, status: u8, opaque: u32, bod
     out.extend_from_slice(&opaque.to_be_bytes());
 }
 
+/// Write a response header into a fixed buffer (no allocation for header-only replies).
+pub fn encode_header_into(out: &mut [u8], opcode: u8, status: u8, opaque: u32, body_len: u32) {
+    if let Some(h) = out.first_chunk_mut::<HEADER_LEN>() {
+        h[..4].copy_from_slice(&[RES_MAGIC, opcode, status, 0]);
+        h[4..8].copy_from_slice(&body_len.to_be_bytes());
+        h[8..].copy_from_slice(&opaque.to_be_bytes());
+    }
+}
+
 /// Append an error response carrying its status text.
 pub fn encode_error(out: &mut Vec<u8>, opcode: u8, status: u8, opaque: u32) {
     encode(out, opcode, status, opaque, status_text(status));

@@ -16,6 +16,7 @@ use super::exec_dlock::DlockSessions;
 use super::msg::{Arena, Batch, Op, OpMsg, Pool, Record, Replies, Span, ToOwner};
 use super::Shared;
 use crate::core::codec::{self, DecodeError, Reader, Snapshot};
+use crate::core::counter::CounterTable;
 use crate::core::dlock::{DlockConfig, DlockEvent, DlockTable};
 use crate::core::lockd::{Grant, LockdConfig, LockdTable};
 use crate::core::store::{Store, StoreConfig};
@@ -34,6 +35,9 @@ pub struct Tables {
     pub dlock: DlockTable,
     pub dlock_sessions: DlockSessions,
     pub counters: Counters,
+    /// yrmcds counters (the fourth namespace) and their per-opcode counts.
+    pub counter: CounterTable,
+    pub counter_ops: super::exec_counter::CounterOps,
     /// Scratch for lockd grants and dlock events.
     pub grants: Vec<Grant>,
     pub dlock_events: Vec<DlockEvent>,
@@ -57,6 +61,8 @@ impl Tables {
             dlock: DlockTable::new(dlock, now.ms),
             dlock_sessions: DlockSessions::default(),
             counters: Counters::default(),
+            counter: CounterTable::new(super::exec_counter::STATS_INTERVAL_SECS),
+            counter_ops: Default::default(),
             grants: Vec::new(),
             dlock_events: Vec::new(),
         }
@@ -402,6 +408,7 @@ pub fn apply_op(
         Op::Mc(op) => super::exec_mc::apply(t, out, shared, conn, op, arena, now),
         Op::Lockd(op) => super::exec_lockd::apply(t, out, conn, op, arena, now),
         Op::Dlock(op) => super::exec_dlock::receive(t, out, conn, op, arena, now),
+        Op::Counter(op) => super::exec_counter::apply(t, out, conn, op, arena, now),
         Op::DlockOpen => super::exec_dlock::open(t, conn, now),
         Op::Literal { bytes, close } => {
             if t.dlock_sessions.is_waiting(conn) {
@@ -415,6 +422,7 @@ pub fn apply_op(
         Op::Close => {
             t.store.disconnect(conn, now);
             t.lockd.disconnect(conn, now.ms);
+            t.counter.disconnect(conn, now.unix);
             t.dlock_sessions.remove(conn);
             t.dlock.disconnect(conn, now.ms, &mut t.dlock_events);
             super::exec_dlock::deliver_events(t, out, now);

@@ -16,6 +16,7 @@ pub struct Daemon {
     pub memcache: Option<SocketAddr>,
     pub lockd: Option<SocketAddr>,
     pub dlock: Option<SocketAddr>,
+    pub counter: Option<SocketAddr>,
 }
 
 impl Daemon {
@@ -26,6 +27,7 @@ impl Daemon {
             ("--memcache", "127.0.0.1:0"),
             ("--lockd", "127.0.0.1:0"),
             ("--dlock", "127.0.0.1:0"),
+            ("--counter", "127.0.0.1:0"),
             ("--threads", "2"),
         ];
         let mut args: Vec<&str> = Vec::new();
@@ -52,7 +54,7 @@ impl Daemon {
                 .find(|w| w[0] == flag)
                 .is_some_and(|w| w[1] == "off")
         };
-        let expected = ["memcache", "lockd", "dlock"]
+        let expected = ["memcache", "lockd", "dlock", "counter"]
             .iter()
             .filter(|p| !is_off(p))
             .count();
@@ -61,6 +63,7 @@ impl Daemon {
             memcache: None,
             lockd: None,
             dlock: None,
+            counter: None,
         };
         for _ in 0..expected {
             let line = lines
@@ -79,6 +82,7 @@ impl Daemon {
                 "memcache" => d.memcache = Some(addr),
                 "lockd" => d.lockd = Some(addr),
                 "dlock" => d.dlock = Some(addr),
+                "counter" => d.counter = Some(addr),
                 other => panic!("unexpected listener line {other}: {line}"),
             }
         }
@@ -99,6 +103,10 @@ impl Daemon {
 
     pub fn dlock(&self) -> Client {
         Client::connect(self.dlock.expect("dlock listener"))
+    }
+
+    pub fn counter(&self) -> Client {
+        Client::connect(self.counter.expect("counter listener"))
     }
 
     /// Send SIGTERM and wait for the exit status.
