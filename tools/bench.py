@@ -128,7 +128,7 @@ class Servers:
         """holdfast with the given listeners on port 0; returns its process and {listener: port}
         read from the lines it prints (its output goes to a log file, kept for post-mortems)."""
         args = [HOLDFAST, "--threads", str(HOLDFAST_THREADS)]
-        for listener in ("memcache", "lockd", "dlock"):
+        for listener in ("memcache", "lockd", "dlock", "counter"):
             args += [f"--{listener}", "127.0.0.1:0" if listener in listeners else "off"]
         log_path = os.path.join(self.logdir, f"{name}.log")
         with open(log_path, "w") as out:

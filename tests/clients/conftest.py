@@ -41,7 +41,7 @@ def start_holdfast(*extra):
     binary = os.environ.get("HOLDFAST_BIN")
     if not binary:
         pytest.fail("HOLDFAST_BIN must name the holdfast binary (make test-clients sets it)")
-    args = [binary, "--memcache", "127.0.0.1:0", "--lockd", "off", "--dlock", "off", "--threads", "2"]
+    args = [binary, "--memcache", "127.0.0.1:0", "--lockd", "off", "--dlock", "off", "--counter", "off", "--threads", "2"]
     proc = subprocess.Popen(list(args) + list(extra), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
     lines = queue.Queue()
 
