@@ -14,6 +14,9 @@ Environment (all optional):
   BENCH_CLIENT_THREADS   holdfast-bench threads (default 1)
   BENCH_HOLDFAST_THREADS holdfast --threads (default 1: one I/O worker, plus its owner thread)
   BENCH_ROWS             comma-separated row ids to run (default: all; see ROWS)
+  YRMCDS                 path to a yrmcds binary (cybozu/yrmcds, built by you; nothing here
+                         builds it): the counter rows then compare with yrmcds's own counter
+                         server; without it they run holdfast alone
 """
 
 import os
@@ -38,6 +41,7 @@ ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
 CONNECTIONS = int(os.environ.get("BENCH_CONNECTIONS", "50"))
 CLIENT_THREADS = int(os.environ.get("BENCH_CLIENT_THREADS", "1"))
 HOLDFAST_THREADS = int(os.environ.get("BENCH_HOLDFAST_THREADS", "1"))
+YRMCDS = os.environ.get("YRMCDS")
 # A server must accept connections within this long after it was started.
 START_DEADLINE = 10.0
 # A run may take its own time plus preparation and drain, plus this margin, then it is killed.
@@ -67,6 +71,10 @@ ROWS = [
      ("holdfast-dlock", "dlock", "lock", 16), ("memcached", "memcache-binary", "add-delete", 16)),
     ("get", "memcached text get (hits), depth 1 vs memcached get",
      ("holdfast-mc", "memcache-text", "get", 1), ("memcached", "memcache-text", "get", 1)),
+    ("counter1", "yrmcds counter Acquire+Release, depth 1 vs yrmcds",
+     ("holdfast-counter", "counter", "lock", 1), ("yrmcds", "counter", "lock", 1)),
+    ("counter16", "yrmcds counter Acquire+Release, depth 16 vs yrmcds",
+     ("holdfast-counter", "counter", "lock", 16), ("yrmcds", "counter", "lock", 16)),
     ("contended", "1000 clients on 10 names, old ACQ (hand-off)",
      ("holdfast-lockd", "lockd", "contended", 1), None),
 ]
@@ -171,9 +179,12 @@ class Servers:
             return ""
 
     def start_all(self):
-        _, ports = self.start_holdfast("holdfast", ("memcache", "lockd"))
+        _, ports = self.start_holdfast("holdfast", ("memcache", "lockd", "counter"))
         self.addr["holdfast-mc"] = ports["memcache"]
         self.addr["holdfast-lockd"] = ports["lockd"]
+        self.addr["holdfast-counter"] = ports["counter"]
+        if YRMCDS:
+            self.start_yrmcds()
         port = free_port()
         argv = ["memcached", "-U", "0", "-p", str(port), "-l", "127.0.0.1", "-t", "1"]
         if os.geteuid() == 0:
@@ -189,6 +200,21 @@ class Servers:
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_accepting(port, proc, "redis-server")
         self.addr["redis"] = port
+
+    def start_yrmcds(self):
+        """yrmcds (the binary YRMCDS names) with its counter extension, loopback only, its files
+        in the log directory."""
+        port, repl, counter = free_port(), free_port(), free_port()
+        conf = os.path.join(self.logdir, "yrmcds.conf")
+        with open(conf, "w") as f:
+            f.write(f"virtual_ip = \"127.0.0.1\"\nbind_ip = \"127.0.0.1\"\nport = {port}\n"
+                    f"repl_port = {repl}\ncounter.enable = true\ncounter.port = {counter}\n"
+                    f"workers = {HOLDFAST_THREADS}\ntemp_dir = \"{self.logdir}\"\n"
+                    f"log.file = \"{os.path.join(self.logdir, 'yrmcds.log')}\"\n")
+        proc = self.spawn("yrmcds", [YRMCDS, "-f", conf],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_accepting(counter, proc, "yrmcds")
+        self.addr["yrmcds"] = counter
 
     def start_dlock(self):
         """dlock gets its own holdfast: while its lock table is unfinished a Lock may take the
@@ -300,6 +326,10 @@ def main():
     ensure_packages()
     wanted = os.environ.get("BENCH_ROWS")
     rows = [r for r in ROWS if not wanted or r[0] in wanted.split(",")]
+    if not YRMCDS:
+        # No yrmcds binary: the counter rows run holdfast alone.
+        rows = [(i, l, a, None if b and b[0] == "yrmcds" else b) for i, l, a, b in rows]
+        log("note: set YRMCDS=/path/to/yrmcds to compare the counter rows with yrmcds")
     logdir = tempfile.mkdtemp(prefix="holdfast-bench-")
     servers = Servers(logdir)
 
