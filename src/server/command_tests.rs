@@ -108,6 +108,36 @@ fn random_op(rng: &mut Rng, arena: &mut Arena) -> OpMsg {
         },
         14 => Op::DlockOpen,
         15 => Op::Close,
+        16 => {
+            // Names are 1 to 65535 bytes and an Acquire has 0 < resources <= maximum (the
+            // worker refuses anything else and so does the decoder).
+            let mut name = |rng: &mut Rng| {
+                let mut b = rng.bytes(40);
+                b.push(rng.next() as u8);
+                arena.push(&b)
+            };
+            let kind = match rng.below(5) {
+                0 => CounterKind::Get { name: name(rng) },
+                1 => {
+                    let resources = 1 + (rng.next() as u32) / 2;
+                    CounterKind::Acquire {
+                        resources,
+                        maximum: resources + (rng.next() as u32) / 2,
+                        name: name(rng),
+                    }
+                }
+                2 => CounterKind::Release {
+                    resources: rng.next() as u32,
+                    name: name(rng),
+                },
+                3 => CounterKind::Stats,
+                _ => CounterKind::Dump,
+            };
+            Op::Counter(CounterOp {
+                opaque: rng.next() as u32,
+                kind,
+            })
+        }
         _ => Op::Eof,
     };
     OpMsg { conn, op }

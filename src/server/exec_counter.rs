@@ -9,9 +9,10 @@ use crate::core::counter::CounterError;
 use crate::core::{ConnId, Now};
 use crate::proto::counter::{self as ct, op, status};
 
-/// yrmcds's default `counter.stats_interval` (one day): Dump's "maximum consumption" is the peak
-/// since the start of the current interval, and idle counters at zero are forgotten after one.
-pub const STATS_INTERVAL_SECS: u64 = 86_400;
+/// yrmcds's default `counter.stats_interval` (one day) in ms: Dump's "maximum consumption" is the
+/// peak since the start of the current interval, and idle counters at zero are forgotten after
+/// one.
+pub const STATS_INTERVAL_MS: u64 = 86_400_000;
 
 fn status_of(e: CounterError) -> u8 {
     match e {
@@ -24,14 +25,14 @@ fn status_of(e: CounterError) -> u8 {
 pub fn apply(
     t: &mut Tables,
     out: &mut super::owner::Outbox,
+    shared: &super::Shared,
     conn: ConnId,
     o: CounterOp,
     arena: &[u8],
     now: Now,
 ) {
     let table = &mut t.counter;
-    let ops = &mut t.counter_ops;
-    table.collect_due(now.unix);
+    table.collect_due(now.ms);
     let opaque = o.opaque;
     let result = |w: &mut Vec<u8>, opcode: u8, r: Result<Option<u32>, CounterError>| match r {
         Ok(None) => ct::encode_header(w, opcode, status::OK, opaque, 0),
@@ -40,7 +41,7 @@ pub fn apply(
     };
     match o.kind {
         CounterKind::Get { name } => {
-            ops.get += 1;
+            table.stats.cmd_get += 1;
             let r = table.get(name.get(arena)).map(Some);
             out.record(conn, 1, false, |w| result(w, op::GET, r));
         }
@@ -49,24 +50,24 @@ pub fn apply(
             maximum,
             name,
         } => {
-            ops.acquire += 1;
+            table.stats.cmd_acquire += 1;
             let r = table
-                .acquire(conn, name.get(arena), resources, maximum, now.unix)
+                .acquire(conn, name.get(arena), resources, maximum, now.ms)
                 .map(|()| Some(resources));
             out.record(conn, 1, false, |w| result(w, op::ACQUIRE, r));
         }
         CounterKind::Release { resources, name } => {
-            ops.release += 1;
+            table.stats.cmd_release += 1;
             let r = table
-                .release(conn, name.get(arena), resources, now.unix)
+                .release(conn, name.get(arena), resources, now.ms)
                 .map(|()| None);
             out.record(conn, 1, false, |w| result(w, op::RELEASE, r));
         }
         CounterKind::Stats => {
-            ops.stats += 1;
+            table.stats.cmd_stats += 1;
             let s = table.stats;
             let objects = table.len() as u64;
-            let snapshot = *ops;
+            let uptime = now.ms.saturating_sub(shared.started_unix_ms) / 1000;
             out.record(conn, 1, false, |w| {
                 let start = w.len();
                 ct::encode_header(w, op::STATS, status::OK, opaque, 0);
@@ -76,14 +77,14 @@ pub fn apply(
                     ct::encode_stat(w, name, &b);
                 };
                 num(w, b"time", now.unix);
-                num(w, b"uptime", now.ms / 1000);
+                num(w, b"uptime", uptime);
                 num(w, b"objects", objects);
                 num(w, b"total_objects", s.total_objects);
-                num(w, b"cmd_get", snapshot.get);
-                num(w, b"cmd_acquire", snapshot.acquire);
-                num(w, b"cmd_release", snapshot.release);
-                num(w, b"cmd_stats", snapshot.stats);
-                num(w, b"cmd_dump", snapshot.dump);
+                num(w, b"cmd_get", s.cmd_get);
+                num(w, b"cmd_acquire", s.cmd_acquire);
+                num(w, b"cmd_release", s.cmd_release);
+                num(w, b"cmd_stats", s.cmd_stats);
+                num(w, b"cmd_dump", s.cmd_dump);
                 num(w, b"acquired", s.acquired);
                 num(w, b"not_available", s.not_available);
                 num(w, b"released", s.released);
@@ -95,23 +96,13 @@ pub fn apply(
             });
         }
         CounterKind::Dump => {
-            ops.dump += 1;
+            table.stats.cmd_dump += 1;
             out.record(conn, 1, false, |w| {
-                table.for_each(now.unix, |name, cur, max| {
+                table.dump(now.ms, |name, cur, max| {
                     ct::encode_dump_entry(w, opaque, cur, max, name)
                 });
                 ct::encode_header(w, op::DUMP, status::OK, opaque, 0);
             });
         }
     }
-}
-
-/// Per-opcode counts of the requests the owner executed (Noop is answered by the workers).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct CounterOps {
-    pub get: u64,
-    pub acquire: u64,
-    pub release: u64,
-    pub stats: u64,
-    pub dump: u64,
 }

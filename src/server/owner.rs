@@ -37,7 +37,6 @@ pub struct Tables {
     pub counters: Counters,
     /// yrmcds counters (the fourth namespace) and their per-opcode counts.
     pub counter: CounterTable,
-    pub counter_ops: super::exec_counter::CounterOps,
     /// Scratch for lockd grants and dlock events.
     pub grants: Vec<Grant>,
     pub dlock_events: Vec<DlockEvent>,
@@ -61,8 +60,7 @@ impl Tables {
             dlock: DlockTable::new(dlock, now.ms),
             dlock_sessions: DlockSessions::default(),
             counters: Counters::default(),
-            counter: CounterTable::new(super::exec_counter::STATS_INTERVAL_SECS),
-            counter_ops: Default::default(),
+            counter: CounterTable::new(super::exec_counter::STATS_INTERVAL_MS),
             grants: Vec::new(),
             dlock_events: Vec::new(),
         }
@@ -80,6 +78,7 @@ impl Tables {
         self.lockd.snapshot(out);
         self.dlock.snapshot(out);
         self.dlock_sessions.snapshot(out);
+        self.counter.snapshot(out);
         let c = &self.counters;
         for v in [c.cmd_get, c.cmd_set, c.cmd_flush, c.cmd_touch] {
             codec::put_u64(out, v);
@@ -110,6 +109,7 @@ impl Tables {
             ..Default::default()
         };
         t.dlock_sessions = DlockSessions::restore(r, limits)?;
+        t.counter = CounterTable::restore(super::exec_counter::STATS_INTERVAL_MS, r)?;
         t.counters = Counters {
             cmd_get: r.u64()?,
             cmd_set: r.u64()?,
@@ -408,7 +408,7 @@ pub fn apply_op(
         Op::Mc(op) => super::exec_mc::apply(t, out, shared, conn, op, arena, now),
         Op::Lockd(op) => super::exec_lockd::apply(t, out, conn, op, arena, now),
         Op::Dlock(op) => super::exec_dlock::receive(t, out, conn, op, arena, now),
-        Op::Counter(op) => super::exec_counter::apply(t, out, conn, op, arena, now),
+        Op::Counter(op) => super::exec_counter::apply(t, out, shared, conn, op, arena, now),
         Op::DlockOpen => super::exec_dlock::open(t, conn, now),
         Op::Literal { bytes, close } => {
             if t.dlock_sessions.is_waiting(conn) {
@@ -422,7 +422,7 @@ pub fn apply_op(
         Op::Close => {
             t.store.disconnect(conn, now);
             t.lockd.disconnect(conn, now.ms);
-            t.counter.disconnect(conn, now.unix);
+            t.counter.disconnect(conn, now.ms);
             t.dlock_sessions.remove(conn);
             t.dlock.disconnect(conn, now.ms, &mut t.dlock_events);
             super::exec_dlock::deliver_events(t, out, now);
