@@ -277,3 +277,183 @@ fn counter_off_prints_no_listener() {
     assert!(d.counter.is_none());
     assert!(d.memcache.is_some());
 }
+
+// ---- determinism: counter schedules replayed under other hash seeds and from snapshots ----
+
+mod replay {
+    use holdfast::config::{self, Command, Config};
+    use holdfast::core::hash::with_seed;
+    use holdfast::proto::counter::{self as ct, op, status};
+    use holdfast::server::sim::{Recording, Replayer, Sim};
+    use holdfast::server::Proto;
+    use std::collections::HashMap;
+
+    const NAMES: [&[u8]; 6] = [b"m", b"a", b"zz", b"b", b"ab", b"\xff"];
+    const CONNS: usize = 5;
+
+    fn config() -> Config {
+        match config::parse(["--memory", "1"]) {
+            Ok(Command::Run(c)) => c,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    struct Rng(u64);
+    impl Rng {
+        fn below(&mut self, n: u64) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0 % n
+        }
+    }
+
+    /// One response's (opcode, status, body) from the front of `out`.
+    fn responses(mut out: &[u8]) -> Vec<(u8, u8, Vec<u8>)> {
+        let mut v = Vec::new();
+        while !out.is_empty() {
+            assert!(out.len() >= ct::HEADER_LEN && out[0] == ct::RES_MAGIC);
+            let len = u32::from_be_bytes([out[4], out[5], out[6], out[7]]) as usize;
+            v.push((
+                out[1],
+                out[2],
+                out[ct::HEADER_LEN..ct::HEADER_LEN + len].to_vec(),
+            ));
+            out = &out[ct::HEADER_LEN + len..];
+        }
+        v
+    }
+
+    /// A seeded schedule of counter requests checked against a model of what each connection
+    /// holds; Dump replies must list names in byte order. The recording and final snapshot.
+    fn recorded(seed: u64, steps: usize) -> (Recording, Vec<u8>) {
+        let mut sim = Sim::new(config());
+        sim.record();
+        let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+        let mut conns: Vec<Option<_>> = vec![None; CONNS];
+        let mut held: HashMap<(usize, &[u8]), u32> = HashMap::new();
+        let total = |h: &HashMap<(usize, &[u8]), u32>, n: &[u8]| -> u32 {
+            h.iter().filter(|(k, _)| k.1 == n).map(|(_, v)| *v).sum()
+        };
+        let mut dumps = 0;
+        for _ in 0..steps {
+            let c = rng.below(CONNS as u64) as usize;
+            let name = NAMES[rng.below(NAMES.len() as u64) as usize];
+            let id = *conns[c].get_or_insert_with(|| sim.connect(Proto::Counter));
+            let mut req = Vec::new();
+            let mut body = Vec::new();
+            match rng.below(12) {
+                0 => {
+                    sim.disconnect(id);
+                    conns[c] = None;
+                    held.retain(|k, _| k.0 != c);
+                    continue;
+                }
+                1 => {
+                    let to = sim.now_ms() + 1 + rng.below(50);
+                    sim.advance_to(to);
+                    continue;
+                }
+                2..=5 => {
+                    let r = 1 + rng.below(3) as u32;
+                    let max = r + rng.below(4) as u32;
+                    ct::acquire_body(&mut body, r, max, name);
+                    ct::encode_request(&mut req, op::ACQUIRE, 7, &body);
+                    sim.send(id, &req);
+                    let got = responses(&sim.output(id));
+                    let ok = total(&held, name) + r <= max;
+                    assert_eq!(got.len(), 1);
+                    assert_eq!(got[0].1 == status::OK, ok, "acquire {r} of {max}");
+                    if ok {
+                        *held.entry((c, name)).or_default() += r;
+                    }
+                }
+                6..=8 => {
+                    let r = rng.below(3) as u32;
+                    ct::release_body(&mut body, r, name);
+                    ct::encode_request(&mut req, op::RELEASE, 8, &body);
+                    sim.send(id, &req);
+                    let got = responses(&sim.output(id));
+                    let have = held.get(&(c, name)).copied().unwrap_or(0);
+                    // A counter nobody holds may still exist (NotAcquired) or not (NotFound).
+                    if have >= r && have > 0 {
+                        assert_eq!(got[0].1, status::OK);
+                        let h = held.entry((c, name)).or_default();
+                        *h -= r;
+                        if *h == 0 {
+                            held.remove(&(c, name));
+                        }
+                    } else {
+                        assert_ne!(got[0].1, status::OK);
+                    }
+                }
+                9 => {
+                    ct::get_body(&mut body, name);
+                    ct::encode_request(&mut req, op::GET, 9, &body);
+                    sim.send(id, &req);
+                    let got = responses(&sim.output(id));
+                    if got[0].1 == status::OK {
+                        assert_eq!(got[0].2, total(&held, name).to_be_bytes());
+                    } else {
+                        assert_eq!(total(&held, name), 0);
+                    }
+                }
+                10 => {
+                    ct::encode_request(&mut req, op::DUMP, 10, &[]);
+                    sim.send(id, &req);
+                    let got = responses(&sim.output(id));
+                    let names: Vec<&[u8]> = got[..got.len() - 1]
+                        .iter()
+                        .map(|(_, _, b)| &b[10..])
+                        .collect();
+                    assert!(names.windows(2).all(|w| w[0] < w[1]), "{names:?}");
+                    assert!(got.last().is_some_and(|r| r.2.is_empty()));
+                    dumps += usize::from(names.len() > 1);
+                }
+                _ => {
+                    ct::encode_request(&mut req, op::STATS, 11, &[]);
+                    sim.send(id, &req);
+                    assert_eq!(responses(&sim.output(id))[0].1, status::OK);
+                }
+            }
+        }
+        assert!(dumps > 5, "too few dumps of several counters: {dumps}");
+        let rec = sim.take_recording();
+        (rec, sim.snapshot())
+    }
+
+    fn replay(rec: &Recording, hash_seed: u64, restore_every: Option<usize>) -> Vec<u8> {
+        let mut r = with_seed(hash_seed, || Replayer::new(config()));
+        for (i, (entry, want)) in rec.entries.iter().zip(&rec.effects).enumerate() {
+            if restore_every.is_some_and(|n| i % n == n - 1) {
+                let snap = r.snapshot();
+                r = with_seed(hash_seed ^ (i as u64 + 1), || {
+                    let mut fresh = Replayer::new(config());
+                    fresh.restore(&snap).expect("restore");
+                    fresh
+                });
+            }
+            let got = r.apply(entry).expect("entry decodes");
+            assert!(
+                got == *want,
+                "seed {hash_seed:#x}: effects of entry {i} differ"
+            );
+        }
+        r.snapshot()
+    }
+
+    #[test]
+    fn counter_schedules_replay_identically_under_other_seeds_and_from_snapshots() {
+        for seed in [1, 2, 3] {
+            let (rec, snap) = recorded(seed, 1200);
+            assert!(rec.entries.len() > 500, "a short run");
+            for hash_seed in [1, 0xDEAD_BEEF] {
+                assert!(replay(&rec, hash_seed, None) == snap, "final state");
+            }
+            assert!(
+                replay(&rec, 5, Some(37)) == snap,
+                "final state across restores"
+            );
+        }
+    }
+}
