@@ -221,6 +221,11 @@ COMMAND = {
                                     + varint(5001) + varint(0))]),
     "binary_lock": entry(3, [op(1, 11, bytes([0x40]) + varint(7) + varint(0) + vbytes(b"")
                                 + vbytes(b"k") + vbytes(b""))]),
+    # counter Acquire 1 of 2, Dump, Release 1, then a close (tags 51, 54, 52, 42)
+    "counter_acquire_dump": entry(7, [op(1, 51, varint(9) + varint(1) + varint(2) + vbytes(b"sem")),
+                                      op(2, 54, varint(3)),
+                                      op(1, 52, varint(4) + varint(1) + vbytes(b"sem")),
+                                      op(1, 42)]),
 }
 write("command", list(COMMAND.items()))
 

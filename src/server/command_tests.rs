@@ -256,3 +256,45 @@ fn every_refusal_the_dlock_decoder_gives_has_a_code() {
         }
     }
 }
+
+/// Counter ops the worker would never send are refused: the table relies on names of 1 to
+/// 65535 bytes and on Acquire's 0 < resources <= maximum.
+#[test]
+fn counter_ops_the_worker_would_refuse_do_not_decode() {
+    fn entry(fields: &[u64], name: &[u8], tag: u8) -> Vec<u8> {
+        let mut b = b"HFc1".to_vec();
+        for v in [7, 1, 0, 1, 1] {
+            codec::put_u64(&mut b, v);
+        }
+        b.push(tag);
+        for v in fields {
+            codec::put_u64(&mut b, *v);
+        }
+        codec::put_bytes(&mut b, name);
+        b
+    }
+    let mut batch = Batch::default();
+    let ok = entry(&[9, 1, 2], b"sem", 51);
+    assert_eq!(decode_entry(&ok, Limits::default(), &mut batch), Ok(7));
+    assert!(matches!(
+        batch.ops[0].op,
+        Op::Counter(CounterOp {
+            opaque: 9,
+            kind: CounterKind::Acquire {
+                resources: 1,
+                maximum: 2,
+                ..
+            }
+        })
+    ));
+    for bad in [
+        entry(&[9, 0, 2], b"sem", 51),
+        entry(&[9, 3, 2], b"sem", 51),
+        entry(&[9, 1, 2], b"", 51),
+        entry(&[9], b"", 50),
+        entry(&[9, 1], &vec![b'n'; 65536], 52),
+        entry(&[9, 1 << 32, 1 << 33], b"sem", 51),
+    ] {
+        assert!(decode_entry(&bad, Limits::default(), &mut batch).is_err());
+    }
+}
