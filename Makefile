@@ -113,8 +113,11 @@ lint:
 fmt:
 	$(CARGO) fmt --all
 
+# The counter rows compare with yrmcds only when YRMCDS=/path/to/yrmcds names a binary you built
+# from cybozu/yrmcds (nothing here builds it); otherwise they run holdfast alone.
 bench: release
 	$(CARGO) build --release --example null_responder
+	@[ -n "$$YRMCDS" ] || echo "bench: set YRMCDS=/path/to/yrmcds to compare the counter rows with yrmcds"
 	$(PYTHON) tools/bench.py
 
 # Fuzzing: cargo-fuzz (libFuzzer) on the nightly toolchain; the crate is fuzz/, outside the
@@ -124,7 +127,7 @@ bench: release
 # without adding checks; debug assertions and overflow checks stay on (-a). Without a nightly
 # (none installed and none downloadable) the stable toolchain builds it with RUSTC_BOOTSTRAP=1,
 # which is enough for -s none.
-FUZZ_TARGETS := memcache_text memcache_binary lockd dlock connection command
+FUZZ_TARGETS := memcache_text memcache_binary lockd dlock connection command counter
 FUZZ_SECONDS ?= 600
 FUZZ_FLAGS   := -s none -a
 

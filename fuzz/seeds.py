@@ -223,5 +223,35 @@ COMMAND = {
                                     + varint(5001) + varint(0))]),
     "binary_lock": entry(3, [op(1, 11, bytes([0x40]) + varint(7) + varint(0) + vbytes(b"")
                                 + vbytes(b"k") + vbytes(b""))]),
+    # counter Acquire 1 of 2, Dump, Release 1, then a close (tags 51, 54, 52, 42)
+    "counter_acquire_dump": entry(7, [op(1, 51, varint(9) + varint(1) + varint(2) + vbytes(b"sem")),
+                                      op(2, 54, varint(3)),
+                                      op(1, 52, varint(4) + varint(1) + vbytes(b"sem")),
+                                      op(1, 42)]),
 }
 write("command", list(COMMAND.items()))
+
+
+# yrmcds counter protocol (docs/counter.md): magic 0x90, opcode, flags, reserved, length, opaque.
+def ct(op, body=b"", opaque=1, magic=0x90, length=None):
+    n = len(body) if length is None else length
+    return struct.pack(">BBBBII", magic, op, 0, 0, n, opaque) + body
+
+
+def ct_name(name):
+    return struct.pack(">H", len(name)) + name
+
+
+COUNTER = {
+    "noop": ct(0x00),
+    "get": ct(0x01, ct_name(b"sem")),
+    "acquire": ct(0x02, struct.pack(">II", 2, 5) + ct_name(b"sem")),
+    "release": ct(0x03, struct.pack(">I", 2) + ct_name(b"sem")),
+    "stats_dump": ct(0x10) + ct(0x11),
+    "pipeline": ct(0x02, struct.pack(">II", 1, 1) + ct_name(b"a")) + ct(0x01, ct_name(b"a")) + ct(0x00),
+    "invalid": ct(0x02, struct.pack(">II", 0, 1) + ct_name(b"a")) + ct(0x01, b"\x00\x05ab"),
+    "unknown": ct(0x42, b"xyz"),
+    "bad_magic": ct(0x00) + b"get a\r\n",
+    "too_large": ct(0x01, b"", length=0x7FFFFFFF),
+}
+write("counter", list(COUNTER.items()))

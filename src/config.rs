@@ -13,6 +13,8 @@ pub struct Config {
     pub lockd: Option<SocketAddr>,
     /// dlock listener.
     pub dlock: Option<SocketAddr>,
+    /// yrmcds counter-protocol listener.
+    pub counter: Option<SocketAddr>,
     pub threads: usize,
     pub memory_limit: usize,
     pub max_item_size: usize,
@@ -58,6 +60,8 @@ const DEFAULT_MEMCACHE: &str = "127.0.0.1:11211";
 const DEFAULT_LOCKD: &str = "127.0.0.1:2626";
 const DEFAULT_DLOCK: &str = "127.0.0.1:2627";
 const DEFAULT_ADMIN: &str = "127.0.0.1:2629";
+/// yrmcds's `counter.port` default.
+const DEFAULT_COUNTER: &str = "127.0.0.1:11215";
 /// memcached's default `-m 64` is small for a lock server; the contract says 1 GiB.
 const DEFAULT_MEMORY_MIB: usize = 1024;
 const DEFAULT_MAX_ITEM_SIZE: usize = 1024 * 1024;
@@ -85,6 +89,7 @@ fn options() -> getopts::Options {
     )
     .optopt("l", "lockd", "old lock-daemon listener (or off)", "ADDR")
     .optopt("d", "dlock", "dlock listener (or off)", "ADDR")
+    .optopt("", "counter", "yrmcds counter listener (or off)", "ADDR")
     .optopt(
         "t",
         "threads",
@@ -208,6 +213,7 @@ where
         memcache: address(&m, "memcache", DEFAULT_MEMCACHE)?,
         lockd: address(&m, "lockd", DEFAULT_LOCKD)?,
         dlock: address(&m, "dlock", DEFAULT_DLOCK)?,
+        counter: address(&m, "counter", DEFAULT_COUNTER)?,
         threads: number(&m, "threads", default_threads, 1, 1024)?,
         memory_limit: memory_mib.saturating_mul(1024 * 1024),
         max_item_size: number(
@@ -261,7 +267,11 @@ where
             Some(other) => return Err(format!("--compat {other}: must be memcached or yrmcds")),
         },
     };
-    if config.memcache.is_none() && config.lockd.is_none() && config.dlock.is_none() {
+    if config.memcache.is_none()
+        && config.lockd.is_none()
+        && config.dlock.is_none()
+        && config.counter.is_none()
+    {
         return Err("every listener is off: nothing to serve".into());
     }
     Ok(Command::Run(config))
@@ -314,6 +324,7 @@ mod tests {
         assert_eq!(c.memcache, Some("127.0.0.1:11211".parse().unwrap()));
         assert_eq!(c.lockd, Some("127.0.0.1:2626".parse().unwrap()));
         assert_eq!(c.dlock, Some("127.0.0.1:2627".parse().unwrap()));
+        assert_eq!(c.counter, Some("127.0.0.1:11215".parse().unwrap()));
         assert_eq!(c.memory_limit, 1024 << 20);
         assert_eq!(c.max_item_size, 1 << 20);
         assert_eq!(c.max_connections, 65536);
@@ -362,6 +373,18 @@ mod tests {
         assert_eq!(run(&["--compat", "yrmcds"]).unwrap().compat, Compat::Yrmcds);
         assert_eq!(run(&[]).unwrap().compat, Compat::Memcached);
         assert!(run(&["stray"]).is_err());
-        assert!(run(&["--memcache", "off", "--lockd", "off", "--dlock", "off"]).is_err());
+        assert!(run(&[
+            "--memcache",
+            "off",
+            "--lockd",
+            "off",
+            "--dlock",
+            "off",
+            "--counter",
+            "off"
+        ])
+        .is_err());
+        // The counter listener alone is something to serve.
+        assert!(run(&["--memcache", "off", "--lockd", "off", "--dlock", "off"]).is_ok());
     }
 }

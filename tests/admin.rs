@@ -270,9 +270,10 @@ fn status_page_and_its_json_are_served() {
         "no external assets"
     );
     let v = get_json(admin(&d), "/status.json");
-    assert_eq!(v["listeners"].as_array().unwrap().len(), 3);
+    // memcache, lockd, dlock and counter (the admin port is not a lock listener).
+    assert_eq!(v["listeners"].as_array().unwrap().len(), 4);
     assert!(v["stats"]["uptime"].is_string());
-    for t in ["memcache", "lockd", "dlock"] {
+    for t in ["memcache", "lockd", "dlock", "counter"] {
         assert!(v["tables"][t]["locks"].is_array(), "{t}");
     }
 }
@@ -410,6 +411,8 @@ fn an_explicit_admin_address_that_is_taken_is_an_error() {
             "off",
             "--dlock",
             "off",
+            "--counter",
+            "off",
         ])
         .args(["--admin", &taken])
         .output()
@@ -431,6 +434,8 @@ fn log_of(extra: &[&str], work: impl FnOnce(SocketAddr)) -> String {
             "--lockd",
             "127.0.0.1:0",
             "--dlock",
+            "off",
+            "--counter",
             "off",
         ])
         .args(["--admin", "127.0.0.1:0", "--threads", "1"])
@@ -561,4 +566,35 @@ fn a_listing_over_the_cap_is_cut_at_ten_thousand_and_grants_go_on() {
         other.take(4 + name.len() + 1);
     }
     lister.join().unwrap();
+}
+
+#[test]
+fn locks_lists_counter_holders_with_the_resources_each_holds() {
+    use holdfast::proto::counter;
+    let d = Daemon::start(&[]);
+    let addr = admin(&d);
+    let mut c = d.counter();
+    for (resources, name) in [(3u32, &b"jobs"[..]), (1, b"other")] {
+        let mut body = Vec::new();
+        counter::acquire_body(&mut body, resources, 10, name);
+        let mut req = Vec::new();
+        counter::encode_request(&mut req, 0x02, 7, &body);
+        c.send(&req);
+        let h = c.take(12);
+        assert_eq!(h[2], 0, "acquire succeeded");
+        let len = u32::from_be_bytes([h[4], h[5], h[6], h[7]]) as usize;
+        c.take(len);
+    }
+    let v = get_json(addr, "/locks?table=counter&prefix=jo");
+    assert_eq!(v["table"], "counter");
+    let locks = v["locks"].as_array().expect("locks");
+    assert_eq!(locks.len(), 1, "{v}");
+    assert_eq!(locks[0]["name"], "jobs");
+    assert_eq!(locks[0]["resources"], 3);
+    assert_eq!(locks[0]["holder"]["address"], local(&c));
+    drop(c);
+    let v = wait_json(addr, "/locks?table=counter", |v| {
+        v["locks"].as_array().is_some_and(|l| l.is_empty())
+    });
+    assert_eq!(v["matched"], 0, "released when the connection closed");
 }

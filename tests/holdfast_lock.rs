@@ -236,3 +236,93 @@ fn the_command_gets_the_fencing_token_and_print_fence_prints_it_first() {
         .expect("one number");
     assert!(only > second);
 }
+
+#[test]
+fn slots_let_at_most_n_commands_run_at_once() {
+    let d = Daemon::start(&[]);
+    let dir = std::env::temp_dir().join(format!("holdfast-slots-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let log = dir.join("log");
+    let _ = std::fs::remove_file(&log);
+    let script = format!(
+        "echo start $(date +%s%N) >> {0}; sleep 0.4; echo end $(date +%s%N) >> {0}",
+        log.display()
+    );
+    let counter = d.counter.expect("counter listener").to_string();
+    let mut children: Vec<_> = (0..3)
+        .map(|_| {
+            Command::new(env!("CARGO_BIN_EXE_holdfast-lock"))
+                .args(["--slots", "2", "--counter", &counter, "jobs", "--"])
+                .args(["sh", "-c", &script])
+                .spawn()
+                .expect("spawn")
+        })
+        .collect();
+    for c in &mut children {
+        assert!(wait_with_deadline(c, Duration::from_secs(15)).success());
+    }
+    let text = std::fs::read_to_string(&log).unwrap();
+    let mut events: Vec<(u128, i32)> = text
+        .lines()
+        .map(|l| {
+            let mut w = l.split_whitespace();
+            let delta = if w.next() == Some("start") { 1 } else { -1 };
+            (w.next().unwrap().parse().unwrap(), delta)
+        })
+        .collect();
+    assert_eq!(events.len(), 6, "{text}");
+    // Ends sort before starts at the same instant (a slot freed, then taken).
+    events.sort();
+    let (mut running, mut most) = (0, 0);
+    for (_, delta) in &events {
+        running += delta;
+        most = most.max(running);
+    }
+    assert!(most <= 2, "more than two ran at once: {text}");
+    assert_eq!(most, 2, "two slots were never used together: {text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn slots_time_out_when_all_are_taken() {
+    let d = Daemon::start(&[]);
+    let counter = d.counter.expect("counter listener").to_string();
+    let mut holder = Command::new(env!("CARGO_BIN_EXE_holdfast-lock"))
+        .args([
+            "--slots",
+            "1",
+            "--counter",
+            &counter,
+            "one",
+            "--",
+            "sleep",
+            "2",
+        ])
+        .spawn()
+        .expect("spawn");
+    // Wait until the holder has its slot (Get shows 1).
+    let mut c = d.counter();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut req = Vec::new();
+        let mut body = Vec::new();
+        holdfast::proto::counter::get_body(&mut body, b"one");
+        holdfast::proto::counter::encode_request(&mut req, 1, 0, &body);
+        c.send(&req);
+        let h = c.take(12);
+        let len = u32::from_be_bytes([h[4], h[5], h[6], h[7]]) as usize;
+        let b = c.take(len);
+        if h[2] == 0 && b == 1u32.to_be_bytes() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "holder never got its slot");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let st = Command::new(env!("CARGO_BIN_EXE_holdfast-lock"))
+        .args(["--slots", "1", "--counter", &counter, "--wait", "200ms"])
+        .args(["one", "--", "true"])
+        .status()
+        .expect("run");
+    assert_eq!(st.code(), Some(75));
+    assert!(wait_with_deadline(&mut holder, Duration::from_secs(10)).success());
+}

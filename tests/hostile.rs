@@ -963,6 +963,8 @@ fn the_daemon_raises_its_open_file_limit_to_the_hard_limit() {
         "off",
         "--dlock",
         "off",
+        "--counter",
+        "off",
         "--threads",
         "1",
     ])

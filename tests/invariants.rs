@@ -226,6 +226,8 @@ impl World {
                 Proto::Memcache => self.memcache(c),
                 Proto::Lockd => self.lockd(c),
                 Proto::Dlock => self.dlock(c),
+                // This schedule has no counter clients (tests/counter.rs covers counters).
+                Proto::Counter => unreachable!("no counter clients"),
             },
         }
         self.settle();
@@ -513,6 +515,7 @@ impl World {
             };
             match self.clients[c].proto {
                 Proto::Memcache => self.mc_reply.extend_from_slice(&bytes),
+                Proto::Counter => unreachable!("no counter clients"),
                 Proto::Lockd => {
                     let mut at = 0;
                     while let Some((f, n)) = ld::parse(&bytes[at..]) {
@@ -715,6 +718,7 @@ impl World {
                     }
                     Proto::Memcache => {}
                     Proto::Lockd => panic!("lockd connection closed by the daemon"),
+                    Proto::Counter => unreachable!("no counter clients"),
                 }
                 self.sim.output(id);
                 self.closed(c, id);

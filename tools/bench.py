@@ -14,6 +14,9 @@ Environment (all optional):
   BENCH_CLIENT_THREADS   holdfast-bench threads (default 1)
   BENCH_HOLDFAST_THREADS holdfast --threads (default: holdfast's own default, i.e. default flags)
   BENCH_ROWS             comma-separated row ids to run (default: all; see ROWS)
+  YRMCDS                 path to a yrmcds binary (cybozu/yrmcds, built by you; nothing here
+                         builds it): the counter rows then compare with yrmcds's own counter
+                         server; without it they run holdfast alone
 """
 
 import os
@@ -42,6 +45,8 @@ NULL_RESPONDER = os.path.join(TARGET, "examples", "null_responder")
 # memcached is run twice, at -t 1 and at its default (-t 4), and each row's baseline is the faster
 # of the two in that run: the strongest memcached this machine has.
 MEMCACHED_THREADS = {"memcached-t1": ["-t", "1"], "memcached-default": []}
+
+YRMCDS = os.environ.get("YRMCDS")
 # A server must accept connections within this long after it was started.
 START_DEADLINE = 10.0
 # A run may take its own time plus preparation and drain, plus this margin, then it is killed.
@@ -75,6 +80,10 @@ ROWS = [
      ("holdfast-mc", "memcache-text", "lock", 16), ("null", "memcache-text", "lock", 16)),
     ("null1", "memcached text lock+unlock, depth 1 vs a do-nothing responder",
      ("holdfast-mc", "memcache-text", "lock", 1), ("null", "memcache-text", "lock", 1)),
+    ("counter1", "yrmcds counter Acquire+Release, depth 1 vs yrmcds",
+     ("holdfast-counter", "counter", "lock", 1), ("yrmcds", "counter", "lock", 1)),
+    ("counter16", "yrmcds counter Acquire+Release, depth 16 vs yrmcds",
+     ("holdfast-counter", "counter", "lock", 16), ("yrmcds", "counter", "lock", 16)),
     ("contended", "1000 clients on 10 names, old ACQ (hand-off)",
      ("holdfast-lockd", "lockd", "contended", 1), None),
 ]
@@ -136,7 +145,7 @@ class Servers:
         """holdfast with the given listeners on port 0; returns its process and {listener: port}
         read from the lines it prints (its output goes to a log file, kept for post-mortems)."""
         args = [HOLDFAST] + (["--threads", HOLDFAST_THREADS] if HOLDFAST_THREADS else [])
-        for listener in ("memcache", "lockd", "dlock"):
+        for listener in ("memcache", "lockd", "dlock", "counter"):
             args += [f"--{listener}", "127.0.0.1:0" if listener in listeners else "off"]
         log_path = os.path.join(self.logdir, f"{name}.log")
         with open(log_path, "w") as out:
@@ -179,7 +188,7 @@ class Servers:
             return ""
 
     def start_all(self):
-        _, ports = self.start_holdfast("holdfast", ("memcache", "lockd"))
+        _, ports = self.start_holdfast("holdfast", ("memcache", "lockd", "counter"))
         self.addr["holdfast-mc"] = ports["memcache"]
         self.addr["holdfast-lockd"] = ports["lockd"]
         for name, threads in MEMCACHED_THREADS.items():
@@ -190,6 +199,9 @@ class Servers:
             proc = self.spawn(name, argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             wait_accepting(port, proc, name)
             self.addr[name] = port
+        self.addr["holdfast-counter"] = ports["counter"]
+        if YRMCDS:
+            self.start_yrmcds()
         port = free_port()
         proc = self.spawn("null-responder", [NULL_RESPONDER, f"127.0.0.1:{port}"],
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -203,6 +215,21 @@ class Servers:
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_accepting(port, proc, "redis-server")
         self.addr["redis"] = port
+
+    def start_yrmcds(self):
+        """yrmcds (the binary YRMCDS names) with its counter extension, loopback only, its files
+        in the log directory."""
+        port, repl, counter = free_port(), free_port(), free_port()
+        conf = os.path.join(self.logdir, "yrmcds.conf")
+        with open(conf, "w") as f:
+            f.write(f"virtual_ip = \"127.0.0.1\"\nbind_ip = \"127.0.0.1\"\nport = {port}\n"
+                    f"repl_port = {repl}\ncounter.enable = true\ncounter.port = {counter}\n"
+                    f"workers = {HOLDFAST_THREADS}\ntemp_dir = \"{self.logdir}\"\n"
+                    f"log.file = \"{os.path.join(self.logdir, 'yrmcds.log')}\"\n")
+        proc = self.spawn("yrmcds", [YRMCDS, "-f", conf],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_accepting(counter, proc, "yrmcds")
+        self.addr["yrmcds"] = counter
 
     def start_dlock(self):
         """dlock gets its own holdfast: while its lock table is unfinished a Lock may take the
@@ -314,6 +341,10 @@ def main():
     ensure_packages()
     wanted = os.environ.get("BENCH_ROWS")
     rows = [r for r in ROWS if not wanted or r[0] in wanted.split(",")]
+    if not YRMCDS:
+        # No yrmcds binary: the counter rows run holdfast alone.
+        rows = [(i, l, a, None if b and b[0] == "yrmcds" else b) for i, l, a, b in rows]
+        log("note: set YRMCDS=/path/to/yrmcds to compare the counter rows with yrmcds")
     logdir = tempfile.mkdtemp(prefix="holdfast-bench-")
     servers = Servers(logdir)
 

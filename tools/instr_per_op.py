@@ -14,7 +14,7 @@ import os, re, signal, socket, struct, subprocess, sys, tempfile, time
 
 def start(binary, out):
     cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
-           binary, "--memcache", "127.0.0.1:0", "--lockd", "127.0.0.1:0", "--dlock", "127.0.0.1:0",
+           binary, "--memcache", "127.0.0.1:0", "--lockd", "127.0.0.1:0", "--dlock", "127.0.0.1:0", "--counter", "off",
            "--threads", "1"]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     addrs = {}

@@ -26,7 +26,7 @@ RESULT = re.compile(r"^((?:ascii|binary) .*?)\s*\[(pass|FAIL|skip)\]\s*$")
 
 def start_daemon(binary):
     proc = subprocess.Popen(
-        [binary, "--memcache", "127.0.0.1:0", "--lockd", "off", "--dlock", "off", "--threads", "2"],
+        [binary, "--memcache", "127.0.0.1:0", "--lockd", "off", "--dlock", "off", "--counter", "off", "--threads", "2"],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         text=True,

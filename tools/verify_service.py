@@ -74,16 +74,16 @@ def readiness(binary, path):
     sock.settimeout(DEADLINE_S)
     env = dict(os.environ, NOTIFY_SOCKET=path)
     args = [binary, "--memcache", "127.0.0.1:0", "--lockd", "127.0.0.1:0", "--dlock", "127.0.0.1:0",
-            "--admin", "127.0.0.1:0", "--threads", "1"]
+            "--counter", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--threads", "1"]
     proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         msg = sock.recv(4096).decode()
         if not msg.startswith("READY=1\n") or f"MAINPID={proc.pid}" not in msg:
             fail(f"readiness message {msg!r}")
-        # READY=1 is sent after the listening lines are flushed: all four are there already.
-        lines = [proc.stdout.readline() for _ in range(4)]
+        # READY=1 is sent after the listening lines are flushed: all five are there already.
+        lines = [proc.stdout.readline() for _ in range(5)]
         names = [l.split()[1] for l in lines if "listening on" in l]
-        if names != ["memcache", "lockd", "dlock", "admin"]:
+        if names != ["memcache", "lockd", "dlock", "counter", "admin"]:
             fail(f"listening lines {lines}")
         proc.send_signal(signal.SIGTERM)  # this PID only
         msg = sock.recv(4096).decode()

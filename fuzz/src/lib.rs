@@ -458,3 +458,66 @@ pub fn fuzz_command(data: &[u8]) {
         assert_eq!(copy.snapshot(), snap, "snapshot round trip");
     }
 }
+
+/// yrmcds counter requests: parse arbitrary bytes in a loop; every outcome must agree with the
+/// header, names must be non-empty and inside the body, and decoded bodies must re-encode to the
+/// same bytes.
+pub fn fuzz_counter(data: &[u8]) {
+    use holdfast::proto::counter::{self as ct, Command, ParseError};
+    let mut pos = 0;
+    while pos < data.len() {
+        let buf = &data[pos..];
+        let announced = buf
+            .get(4..8)
+            .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize);
+        match ct::parse(buf) {
+            Err(ParseError::BadMagic) => {
+                assert_ne!(buf[0], ct::REQ_MAGIC);
+                break;
+            }
+            Err(ParseError::TooLarge) => {
+                assert!(buf.len() >= ct::HEADER_LEN && announced.unwrap_or(0) > ct::MAX_BODY);
+                break;
+            }
+            Err(ParseError::Incomplete) => {
+                assert_eq!(buf[0], ct::REQ_MAGIC);
+                assert!(
+                    buf.len() < ct::HEADER_LEN
+                        || buf.len() - ct::HEADER_LEN < announced.unwrap_or(0),
+                    "a complete request reported incomplete"
+                );
+                break;
+            }
+            Ok((req, n)) => {
+                assert_eq!(Some(n - ct::HEADER_LEN), announced);
+                assert!(n <= buf.len() && n - ct::HEADER_LEN <= ct::MAX_BODY);
+                assert_eq!(req.opcode, buf[1]);
+                let body = &buf[ct::HEADER_LEN..n];
+                let mut again = Vec::new();
+                match req.command {
+                    Command::Get { name } => ct::get_body(&mut again, name),
+                    Command::Acquire {
+                        resources,
+                        maximum,
+                        name,
+                    } => {
+                        assert!(resources > 0 && resources <= maximum);
+                        ct::acquire_body(&mut again, resources, maximum, name)
+                    }
+                    Command::Release { resources, name } => {
+                        ct::release_body(&mut again, resources, name)
+                    }
+                    _ => again.extend_from_slice(body),
+                }
+                if let Command::Get { name }
+                | Command::Acquire { name, .. }
+                | Command::Release { name, .. } = req.command
+                {
+                    assert!(!name.is_empty() && name.len() <= ct::MAX_NAME);
+                }
+                assert_eq!(again, body, "re-encoding differs from the body");
+                pos += n;
+            }
+        }
+    }
+}

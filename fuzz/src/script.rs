@@ -113,6 +113,8 @@ impl Driver {
     fn request(&mut self, slot: usize, input: &mut Input<'_>) -> Vec<u8> {
         let mut out = Vec::new();
         match PROTOS[slot % 3] {
+            // Counter connections are fuzzed by the `counter` target, not this script (yet).
+            Proto::Counter => unreachable!("no counter slots"),
             Proto::Memcache => memcache_request(&mut out, input),
             Proto::Lockd => {
                 const OPS: [u8; 8] = [
@@ -273,6 +275,7 @@ impl Driver {
 /// Whole reply frames only, each well formed (memcached replies are not checked here).
 fn check_frames(proto: Proto, received: &mut Vec<u8>) {
     match proto {
+        Proto::Counter => unreachable!("no counter slots"),
         Proto::Memcache => received.clear(),
         Proto::Lockd => {
             let mut at = 0;

@@ -6,6 +6,9 @@
 
 use std::net::SocketAddr;
 
+/// The lock protocols, in the order of the per-protocol arrays: memcache, lockd, dlock, counter.
+pub const PROTOCOLS: usize = 4;
+
 use crate::core::ConnId;
 
 /// Locks listed per request at most, whatever `limit` asks: one listing costs the owner a few
@@ -23,16 +26,19 @@ pub enum Table {
     Memcache,
     Lockd,
     Dlock,
+    /// yrmcds counters (semaphores): one row per counter and holder, with what it holds.
+    Counter,
 }
 
 impl Table {
-    pub const ALL: [Table; 3] = [Table::Memcache, Table::Lockd, Table::Dlock];
+    pub const ALL: [Table; 4] = [Table::Memcache, Table::Lockd, Table::Dlock, Table::Counter];
 
     pub fn parse(s: &[u8]) -> Option<Table> {
         match s {
             b"memcache" => Some(Table::Memcache),
             b"lockd" => Some(Table::Lockd),
             b"dlock" => Some(Table::Dlock),
+            b"counter" => Some(Table::Counter),
             _ => None,
         }
     }
@@ -42,6 +48,7 @@ impl Table {
             Table::Memcache => "memcache",
             Table::Lockd => "lockd",
             Table::Dlock => "dlock",
+            Table::Counter => "counter",
         }
     }
 }
@@ -105,9 +112,9 @@ pub struct Snapshot {
     /// Every `stats` pair, in `stats` order, values as text.
     pub stats: Vec<(String, String)>,
     /// Open connections per listener: memcache, lockd, dlock.
-    pub open: [u64; 3],
+    pub open: [u64; PROTOCOLS],
     /// Lock-request latency per protocol: memcache, lockd, dlock.
-    pub latency: [Histogram; 3],
+    pub latency: [Histogram; PROTOCOLS],
 }
 
 /// A connection, as the lock listing names it.
@@ -138,6 +145,8 @@ pub struct LockInfo {
     /// First come first; at most [`MAX_WAITERS_LISTED`].
     pub waiters: Vec<Who>,
     pub waiters_total: usize,
+    /// For a counter: the resources this holder has acquired (`None` for a lock).
+    pub resources: Option<u32>,
 }
 
 #[derive(Clone, Debug)]

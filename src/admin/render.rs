@@ -227,7 +227,7 @@ pub fn metrics(s: &Snapshot, ctx: &Ctx) -> String {
             .samples
             .push((labels, value.clone()));
     }
-    let protos = ["memcache", "lockd", "dlock"];
+    let protos = ["memcache", "lockd", "dlock", "counter"];
     for (proto, addr) in &ctx.listeners {
         let i = protos.iter().position(|p| *p == proto.name()).unwrap_or(0);
         let f = family(
@@ -333,6 +333,9 @@ fn lock_list(l: &LockList) -> Value {
                 Value::Array(k.waiters.iter().map(who).collect()),
             );
             m.insert("waiters_total".into(), k.waiters_total.into());
+            if let Some(n) = k.resources {
+                m.insert("resources".into(), n.into());
+            }
             Value::Object(m)
         })
         .collect();
@@ -354,7 +357,7 @@ pub fn locks(l: &LockList) -> Vec<u8> {
 
 /// `/status.json`: what the status page shows.
 pub fn status(s: &Snapshot, lists: &[LockList], ctx: &Ctx) -> Vec<u8> {
-    let protos = ["memcache", "lockd", "dlock"];
+    let protos = ["memcache", "lockd", "dlock", "counter"];
     let listeners: Vec<Value> = ctx
         .listeners
         .iter()

@@ -3,7 +3,11 @@
 //! ```text
 //! holdfast-lock [--server HOST:PORT] [--wait DURATION] [--lease DURATION] [--token T]
 //!               [--heartbeat DURATION] [--kill-on-loss] KEY... -- COMMAND [ARG...]
+//! holdfast-lock --slots N [--counter HOST:PORT] [--wait DURATION] [--kill-on-loss] KEY -- COMMAND
 //! ```
+//!
+//! With `--slots N`, KEY names a yrmcds counter and holdfast-lock takes one of its N slots
+//! instead of a lock: at most N such commands run at once.
 //!
 //! Acquires every KEY at once (waiting at most --wait, default forever), runs COMMAND (not through
 //! a shell) while pinging the server so the connection is never idle, releases the keys when
@@ -55,6 +59,9 @@ struct Args {
     print_fence: bool,
     keys: Vec<String>,
     command: Vec<String>,
+    /// `--slots N`: take one of N slots of a yrmcds counter instead of a dlock lock.
+    slots: Option<u32>,
+    counter: String,
 }
 
 fn usage(opts: &getopts::Options) -> String {
@@ -93,6 +100,18 @@ fn parse_args() -> Result<Args, String> {
         "print-fence",
         "print the lock's fencing token (also in COMMAND's HOLDFAST_FENCE)",
     )
+    .optopt(
+        "",
+        "slots",
+        "take one of N slots of the counter named KEY instead of a lock",
+        "N",
+    )
+    .optopt(
+        "",
+        "counter",
+        "yrmcds counter server for --slots (default 127.0.0.1:11215)",
+        "HOST:PORT",
+    )
     .optflag("h", "help", "print this help");
     let all: Vec<String> = std::env::args().skip(1).collect();
     let split = all.iter().position(|a| a == "--");
@@ -123,7 +142,20 @@ fn parse_args() -> Result<Args, String> {
         print_fence: m.opt_present("print-fence"),
         keys: m.free.clone(),
         command,
+        slots: m
+            .opt_str("slots")
+            .map(|s| match s.parse::<u32>() {
+                Ok(n) if n > 0 => Ok(n),
+                _ => Err(format!("--slots {s}: not a positive number")),
+            })
+            .transpose()?,
+        counter: m
+            .opt_str("counter")
+            .unwrap_or_else(|| "127.0.0.1:11215".into()),
     };
+    if args.slots.is_some() && args.keys.len() != 1 {
+        return Err("--slots takes exactly one KEY (the counter's name)".into());
+    }
     if args.keys.is_empty() {
         return Err(format!("no KEY given\n{}", usage(&opts)));
     }
@@ -162,6 +194,9 @@ fn main() -> ExitCode {
             return ExitCode::from(EX_USAGE);
         }
     };
+    if let Some(n) = args.slots {
+        return ExitCode::from(slots::run(&args, n));
+    }
     ExitCode::from(run(&args))
 }
 
@@ -420,6 +455,157 @@ impl Conn {
             }
             Err(e) if e.kind() == ErrorKind::Interrupted => Ok(()),
             Err(e) => Err(e),
+        }
+    }
+}
+
+/// `--slots N`: at most N holders of one name at once, over yrmcds's counter protocol. The
+/// protocol cannot wait (Acquire answers "Resource not available" at once), so a full counter is
+/// retried with a growing pause (up to `MAX_RETRY`) until `--wait` runs out. The slot is tied to
+/// the connection: if holdfast-lock dies, the server releases it when the connection closes.
+mod slots {
+    use super::*;
+    use holdfast::proto::counter::{self as ct, op, status};
+
+    /// Longest pause between two Acquire attempts on a full counter.
+    const MAX_RETRY: Duration = Duration::from_millis(200);
+    /// Largest counter response body accepted (an error text or a 4-byte count).
+    const MAX_BODY: usize = 64 * 1024;
+
+    struct Reply {
+        status: u8,
+        body: Vec<u8>,
+    }
+
+    fn read_reply(stream: &mut TcpStream) -> std::io::Result<Reply> {
+        let mut h = [0u8; ct::HEADER_LEN];
+        stream.read_exact(&mut h)?;
+        let len = u32::from_be_bytes([h[4], h[5], h[6], h[7]]) as usize;
+        if h[0] != ct::RES_MAGIC || len > MAX_BODY {
+            return Err(std::io::Error::new(
+                ErrorKind::InvalidData,
+                "not a counter response",
+            ));
+        }
+        let mut body = vec![0u8; len];
+        stream.read_exact(&mut body)?;
+        Ok(Reply { status: h[2], body })
+    }
+
+    pub fn run(args: &Args, n: u32) -> u8 {
+        let name = args.keys[0].as_bytes();
+        let mut stream = match Conn::connect(&args.counter) {
+            Ok(c) => c.stream,
+            Err(e) => {
+                eprintln!("holdfast-lock: cannot reach {}: {e}", args.counter);
+                return EX_UNAVAILABLE;
+            }
+        };
+        let mut acquire = Vec::new();
+        let mut body = Vec::new();
+        ct::acquire_body(&mut body, 1, n, name);
+        ct::encode_request(&mut acquire, op::ACQUIRE, 1, &body);
+        let deadline = args.wait.map(|w| Instant::now() + w);
+        let mut pause = Duration::from_millis(5);
+        loop {
+            let reply = stream
+                .write_all(&acquire)
+                .and_then(|_| read_reply(&mut stream));
+            match reply {
+                Ok(r) if r.status == status::OK => break,
+                Ok(r) if r.status == status::NOT_AVAILABLE => {}
+                Ok(r) => {
+                    eprintln!(
+                        "holdfast-lock: the server refused the slot (status {:#04x}: {})",
+                        r.status,
+                        String::from_utf8_lossy(&r.body)
+                    );
+                    return EX_REFUSED;
+                }
+                Err(e) => {
+                    eprintln!(
+                        "holdfast-lock: connection to {} lost before a slot was granted: {e}",
+                        args.counter
+                    );
+                    return EX_UNAVAILABLE;
+                }
+            }
+            if deadline.is_some_and(|d| Instant::now() + pause > d) {
+                eprintln!("holdfast-lock: timed out waiting for one of {n} slots");
+                return EX_TEMPFAIL;
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(MAX_RETRY);
+        }
+
+        install_forwarding();
+        let mut child = match Command::new(&args.command[0])
+            .args(&args.command[1..])
+            .spawn()
+        {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("holdfast-lock: cannot run {}: {e}", args.command[0]);
+                return EX_OSERR;
+            }
+        };
+        let code = supervise(&mut stream, &mut child, args);
+        // Release explicitly; closing the connection would release it too.
+        let mut release = Vec::new();
+        let mut body = Vec::new();
+        ct::release_body(&mut body, 1, name);
+        ct::encode_request(&mut release, op::RELEASE, 2, &body);
+        let _ = stream
+            .write_all(&release)
+            .and_then(|_| read_reply(&mut stream));
+        code
+    }
+
+    /// Wait for the child, forwarding signals and watching the connection (the counter
+    /// protocol has no idle timeout, so nothing needs to be sent meanwhile).
+    fn supervise(stream: &mut TcpStream, child: &mut Child, args: &Args) -> u8 {
+        let mut alive = true;
+        loop {
+            let sig = PENDING_SIGNAL.swap(0, Ordering::AcqRel);
+            if sig != 0 {
+                // SAFETY: kill(2) on the PID of the child we spawned and have not reaped.
+                unsafe { libc::kill(child.id() as i32, sig) };
+            }
+            match child.try_wait() {
+                Ok(Some(st)) => return exit_code(st),
+                Ok(None) => {}
+                Err(e) => {
+                    eprintln!("holdfast-lock: waiting for the command failed: {e}");
+                    return EX_OSERR;
+                }
+            }
+            if !alive {
+                std::thread::sleep(Duration::from_millis(TICK_MS as u64));
+                continue;
+            }
+            let mut pfd = libc::pollfd {
+                fd: stream.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd for the duration of the call.
+            if unsafe { libc::poll(&mut pfd, 1, TICK_MS) } > 0 {
+                let mut chunk = [0u8; 256];
+                // Nothing is unsolicited in this protocol: data, EOF or an error all mean the
+                // connection is no longer one we hold a slot through.
+                let lost = !matches!(stream.read(&mut chunk), Err(e) if e.kind() == ErrorKind::Interrupted);
+                if lost {
+                    alive = false;
+                    eprintln!(
+                        "holdfast-lock: connection to {} lost: the slot is no longer held",
+                        args.counter
+                    );
+                    if args.kill_on_loss {
+                        // SAFETY: as above.
+                        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+                    }
+                }
+            }
         }
     }
 }

@@ -6,6 +6,7 @@
 //! testable with a fake clock, and lets a replicated log drive the same operations later.
 
 pub mod codec;
+pub mod counter;
 pub mod dlock;
 pub mod fence;
 pub mod hash;

@@ -23,7 +23,9 @@ use crate::proto::memcache::text::StoreCmd;
 
 use std::net::{IpAddr, SocketAddr};
 
-use super::msg::{Arena, Batch, DlockKind, DlockOp, LockdOp, McOp, Op, OpMsg, Span};
+use super::msg::{
+    Arena, Batch, CounterKind, CounterOp, DlockKind, DlockOp, LockdOp, McOp, Op, OpMsg, Span,
+};
 use super::Proto;
 
 const MAGIC: &[u8] = b"HFc1";
@@ -161,6 +163,11 @@ mod tag {
     pub const CLOSE: u8 = 42;
     pub const EOF: u8 = 43;
     pub const OPEN: u8 = 44;
+    pub const COUNTER_GET: u8 = 50;
+    pub const COUNTER_ACQUIRE: u8 = 51;
+    pub const COUNTER_RELEASE: u8 = 52;
+    pub const COUNTER_STATS: u8 = 53;
+    pub const COUNTER_DUMP: u8 = 54;
 }
 
 fn proto_code(p: Proto) -> u8 {
@@ -168,6 +175,7 @@ fn proto_code(p: Proto) -> u8 {
         Proto::Memcache => 0,
         Proto::Lockd => 1,
         Proto::Dlock => 2,
+        Proto::Counter => 3,
     }
 }
 
@@ -176,8 +184,22 @@ fn proto_of(code: u8) -> Result<Proto, DecodeError> {
         0 => Proto::Memcache,
         1 => Proto::Lockd,
         2 => Proto::Dlock,
+        3 => Proto::Counter,
         _ => return Err(DecodeError::Invalid("listener")),
     })
+}
+
+/// A counter name as the worker accepts it: 1 to 65535 bytes (the table relies on it).
+fn get_counter_name(
+    r: &mut Reader<'_>,
+    limits: Limits,
+    a: &mut Arena,
+) -> Result<Span, DecodeError> {
+    let span = get_span(r, limits, a)?;
+    if span.len == 0 || span.len as usize > crate::core::counter::MAX_NAME {
+        return Err(DecodeError::Invalid("counter name length"));
+    }
+    Ok(span)
 }
 
 fn store_cmd_code(c: StoreCmd) -> u8 {
@@ -349,6 +371,34 @@ pub fn encode_op(m: &OpMsg, arena: &[u8], out: &mut Vec<u8>) {
                 }
             }
         }
+        Op::Counter(CounterOp { opaque, kind }) => {
+            let t = match kind {
+                CounterKind::Get { .. } => tag::COUNTER_GET,
+                CounterKind::Acquire { .. } => tag::COUNTER_ACQUIRE,
+                CounterKind::Release { .. } => tag::COUNTER_RELEASE,
+                CounterKind::Stats => tag::COUNTER_STATS,
+                CounterKind::Dump => tag::COUNTER_DUMP,
+            };
+            o.push(t);
+            codec::put_u64(o, u64::from(opaque));
+            match kind {
+                CounterKind::Get { name } => put_span(o, arena, name),
+                CounterKind::Acquire {
+                    resources,
+                    maximum,
+                    name,
+                } => {
+                    codec::put_u64(o, u64::from(resources));
+                    codec::put_u64(o, u64::from(maximum));
+                    put_span(o, arena, name);
+                }
+                CounterKind::Release { resources, name } => {
+                    codec::put_u64(o, u64::from(resources));
+                    put_span(o, arena, name);
+                }
+                CounterKind::Stats | CounterKind::Dump => {}
+            }
+        }
         Op::Literal { bytes, close } => {
             o.push(tag::LITERAL);
             put_span(o, arena, bytes);
@@ -483,6 +533,34 @@ pub fn decode_op(r: &mut Reader<'_>, limits: Limits, a: &mut Arena) -> Result<Op
                 }
             };
             Op::Dlock(DlockOp { id, kind })
+        }
+        tag::COUNTER_GET..=tag::COUNTER_DUMP => {
+            let opaque = r.u32()?;
+            let kind = match t {
+                tag::COUNTER_GET => CounterKind::Get {
+                    name: get_counter_name(r, limits, a)?,
+                },
+                tag::COUNTER_ACQUIRE => {
+                    let resources = r.u32()?;
+                    let maximum = r.u32()?;
+                    // The worker answers anything else Invalid arguments itself.
+                    if resources == 0 || resources > maximum {
+                        return Err(DecodeError::Invalid("counter acquire arguments"));
+                    }
+                    CounterKind::Acquire {
+                        resources,
+                        maximum,
+                        name: get_counter_name(r, limits, a)?,
+                    }
+                }
+                tag::COUNTER_RELEASE => CounterKind::Release {
+                    resources: r.u32()?,
+                    name: get_counter_name(r, limits, a)?,
+                },
+                tag::COUNTER_STATS => CounterKind::Stats,
+                _ => CounterKind::Dump,
+            };
+            Op::Counter(CounterOp { opaque, kind })
         }
         tag::LITERAL => Op::Literal {
             bytes: get_span(r, limits, a)?,

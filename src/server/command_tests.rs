@@ -23,7 +23,7 @@ fn random_op(rng: &mut Rng, arena: &mut Arena) -> OpMsg {
         rng.next() as u32,
     );
     let opt = |rng: &mut Rng| rng.chance(50).then(|| rng.wide());
-    let op = match rng.below(22) {
+    let op = match rng.below(23) {
         0 => Op::Mc(McOp::TextGet {
             keys: span(rng),
             cas: rng.chance(50),
@@ -120,6 +120,36 @@ fn random_op(rng: &mut Rng, arena: &mut Arena) -> OpMsg {
         15 => Op::Close,
         16 => Op::Mc(McOp::TextKeys { prefix: span(rng) }),
         19 => Op::Mc(McOp::KeysNext),
+        20 => {
+            // Names are 1 to 65535 bytes and an Acquire has 0 < resources <= maximum (the
+            // worker refuses anything else and so does the decoder).
+            let mut name = |rng: &mut Rng| {
+                let mut b = rng.bytes(40);
+                b.push(rng.next() as u8);
+                arena.push(&b)
+            };
+            let kind = match rng.below(5) {
+                0 => CounterKind::Get { name: name(rng) },
+                1 => {
+                    let resources = 1 + (rng.next() as u32) / 2;
+                    CounterKind::Acquire {
+                        resources,
+                        maximum: resources + (rng.next() as u32) / 2,
+                        name: name(rng),
+                    }
+                }
+                2 => CounterKind::Release {
+                    resources: rng.next() as u32,
+                    name: name(rng),
+                },
+                3 => CounterKind::Stats,
+                _ => CounterKind::Dump,
+            };
+            Op::Counter(CounterOp {
+                opaque: rng.next() as u32,
+                kind,
+            })
+        }
         _ => Op::Eof,
     };
     OpMsg { conn, op }
@@ -236,5 +266,47 @@ fn every_refusal_the_dlock_decoder_gives_has_a_code() {
                 "{reason:?} is missing from DLOCK_REFUSALS"
             );
         }
+    }
+}
+
+/// Counter ops the worker would never send are refused: the table relies on names of 1 to
+/// 65535 bytes and on Acquire's 0 < resources <= maximum.
+#[test]
+fn counter_ops_the_worker_would_refuse_do_not_decode() {
+    fn entry(fields: &[u64], name: &[u8], tag: u8) -> Vec<u8> {
+        let mut b = b"HFc1".to_vec();
+        for v in [7, 1, 0, 1, 1] {
+            codec::put_u64(&mut b, v);
+        }
+        b.push(tag);
+        for v in fields {
+            codec::put_u64(&mut b, *v);
+        }
+        codec::put_bytes(&mut b, name);
+        b
+    }
+    let mut batch = Batch::default();
+    let ok = entry(&[9, 1, 2], b"sem", 51);
+    assert_eq!(decode_entry(&ok, Limits::default(), &mut batch), Ok(7));
+    assert!(matches!(
+        batch.ops[0].op,
+        Op::Counter(CounterOp {
+            opaque: 9,
+            kind: CounterKind::Acquire {
+                resources: 1,
+                maximum: 2,
+                ..
+            }
+        })
+    ));
+    for bad in [
+        entry(&[9, 0, 2], b"sem", 51),
+        entry(&[9, 3, 2], b"sem", 51),
+        entry(&[9, 1, 2], b"", 51),
+        entry(&[9], b"", 50),
+        entry(&[9, 1], &vec![b'n'; 65536], 52),
+        entry(&[9, 1 << 32, 1 << 33], b"sem", 51),
+    ] {
+        assert!(decode_entry(&bad, Limits::default(), &mut batch).is_err());
     }
 }

@@ -2,10 +2,11 @@
 //! everything else once into the owner's batch.
 
 use super::conn::{Conn, REPLY_BUDGET};
-use super::msg::{Batch, DlockKind, DlockOp, LockdOp, McOp, Op, OpMsg};
+use super::msg::{Batch, CounterKind, CounterOp, DlockKind, DlockOp, LockdOp, McOp, Op, OpMsg};
 use super::Proto;
 use crate::config::{Compat, Config};
 use crate::core::ConnId;
+use crate::proto::counter as ct;
 use crate::proto::dlock as dl;
 use crate::proto::lockd as ld;
 use crate::proto::memcache::{binary, text};
@@ -40,6 +41,7 @@ pub fn parse(
             Proto::Memcache => memcache(conn, rest, id, config, batch),
             Proto::Lockd => lockd(conn, rest, id, batch),
             Proto::Dlock => dlock(conn, rest, id, config, batch),
+            Proto::Counter => counter(conn, rest, id, batch),
         };
         match step {
             Step::Consumed(n) => pos += n,
@@ -396,4 +398,67 @@ fn dlock_kind(req: &dl::Request<'_>, config: &Config, batch: &mut Batch) -> Dloc
         }
         _ => refuse(dl::status::INVALID_TYPE, "unknown request type"),
     }
+}
+
+/// yrmcds counter protocol: a bad magic or a body over the cap closes the connection at once
+/// (nothing sensible can be answered: the opcode and opaque of a stream that is not this protocol
+/// mean nothing); Noop, malformed bodies and unknown opcodes are answered here, in order.
+fn counter(conn: &mut Conn, buf: &[u8], id: ConnId, batch: &mut Batch) -> Step {
+    let (req, n) = match ct::parse(buf) {
+        Ok(x) => x,
+        Err(ct::ParseError::Incomplete) => return Step::Incomplete,
+        Err(ct::ParseError::BadMagic | ct::ParseError::TooLarge) => return Step::Fatal,
+    };
+    let a = &mut batch.arena;
+    let kind = match req.command {
+        ct::Command::Get { name } => CounterKind::Get { name: a.push(name) },
+        ct::Command::Acquire {
+            resources,
+            maximum,
+            name,
+        } => CounterKind::Acquire {
+            resources,
+            maximum,
+            name: a.push(name),
+        },
+        ct::Command::Release { resources, name } => CounterKind::Release {
+            resources,
+            name: a.push(name),
+        },
+        ct::Command::Stats => CounterKind::Stats,
+        ct::Command::Dump => CounterKind::Dump,
+        ct::Command::Noop | ct::Command::Invalid | ct::Command::Unknown => {
+            let status = match req.command {
+                ct::Command::Noop => ct::status::OK,
+                ct::Command::Invalid => ct::status::INVALID,
+                _ => ct::status::UNKNOWN_COMMAND,
+            };
+            if status == ct::status::OK {
+                let mut header = [0u8; ct::HEADER_LEN];
+                ct::encode_header_into(&mut header, req.opcode, status, req.opaque, 0);
+                conn.emit(&header, false, id, batch);
+            } else {
+                let mut w = Vec::with_capacity(ct::HEADER_LEN + 32);
+                ct::encode_error(&mut w, req.opcode, status, req.opaque);
+                conn.emit(&w, false, id, batch);
+            }
+            return Step::Consumed(n);
+        }
+    };
+    push(
+        conn,
+        id,
+        Op::Counter(CounterOp {
+            opaque: req.opaque,
+            kind,
+        }),
+        batch,
+    );
+    // Dump writes the whole table; the others a few bytes.
+    conn.charge(if matches!(kind, CounterKind::Dump) {
+        REPLY_BUDGET
+    } else {
+        64
+    });
+    Step::Consumed(n)
 }

@@ -11,6 +11,7 @@ use hashbrown::HashMap;
 use super::msg::{McOp, Op};
 use super::owner::Tables;
 use super::{Proto, Shared};
+use crate::admin::data::PROTOCOLS;
 use crate::admin::data::{
     Answer, Histogram, LockInfo, LockList, Query, Snapshot, Table, Who, MAX_LIST,
     MAX_WAITERS_LISTED,
@@ -24,8 +25,8 @@ const MC_LOCK_OPCODES: std::ops::RangeInclusive<u8> = 0x40..=0x4b;
 #[derive(Default)]
 pub struct AdminState {
     peers: HashMap<ConnId, (Proto, SocketAddr)>,
-    open: [u64; 3],
-    latency: [Histogram; 3],
+    open: [u64; PROTOCOLS],
+    latency: [Histogram; PROTOCOLS],
 }
 
 fn index(p: Proto) -> usize {
@@ -33,6 +34,7 @@ fn index(p: Proto) -> usize {
         Proto::Memcache => 0,
         Proto::Lockd => 1,
         Proto::Dlock => 2,
+        Proto::Counter => 3,
     }
 }
 
@@ -57,7 +59,7 @@ impl AdminState {
     }
 
     /// Count a batch's lock requests as answered now: `stamp` is when its worker's turn began.
-    pub fn observe(&mut self, stamp: Instant, counts: [u32; 3], now: Instant) {
+    pub fn observe(&mut self, stamp: Instant, counts: [u32; PROTOCOLS], now: Instant) {
         let ns = now.saturating_duration_since(stamp).as_nanos();
         let ns = u64::try_from(ns).unwrap_or(u64::MAX);
         for (h, n) in self.latency.iter_mut().zip(counts) {
@@ -69,8 +71,8 @@ impl AdminState {
 }
 
 /// Lock requests in `ops` per protocol (memcache, lockd, dlock).
-pub fn count_lock_requests<'a>(ops: impl Iterator<Item = &'a Op>) -> [u32; 3] {
-    let mut n = [0u32; 3];
+pub fn count_lock_requests<'a>(ops: impl Iterator<Item = &'a Op>) -> [u32; PROTOCOLS] {
+    let mut n = [0u32; PROTOCOLS];
     for op in ops {
         match op {
             Op::Mc(McOp::TextLock { .. } | McOp::TextUnlock { .. } | McOp::TextUnlockAll) => {
@@ -79,6 +81,7 @@ pub fn count_lock_requests<'a>(ops: impl Iterator<Item = &'a Op>) -> [u32; 3] {
             Op::Mc(McOp::Binary { opcode, .. }) if MC_LOCK_OPCODES.contains(opcode) => n[0] += 1,
             Op::Lockd(_) => n[1] += 1,
             Op::Dlock(_) => n[2] += 1,
+            Op::Counter(_) => n[3] += 1,
             _ => {}
         }
     }
@@ -136,6 +139,7 @@ fn list(t: &Tables, now: Now, table: Table, prefix: &[u8], limit: usize) -> Lock
                    since: Option<u64>,
                    fence: Option<u64>,
                    expires: Option<u64>,
+                   resources: Option<u32>,
                    waiters: &mut dyn Iterator<Item = ConnId>| {
         let mut listed = Vec::new();
         let mut total = 0;
@@ -153,6 +157,7 @@ fn list(t: &Tables, now: Now, table: Table, prefix: &[u8], limit: usize) -> Lock
             expires_in_ms: expires.map(remaining),
             waiters: listed,
             waiters_total: total,
+            resources,
         });
     };
     match table {
@@ -167,6 +172,7 @@ fn list(t: &Tables, now: Now, table: Table, prefix: &[u8], limit: usize) -> Lock
                         Some(holder),
                         since,
                         fence,
+                        None,
                         None,
                         &mut std::iter::empty(),
                     );
@@ -185,6 +191,7 @@ fn list(t: &Tables, now: Now, table: Table, prefix: &[u8], limit: usize) -> Lock
                             t.lockd.held_since(name),
                             Some(token),
                             orphan_deadline,
+                            None,
                             &mut t.lockd.waiters(name).map(|(c, _)| c),
                         );
                     }
@@ -202,8 +209,18 @@ fn list(t: &Tables, now: Now, table: Table, prefix: &[u8], limit: usize) -> Lock
                         since,
                         fence,
                         lease,
+                        None,
                         &mut t.dlock.queue(name),
                     );
+                }
+            }
+        }),
+        Table::Counter => t.counter.for_each_holding(|name, holder, n| {
+            if matches(name, prefix) {
+                matched += 1;
+                if matched <= limit {
+                    let none = &mut std::iter::empty();
+                    add(name, Some(holder), None, None, None, Some(n), none);
                 }
             }
         }),

@@ -4,6 +4,7 @@ pub mod command;
 mod conn;
 mod decode;
 mod exec_admin;
+mod exec_counter;
 mod exec_dlock;
 mod exec_lockd;
 mod exec_mc;
@@ -33,6 +34,7 @@ pub enum Proto {
     Memcache,
     Lockd,
     Dlock,
+    Counter,
 }
 
 impl Proto {
@@ -41,6 +43,7 @@ impl Proto {
             Proto::Memcache => "memcache",
             Proto::Lockd => "lockd",
             Proto::Dlock => "dlock",
+            Proto::Counter => "counter",
         }
     }
 }
@@ -97,6 +100,7 @@ impl Server {
             (Proto::Memcache, config.memcache),
             (Proto::Lockd, config.lockd),
             (Proto::Dlock, config.dlock),
+            (Proto::Counter, config.counter),
         ];
         let mut addresses = Vec::new();
         let mut per_worker: Vec<Vec<(mio::net::TcpListener, Proto)>> =

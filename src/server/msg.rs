@@ -148,11 +148,38 @@ pub struct DlockOp {
     pub kind: DlockKind,
 }
 
+/// One yrmcds counter request that needs the counter table (Noop and malformed requests are
+/// answered by the worker).
+#[derive(Clone, Copy, Debug)]
+pub enum CounterKind {
+    Get {
+        name: Span,
+    },
+    Acquire {
+        resources: u32,
+        maximum: u32,
+        name: Span,
+    },
+    Release {
+        resources: u32,
+        name: Span,
+    },
+    Stats,
+    Dump,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct CounterOp {
+    pub opaque: u32,
+    pub kind: CounterKind,
+}
+
 #[derive(Clone, Copy, Debug)]
 pub enum Op {
     Mc(McOp),
     Lockd(LockdOp),
     Dlock(DlockOp),
+    Counter(CounterOp),
     /// Bytes the worker could answer itself but must keep in order behind operations still at
     /// the owner; `close` closes the connection after them.
     Literal {

@@ -16,6 +16,7 @@ use super::exec_dlock::DlockSessions;
 use super::msg::{Arena, Batch, Op, OpMsg, Pool, Record, Replies, Span, ToOwner};
 use super::Shared;
 use crate::core::codec::{self, DecodeError, Reader, Snapshot};
+use crate::core::counter::CounterTable;
 use crate::core::dlock::{DlockConfig, DlockEvent, DlockTable};
 use crate::core::fence::Fence;
 use crate::core::lockd::{Grant, LockdConfig, LockdTable};
@@ -39,6 +40,8 @@ pub struct Tables {
     pub fence: Fence,
     /// Key dumps under way and `stats ops` counters of the memcached port.
     pub mc: super::exec_mc::McState,
+    /// yrmcds counters (the fourth namespace) and their per-opcode counts.
+    pub counter: CounterTable,
     /// Scratch for lockd grants and dlock events.
     pub grants: Vec<Grant>,
     pub dlock_events: Vec<DlockEvent>,
@@ -67,6 +70,7 @@ impl Tables {
             counters: Counters::default(),
             fence,
             mc: super::exec_mc::McState::default(),
+            counter: CounterTable::new(super::exec_counter::STATS_INTERVAL_MS),
             grants: Vec::new(),
             dlock_events: Vec::new(),
             admin: Default::default(),
@@ -85,6 +89,7 @@ impl Tables {
         self.lockd.snapshot(out);
         self.dlock.snapshot(out);
         self.dlock_sessions.snapshot(out);
+        self.counter.snapshot(out);
         let c = &self.counters;
         for v in [c.cmd_get, c.cmd_set, c.cmd_flush, c.cmd_touch] {
             codec::put_u64(out, v);
@@ -115,6 +120,7 @@ impl Tables {
             ..Default::default()
         };
         t.dlock_sessions = DlockSessions::restore(r, limits)?;
+        t.counter = CounterTable::restore(super::exec_counter::STATS_INTERVAL_MS, r)?;
         t.counters = Counters {
             cmd_get: r.u64()?,
             cmd_set: r.u64()?,
@@ -227,7 +233,7 @@ pub struct Owner {
     /// This turn's messages, taken from the channel before the turn's time is read.
     turn: Vec<ToOwner>,
     /// This turn's batches' start stamps and lock-request counts, for the latency histograms.
-    stamps: Vec<(std::time::Instant, [u32; 3])>,
+    stamps: Vec<(std::time::Instant, [u32; crate::admin::data::PROTOCOLS])>,
     /// Run by the one worker's own thread (run to completion) instead of a thread of its own:
     /// replies go to that worker's channel without waking it, since it reads them next.
     inline: bool,
@@ -377,7 +383,7 @@ impl Owner {
         if let Some(stamp) = batch.stamp {
             let ops = batch.ops.iter().map(|m| &m.op);
             let counts = super::exec_admin::count_lock_requests(ops);
-            if counts != [0; 3] {
+            if counts != [0; crate::admin::data::PROTOCOLS] {
                 self.stamps.push((stamp, counts));
             }
         }
@@ -491,6 +497,7 @@ pub fn apply_op(
         Op::Mc(op) => super::exec_mc::apply(t, out, shared, conn, op, arena, now),
         Op::Lockd(op) => super::exec_lockd::apply(t, out, conn, op, arena, now),
         Op::Dlock(op) => super::exec_dlock::receive(t, out, conn, op, arena, now),
+        Op::Counter(op) => super::exec_counter::apply(t, out, shared, conn, op, arena, now),
         Op::DlockOpen => super::exec_dlock::open(t, conn, now),
         Op::Open { proto, peer } => t.admin.opened(conn, proto, peer),
         Op::Literal { bytes, close } => {
@@ -506,6 +513,7 @@ pub fn apply_op(
             t.mc.disconnect(conn);
             t.store.disconnect(conn, now);
             t.lockd.disconnect(conn, now.ms);
+            t.counter.disconnect(conn, now.ms);
             t.dlock_sessions.remove(conn);
             t.admin.closed(conn);
             t.dlock.disconnect(conn, now.ms, &mut t.dlock_events);

@@ -91,6 +91,14 @@ pub fn write(
             num("dlock_timeouts", d.timeouts);
             num("dlock_lease_expiries", d.lease_expiries);
             num("dlock_idle_disconnects", d.idle_disconnects);
+            // yrmcds counters
+            let k = t.counter.stats;
+            num("counter_objects", t.counter.len() as u64);
+            num("counter_total_objects", k.total_objects);
+            num("counter_acquired", k.acquired);
+            num("counter_not_available", k.not_available);
+            num("counter_released", k.released);
+            num("counter_released_on_close", k.released_on_close);
             let v = super::VERSION_REPLY;
             emit("version", &v[b"VERSION ".len()..v.len() - 2]);
         }

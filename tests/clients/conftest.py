@@ -44,7 +44,8 @@ def start_holdfast(*extra, base=None, want=("memcache",)):
     if not binary:
         pytest.fail("HOLDFAST_BIN must name the holdfast binary (make test-clients sets it)")
     if base is None:
-        base = ["--memcache", "127.0.0.1:0", "--lockd", "off", "--dlock", "off", "--threads", "2"]
+        base = ["--memcache", "127.0.0.1:0", "--lockd", "off", "--dlock", "off", "--counter", "off",
+                "--threads", "2"]
     args = [binary] + list(base)
     proc = subprocess.Popen(list(args) + list(extra), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
     lines = queue.Queue()

@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import CLIENT_TIMEOUT_S, start_holdfast, stop_holdfast
 
-ALL_ON = ["--memcache", "127.0.0.1:0", "--lockd", "127.0.0.1:0", "--dlock", "off",
+ALL_ON = ["--memcache", "127.0.0.1:0", "--lockd", "127.0.0.1:0", "--dlock", "off", "--counter", "off",
           "--admin", "127.0.0.1:0", "--threads", "2"]
 # How long Chromium may take to start, load the page and run its first refresh.
 BROWSER_TIMEOUT_S = 60

@@ -51,7 +51,7 @@ def protos(tmp_path_factory):
 @pytest.fixture
 def dlock_addr():
     base = ["--memcache", "127.0.0.1:0", "--lockd", "off", "--dlock", "127.0.0.1:0",
-            "--threads", "2"]
+            "--counter", "off", "--threads", "2"]
     daemon = start_holdfast(base=base, want=("memcache", "dlock"))
     yield daemon.addresses["dlock"]
     stop_holdfast(daemon.proc)

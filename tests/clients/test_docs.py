@@ -10,7 +10,8 @@ import pytest
 from conftest import start_holdfast, stop_holdfast
 
 DOC = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "clients.md")
-DEFAULT_PORTS = {"memcache": "11211", "lockd": "2626", "dlock": "2627", "admin": "2629"}
+DEFAULT_PORTS = {"memcache": "11211", "lockd": "2626", "dlock": "2627", "counter": "11215",
+                 "admin": "2629"}
 EXAMPLE_TIMEOUT_S = 30
 BLOCK = re.compile(r"^```(python|sh)\n(.*?)^```", re.S | re.M)
 

@@ -25,6 +25,7 @@ pub struct Daemon {
     pub dlock: Option<SocketAddr>,
     /// The admin HTTP port (on port 0 unless a test says otherwise).
     pub admin: Option<SocketAddr>,
+    pub counter: Option<SocketAddr>,
 }
 
 impl Daemon {
@@ -38,6 +39,7 @@ impl Daemon {
             ("--dlock", "127.0.0.1:0"),
             ("--threads", threads.as_str()),
             ("--admin", "127.0.0.1:0"),
+            ("--counter", "127.0.0.1:0"),
         ];
         let mut args: Vec<&str> = Vec::new();
         for (flag, value) in defaults {
@@ -63,7 +65,7 @@ impl Daemon {
                 .find(|w| w[0] == flag)
                 .is_some_and(|w| w[1] == "off")
         };
-        let expected = ["memcache", "lockd", "dlock", "admin"]
+        let expected = ["memcache", "lockd", "dlock", "counter", "admin"]
             .iter()
             .filter(|p| !is_off(p))
             .count();
@@ -73,6 +75,7 @@ impl Daemon {
             lockd: None,
             dlock: None,
             admin: None,
+            counter: None,
         };
         for _ in 0..expected {
             let line = lines
@@ -92,6 +95,7 @@ impl Daemon {
                 "lockd" => d.lockd = Some(addr),
                 "dlock" => d.dlock = Some(addr),
                 "admin" => d.admin = Some(addr),
+                "counter" => d.counter = Some(addr),
                 other => panic!("unexpected listener line {other}: {line}"),
             }
         }
@@ -112,6 +116,10 @@ impl Daemon {
 
     pub fn dlock(&self) -> Client {
         Client::connect(self.dlock.expect("dlock listener"))
+    }
+
+    pub fn counter(&self) -> Client {
+        Client::connect(self.counter.expect("counter listener"))
     }
 
     /// Send SIGTERM and wait for the exit status.

@@ -9,7 +9,7 @@
 //! accept a reply it cannot delimit: a stream it cannot follow is `Err`, and the connection is
 //! closed by the caller.
 
-use holdfast::proto::{dlock, lockd, memcache::binary};
+use holdfast::proto::{counter, dlock, lockd, memcache::binary};
 
 /// Longest reply line accepted from a text protocol (memcached, RESP) before the stream is
 /// declared broken: every expected reply line is far shorter.
@@ -24,6 +24,8 @@ pub enum Protocol {
     Lockd,
     Dlock,
     Redis,
+    /// yrmcds's counter protocol: Lock is Acquire 1, Unlock is Release 1.
+    Counter,
 }
 
 impl Protocol {
@@ -34,6 +36,7 @@ impl Protocol {
             Protocol::Lockd => "lockd",
             Protocol::Dlock => "dlock",
             Protocol::Redis => "redis",
+            Protocol::Counter => "counter",
         }
     }
 
@@ -44,6 +47,7 @@ impl Protocol {
             Protocol::Lockd,
             Protocol::Dlock,
             Protocol::Redis,
+            Protocol::Counter,
         ]
         .into_iter()
         .find(|p| p.name() == s)
@@ -55,6 +59,7 @@ impl Protocol {
             Protocol::Lockd => 2626,
             Protocol::Dlock => 2627,
             Protocol::Redis => 6379,
+            Protocol::Counter => 11215,
         }
     }
 }
@@ -99,7 +104,7 @@ pub fn supports(proto: Protocol, req: Req) -> bool {
     use Req::*;
     match proto {
         McText | McBinary => true,
-        Lockd | Dlock => matches!(req, Lock | Unlock),
+        Lockd | Dlock | Counter => matches!(req, Lock | Unlock),
         Redis => matches!(req, Add | Delete | Clear | Get | Set),
     }
 }
@@ -148,6 +153,31 @@ pub fn encode(proto: Protocol, req: Req, key: &[u8], value: &[u8], id: u64, out:
                 ..dlock::LockFields::default()
             };
             dlock::encode_request(out, Some(id), None, ty, Some(lock));
+        }
+        Protocol::Counter => {
+            // Acquire one of u32::MAX: a pair never finds its counter full, so the bench measures
+            // the protocol and the table, like an uncontended lock pair.
+            let start = out.len();
+            out.extend_from_slice(&[0; counter::HEADER_LEN]);
+            let (op, body_start) = (
+                if req == Req::Lock {
+                    counter::op::ACQUIRE
+                } else {
+                    counter::op::RELEASE
+                },
+                out.len(),
+            );
+            if req == Req::Lock {
+                counter::acquire_body(out, 1, u32::MAX, key);
+            } else {
+                counter::release_body(out, 1, key);
+            }
+            let body_len = (out.len() - body_start) as u32;
+            let header = &mut out[start..body_start];
+            header[0] = counter::REQ_MAGIC;
+            header[1] = op;
+            header[4..8].copy_from_slice(&body_len.to_be_bytes());
+            header[8..12].copy_from_slice(&(id as u32).to_be_bytes());
         }
         Protocol::Redis => match req {
             Req::Add => resp_command(out, &[b"SET", key, value, b"NX", b"PX", SETNX_PX]),
@@ -251,6 +281,30 @@ pub fn check_reply(proto: Protocol, expect: Expect, buf: &[u8]) -> Result<Checke
             Err(dlock::FrameError::Incomplete) => Ok(Checked::Incomplete),
             Err(dlock::FrameError::TooLarge) => Err("dlock frame too large"),
         },
+        Protocol::Counter => {
+            if buf.first().is_some_and(|&m| m != counter::RES_MAGIC) {
+                return Err("not a counter response");
+            }
+            let Some(h) = buf.first_chunk::<{ counter::HEADER_LEN }>() else {
+                return Ok(Checked::Incomplete);
+            };
+            let body = u32::from_be_bytes([h[4], h[5], h[6], h[7]]) as usize;
+            if body > counter::MAX_BODY {
+                return Err("counter response too large");
+            }
+            let len = counter::HEADER_LEN + body;
+            if buf.len() < len {
+                return Ok(Checked::Incomplete);
+            }
+            let want = if expect.req == Req::Lock {
+                counter::op::ACQUIRE
+            } else {
+                counter::op::RELEASE
+            };
+            let opaque = u32::from_be_bytes([h[8], h[9], h[10], h[11]]);
+            let ok = h[1] == want && h[2] == counter::status::OK && opaque == expect.id as u32;
+            Ok(Checked::Reply { ok, len })
+        }
         Protocol::Redis => {
             let Some((reply, len)) = parse_resp(buf)? else {
                 return Ok(Checked::Incomplete);
@@ -554,6 +608,51 @@ mod tests {
         // The opaque echoes the low 32 bits of a wider id.
         let e = expect(Req::Set, (1 << 32) + 5);
         assert_one_reply(P, e, &reply(opcode::SET, 0, 5, b"", b""), true);
+    }
+
+    #[test]
+    fn counter_requests_parse_and_replies_check_status_and_opaque() {
+        use counter::{op, status};
+        use Protocol::Counter as P;
+        let mut out = Vec::new();
+        encode(P, Req::Lock, b"key:1", b"", 9, &mut out);
+        let (r, n) = counter::parse(&out).expect("a valid Acquire");
+        assert_eq!((n, r.opaque), (out.len(), 9));
+        assert_eq!(
+            r.command,
+            counter::Command::Acquire {
+                resources: 1,
+                maximum: u32::MAX,
+                name: b"key:1"
+            }
+        );
+        let reply = |opcode, st, opaque, body: &[u8]| {
+            let mut v = Vec::new();
+            counter::encode(&mut v, opcode, st, opaque, body);
+            v
+        };
+        let e = expect(Req::Lock, 9);
+        assert_one_reply(
+            P,
+            e,
+            &reply(op::ACQUIRE, status::OK, 9, &[0, 0, 0, 1]),
+            true,
+        );
+        assert_one_reply(
+            P,
+            e,
+            &reply(op::ACQUIRE, status::OK, 8, &[0, 0, 0, 1]),
+            false,
+        );
+        assert_one_reply(
+            P,
+            e,
+            &reply(op::ACQUIRE, status::NOT_AVAILABLE, 9, b"x"),
+            false,
+        );
+        let e = expect(Req::Unlock, 3);
+        assert_one_reply(P, e, &reply(op::RELEASE, status::OK, 3, b""), true);
+        assert!(check_reply(P, e, b"STORED\r\n").is_err());
     }
 
     #[test]

@@ -232,6 +232,8 @@ impl Daemon {
             "127.0.0.1:0",
             "--dlock",
             "127.0.0.1:0",
+            "--counter",
+            "off",
             // The run stays far below the defaults' limits otherwise; idle connections must not
             // be closed while they are measured.
             "--dlock-idle-timeout",

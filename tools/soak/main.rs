@@ -274,6 +274,8 @@ fn start_daemon(path: &str, extra: &[String]) -> Result<Daemon, String> {
         "127.0.0.1:0",
         "--dlock",
         "127.0.0.1:0",
+        "--counter",
+        "off",
     ])
     .args(extra)
     .stdin(Stdio::null())
