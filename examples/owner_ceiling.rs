@@ -9,10 +9,10 @@
 
 use std::time::{Duration, Instant};
 
+use holdfast::core::store::StoreMode;
 use holdfast::core::ConnId;
 use holdfast::proto::memcache::binary::opcode;
-use holdfast::proto::memcache::text::StoreCmd;
-use holdfast::server::msg::{Batch, DlockKind, DlockOp, LockdOp, McOp, Op, OpMsg};
+use holdfast::server::msg::{Batch, DlockKind, DlockOp, LockdOp, McCmd, McForm, McOp, Op, OpMsg};
 use holdfast::server::sim::Replayer;
 
 /// Sessions per turn, as the bench's 50 connections.
@@ -43,21 +43,20 @@ fn turn(workload: &str, depth: usize) -> Batch {
             let (lock, unlock) = match workload {
                 "mc-binary" => {
                     let key = b.arena.push(name.as_bytes());
-                    let bin = |opcode| McOp::Binary {
-                        opcode,
-                        opaque: 0,
-                        cas: 0,
-                        extras: holdfast::server::msg::Span::EMPTY,
-                        key,
-                        value: holdfast::server::msg::Span::EMPTY,
+                    let bin = |cmd, opcode| McOp {
+                        cmd,
+                        form: McForm::Binary { opcode, opaque: 0 },
                     };
-                    (Op::Mc(bin(opcode::LOCK)), Op::Mc(bin(opcode::UNLOCK)))
+                    (
+                        Op::Mc(bin(McCmd::Lock { key }, opcode::LOCK)),
+                        Op::Mc(bin(McCmd::Unlock { key }, opcode::UNLOCK)),
+                    )
                 }
                 "mc-text" => {
                     let key = b.arena.push(name.as_bytes());
                     (
-                        Op::Mc(McOp::TextLock { key }),
-                        Op::Mc(McOp::TextUnlock { key }),
+                        Op::Mc(McOp::text(McCmd::Lock { key }, false)),
+                        Op::Mc(McOp::text(McCmd::Unlock { key }, false)),
                     )
                 }
                 "lockd" => {
@@ -109,15 +108,17 @@ fn prepared(workload: &str) -> Replayer {
     for s in 0..SESSIONS {
         let conn = session(s);
         let op = match workload {
-            "mc-binary" | "mc-text" => Op::Mc(McOp::TextStore {
-                cmd: StoreCmd::Set,
-                key: b.arena.push(format!("name{s:04}").as_bytes()),
-                flags: 0,
-                exptime: 0,
-                value: b.arena.push(b"v"),
-                cas: 0,
-                noreply: true,
-            }),
+            "mc-binary" | "mc-text" => {
+                let cmd = McCmd::Store {
+                    mode: StoreMode::Set,
+                    key: b.arena.push(format!("name{s:04}").as_bytes()),
+                    flags: 0,
+                    exptime: 0,
+                    value: b.arena.push(b"v"),
+                    cas: None,
+                };
+                Op::Mc(McOp::text(cmd, true))
+            }
             "dlock" => Op::DlockOpen,
             _ => continue,
         };

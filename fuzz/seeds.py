@@ -182,8 +182,10 @@ CONN = {
 write("connection", list(CONN.items()))
 
 
-# command entries (server::command): "HFc1", now, op count, then per op worker/slot/gen, a tag
-# and its fields (varints; byte strings length-prefixed).
+# command entries (server::command): "HFc2", now, op count, then per op worker/slot/gen, a tag
+# and its fields (varints; byte strings length-prefixed; an option is a 0 byte, or a 1 byte and
+# the value; a memcached command's form follows its tag: 0 text, 1 text noreply, 2 binary with
+# opcode and opaque).
 def varint(n):
     out = bytearray()
     while n >= 0x80:
@@ -202,27 +204,26 @@ def op(slot, tag, fields=b""):
 
 
 def entry(now, ops):
-    return b"HFc1" + varint(now) + varint(len(ops)) + b"".join(ops)
+    return b"HFc2" + varint(now) + varint(len(ops)) + b"".join(ops)
 
 
 COMMAND = {
     "empty_turn": entry(1_700_000_000_000, []),
     "mc_set_lock": entry(1_700_000_000_000, [
-        op(1, 2, bytes([0]) + vbytes(b"k") + varint(0) + varint(0) + vbytes(b"v") + varint(0)
+        op(1, 2, b"\1" + bytes([0]) + vbytes(b"k") + varint(0) + varint(0) + vbytes(b"v")
            + b"\0"),
-        op(1, 8, vbytes(b"k")),
-        op(2, 9, vbytes(b"k")),
+        op(1, 8, b"\0" + vbytes(b"k")),
+        op(2, 9, b"\0" + vbytes(b"k")),
         op(1, 42),
     ]),
     "lockd_acq_queue": entry(5, [op(1, 20, bytes([1]) + vbytes(b"n\0")),
                                  op(2, 20, bytes([1]) + vbytes(b"n\0")), op(1, 42)]),
     "dlock_lock_wait": entry(9, [op(1, 41), op(2, 41),
-                                 op(1, 31, varint(1) + vbytes(b"\x1a\x01a") + varint(1)
-                                    + varint(0) + varint(0)),
-                                 op(2, 31, varint(2) + vbytes(b"\x1a\x01a") + varint(1)
-                                    + varint(5001) + varint(0))]),
-    "binary_lock": entry(3, [op(1, 11, bytes([0x40]) + varint(7) + varint(0) + vbytes(b"")
-                                + vbytes(b"k") + vbytes(b""))]),
+                                 op(1, 31, b"\1" + varint(1) + vbytes(b"\x1a\x01a") + varint(1)
+                                    + b"\0" + b"\0"),
+                                 op(2, 31, b"\1" + varint(2) + vbytes(b"\x1a\x01a") + varint(1)
+                                    + b"\1" + varint(5000) + b"\0")]),
+    "binary_lock": entry(3, [op(1, 8, b"\2" + bytes([0x40]) + varint(7) + vbytes(b"k"))]),
     # counter Acquire 1 of 2, Dump, Release 1, then a close (tags 51, 54, 52, 42)
     "counter_acquire_dump": entry(7, [op(1, 51, varint(9) + varint(1) + varint(2) + vbytes(b"sem")),
                                       op(2, 54, varint(3)),

@@ -50,11 +50,17 @@ pub fn put_bool(out: &mut Vec<u8>, b: bool) {
     out.push(u8::from(b));
 }
 
-/// `None` as 0, `Some(n)` as `n + 1` (`n` must be below `u64::MAX`; callers use it for
-/// milliseconds and counts, which never get there). Saturates rather than wraps.
+/// `None` as a 0 byte, `Some(n)` as a 1 byte and `n`: every value round-trips, `u64::MAX`
+/// too (a client's CAS or request id can be anything).
 #[inline]
 pub fn put_opt_u64(out: &mut Vec<u8>, n: Option<u64>) {
-    put_u64(out, n.map_or(0, |n| n.saturating_add(1)));
+    match n {
+        None => out.push(0),
+        Some(n) => {
+            out.push(1);
+            put_u64(out, n);
+        }
+    }
 }
 
 /// A length-prefixed byte string.
@@ -184,7 +190,11 @@ impl<'a> Reader<'a> {
     }
 
     pub fn opt_u64(&mut self) -> Result<Option<u64>> {
-        Ok(self.u64()?.checked_sub(1))
+        Ok(if self.bool()? {
+            Some(self.u64()?)
+        } else {
+            None
+        })
     }
 
     /// A count of items that each take at least `min_bytes` bytes of input: a count the rest of
@@ -293,12 +303,15 @@ mod tests {
         put_opt_u64(&mut b, None);
         put_opt_u64(&mut b, Some(0));
         put_opt_u64(&mut b, Some(41));
+        // A client's CAS or request id may be the largest value (it once came back as MAX - 1).
+        put_opt_u64(&mut b, Some(u64::MAX));
         put_bool(&mut b, true);
         put_bytes(&mut b, b"name");
         let mut r = Reader::new(&b);
         assert_eq!(r.opt_u64(), Ok(None));
         assert_eq!(r.opt_u64(), Ok(Some(0)));
         assert_eq!(r.opt_u64(), Ok(Some(41)));
+        assert_eq!(r.opt_u64(), Ok(Some(u64::MAX)));
         assert_eq!(r.bool(), Ok(true));
         assert_eq!(r.bytes(4), Ok(&b"name"[..]));
         r.finish().unwrap();

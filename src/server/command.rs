@@ -11,24 +11,25 @@
 //! Layout (all integers LEB128 varints, `bytes` = length + bytes):
 //!
 //! ```text
-//! entry   = "HFc1" now_ms op_count op*
+//! entry   = "HFc2" now_ms op_count op*
 //! op      = worker slot gen tag fields
 //! ```
 //!
 //! where each tag's fields are listed in [`encode_op`].
 
 use crate::core::codec::{self, DecodeError, Reader};
+use crate::core::store::StoreMode;
 use crate::core::ConnId;
-use crate::proto::memcache::text::StoreCmd;
 
 use std::net::{IpAddr, SocketAddr};
 
 use super::msg::{
-    Arena, Batch, CounterKind, CounterOp, DlockKind, DlockOp, LockdOp, McOp, Op, OpMsg, Span,
+    Arena, Batch, CounterKind, CounterOp, DlockKind, DlockOp, LockdOp, McCmd, McForm, McOp, Op,
+    OpMsg, Span,
 };
 use super::Proto;
 
-const MAGIC: &[u8] = b"HFc1";
+const MAGIC: &[u8] = b"HFc2";
 
 /// Refusal texts a dlock request can carry (`DlockKind::Refuse`): sent as their index, because
 /// the op holds a `&'static str`. A text not in this list (a new one someone forgot to add) is
@@ -139,20 +140,28 @@ fn get_i64(r: &mut Reader<'_>) -> Result<i64, DecodeError> {
 }
 
 mod tag {
-    pub const TEXT_GET: u8 = 1;
-    pub const TEXT_STORE: u8 = 2;
-    pub const TEXT_DELETE: u8 = 3;
-    pub const TEXT_ARITH: u8 = 4;
-    pub const TEXT_TOUCH: u8 = 5;
-    pub const TEXT_FLUSH: u8 = 6;
-    pub const TEXT_STATS: u8 = 7;
-    pub const TEXT_LOCK: u8 = 8;
-    pub const TEXT_UNLOCK: u8 = 9;
-    pub const TEXT_UNLOCK_ALL: u8 = 10;
-    pub const BINARY: u8 = 11;
-    pub const TEXT_LOCK_TOKEN: u8 = 12;
-    pub const TEXT_KEYS: u8 = 13;
-    pub const KEYS_NEXT: u8 = 14;
+    // memcached commands: one tag per `McCmd` variant.
+    pub const MC_FIRST: u8 = 1;
+    pub const MC_GET: u8 = 1;
+    pub const MC_STORE: u8 = 2;
+    pub const MC_DELETE: u8 = 3;
+    pub const MC_ARITH: u8 = 4;
+    pub const MC_TOUCH: u8 = 5;
+    pub const MC_FLUSH: u8 = 6;
+    pub const MC_STATS: u8 = 7;
+    pub const MC_LOCK: u8 = 8;
+    pub const MC_UNLOCK: u8 = 9;
+    pub const MC_UNLOCK_ALL: u8 = 10;
+    pub const MC_LOCK_TOKEN: u8 = 11;
+    pub const MC_LOCK_AND_GET: u8 = 12;
+    pub const MC_REPLACE_AND_UNLOCK: u8 = 13;
+    pub const MC_KEYS: u8 = 14;
+    pub const MC_KEYS_NEXT: u8 = 15;
+    pub const MC_NOOP: u8 = 16;
+    pub const MC_VERSION: u8 = 17;
+    pub const MC_VERBOSITY: u8 = 18;
+    pub const MC_QUIT: u8 = 19;
+    pub const MC_LAST: u8 = 19;
     pub const LOCKD: u8 = 20;
     pub const DLOCK_PING: u8 = 30;
     pub const DLOCK_LOCK: u8 = 31;
@@ -202,27 +211,244 @@ fn get_counter_name(
     Ok(span)
 }
 
-fn store_cmd_code(c: StoreCmd) -> u8 {
-    match c {
-        StoreCmd::Set => 0,
-        StoreCmd::Add => 1,
-        StoreCmd::Replace => 2,
-        StoreCmd::Append => 3,
-        StoreCmd::Prepend => 4,
-        StoreCmd::Cas => 5,
+fn store_mode_code(m: StoreMode) -> u8 {
+    match m {
+        StoreMode::Set => 0,
+        StoreMode::Add => 1,
+        StoreMode::Replace => 2,
+        StoreMode::Append => 3,
+        StoreMode::Prepend => 4,
     }
 }
 
-fn store_cmd(code: u8) -> Result<StoreCmd, DecodeError> {
+fn store_mode(code: u8) -> Result<StoreMode, DecodeError> {
     Ok(match code {
-        0 => StoreCmd::Set,
-        1 => StoreCmd::Add,
-        2 => StoreCmd::Replace,
-        3 => StoreCmd::Append,
-        4 => StoreCmd::Prepend,
-        5 => StoreCmd::Cas,
-        _ => return Err(DecodeError::Invalid("store command")),
+        0 => StoreMode::Set,
+        1 => StoreMode::Add,
+        2 => StoreMode::Replace,
+        3 => StoreMode::Append,
+        4 => StoreMode::Prepend,
+        _ => return Err(DecodeError::Invalid("store mode")),
     })
+}
+
+fn put_opt_i64(o: &mut Vec<u8>, v: Option<i64>) {
+    codec::put_bool(o, v.is_some());
+    if let Some(v) = v {
+        put_i64(o, v);
+    }
+}
+
+fn get_opt_i64(r: &mut Reader<'_>) -> Result<Option<i64>, DecodeError> {
+    Ok(if r.bool()? { Some(get_i64(r)?) } else { None })
+}
+
+/// A memcached command: its tag, its form (0: text, 1: text with noreply, 2: binary, then the
+/// opcode and the opaque), then its fields in declaration order.
+fn encode_mc(op: McOp, arena: &[u8], o: &mut Vec<u8>) {
+    let McOp { cmd, form } = op;
+    o.push(match cmd {
+        McCmd::Get { .. } => tag::MC_GET,
+        McCmd::Store { .. } => tag::MC_STORE,
+        McCmd::Delete { .. } => tag::MC_DELETE,
+        McCmd::Arith { .. } => tag::MC_ARITH,
+        McCmd::Touch { .. } => tag::MC_TOUCH,
+        McCmd::Flush { .. } => tag::MC_FLUSH,
+        McCmd::Stats { .. } => tag::MC_STATS,
+        McCmd::Lock { .. } => tag::MC_LOCK,
+        McCmd::Unlock { .. } => tag::MC_UNLOCK,
+        McCmd::UnlockAll => tag::MC_UNLOCK_ALL,
+        McCmd::LockToken { .. } => tag::MC_LOCK_TOKEN,
+        McCmd::LockAndGet { .. } => tag::MC_LOCK_AND_GET,
+        McCmd::ReplaceAndUnlock { .. } => tag::MC_REPLACE_AND_UNLOCK,
+        McCmd::Keys { .. } => tag::MC_KEYS,
+        McCmd::KeysNext => tag::MC_KEYS_NEXT,
+        McCmd::Noop => tag::MC_NOOP,
+        McCmd::Version => tag::MC_VERSION,
+        McCmd::Verbosity => tag::MC_VERBOSITY,
+        McCmd::Quit => tag::MC_QUIT,
+    });
+    match form {
+        McForm::Text { noreply } => o.push(u8::from(noreply)),
+        McForm::Binary { opcode, opaque } => {
+            o.push(2);
+            o.push(opcode);
+            codec::put_u64(o, u64::from(opaque));
+        }
+    }
+    match cmd {
+        McCmd::Get { keys, cas, touch } => {
+            put_span(o, arena, keys);
+            codec::put_bool(o, cas);
+            put_opt_i64(o, touch);
+        }
+        McCmd::Store {
+            mode,
+            key,
+            flags,
+            exptime,
+            value,
+            cas,
+        } => {
+            o.push(store_mode_code(mode));
+            put_span(o, arena, key);
+            codec::put_u64(o, u64::from(flags));
+            put_i64(o, exptime);
+            put_span(o, arena, value);
+            codec::put_opt_u64(o, cas);
+        }
+        McCmd::Delete { key, cas } => {
+            put_span(o, arena, key);
+            codec::put_opt_u64(o, cas);
+        }
+        McCmd::Arith {
+            key,
+            incr,
+            delta,
+            create,
+            cas,
+        } => {
+            put_span(o, arena, key);
+            codec::put_bool(o, incr);
+            codec::put_u64(o, delta);
+            codec::put_bool(o, create.is_some());
+            if let Some((initial, exptime)) = create {
+                codec::put_u64(o, initial);
+                put_i64(o, exptime);
+            }
+            codec::put_opt_u64(o, cas);
+        }
+        McCmd::Touch { key, exptime } => {
+            put_span(o, arena, key);
+            put_i64(o, exptime);
+        }
+        McCmd::Flush { delay } => put_i64(o, delay),
+        McCmd::Stats { arg } => {
+            codec::put_bool(o, arg.is_some());
+            put_span(o, arena, arg.unwrap_or(Span::EMPTY));
+        }
+        McCmd::Lock { key } | McCmd::Unlock { key } | McCmd::LockToken { key } => {
+            put_span(o, arena, key)
+        }
+        McCmd::LockAndGet { key, touch } => {
+            put_span(o, arena, key);
+            put_opt_i64(o, touch);
+        }
+        McCmd::ReplaceAndUnlock {
+            key,
+            flags,
+            exptime,
+            value,
+            cas,
+        } => {
+            put_span(o, arena, key);
+            codec::put_u64(o, u64::from(flags));
+            put_i64(o, exptime);
+            put_span(o, arena, value);
+            codec::put_opt_u64(o, cas);
+        }
+        McCmd::Keys { prefix } => put_span(o, arena, prefix),
+        McCmd::UnlockAll
+        | McCmd::KeysNext
+        | McCmd::Noop
+        | McCmd::Version
+        | McCmd::Verbosity
+        | McCmd::Quit => {}
+    }
+}
+
+/// The inverse of [`encode_mc`], `t` already read.
+fn decode_mc(
+    t: u8,
+    r: &mut Reader<'_>,
+    limits: Limits,
+    a: &mut Arena,
+) -> Result<McOp, DecodeError> {
+    let form = match r.u8()? {
+        0 => McForm::Text { noreply: false },
+        1 => McForm::Text { noreply: true },
+        2 => McForm::Binary {
+            opcode: r.u8()?,
+            opaque: r.u32()?,
+        },
+        _ => return Err(DecodeError::Invalid("memcached reply form")),
+    };
+    let cmd = match t {
+        tag::MC_GET => McCmd::Get {
+            keys: get_span(r, limits, a)?,
+            cas: r.bool()?,
+            touch: get_opt_i64(r)?,
+        },
+        tag::MC_STORE => McCmd::Store {
+            mode: store_mode(r.u8()?)?,
+            key: get_span(r, limits, a)?,
+            flags: r.u32()?,
+            exptime: get_i64(r)?,
+            value: get_span(r, limits, a)?,
+            cas: r.opt_u64()?,
+        },
+        tag::MC_DELETE => McCmd::Delete {
+            key: get_span(r, limits, a)?,
+            cas: r.opt_u64()?,
+        },
+        tag::MC_ARITH => McCmd::Arith {
+            key: get_span(r, limits, a)?,
+            incr: r.bool()?,
+            delta: r.u64()?,
+            create: if r.bool()? {
+                Some((r.u64()?, get_i64(r)?))
+            } else {
+                None
+            },
+            cas: r.opt_u64()?,
+        },
+        tag::MC_TOUCH => McCmd::Touch {
+            key: get_span(r, limits, a)?,
+            exptime: get_i64(r)?,
+        },
+        tag::MC_FLUSH => McCmd::Flush { delay: get_i64(r)? },
+        tag::MC_STATS => {
+            let has = r.bool()?;
+            let arg = get_span(r, limits, a)?;
+            if !has && arg.len != 0 {
+                return Err(DecodeError::Invalid("stats argument without its flag"));
+            }
+            McCmd::Stats {
+                arg: has.then_some(arg),
+            }
+        }
+        tag::MC_LOCK => McCmd::Lock {
+            key: get_span(r, limits, a)?,
+        },
+        tag::MC_UNLOCK => McCmd::Unlock {
+            key: get_span(r, limits, a)?,
+        },
+        tag::MC_UNLOCK_ALL => McCmd::UnlockAll,
+        tag::MC_LOCK_TOKEN => McCmd::LockToken {
+            key: get_span(r, limits, a)?,
+        },
+        tag::MC_LOCK_AND_GET => McCmd::LockAndGet {
+            key: get_span(r, limits, a)?,
+            touch: get_opt_i64(r)?,
+        },
+        tag::MC_REPLACE_AND_UNLOCK => McCmd::ReplaceAndUnlock {
+            key: get_span(r, limits, a)?,
+            flags: r.u32()?,
+            exptime: get_i64(r)?,
+            value: get_span(r, limits, a)?,
+            cas: r.opt_u64()?,
+        },
+        tag::MC_KEYS => McCmd::Keys {
+            prefix: get_span(r, limits, a)?,
+        },
+        tag::MC_KEYS_NEXT => McCmd::KeysNext,
+        tag::MC_NOOP => McCmd::Noop,
+        tag::MC_VERSION => McCmd::Version,
+        tag::MC_VERBOSITY => McCmd::Verbosity,
+        tag::MC_QUIT => McCmd::Quit,
+        _ => return Err(DecodeError::Invalid("memcached command")),
+    };
+    Ok(McOp { cmd, form })
 }
 
 /// One operation: the connection, a tag, then the fields of that variant in declaration order
@@ -231,104 +457,7 @@ pub fn encode_op(m: &OpMsg, arena: &[u8], out: &mut Vec<u8>) {
     m.conn.encode(out);
     let o = out;
     match m.op {
-        Op::Mc(op) => match op {
-            McOp::TextGet { keys, cas, exptime } => {
-                o.push(tag::TEXT_GET);
-                put_span(o, arena, keys);
-                codec::put_bool(o, cas);
-                codec::put_bool(o, exptime.is_some());
-                put_i64(o, exptime.unwrap_or(0));
-            }
-            McOp::TextStore {
-                cmd,
-                key,
-                flags,
-                exptime,
-                value,
-                cas,
-                noreply,
-            } => {
-                o.push(tag::TEXT_STORE);
-                o.push(store_cmd_code(cmd));
-                put_span(o, arena, key);
-                codec::put_u64(o, u64::from(flags));
-                put_i64(o, exptime);
-                put_span(o, arena, value);
-                codec::put_u64(o, cas);
-                codec::put_bool(o, noreply);
-            }
-            McOp::TextDelete { key, noreply } => {
-                o.push(tag::TEXT_DELETE);
-                put_span(o, arena, key);
-                codec::put_bool(o, noreply);
-            }
-            McOp::TextArith {
-                key,
-                incr,
-                delta,
-                noreply,
-            } => {
-                o.push(tag::TEXT_ARITH);
-                put_span(o, arena, key);
-                codec::put_bool(o, incr);
-                codec::put_u64(o, delta);
-                codec::put_bool(o, noreply);
-            }
-            McOp::TextTouch {
-                key,
-                exptime,
-                noreply,
-            } => {
-                o.push(tag::TEXT_TOUCH);
-                put_span(o, arena, key);
-                put_i64(o, exptime);
-                codec::put_bool(o, noreply);
-            }
-            McOp::TextFlush { delay, noreply } => {
-                o.push(tag::TEXT_FLUSH);
-                put_i64(o, delay);
-                codec::put_bool(o, noreply);
-            }
-            McOp::TextStats { arg } => {
-                o.push(tag::TEXT_STATS);
-                codec::put_bool(o, arg.is_some());
-                put_span(o, arena, arg.unwrap_or(Span::EMPTY));
-            }
-            McOp::TextLock { key } => {
-                o.push(tag::TEXT_LOCK);
-                put_span(o, arena, key);
-            }
-            McOp::TextUnlock { key } => {
-                o.push(tag::TEXT_UNLOCK);
-                put_span(o, arena, key);
-            }
-            McOp::TextUnlockAll => o.push(tag::TEXT_UNLOCK_ALL),
-            McOp::TextLockToken { key } => {
-                o.push(tag::TEXT_LOCK_TOKEN);
-                put_span(o, arena, key);
-            }
-            McOp::TextKeys { prefix } => {
-                o.push(tag::TEXT_KEYS);
-                put_span(o, arena, prefix);
-            }
-            McOp::KeysNext => o.push(tag::KEYS_NEXT),
-            McOp::Binary {
-                opcode,
-                opaque,
-                cas,
-                extras,
-                key,
-                value,
-            } => {
-                o.push(tag::BINARY);
-                o.push(opcode);
-                codec::put_u64(o, u64::from(opaque));
-                codec::put_u64(o, cas);
-                put_span(o, arena, extras);
-                put_span(o, arena, key);
-                put_span(o, arena, value);
-            }
-        },
+        Op::Mc(op) => encode_mc(op, arena, o),
         Op::Lockd(LockdOp { opcode, payload }) => {
             o.push(tag::LOCKD);
             o.push(opcode);
@@ -430,80 +559,7 @@ pub fn decode_op(r: &mut Reader<'_>, limits: Limits, a: &mut Arena) -> Result<Op
     let conn = ConnId::decode(r)?;
     let t = r.u8()?;
     let op = match t {
-        tag::TEXT_GET => {
-            let keys = get_span(r, limits, a)?;
-            let cas = r.bool()?;
-            let has = r.bool()?;
-            let e = get_i64(r)?;
-            Op::Mc(McOp::TextGet {
-                keys,
-                cas,
-                exptime: has.then_some(e),
-            })
-        }
-        tag::TEXT_STORE => {
-            let cmd = store_cmd(r.u8()?)?;
-            Op::Mc(McOp::TextStore {
-                cmd,
-                key: get_span(r, limits, a)?,
-                flags: r.u32()?,
-                exptime: get_i64(r)?,
-                value: get_span(r, limits, a)?,
-                cas: r.u64()?,
-                noreply: r.bool()?,
-            })
-        }
-        tag::TEXT_DELETE => Op::Mc(McOp::TextDelete {
-            key: get_span(r, limits, a)?,
-            noreply: r.bool()?,
-        }),
-        tag::TEXT_ARITH => Op::Mc(McOp::TextArith {
-            key: get_span(r, limits, a)?,
-            incr: r.bool()?,
-            delta: r.u64()?,
-            noreply: r.bool()?,
-        }),
-        tag::TEXT_TOUCH => Op::Mc(McOp::TextTouch {
-            key: get_span(r, limits, a)?,
-            exptime: get_i64(r)?,
-            noreply: r.bool()?,
-        }),
-        tag::TEXT_FLUSH => Op::Mc(McOp::TextFlush {
-            delay: get_i64(r)?,
-            noreply: r.bool()?,
-        }),
-        tag::TEXT_STATS => {
-            let has = r.bool()?;
-            let arg = get_span(r, limits, a)?;
-            if !has && arg.len != 0 {
-                return Err(DecodeError::Invalid("stats argument without its flag"));
-            }
-            Op::Mc(McOp::TextStats {
-                arg: has.then_some(arg),
-            })
-        }
-        tag::TEXT_LOCK => Op::Mc(McOp::TextLock {
-            key: get_span(r, limits, a)?,
-        }),
-        tag::TEXT_UNLOCK => Op::Mc(McOp::TextUnlock {
-            key: get_span(r, limits, a)?,
-        }),
-        tag::TEXT_UNLOCK_ALL => Op::Mc(McOp::TextUnlockAll),
-        tag::TEXT_LOCK_TOKEN => Op::Mc(McOp::TextLockToken {
-            key: get_span(r, limits, a)?,
-        }),
-        tag::TEXT_KEYS => Op::Mc(McOp::TextKeys {
-            prefix: get_span(r, limits, a)?,
-        }),
-        tag::KEYS_NEXT => Op::Mc(McOp::KeysNext),
-        tag::BINARY => Op::Mc(McOp::Binary {
-            opcode: r.u8()?,
-            opaque: r.u32()?,
-            cas: r.u64()?,
-            extras: get_span(r, limits, a)?,
-            key: get_span(r, limits, a)?,
-            value: get_span(r, limits, a)?,
-        }),
+        tag::MC_FIRST..=tag::MC_LAST => Op::Mc(decode_mc(t, r, limits, a)?),
         tag::LOCKD => Op::Lockd(LockdOp {
             opcode: r.u8()?,
             payload: get_span(r, limits, a)?,

@@ -14,6 +14,86 @@ fn lock_keys(rng: &mut Rng, arena: &mut Arena) -> Span {
     arena.push(&raw)
 }
 
+/// A random memcached command in a random form.
+fn random_mc(rng: &mut Rng, span: &mut impl FnMut(&mut Rng) -> Span) -> McOp {
+    let opt = |rng: &mut Rng| rng.chance(50).then(|| rng.wide());
+    let opt_i64 = |rng: &mut Rng| rng.chance(50).then(|| rng.wide() as i64);
+    let cmd = match rng.below(19) {
+        0 => McCmd::Get {
+            keys: span(rng),
+            cas: rng.chance(50),
+            touch: opt_i64(rng),
+        },
+        1 => McCmd::Store {
+            mode: [
+                StoreMode::Set,
+                StoreMode::Add,
+                StoreMode::Replace,
+                StoreMode::Append,
+                StoreMode::Prepend,
+            ][rng.index(5)],
+            key: span(rng),
+            flags: rng.next() as u32,
+            exptime: rng.wide() as i64,
+            value: span(rng),
+            cas: opt(rng),
+        },
+        2 => McCmd::Delete {
+            key: span(rng),
+            cas: opt(rng),
+        },
+        3 => McCmd::Arith {
+            key: span(rng),
+            incr: rng.chance(50),
+            delta: rng.wide(),
+            create: rng.chance(50).then(|| (rng.wide(), -(rng.wide() as i64))),
+            cas: opt(rng),
+        },
+        4 => McCmd::Touch {
+            key: span(rng),
+            exptime: -(rng.wide() as i64),
+        },
+        5 => McCmd::Flush {
+            delay: rng.wide() as i64,
+        },
+        6 => McCmd::Stats {
+            arg: rng.chance(50).then(|| span(rng)),
+        },
+        7 => McCmd::Lock { key: span(rng) },
+        8 => McCmd::Unlock { key: span(rng) },
+        9 => McCmd::UnlockAll,
+        10 => McCmd::LockToken { key: span(rng) },
+        11 => McCmd::LockAndGet {
+            key: span(rng),
+            touch: opt_i64(rng),
+        },
+        12 => McCmd::ReplaceAndUnlock {
+            key: span(rng),
+            flags: rng.next() as u32,
+            exptime: rng.wide() as i64,
+            value: span(rng),
+            cas: opt(rng),
+        },
+        13 => McCmd::Keys { prefix: span(rng) },
+        14 => McCmd::KeysNext,
+        15 => McCmd::Noop,
+        16 => McCmd::Version,
+        17 => McCmd::Verbosity,
+        _ => McCmd::Quit,
+    };
+    let form = if rng.chance(50) {
+        McForm::Text {
+            noreply: rng.chance(50),
+        }
+    } else {
+        McForm::Binary {
+            opcode: rng.next() as u8,
+            opaque: rng.next() as u32,
+        }
+    };
+    McOp { cmd, form }
+}
+
 /// A random operation with random bytes behind its spans.
 fn random_op(rng: &mut Rng, arena: &mut Arena) -> OpMsg {
     let mut span = |rng: &mut Rng| arena.push(&rng.bytes(40));
@@ -24,61 +104,7 @@ fn random_op(rng: &mut Rng, arena: &mut Arena) -> OpMsg {
     );
     let opt = |rng: &mut Rng| rng.chance(50).then(|| rng.wide());
     let op = match rng.below(23) {
-        0 => Op::Mc(McOp::TextGet {
-            keys: span(rng),
-            cas: rng.chance(50),
-            exptime: rng.chance(50).then(|| rng.wide() as i64),
-        }),
-        1 => Op::Mc(McOp::TextStore {
-            cmd: [
-                StoreCmd::Set,
-                StoreCmd::Add,
-                StoreCmd::Replace,
-                StoreCmd::Append,
-                StoreCmd::Prepend,
-                StoreCmd::Cas,
-            ][rng.index(6)],
-            key: span(rng),
-            flags: rng.next() as u32,
-            exptime: rng.wide() as i64,
-            value: span(rng),
-            cas: rng.wide(),
-            noreply: rng.chance(50),
-        }),
-        2 => Op::Mc(McOp::TextDelete {
-            key: span(rng),
-            noreply: rng.chance(50),
-        }),
-        3 => Op::Mc(McOp::TextArith {
-            key: span(rng),
-            incr: rng.chance(50),
-            delta: rng.wide(),
-            noreply: rng.chance(50),
-        }),
-        4 => Op::Mc(McOp::TextTouch {
-            key: span(rng),
-            exptime: -(rng.wide() as i64),
-            noreply: rng.chance(50),
-        }),
-        5 => Op::Mc(McOp::TextFlush {
-            delay: rng.wide() as i64,
-            noreply: rng.chance(50),
-        }),
-        6 => Op::Mc(McOp::TextStats {
-            arg: rng.chance(50).then(|| span(rng)),
-        }),
-        7 => Op::Mc(McOp::TextLock { key: span(rng) }),
-        8 => Op::Mc(McOp::TextUnlock { key: span(rng) }),
-        9 => Op::Mc(McOp::TextUnlockAll),
-        17 => Op::Mc(McOp::TextLockToken { key: span(rng) }),
-        10 => Op::Mc(McOp::Binary {
-            opcode: rng.next() as u8,
-            opaque: rng.next() as u32,
-            cas: rng.wide(),
-            extras: span(rng),
-            key: span(rng),
-            value: span(rng),
-        }),
+        0..=10 | 16 | 17 | 19 => Op::Mc(random_mc(rng, &mut span)),
         11 => Op::Lockd(LockdOp {
             opcode: rng.next() as u8,
             payload: span(rng),
@@ -118,8 +144,6 @@ fn random_op(rng: &mut Rng, arena: &mut Arena) -> OpMsg {
             },
         },
         15 => Op::Close,
-        16 => Op::Mc(McOp::TextKeys { prefix: span(rng) }),
-        19 => Op::Mc(McOp::KeysNext),
         20 => {
             // Names are 1 to 65535 bytes and an Acquire has 0 < resources <= maximum (the
             // worker refuses anything else and so does the decoder).
@@ -274,7 +298,7 @@ fn every_refusal_the_dlock_decoder_gives_has_a_code() {
 #[test]
 fn counter_ops_the_worker_would_refuse_do_not_decode() {
     fn entry(fields: &[u64], name: &[u8], tag: u8) -> Vec<u8> {
-        let mut b = b"HFc1".to_vec();
+        let mut b = MAGIC.to_vec();
         for v in [7, 1, 0, 1, 1] {
             codec::put_u64(&mut b, v);
         }
@@ -309,4 +333,21 @@ fn counter_ops_the_worker_would_refuse_do_not_decode() {
     ] {
         assert!(decode_entry(&bad, Limits::default(), &mut batch).is_err());
     }
+}
+
+/// The fuzz corpus's command seeds (`fuzz/seeds.py`) are valid entries: a seed the decoder
+/// refuses at once would only exercise the first bytes of the decoder.
+#[test]
+fn every_fuzz_seed_entry_decodes() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/fuzz/corpus/command");
+    let mut batch = Batch::default();
+    let mut seen = 0;
+    for f in std::fs::read_dir(dir).expect("fuzz/corpus/command") {
+        let path = f.expect("corpus entry").path();
+        let bytes = std::fs::read(&path).expect("seed");
+        let got = decode_entry(&bytes, Limits::default(), &mut batch);
+        assert!(got.is_ok(), "{}: {got:?}", path.display());
+        seen += 1;
+    }
+    assert!(seen >= 6, "only {seen} seeds");
 }

@@ -186,7 +186,7 @@ impl Conn {
         self.dump = Dump::Running;
         batch.ops.push(OpMsg {
             conn: id,
-            op: Op::Mc(super::msg::McOp::KeysNext),
+            op: Op::Mc(super::msg::McOp::text(super::msg::McCmd::KeysNext, false)),
         });
         true
     }

@@ -2,13 +2,18 @@
 //! everything else once into the owner's batch.
 
 use super::conn::{Conn, REPLY_BUDGET};
-use super::msg::{Batch, CounterKind, CounterOp, DlockKind, DlockOp, LockdOp, McOp, Op, OpMsg};
+use super::msg::{
+    Arena, Batch, CounterKind, CounterOp, DlockKind, DlockOp, LockdOp, McCmd, McForm, McOp, Op,
+    OpMsg,
+};
 use super::Proto;
 use crate::config::{Compat, Config};
+use crate::core::store::StoreMode;
 use crate::core::ConnId;
 use crate::proto::counter as ct;
 use crate::proto::dlock as dl;
 use crate::proto::lockd as ld;
+use crate::proto::memcache::text::StoreCmd;
 use crate::proto::memcache::{binary, text};
 
 /// The version string `version` answers: memcached's form (clients parse the numbers), with our
@@ -94,20 +99,7 @@ fn memcache(conn: &mut Conn, buf: &[u8], id: ConnId, config: &Config, batch: &mu
     if buf[0] & 0x80 != 0 {
         return match binary::parse(buf, config.max_item_size) {
             Ok((req, n)) => {
-                let a = &mut batch.arena;
-                let op = McOp::Binary {
-                    opcode: req.opcode,
-                    opaque: req.opaque,
-                    cas: req.cas,
-                    extras: a.push(req.extras),
-                    key: a.push(req.key),
-                    value: a.push(req.value),
-                };
-                push(conn, id, Op::Mc(op), batch);
-                conn.charge(binary_reply_bound(req.opcode, config));
-                if req.opcode == binary::opcode::KEYS {
-                    conn.dump = super::conn::Dump::Running;
-                }
+                binary_request(conn, &req, id, config, batch);
                 Step::Consumed(n)
             }
             Err(binary::ParseError::Incomplete) => Step::Incomplete,
@@ -118,14 +110,7 @@ fn memcache(conn: &mut Conn, buf: &[u8], id: ConnId, config: &Config, batch: &mu
                 skip,
             }) => {
                 let mut out = Vec::with_capacity(64);
-                let yrmcds = config.compat == Compat::Yrmcds;
-                let msg: &[u8] = match (status == binary::status::VALUE_TOO_LARGE, yrmcds) {
-                    (true, false) => b"Too large.",
-                    (false, false) => b"Invalid arguments",
-                    // cybozu/yrmcds src/memcache/memcache.cpp, STATUS_TOO_LARGE / STATUS_INVALID
-                    (true, true) => b"Too large value",
-                    (false, true) => b"Invalid request",
-                };
+                let msg = binary::status_text(status, config.compat == Compat::Yrmcds);
                 binary::encode_response(&mut out, opcode, status, opaque, 0, &[], &[], msg);
                 conn.emit(&out, false, id, batch);
                 let here = skip.min(buf.len());
@@ -164,6 +149,235 @@ fn memcache(conn: &mut Conn, buf: &[u8], id: ConnId, config: &Config, batch: &mu
     }
 }
 
+/// The shape a request of one opcode must have (protocol-binary.xml's MUST / MUST NOT).
+#[derive(Clone, Copy)]
+enum Need {
+    No,
+    Yes,
+    Any,
+}
+
+/// What a request of `opcode` must carry: the extras lengths allowed, a key, a value. `None`
+/// for opcodes that take anything (NOOP, VERSION, QUIT, STAT) or are unknown.
+fn shape(opcode: u8) -> Option<(&'static [usize], Need, Need)> {
+    use binary::opcode as o;
+    use Need::*;
+    Some(match opcode {
+        o::KEYS => (&[0], Any, No),
+        o::GET | o::GETQ | o::GETK | o::GETKQ => (&[0], Yes, No),
+        o::GAT | o::GATQ | o::GATK | o::GATKQ | o::TOUCH => (&[4], Yes, No),
+        o::SET | o::SETQ | o::ADD | o::ADDQ | o::REPLACE | o::REPLACEQ => (&[8], Yes, Any),
+        o::RAU | o::RAUQ => (&[8], Yes, Any),
+        o::APPEND | o::APPENDQ | o::PREPEND | o::PREPENDQ => (&[0], Yes, Any),
+        o::DELETE | o::DELETEQ => (&[0], Yes, No),
+        o::LOCK | o::LOCKQ | o::UNLOCK | o::UNLOCKQ => (&[0], Yes, No),
+        o::UNLOCK_ALL | o::UNLOCK_ALLQ => (&[0], No, No),
+        o::LAG | o::LAGQ | o::LAGK | o::LAGKQ => (&[0, 4], Yes, No),
+        o::INCREMENT | o::INCREMENTQ | o::DECREMENT | o::DECREMENTQ => (&[20], Yes, No),
+        o::FLUSH | o::FLUSHQ => (&[0, 4], No, No),
+        o::VERBOSITY => (&[4], No, No),
+        _ => return None,
+    })
+}
+
+/// yrmcds's shapes where they differ (cybozu/yrmcds src/memcache/memcache.cpp,
+/// `binary_request::parse`): every get may carry a 4-byte expiration (and then touches), a
+/// store, append or prepend must carry a value, a Stat nothing but its key.
+fn shape_yrmcds(opcode: u8) -> Option<(&'static [usize], Need, Need)> {
+    use binary::opcode as o;
+    use Need::*;
+    Some(match opcode {
+        o::GET | o::GETQ | o::GETK | o::GETKQ => (&[0, 4], Yes, No),
+        o::GAT | o::GATQ | o::GATK | o::GATKQ => (&[0, 4], Yes, No),
+        o::SET | o::SETQ | o::ADD | o::ADDQ | o::REPLACE | o::REPLACEQ => (&[8], Yes, Yes),
+        o::RAU | o::RAUQ => (&[8], Yes, Yes),
+        o::APPEND | o::APPENDQ | o::PREPEND | o::PREPENDQ => (&[0], Yes, Yes),
+        o::STAT => (&[0], Any, No),
+        op => return shape(op),
+    })
+}
+
+fn shape_ok(r: &binary::Request<'_>, extras: &[usize], key: Need, value: Need) -> bool {
+    let present = |n: Need, len: usize| match n {
+        Need::No => len == 0,
+        Need::Yes => len > 0,
+        Need::Any => true,
+    };
+    extras.contains(&r.extras.len()) && present(key, r.key.len()) && present(value, r.value.len())
+}
+
+fn be32(b: &[u8], at: usize) -> u32 {
+    let mut x = [0u8; 4];
+    x.copy_from_slice(&b[at..at + 4]);
+    u32::from_be_bytes(x)
+}
+
+fn be64(b: &[u8], at: usize) -> u64 {
+    let mut x = [0u8; 8];
+    x.copy_from_slice(&b[at..at + 8]);
+    u64::from_be_bytes(x)
+}
+
+/// memcached treats the 32-bit binary expiration like the text one: interpret it as signed so
+/// that "negative" means already expired.
+fn exptime(b: &[u8], at: usize) -> i64 {
+    be32(b, at) as i32 as i64
+}
+
+/// A binary request as a [`McCmd`], or the status it is refused with (its shape is wrong, or
+/// the opcode is unknown here). Call only once the request has the shape [`shape`] demands.
+fn binary_command(r: &binary::Request<'_>, yrmcds: bool, a: &mut Arena) -> Result<McCmd, u16> {
+    use binary::opcode as o;
+    use binary::status as st;
+    let cas = (r.cas != 0).then_some(r.cas);
+    Ok(match r.opcode {
+        o::GET | o::GETQ | o::GETK | o::GETKQ | o::GAT | o::GATQ | o::GATK | o::GATKQ => {
+            McCmd::Get {
+                keys: a.push(r.key),
+                cas: true,
+                // A GaT always has an expiration; in yrmcds mode a Get may have one and a GaT
+                // not.
+                touch: (r.extras.len() == 4).then(|| exptime(r.extras, 0)),
+            }
+        }
+        o::SET | o::SETQ | o::ADD | o::ADDQ | o::REPLACE | o::REPLACEQ => McCmd::Store {
+            mode: match r.opcode {
+                o::SET | o::SETQ => StoreMode::Set,
+                o::ADD | o::ADDQ => StoreMode::Add,
+                _ => StoreMode::Replace,
+            },
+            key: a.push(r.key),
+            flags: be32(r.extras, 0),
+            exptime: exptime(r.extras, 4),
+            value: a.push(r.value),
+            cas,
+        },
+        o::APPEND | o::APPENDQ | o::PREPEND | o::PREPENDQ => McCmd::Store {
+            mode: if matches!(r.opcode, o::APPEND | o::APPENDQ) {
+                StoreMode::Append
+            } else {
+                StoreMode::Prepend
+            },
+            key: a.push(r.key),
+            flags: 0,
+            exptime: 0,
+            value: a.push(r.value),
+            cas,
+        },
+        o::DELETE | o::DELETEQ => McCmd::Delete {
+            key: a.push(r.key),
+            cas,
+        },
+        o::INCREMENT | o::INCREMENTQ | o::DECREMENT | o::DECREMENTQ => {
+            let exp = be32(r.extras, 16);
+            McCmd::Arith {
+                key: a.push(r.key),
+                incr: matches!(r.opcode, o::INCREMENT | o::INCREMENTQ),
+                delta: be64(r.extras, 0),
+                // An expiration of all ones means "do not create".
+                create: (exp != u32::MAX).then(|| (be64(r.extras, 8), exp as i32 as i64)),
+                cas,
+            }
+        }
+        o::TOUCH => McCmd::Touch {
+            key: a.push(r.key),
+            exptime: exptime(r.extras, 0),
+        },
+        o::FLUSH | o::FLUSHQ => McCmd::Flush {
+            delay: if r.extras.len() == 4 {
+                exptime(r.extras, 0)
+            } else {
+                0
+            },
+        },
+        o::STAT => {
+            let mut arg = (!r.key.is_empty()).then_some(r.key);
+            if yrmcds && !matches!(arg, Some(b"settings" | b"items" | b"sizes" | b"ops")) {
+                // yrmcds answers any other group with the general statistics.
+                arg = None;
+            }
+            McCmd::Stats {
+                arg: arg.map(|k| a.push(k)),
+            }
+        }
+        o::LOCK | o::LOCKQ => McCmd::Lock { key: a.push(r.key) },
+        o::UNLOCK | o::UNLOCKQ => McCmd::Unlock { key: a.push(r.key) },
+        o::UNLOCK_ALL | o::UNLOCK_ALLQ => McCmd::UnlockAll,
+        o::LAG | o::LAGQ | o::LAGK | o::LAGKQ => McCmd::LockAndGet {
+            key: a.push(r.key),
+            touch: (r.extras.len() == 4).then(|| exptime(r.extras, 0)),
+        },
+        o::RAU | o::RAUQ => McCmd::ReplaceAndUnlock {
+            key: a.push(r.key),
+            flags: be32(r.extras, 0),
+            exptime: exptime(r.extras, 4),
+            value: a.push(r.value),
+            cas,
+        },
+        o::KEYS => McCmd::Keys {
+            prefix: a.push(r.key),
+        },
+        o::NOOP => McCmd::Noop,
+        o::VERSION => McCmd::Version,
+        // yrmcds has no binary Verbosity.
+        o::VERBOSITY if yrmcds => return Err(st::UNKNOWN_COMMAND),
+        o::VERBOSITY => McCmd::Verbosity,
+        o::QUIT | o::QUITQ => McCmd::Quit,
+        _ => return Err(st::UNKNOWN_COMMAND),
+    })
+}
+
+/// One parsed binary request: checked and decoded here, answered here when it is refused, else
+/// sent to the owner.
+fn binary_request(
+    conn: &mut Conn,
+    req: &binary::Request<'_>,
+    id: ConnId,
+    config: &Config,
+    batch: &mut Batch,
+) {
+    let yrmcds = config.compat == Compat::Yrmcds;
+    let unknown_here = yrmcds && req.opcode == binary::opcode::VERBOSITY;
+    let want = if yrmcds {
+        shape_yrmcds(req.opcode)
+    } else {
+        shape(req.opcode)
+    };
+    // A refusal is answered here, in order behind whatever the connection has at the owner
+    // (an error path: the small allocation is not on the way of any served request).
+    let refuse = |conn: &mut Conn, batch: &mut Batch, status: u16| {
+        let text = binary::status_text(status, yrmcds);
+        let mut v = Vec::with_capacity(binary::HEADER_LEN + text.len());
+        binary::encode_response(&mut v, req.opcode, status, req.opaque, 0, &[], &[], text);
+        conn.emit(&v, false, id, batch);
+    };
+    if !unknown_here {
+        if let Some((extras, key, value)) = want {
+            if !shape_ok(req, extras, key, value) {
+                return refuse(conn, batch, binary::status::INVALID_ARGUMENTS);
+            }
+        }
+    }
+    let mark = batch.arena.bytes.len();
+    match binary_command(req, yrmcds, &mut batch.arena) {
+        Ok(cmd) => {
+            let form = McForm::Binary {
+                opcode: req.opcode,
+                opaque: req.opaque,
+            };
+            if matches!(cmd, McCmd::Keys { .. }) {
+                conn.dump = super::conn::Dump::Running;
+            }
+            push(conn, id, Op::Mc(McOp { cmd, form }), batch);
+            conn.charge(binary_reply_bound(req.opcode, config));
+        }
+        Err(status) => {
+            batch.arena.bytes.truncate(mark);
+            refuse(conn, batch, status);
+        }
+    }
+}
+
 /// yrmcds answers every request it cannot parse with a bare `ERROR` (its `cmd_text`), and any
 /// `slabs ...` line with `OK` (it ignores them).
 fn yrmcds_text_error(buf: &[u8], reply: &'static [u8]) -> &'static [u8] {
@@ -178,6 +392,16 @@ fn yrmcds_text_error(buf: &[u8], reply: &'static [u8]) -> &'static [u8] {
         reply
     } else {
         text::reply::ERROR
+    }
+}
+
+fn arith(a: &mut Arena, key: &[u8], incr: bool, delta: u64) -> McCmd {
+    McCmd::Arith {
+        key: a.push(key),
+        incr,
+        delta,
+        create: None,
+        cas: None,
     }
 }
 
@@ -197,17 +421,23 @@ fn text_request(
         _ => 0,
     };
     let a = &mut batch.arena;
-    let op = match req {
-        R::Get { keys, cas } => McOp::TextGet {
-            keys: a.push(keys.raw),
-            cas,
-            exptime: None,
-        },
-        R::Gat { exptime, keys, cas } => McOp::TextGet {
-            keys: a.push(keys.raw),
-            cas,
-            exptime: Some(exptime),
-        },
+    let (cmd, noreply) = match req {
+        R::Get { keys, cas } => (
+            McCmd::Get {
+                keys: a.push(keys.raw),
+                cas,
+                touch: None,
+            },
+            false,
+        ),
+        R::Gat { exptime, keys, cas } => (
+            McCmd::Get {
+                keys: a.push(keys.raw),
+                cas,
+                touch: Some(exptime),
+            },
+            false,
+        ),
         R::Store {
             cmd,
             key,
@@ -216,61 +446,72 @@ fn text_request(
             value,
             cas_unique,
             noreply,
-        } => McOp::TextStore {
-            cmd,
-            key: a.push(key),
-            flags,
-            exptime,
-            value: a.push(value),
-            cas: cas_unique,
+        } => {
+            let (mode, cas) = match cmd {
+                StoreCmd::Set => (StoreMode::Set, None),
+                StoreCmd::Add => (StoreMode::Add, None),
+                StoreCmd::Replace => (StoreMode::Replace, None),
+                StoreCmd::Append => (StoreMode::Append, None),
+                StoreCmd::Prepend => (StoreMode::Prepend, None),
+                StoreCmd::Cas => (StoreMode::Set, Some(cas_unique)),
+            };
+            let cmd = McCmd::Store {
+                mode,
+                key: a.push(key),
+                flags,
+                exptime,
+                value: a.push(value),
+                cas,
+            };
+            (cmd, noreply)
+        }
+        R::Delete { key, noreply } => (
+            McCmd::Delete {
+                key: a.push(key),
+                cas: None,
+            },
             noreply,
-        },
-        R::Delete { key, noreply } => McOp::TextDelete {
-            key: a.push(key),
-            noreply,
-        },
+        ),
         R::Incr {
             key,
             delta,
             noreply,
-        } => McOp::TextArith {
-            key: a.push(key),
-            incr: true,
-            delta,
-            noreply,
-        },
+        } => (arith(a, key, true, delta), noreply),
         R::Decr {
             key,
             delta,
             noreply,
-        } => McOp::TextArith {
-            key: a.push(key),
-            incr: false,
-            delta,
-            noreply,
-        },
+        } => (arith(a, key, false, delta), noreply),
         R::Touch {
             key,
             exptime,
             noreply,
-        } => McOp::TextTouch {
-            key: a.push(key),
-            exptime,
+        } => (
+            McCmd::Touch {
+                key: a.push(key),
+                exptime,
+            },
             noreply,
-        },
-        R::FlushAll { delay, noreply } => McOp::TextFlush { delay, noreply },
-        R::Stats { arg } => McOp::TextStats {
-            arg: arg.map(|x| a.push(x)),
-        },
-        R::Lock { key } => McOp::TextLock { key: a.push(key) },
-        R::Unlock { key } => McOp::TextUnlock { key: a.push(key) },
-        R::UnlockAll => McOp::TextUnlockAll,
-        R::LockToken { key } => McOp::TextLockToken { key: a.push(key) },
+        ),
+        R::FlushAll { delay, noreply } => (McCmd::Flush { delay }, noreply),
+        R::Stats { arg } => (
+            McCmd::Stats {
+                arg: arg.map(|x| a.push(x)),
+            },
+            false,
+        ),
+        R::Lock { key } => (McCmd::Lock { key: a.push(key) }, false),
+        R::Unlock { key } => (McCmd::Unlock { key: a.push(key) }, false),
+        R::UnlockAll => (McCmd::UnlockAll, false),
+        R::LockToken { key } => (McCmd::LockToken { key: a.push(key) }, false),
         R::Keys { prefix } => {
             conn.dump = super::conn::Dump::Running;
-            McOp::TextKeys {
-                prefix: a.push(prefix),
-            }
+            (
+                McCmd::Keys {
+                    prefix: a.push(prefix),
+                },
+                false,
+            )
         }
         R::Version => return conn.emit(VERSION_REPLY, false, id, batch),
         R::Verbosity { noreply } => {
@@ -278,6 +519,7 @@ fn text_request(
         }
         R::Quit => return conn.emit(b"", true, id, batch),
     };
+    let op = McOp::text(cmd, noreply);
     push(conn, id, Op::Mc(op), batch);
     conn.charge(bound);
 }

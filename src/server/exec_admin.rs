@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use hashbrown::HashMap;
 
-use super::msg::{McOp, Op};
+use super::msg::{McCmd, McOp, Op};
 use super::owner::Tables;
 use super::{Proto, Shared};
 use crate::admin::data::PROTOCOLS;
@@ -17,10 +17,6 @@ use crate::admin::data::{
     MAX_WAITERS_LISTED,
 };
 use crate::core::{ConnId, Now};
-
-/// yrmcds's lock opcodes (Lock 0x40 … RaUQ 0x4b): the memcached requests that count as lock
-/// requests in the latency histograms.
-const MC_LOCK_OPCODES: std::ops::RangeInclusive<u8> = 0x40..=0x4b;
 
 #[derive(Default)]
 pub struct AdminState {
@@ -70,15 +66,21 @@ impl AdminState {
     }
 }
 
-/// Lock requests in `ops` per protocol (memcache, lockd, dlock).
+/// Lock requests in `ops` per protocol (memcache: yrmcds's lock commands, text or binary; lockd,
+/// dlock, counters: every request).
 pub fn count_lock_requests<'a>(ops: impl Iterator<Item = &'a Op>) -> [u32; PROTOCOLS] {
     let mut n = [0u32; PROTOCOLS];
     for op in ops {
         match op {
-            Op::Mc(McOp::TextLock { .. } | McOp::TextUnlock { .. } | McOp::TextUnlockAll) => {
-                n[0] += 1
-            }
-            Op::Mc(McOp::Binary { opcode, .. }) if MC_LOCK_OPCODES.contains(opcode) => n[0] += 1,
+            Op::Mc(McOp {
+                cmd:
+                    McCmd::Lock { .. }
+                    | McCmd::Unlock { .. }
+                    | McCmd::UnlockAll
+                    | McCmd::LockAndGet { .. }
+                    | McCmd::ReplaceAndUnlock { .. },
+                ..
+            }) => n[0] += 1,
             Op::Lockd(_) => n[1] += 1,
             Op::Dlock(_) => n[2] += 1,
             Op::Counter(_) => n[3] += 1,

@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use super::msg::McOp;
+use super::msg::{McCmd, McForm, McOp};
 use super::owner::{push_u64, Outbox, Tables};
 use super::Shared;
 use crate::config::Compat;
@@ -19,7 +19,7 @@ use crate::core::store::{
 };
 use crate::core::{ConnId, Now};
 use crate::proto::memcache::binary::{self, opcode as opc, status as st};
-use crate::proto::memcache::text::{Keys, StoreCmd};
+use crate::proto::memcache::text::Keys;
 
 /// Largest reply to one text get/gets/gat/gats (a 64 KiB line names up to ~32,000 keys, each
 /// perhaps a whole item): past it the request fails and the connection closes.
@@ -194,29 +194,36 @@ impl McState {
 /// The [`TEXT_OPS`] entry a text request counts under (an index, so that counting is one
 /// increment; `text_ops_are_counted_under_their_yrmcds_names` checks the numbers). yrmcds has no
 /// gat/gats: they count as get/gets.
-fn text_op_index(op: &McOp) -> Option<usize> {
-    Some(match op {
-        McOp::TextStore { cmd, .. } => match cmd {
-            StoreCmd::Set => 0,
-            StoreCmd::Add => 1,
-            StoreCmd::Replace => 2,
-            StoreCmd::Append => 3,
-            StoreCmd::Prepend => 4,
-            StoreCmd::Cas => 5,
+fn text_op_index(cmd: &McCmd) -> Option<usize> {
+    Some(match cmd {
+        McCmd::Store { mode, cas, .. } => match (mode, cas) {
+            (StoreMode::Set, None) => 0,
+            (StoreMode::Add, _) => 1,
+            (StoreMode::Replace, _) => 2,
+            (StoreMode::Append, _) => 3,
+            (StoreMode::Prepend, _) => 4,
+            (StoreMode::Set, Some(_)) => 5,
         },
-        McOp::TextGet { cas: false, .. } => 6,
-        McOp::TextGet { cas: true, .. } => 7,
-        McOp::TextDelete { .. } => 8,
-        McOp::TextArith { incr: true, .. } => 9,
-        McOp::TextArith { incr: false, .. } => 10,
-        McOp::TextTouch { .. } => 11,
-        McOp::TextLock { .. } => 12,
-        McOp::TextUnlock { .. } => 13,
-        McOp::TextUnlockAll => 14,
-        McOp::TextStats { .. } => 16,
-        McOp::TextFlush { .. } => 17,
-        McOp::TextKeys { .. } => 21,
-        McOp::KeysNext | McOp::TextLockToken { .. } | McOp::Binary { .. } => return None,
+        McCmd::Get { cas: false, .. } => 6,
+        McCmd::Get { cas: true, .. } => 7,
+        McCmd::Delete { .. } => 8,
+        McCmd::Arith { incr: true, .. } => 9,
+        McCmd::Arith { incr: false, .. } => 10,
+        McCmd::Touch { .. } => 11,
+        McCmd::Lock { .. } => 12,
+        McCmd::Unlock { .. } => 13,
+        McCmd::UnlockAll => 14,
+        McCmd::Stats { .. } => 16,
+        McCmd::Flush { .. } => 17,
+        McCmd::Keys { .. } => 21,
+        McCmd::KeysNext
+        | McCmd::LockToken { .. }
+        | McCmd::LockAndGet { .. }
+        | McCmd::ReplaceAndUnlock { .. }
+        | McCmd::Noop
+        | McCmd::Version
+        | McCmd::Verbosity
+        | McCmd::Quit => return None,
     })
 }
 
@@ -294,6 +301,7 @@ fn dump_start(
     dump_step(t, out, conn, now);
 }
 
+/// Apply one memcached command and answer it in the form it came in.
 pub fn apply(
     t: &mut Tables,
     out: &mut Outbox,
@@ -303,100 +311,59 @@ pub fn apply(
     arena: &[u8],
     now: Now,
 ) {
-    match op {
-        McOp::Binary {
-            opcode,
-            opaque,
-            cas,
-            extras,
-            key,
-            value,
-        } => {
-            let req = BinReq {
-                opcode,
-                opaque,
-                cas,
-                extras: extras.get(arena),
-                key: key.get(arena),
-                value: value.get(arena),
-            };
-            apply_binary(t, out, shared, conn, &req, now)
-        }
-        McOp::KeysNext => dump_step(t, out, conn, now),
-        op => apply_text(t, out, shared, conn, op, arena, now),
+    let McOp { cmd, form } = op;
+    if let McCmd::KeysNext = cmd {
+        return dump_step(t, out, conn, now);
     }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Text
-
-fn apply_text(
-    t: &mut Tables,
-    out: &mut Outbox,
-    shared: &Shared,
-    conn: ConnId,
-    op: McOp,
-    arena: &[u8],
-    now: Now,
-) {
-    if let Some(i) = text_op_index(&op) {
-        t.mc.text_ops[i] += 1;
+    match form {
+        McForm::Text { .. } => {
+            if let Some(i) = text_op_index(&cmd) {
+                t.mc.text_ops[i] += 1;
+            }
+        }
+        // Every opcode counts; `stats ops` shows those yrmcds names.
+        McForm::Binary { opcode, .. } => t.mc.binary_ops[usize::from(opcode)] += 1,
     }
     let yrmcds = shared.config.compat == Compat::Yrmcds;
+    let r = Reply {
+        out,
+        conn,
+        form,
+        yrmcds,
+    };
+    let text = matches!(form, McForm::Text { .. });
     let s = &mut t.store;
-    match op {
+    match cmd {
         // yrmcds has no gat/gats.
-        McOp::TextGet {
-            exptime: Some(_), ..
-        } if yrmcds => text_reply(out, conn, false, b"ERROR\r\n"),
-        McOp::TextGet { keys, cas, exptime } => {
-            out.record_then(conn, 1, |o| {
-                let start = o.len();
-                for key in (Keys {
-                    raw: keys.get(arena),
-                }) {
-                    t.counters.cmd_get += 1;
-                    let item = match exptime {
-                        Some(e) => {
-                            t.counters.cmd_touch += 1;
-                            s.get_and_touch(key, e, now)
-                        }
-                        None => s.get(key, now),
-                    };
-                    if let Some(item) = item {
-                        text_value(o, &item, cas);
-                    }
-                    if o.len() - start > GET_REPLY_CAP {
-                        // As memcached does when a multi-get outgrows its buffers: say so and
-                        // close, rather than build a reply of unbounded size.
-                        o.truncate(start);
-                        o.extend_from_slice(b"SERVER_ERROR out of memory writing get response\r\n");
-                        return true;
-                    }
-                }
-                o.extend_from_slice(b"END\r\n");
-                false
-            });
+        McCmd::Get { touch: Some(_), .. } if text && yrmcds => r.text(b"ERROR\r\n"),
+        McCmd::Get { keys, cas, touch } if text => {
+            text_get(t, r.out, conn, keys.get(arena), cas, touch, now)
         }
-        McOp::TextStore {
-            cmd,
+        McCmd::Get { keys, touch, .. } => {
+            let key = keys.get(arena);
+            t.counters.cmd_get += 1;
+            let item = match touch {
+                Some(e) => {
+                    t.counters.cmd_touch += 1;
+                    s.get_and_touch(key, e, now)
+                }
+                None => s.get(key, now),
+            };
+            match item {
+                Some(item) => r.hit(&item),
+                None => r.miss(key),
+            }
+        }
+        McCmd::Store {
+            mode,
             key,
             flags,
             exptime,
             value,
             cas,
-            noreply,
         } => {
             t.counters.cmd_set += 1;
-            let (mode, cas) = match cmd {
-                StoreCmd::Set => (StoreMode::Set, None),
-                StoreCmd::Add => (StoreMode::Add, None),
-                StoreCmd::Replace => (StoreMode::Replace, None),
-                StoreCmd::Append => (StoreMode::Append, None),
-                StoreCmd::Prepend => (StoreMode::Prepend, None),
-                StoreCmd::Cas => (StoreMode::Set, Some(cas)),
-            };
-            let r = s.store(
+            let res = s.store(
                 conn,
                 mode,
                 key.get(arena),
@@ -406,7 +373,18 @@ fn apply_text(
                 cas,
                 now,
             );
-            let reply: &[u8] = match r {
+            let bin = match store_status(res) {
+                // memcached: add of an existing key answers "exists"; replace of a missing one
+                // "not found"; yrmcds: so does append or prepend to a missing item.
+                Err(st::ITEM_NOT_STORED) => match mode {
+                    StoreMode::Add => Err(st::KEY_EXISTS),
+                    StoreMode::Replace => Err(st::KEY_NOT_FOUND),
+                    StoreMode::Append | StoreMode::Prepend if yrmcds => Err(st::KEY_NOT_FOUND),
+                    _ => Err(st::ITEM_NOT_STORED),
+                },
+                other => other,
+            };
+            let words: &[u8] = match res {
                 StoreOutcome::Stored { .. } => b"STORED\r\n",
                 StoreOutcome::NotStored => b"NOT_STORED\r\n",
                 StoreOutcome::Exists => b"EXISTS\r\n",
@@ -415,129 +393,234 @@ fn apply_text(
                 StoreOutcome::TooLarge => b"SERVER_ERROR object too large for cache\r\n",
                 StoreOutcome::OutOfMemory => b"SERVER_ERROR out of memory storing object\r\n",
             };
-            text_reply(out, conn, noreply, reply);
+            r.answer(words, bin);
         }
-        McOp::TextDelete { key, noreply } => {
-            let reply: &[u8] = match s.delete(conn, key.get(arena), None, now) {
-                DeleteOutcome::Deleted => b"DELETED\r\n",
-                DeleteOutcome::NotFound => b"NOT_FOUND\r\n",
-                DeleteOutcome::Exists => b"EXISTS\r\n",
-                DeleteOutcome::Locked => b"LOCKED\r\n",
-            };
-            text_reply(out, conn, noreply, reply);
-        }
-        McOp::TextArith {
+        McCmd::Delete { key, cas } => match s.delete(conn, key.get(arena), cas, now) {
+            DeleteOutcome::Deleted => r.answer(b"DELETED\r\n", Ok(0)),
+            // yrmcds: a DeleteQ of a missing key is silent.
+            DeleteOutcome::NotFound if yrmcds && r.quiet() => r.out.record(conn, 1, false, |_| {}),
+            DeleteOutcome::NotFound => r.answer(b"NOT_FOUND\r\n", Err(st::KEY_NOT_FOUND)),
+            DeleteOutcome::Exists => r.answer(b"EXISTS\r\n", Err(st::KEY_EXISTS)),
+            DeleteOutcome::Locked => r.answer(b"LOCKED\r\n", Err(st::LOCKED)),
+        },
+        McCmd::Arith {
             key,
             incr,
             delta,
-            noreply,
+            create,
+            cas,
         } => {
-            let r = s.incr_decr(conn, key.get(arena), incr, delta, None, None, now);
-            out.record(conn, 1, false, |o| {
-                if noreply {
-                    return;
-                }
-                match r {
-                    ArithOutcome::Value { value, .. } => {
-                        push_u64(o, value);
-                        o.extend_from_slice(b"\r\n");
-                    }
-                    ArithOutcome::NotFound => o.extend_from_slice(b"NOT_FOUND\r\n"),
-                    ArithOutcome::NonNumeric => o.extend_from_slice(
-                        b"CLIENT_ERROR cannot increment or decrement non-numeric value\r\n",
-                    ),
-                    ArithOutcome::Exists => o.extend_from_slice(b"EXISTS\r\n"),
-                    ArithOutcome::Locked => o.extend_from_slice(b"LOCKED\r\n"),
-                    ArithOutcome::OutOfMemory => {
-                        o.extend_from_slice(b"SERVER_ERROR out of memory\r\n")
-                    }
-                }
-            });
+            let res = s.incr_decr(conn, key.get(arena), incr, delta, create, cas, now);
+            if let ArithOutcome::Value { value, cas } = res {
+                return r.number(value, cas);
+            }
+            let (words, status): (&[u8], u16) = match res {
+                ArithOutcome::Value { .. } => unreachable!("answered above"),
+                ArithOutcome::NotFound => (b"NOT_FOUND\r\n", st::KEY_NOT_FOUND),
+                ArithOutcome::NonNumeric => (
+                    b"CLIENT_ERROR cannot increment or decrement non-numeric value\r\n",
+                    st::NON_NUMERIC,
+                ),
+                ArithOutcome::Exists => (b"EXISTS\r\n", st::KEY_EXISTS),
+                ArithOutcome::Locked => (b"LOCKED\r\n", st::LOCKED),
+                ArithOutcome::OutOfMemory => (b"SERVER_ERROR out of memory\r\n", st::OUT_OF_MEMORY),
+            };
+            r.answer(words, Err(status));
         }
-        McOp::TextTouch {
-            key,
-            exptime,
-            noreply,
-        } => {
+        McCmd::Touch { key, exptime } => {
             t.counters.cmd_touch += 1;
-            let hit = s.touch(key.get(arena), exptime, now);
-            text_reply(
-                out,
-                conn,
-                noreply,
-                if hit {
-                    b"TOUCHED\r\n"
+            let key = key.get(arena);
+            if s.touch(key, exptime, now) {
+                // yrmcds answers a binary touch with the item's CAS.
+                let cas = if yrmcds && !text {
+                    s.peek(key, now).map_or(0, |item| item.cas)
                 } else {
-                    b"NOT_FOUND\r\n"
-                },
-            );
+                    0
+                };
+                r.answer(b"TOUCHED\r\n", Ok(cas));
+            } else {
+                r.answer(b"NOT_FOUND\r\n", Err(st::KEY_NOT_FOUND));
+            }
         }
-        McOp::TextFlush { delay, noreply } => {
+        McCmd::Flush { delay } => {
             t.counters.cmd_flush += 1;
             s.flush_all(delay, now);
-            text_reply(out, conn, noreply, b"OK\r\n");
+            r.answer(b"OK\r\n", Ok(0));
         }
         // yrmcds has no `stats slabs` nor `stats conns`.
-        McOp::TextStats { arg }
-            if yrmcds && matches!(arg.map(|a| a.get(arena)), Some(b"slabs" | b"conns")) =>
+        McCmd::Stats { arg }
+            if text && yrmcds && matches!(arg.map(|a| a.get(arena)), Some(b"slabs" | b"conns")) =>
         {
-            text_reply(out, conn, false, b"ERROR\r\n")
+            r.text(b"ERROR\r\n")
         }
-        McOp::TextStats { arg } => {
-            let arg = arg.map(|a| a.get(arena));
-            out.record(conn, 1, false, |o| {
-                let known = super::stats::write(t, shared, now, arg, &mut |name, value| {
-                    o.extend_from_slice(b"STAT ");
-                    o.extend_from_slice(name.as_bytes());
-                    o.push(b' ');
-                    o.extend_from_slice(value);
-                    o.extend_from_slice(b"\r\n");
-                });
-                o.extend_from_slice(if known { b"END\r\n" } else { b"ERROR\r\n" });
-            });
+        McCmd::Stats { arg } => stats(t, r, shared, arg.map(|a| a.get(arena)), now),
+        // The CAS field of a successful binary Lock carries its fencing token (contract:
+        // "Fencing tokens"); memcached clients ignore a Lock reply's CAS.
+        McCmd::Lock { key } => match s.lock_for_token(conn, key.get(arena), now) {
+            Ok(token) => r.answer(b"OK\r\n", Ok(token)),
+            Err(LockOutcome::Locked) => r.answer(b"LOCKED\r\n", Err(st::LOCKED)),
+            Err(_) => r.answer(b"NOT_FOUND\r\n", Err(st::KEY_NOT_FOUND)),
+        },
+        McCmd::Unlock { key } => {
+            const NOT_LOCKED: &[u8] = b"CLIENT_ERROR object is not locked or not found\r\n";
+            match s.unlock(conn, key.get(arena), now) {
+                UnlockOutcome::Ok => r.answer(b"OK\r\n", Ok(0)),
+                UnlockOutcome::NotFound => r.answer(NOT_LOCKED, Err(st::KEY_NOT_FOUND)),
+                UnlockOutcome::NotLocked => r.answer(NOT_LOCKED, Err(st::NOT_LOCKED)),
+            }
         }
-        McOp::TextLock { key } => {
-            let reply: &[u8] = match s.lock(conn, key.get(arena), now) {
-                LockOutcome::Ok => b"OK\r\n",
-                LockOutcome::Locked => b"LOCKED\r\n",
-                LockOutcome::NotFound => b"NOT_FOUND\r\n",
-            };
-            text_reply(out, conn, false, reply);
-        }
-        McOp::TextUnlock { key } => {
-            let reply: &[u8] = match s.unlock(conn, key.get(arena), now) {
-                UnlockOutcome::Ok => b"OK\r\n",
-                UnlockOutcome::NotFound | UnlockOutcome::NotLocked => {
-                    b"CLIENT_ERROR object is not locked or not found\r\n"
-                }
-            };
-            text_reply(out, conn, false, reply);
-        }
-        McOp::TextLockToken { key } => {
-            out.record(conn, 1, false, |o| {
-                match s.lock_token(conn, key.get(arena), now) {
-                    Some(token) => {
-                        o.extend_from_slice(b"TOKEN ");
-                        push_u64(o, token);
-                        o.extend_from_slice(b"\r\n");
-                    }
-                    None => o.extend_from_slice(b"CLIENT_ERROR object is not locked by you\r\n"),
-                }
-            });
-        }
-        McOp::TextUnlockAll => {
+        McCmd::UnlockAll => {
             s.unlock_all(conn, now);
-            text_reply(out, conn, false, b"OK\r\n");
+            r.answer(b"OK\r\n", Ok(0));
         }
-        McOp::TextKeys { prefix } => dump_start(t, out, conn, prefix.get(arena), None, now),
-        McOp::Binary { .. } | McOp::KeysNext => {}
+        McCmd::LockToken { key } => {
+            let token = s.lock_token(conn, key.get(arena), now);
+            r.out.record(conn, 1, false, |o| match token {
+                Some(token) => {
+                    o.extend_from_slice(b"TOKEN ");
+                    push_u64(o, token);
+                    o.extend_from_slice(b"\r\n");
+                }
+                None => o.extend_from_slice(b"CLIENT_ERROR object is not locked by you\r\n"),
+            });
+        }
+        McCmd::LockAndGet { key, touch } => {
+            let key = key.get(arena);
+            t.counters.cmd_get += 1;
+            match s.lock_and_get(conn, key, touch, now) {
+                Ok(item) => r.hit(&item),
+                Err(LockOutcome::NotFound) => r.miss(key),
+                Err(_) => r.answer(b"LOCKED\r\n", Err(st::LOCKED)),
+            }
+        }
+        McCmd::ReplaceAndUnlock {
+            key,
+            flags,
+            exptime,
+            value,
+            cas,
+        } => {
+            t.counters.cmd_set += 1;
+            let (key, value) = (key.get(arena), value.get(arena));
+            let status = match s.replace_and_unlock(conn, key, flags, exptime, value, cas, now) {
+                RauOutcome::Stored { cas } => return r.answer(b"STORED\r\n", Ok(cas)),
+                RauOutcome::NotFound => st::KEY_NOT_FOUND,
+                RauOutcome::NotLocked => st::NOT_LOCKED,
+                RauOutcome::Exists => st::KEY_EXISTS,
+                RauOutcome::TooLarge => st::VALUE_TOO_LARGE,
+                RauOutcome::OutOfMemory => st::OUT_OF_MEMORY,
+            };
+            r.answer(b"ERROR\r\n", Err(status));
+        }
+        McCmd::Keys { prefix } => {
+            let binary = match form {
+                McForm::Text { .. } => None,
+                McForm::Binary { opaque, .. } => Some(opaque),
+            };
+            dump_start(t, r.out, conn, prefix.get(arena), binary, now)
+        }
+        McCmd::Noop | McCmd::Verbosity => r.answer(b"OK\r\n", Ok(0)),
+        McCmd::Version => {
+            let v = super::VERSION_REPLY;
+            r.ok(0, &[], &[], &v[b"VERSION ".len()..v.len() - 2]);
+        }
+        McCmd::Quit => {
+            let quiet = r.quiet();
+            let Reply {
+                out, conn, form, ..
+            } = r;
+            out.record(conn, 1, true, |o| {
+                if let (McForm::Binary { opcode, opaque }, false) = (form, quiet) {
+                    binary::encode_response(o, opcode, st::NO_ERROR, opaque, 0, &[], &[], &[])
+                }
+            });
+        }
+        McCmd::KeysNext => unreachable!("continued above"),
     }
 }
 
-fn text_reply(out: &mut Outbox, conn: ConnId, noreply: bool, reply: &[u8]) {
+/// get/gets/gat/gats in text: every key's item, then `END` (one record for the whole request).
+fn text_get(
+    t: &mut Tables,
+    out: &mut Outbox,
+    conn: ConnId,
+    keys: &[u8],
+    cas: bool,
+    touch: Option<i64>,
+    now: Now,
+) {
+    let s = &mut t.store;
+    let counters = &mut t.counters;
+    out.record_then(conn, 1, |o| {
+        let start = o.len();
+        for key in (Keys { raw: keys }) {
+            counters.cmd_get += 1;
+            let item = match touch {
+                Some(e) => {
+                    counters.cmd_touch += 1;
+                    s.get_and_touch(key, e, now)
+                }
+                None => s.get(key, now),
+            };
+            if let Some(item) = item {
+                text_value(o, &item, cas);
+            }
+            if o.len() - start > GET_REPLY_CAP {
+                // As memcached does when a multi-get outgrows its buffers: say so and close,
+                // rather than build a reply of unbounded size.
+                o.truncate(start);
+                o.extend_from_slice(b"SERVER_ERROR out of memory writing get response\r\n");
+                return true;
+            }
+        }
+        o.extend_from_slice(b"END\r\n");
+        false
+    });
+}
+
+/// `stats [group]` and binary Stat: one `STAT` line or one response per statistic, then the end
+/// (or the error for an unknown group).
+fn stats(t: &Tables, r: Reply<'_>, shared: &Shared, arg: Option<&[u8]>, now: Now) {
+    let Reply {
+        out, conn, form, ..
+    } = r;
     out.record(conn, 1, false, |o| {
-        if !noreply {
-            o.extend_from_slice(reply)
+        let mut line = |name: &str, value: &[u8]| match form {
+            McForm::Text { .. } => {
+                o.extend_from_slice(b"STAT ");
+                o.extend_from_slice(name.as_bytes());
+                o.push(b' ');
+                o.extend_from_slice(value);
+                o.extend_from_slice(b"\r\n");
+            }
+            McForm::Binary { opcode, opaque } => binary::encode_response(
+                o,
+                opcode,
+                st::NO_ERROR,
+                opaque,
+                0,
+                &[],
+                name.as_bytes(),
+                value,
+            ),
+        };
+        let known = super::stats::write(t, shared, now, arg, &mut line);
+        match (form, known) {
+            (McForm::Text { .. }, true) => o.extend_from_slice(b"END\r\n"),
+            (McForm::Text { .. }, false) => o.extend_from_slice(b"ERROR\r\n"),
+            (McForm::Binary { opcode, opaque }, true) => {
+                binary::encode_response(o, opcode, st::NO_ERROR, opaque, 0, &[], &[], &[])
+            }
+            (McForm::Binary { opcode, opaque }, false) => binary::encode_response(
+                o,
+                opcode,
+                st::KEY_NOT_FOUND,
+                opaque,
+                0,
+                &[],
+                &[],
+                b"Not found",
+            ),
         }
     });
 }
@@ -559,216 +642,6 @@ fn text_value(o: &mut Vec<u8>, item: &ItemView<'_>, cas: bool) {
     o.extend_from_slice(b"\r\n");
 }
 
-// ---------------------------------------------------------------------------------------------
-// Binary
-
-struct BinReq<'a> {
-    opcode: u8,
-    opaque: u32,
-    cas: u64,
-    extras: &'a [u8],
-    key: &'a [u8],
-    value: &'a [u8],
-}
-
-/// The shape a request of one opcode must have (protocol-binary.xml's MUST / MUST NOT).
-#[derive(Clone, Copy)]
-enum Need {
-    No,
-    Yes,
-    Any,
-}
-
-/// What a request of `opcode` must carry: the extras lengths allowed, a key, a value. `None`
-/// for opcodes that take anything (NOOP, VERSION, QUIT, STAT) or are unknown.
-fn shape(opcode: u8) -> Option<(&'static [usize], Need, Need)> {
-    use Need::*;
-    Some(match opcode {
-        opc::KEYS => (&[0], Any, No),
-        opc::GET | opc::GETQ | opc::GETK | opc::GETKQ => (&[0], Yes, No),
-        opc::GAT | opc::GATQ | opc::GATK | opc::GATKQ | opc::TOUCH => (&[4], Yes, No),
-        opc::SET | opc::SETQ | opc::ADD | opc::ADDQ | opc::REPLACE | opc::REPLACEQ => {
-            (&[8], Yes, Any)
-        }
-        opc::RAU | opc::RAUQ => (&[8], Yes, Any),
-        opc::APPEND | opc::APPENDQ | opc::PREPEND | opc::PREPENDQ => (&[0], Yes, Any),
-        opc::DELETE | opc::DELETEQ => (&[0], Yes, No),
-        opc::LOCK | opc::LOCKQ | opc::UNLOCK | opc::UNLOCKQ => (&[0], Yes, No),
-        opc::UNLOCK_ALL | opc::UNLOCK_ALLQ => (&[0], No, No),
-        opc::LAG | opc::LAGQ | opc::LAGK | opc::LAGKQ => (&[0, 4], Yes, No),
-        opc::INCREMENT | opc::INCREMENTQ | opc::DECREMENT | opc::DECREMENTQ => (&[20], Yes, No),
-        opc::FLUSH | opc::FLUSHQ => (&[0, 4], No, No),
-        opc::VERBOSITY => (&[4], No, No),
-        _ => return None,
-    })
-}
-
-/// yrmcds's shapes where they differ (cybozu/yrmcds src/memcache/memcache.cpp,
-/// `binary_request::parse`): every get may carry a 4-byte expiration (and then touches), a
-/// store, append or prepend must carry a value, a Stat nothing but its key.
-fn shape_yrmcds(opcode: u8) -> Option<(&'static [usize], Need, Need)> {
-    use Need::*;
-    Some(match opcode {
-        opc::GET | opc::GETQ | opc::GETK | opc::GETKQ => (&[0, 4], Yes, No),
-        opc::GAT | opc::GATQ | opc::GATK | opc::GATKQ => (&[0, 4], Yes, No),
-        opc::SET | opc::SETQ | opc::ADD | opc::ADDQ | opc::REPLACE | opc::REPLACEQ => {
-            (&[8], Yes, Yes)
-        }
-        opc::RAU | opc::RAUQ => (&[8], Yes, Yes),
-        opc::APPEND | opc::APPENDQ | opc::PREPEND | opc::PREPENDQ => (&[0], Yes, Yes),
-        opc::STAT => (&[0], Any, No),
-        op => return shape(op),
-    })
-}
-
-fn shape_ok(r: &BinReq<'_>, extras: &[usize], key: Need, value: Need) -> bool {
-    let present = |n: Need, len: usize| match n {
-        Need::No => len == 0,
-        Need::Yes => len > 0,
-        Need::Any => true,
-    };
-    extras.contains(&r.extras.len()) && present(key, r.key.len()) && present(value, r.value.len())
-}
-
-fn be32(b: &[u8], at: usize) -> u32 {
-    let mut x = [0u8; 4];
-    x.copy_from_slice(&b[at..at + 4]);
-    u32::from_be_bytes(x)
-}
-
-fn be64(b: &[u8], at: usize) -> u64 {
-    let mut x = [0u8; 8];
-    x.copy_from_slice(&b[at..at + 8]);
-    u64::from_be_bytes(x)
-}
-
-/// memcached treats the 32-bit binary expiration like the text one: interpret it as signed so
-/// that "negative" means already expired.
-fn exptime(b: &[u8], at: usize) -> i64 {
-    be32(b, at) as i32 as i64
-}
-
-/// Error bodies, as memcached words them (yrmcds's where its words differ).
-fn status_text(status: u16, yrmcds: bool) -> &'static [u8] {
-    if yrmcds {
-        // cybozu/yrmcds src/memcache/memcache.cpp, the STATUS_* texts.
-        match status {
-            st::KEY_EXISTS => return b"Exists",
-            st::VALUE_TOO_LARGE => return b"Too large value",
-            st::INVALID_ARGUMENTS => return b"Invalid request",
-            st::ITEM_NOT_STORED => return b"Not stored",
-            st::NON_NUMERIC => return b"Non-numeric value",
-            _ => {}
-        }
-    }
-    match status {
-        st::KEY_NOT_FOUND => b"Not found",
-        st::KEY_EXISTS => b"Data exists for key.",
-        st::VALUE_TOO_LARGE => b"Too large.",
-        st::INVALID_ARGUMENTS => b"Invalid arguments",
-        st::ITEM_NOT_STORED => b"Not stored.",
-        st::NON_NUMERIC => b"Non-numeric server-side value for incr or decr",
-        st::LOCKED => b"Locked",
-        st::NOT_LOCKED => b"Not locked",
-        st::UNKNOWN_COMMAND => b"Unknown command",
-        st::OUT_OF_MEMORY => b"Out of memory",
-        _ => b"",
-    }
-}
-
-struct Bin<'o> {
-    out: &'o mut Outbox,
-    conn: ConnId,
-    opcode: u8,
-    opaque: u32,
-    quiet: bool,
-    yrmcds: bool,
-}
-
-impl Bin<'_> {
-    /// A reply that a quiet variant suppresses on success.
-    fn ok(self, cas: u64, extras: &[u8], key: &[u8], value: &[u8]) {
-        let silent = self.quiet;
-        self.success(silent, cas, extras, key, value);
-    }
-
-    /// A found item: answered even by the quiet get variants (GetQ/GetKQ/GatQ/GatKQ/LaGQ/LaGKQ
-    /// are silent only on a miss).
-    fn hit(self, cas: u64, extras: &[u8], key: &[u8], value: &[u8]) {
-        self.success(false, cas, extras, key, value);
-    }
-
-    fn success(self, silent: bool, cas: u64, extras: &[u8], key: &[u8], value: &[u8]) {
-        let Bin {
-            out,
-            conn,
-            opcode,
-            opaque,
-            ..
-        } = self;
-        out.record(conn, 1, false, |o| {
-            if !silent {
-                binary::encode_response(o, opcode, st::NO_ERROR, opaque, cas, extras, key, value)
-            }
-        });
-    }
-
-    /// An error reply (quiet variants answer errors too).
-    fn err(self, status: u16) {
-        let Bin {
-            out,
-            conn,
-            opcode,
-            opaque,
-            yrmcds,
-            ..
-        } = self;
-        let text = status_text(status, yrmcds);
-        out.record(conn, 1, false, |o| {
-            binary::encode_response(o, opcode, status, opaque, 0, &[], &[], text)
-        });
-    }
-
-    /// An error that a quiet variant suppresses (yrmcds: a DeleteQ of a missing key).
-    fn err_unless_quiet(self, status: u16) {
-        if self.quiet {
-            self.out.record(self.conn, 1, false, |_| {});
-        } else {
-            self.err(status);
-        }
-    }
-
-    /// A miss that a quiet get suppresses. yrmcds's miss never carries the key, and its LaGQ
-    /// answers a miss (`cmd_bin`: "! cmd.quiet() || cmd.command() == LaGQ").
-    fn miss(self, key: &[u8], with_key: bool) {
-        let Bin {
-            out,
-            conn,
-            opcode,
-            opaque,
-            quiet,
-            yrmcds,
-        } = self;
-        let quiet = quiet && !(yrmcds && opcode == opc::LAGQ);
-        let with_key = with_key && !yrmcds;
-        out.record(conn, 1, false, |o| {
-            if !quiet {
-                let key = if with_key { key } else { &[] };
-                binary::encode_response(
-                    o,
-                    opcode,
-                    st::KEY_NOT_FOUND,
-                    opaque,
-                    0,
-                    &[],
-                    key,
-                    status_text(st::KEY_NOT_FOUND, yrmcds),
-                )
-            }
-        });
-    }
-}
-
 fn store_status(r: StoreOutcome) -> Result<u64, u16> {
     match r {
         StoreOutcome::Stored { cas } => Ok(cas),
@@ -781,274 +654,112 @@ fn store_status(r: StoreOutcome) -> Result<u64, u16> {
     }
 }
 
-fn apply_binary(
-    t: &mut Tables,
-    out: &mut Outbox,
-    shared: &Shared,
+/// The answer to one request, in its form: text words or a binary response.
+struct Reply<'o> {
+    out: &'o mut Outbox,
     conn: ConnId,
-    r: &BinReq<'_>,
-    now: Now,
-) {
-    let quiet = opc::is_quiet(r.opcode);
-    let yrmcds = shared.config.compat == Compat::Yrmcds;
-    let b = Bin {
-        out,
-        conn,
-        opcode: r.opcode,
-        opaque: r.opaque,
-        quiet,
-        yrmcds,
-    };
-    if yrmcds && r.opcode == opc::VERBOSITY {
-        // yrmcds has no binary Verbosity.
-        return b.err(st::UNKNOWN_COMMAND);
+    form: McForm,
+    yrmcds: bool,
+}
+
+impl Reply<'_> {
+    /// A binary quiet variant: silent on success (and on a miss for the get family).
+    fn quiet(&self) -> bool {
+        matches!(self.form, McForm::Binary { opcode, .. } if opc::is_quiet(opcode))
     }
-    let want = if yrmcds {
-        shape_yrmcds(r.opcode)
-    } else {
-        shape(r.opcode)
-    };
-    if let Some((extras, key, value)) = want {
-        if !shape_ok(r, extras, key, value) {
-            return b.err(st::INVALID_ARGUMENTS);
+
+    /// Text words (nothing with noreply); only for commands that exist in text alone.
+    fn text(self, words: &[u8]) {
+        let noreply = matches!(self.form, McForm::Text { noreply: true });
+        self.out.record(self.conn, 1, false, |o| {
+            if !noreply {
+                o.extend_from_slice(words)
+            }
+        });
+    }
+
+    /// `words` in text; in binary, success with a CAS (silent when quiet) or an error status.
+    fn answer(self, words: &[u8], bin: Result<u64, u16>) {
+        match (self.form, bin) {
+            (McForm::Text { .. }, _) => self.text(words),
+            (McForm::Binary { .. }, Ok(cas)) => self.ok(cas, &[], &[], &[]),
+            (McForm::Binary { .. }, Err(status)) => self.err(status),
         }
     }
-    // Every opcode counts; `stats ops` shows those yrmcds names.
-    t.mc.binary_ops[usize::from(r.opcode)] += 1;
-    let cas = (r.cas != 0).then_some(r.cas);
-    let s = &mut t.store;
-    match r.opcode {
-        opc::GET
-        | opc::GETQ
-        | opc::GETK
-        | opc::GETKQ
-        | opc::GAT
-        | opc::GATQ
-        | opc::GATK
-        | opc::GATKQ => {
-            // A GaT always has an expiration; in yrmcds mode a Get may have one and a GaT not.
-            let touch = r.extras.len() == 4;
-            let with_key = matches!(r.opcode, opc::GETK | opc::GETKQ | opc::GATK | opc::GATKQ);
-            t.counters.cmd_get += 1;
-            let item = if touch {
-                t.counters.cmd_touch += 1;
-                s.get_and_touch(r.key, exptime(r.extras, 0), now)
-            } else {
-                s.get(r.key, now)
-            };
-            match item {
-                Some(item) => b.hit(
-                    item.cas,
-                    &item.flags.to_be_bytes(),
-                    if with_key { item.key } else { &[] },
-                    item.value,
-                ),
-                None => b.miss(r.key, with_key),
-            }
-        }
-        opc::SET | opc::SETQ | opc::ADD | opc::ADDQ | opc::REPLACE | opc::REPLACEQ => {
-            t.counters.cmd_set += 1;
-            let mode = match r.opcode {
-                opc::SET | opc::SETQ => StoreMode::Set,
-                opc::ADD | opc::ADDQ => StoreMode::Add,
-                _ => StoreMode::Replace,
-            };
-            let flags = be32(r.extras, 0);
-            let res = s.store(
-                conn,
-                mode,
-                r.key,
-                flags,
-                exptime(r.extras, 4),
-                r.value,
-                cas,
-                now,
-            );
-            match store_status(res) {
-                Ok(cas) => b.ok(cas, &[], &[], &[]),
-                // memcached: add of an existing key answers "exists"; replace of a missing one
-                // "not found".
-                Err(st::ITEM_NOT_STORED) if mode == StoreMode::Add => b.err(st::KEY_EXISTS),
-                Err(st::ITEM_NOT_STORED) => b.err(st::KEY_NOT_FOUND),
-                Err(e) => b.err(e),
-            }
-        }
-        opc::APPEND | opc::APPENDQ | opc::PREPEND | opc::PREPENDQ => {
-            t.counters.cmd_set += 1;
-            let mode = if matches!(r.opcode, opc::APPEND | opc::APPENDQ) {
-                StoreMode::Append
-            } else {
-                StoreMode::Prepend
-            };
-            match store_status(s.store(conn, mode, r.key, 0, 0, r.value, cas, now)) {
-                Ok(cas) => b.ok(cas, &[], &[], &[]),
-                // yrmcds: append or prepend to a missing item is "not found".
-                Err(st::ITEM_NOT_STORED) if yrmcds => b.err(st::KEY_NOT_FOUND),
-                Err(e) => b.err(e),
-            }
-        }
-        opc::DELETE | opc::DELETEQ => match s.delete(conn, r.key, cas, now) {
-            DeleteOutcome::Deleted => b.ok(0, &[], &[], &[]),
-            // yrmcds: a DeleteQ of a missing key is silent.
-            DeleteOutcome::NotFound if yrmcds => b.err_unless_quiet(st::KEY_NOT_FOUND),
-            DeleteOutcome::NotFound => b.err(st::KEY_NOT_FOUND),
-            DeleteOutcome::Exists => b.err(st::KEY_EXISTS),
-            DeleteOutcome::Locked => b.err(st::LOCKED),
-        },
-        opc::INCREMENT | opc::INCREMENTQ | opc::DECREMENT | opc::DECREMENTQ => {
-            let incr = matches!(r.opcode, opc::INCREMENT | opc::INCREMENTQ);
-            let delta = be64(r.extras, 0);
-            let initial = be64(r.extras, 8);
-            let exp = be32(r.extras, 16);
-            // An expiration of all ones means "do not create".
-            let create = (exp != u32::MAX).then_some((initial, exp as i32 as i64));
-            match s.incr_decr(conn, r.key, incr, delta, create, cas, now) {
-                ArithOutcome::Value { value, cas } => b.ok(cas, &[], &[], &value.to_be_bytes()),
-                ArithOutcome::NotFound => b.err(st::KEY_NOT_FOUND),
-                ArithOutcome::NonNumeric => b.err(st::NON_NUMERIC),
-                ArithOutcome::Exists => b.err(st::KEY_EXISTS),
-                ArithOutcome::Locked => b.err(st::LOCKED),
-                ArithOutcome::OutOfMemory => b.err(st::OUT_OF_MEMORY),
-            }
-        }
-        opc::QUIT | opc::QUITQ => {
-            let Bin {
-                out,
-                conn,
-                opcode,
-                opaque,
-                quiet,
-                ..
-            } = b;
-            out.record(conn, 1, true, |o| {
-                if !quiet {
-                    binary::encode_response(o, opcode, st::NO_ERROR, opaque, 0, &[], &[], &[])
+
+    /// incr/decr's new value: a line in text, 8 bytes big-endian in binary.
+    fn number(self, value: u64, cas: u64) {
+        match self.form {
+            McForm::Text { noreply } => self.out.record(self.conn, 1, false, |o| {
+                if !noreply {
+                    push_u64(o, value);
+                    o.extend_from_slice(b"\r\n");
                 }
-            });
+            }),
+            McForm::Binary { .. } => self.ok(cas, &[], &[], &value.to_be_bytes()),
         }
-        opc::FLUSH | opc::FLUSHQ => {
-            t.counters.cmd_flush += 1;
-            let delay = if r.extras.len() == 4 {
-                exptime(r.extras, 0)
-            } else {
-                0
-            };
-            s.flush_all(delay, now);
-            b.ok(0, &[], &[], &[]);
-        }
-        opc::NOOP => b.ok(0, &[], &[], &[]),
-        opc::VERSION => {
-            let v = super::VERSION_REPLY;
-            b.ok(0, &[], &[], &v[b"VERSION ".len()..v.len() - 2]);
-        }
-        opc::VERBOSITY => {
-            b.ok(0, &[], &[], &[]);
-        }
-        opc::STAT => {
-            let Bin {
-                out,
-                conn,
-                opcode,
-                opaque,
+    }
+
+    /// A binary success that a quiet variant suppresses.
+    fn ok(self, cas: u64, extras: &[u8], key: &[u8], value: &[u8]) {
+        let silent = self.quiet();
+        self.success(silent, cas, extras, key, value);
+    }
+
+    /// A found item (binary get family and LaG): answered even by the quiet variants, which
+    /// are silent only on a miss; with its key for the K variants.
+    fn hit(self, item: &ItemView<'_>) {
+        let key = if self.with_key() { item.key } else { &[] };
+        self.success(false, item.cas, &item.flags.to_be_bytes(), key, item.value);
+    }
+
+    fn with_key(&self) -> bool {
+        matches!(
+            self.form,
+            McForm::Binary {
+                opcode: opc::GETK | opc::GETKQ | opc::GATK | opc::GATKQ | opc::LAGK | opc::LAGKQ,
                 ..
-            } = b;
-            let mut arg = (!r.key.is_empty()).then_some(r.key);
-            if yrmcds && !matches!(arg, Some(b"settings" | b"items" | b"sizes" | b"ops")) {
-                // yrmcds answers any other group with the general statistics.
-                arg = None;
             }
-            out.record(conn, 1, false, |o| {
-                let known = super::stats::write(t, shared, now, arg, &mut |name, value| {
-                    binary::encode_response(
-                        o,
-                        opcode,
-                        st::NO_ERROR,
-                        opaque,
-                        0,
-                        &[],
-                        name.as_bytes(),
-                        value,
-                    )
-                });
-                if known {
-                    binary::encode_response(o, opcode, st::NO_ERROR, opaque, 0, &[], &[], &[]);
-                } else {
-                    binary::encode_response(
-                        o,
-                        opcode,
-                        st::KEY_NOT_FOUND,
-                        opaque,
-                        0,
-                        &[],
-                        &[],
-                        b"Not found",
-                    );
-                }
-            });
-        }
-        opc::TOUCH => {
-            t.counters.cmd_touch += 1;
-            if s.touch(r.key, exptime(r.extras, 0), now) {
-                // yrmcds answers a touch with the item's CAS.
-                let cas = if yrmcds {
-                    s.peek(r.key, now).map_or(0, |item| item.cas)
-                } else {
-                    0
-                };
-                b.ok(cas, &[], &[], &[]);
-            } else {
-                b.err(st::KEY_NOT_FOUND);
+        )
+    }
+
+    fn success(self, silent: bool, cas: u64, extras: &[u8], key: &[u8], value: &[u8]) {
+        let McForm::Binary { opcode, opaque } = self.form else {
+            return self.text(b"OK\r\n");
+        };
+        self.out.record(self.conn, 1, false, |o| {
+            if !silent {
+                binary::encode_response(o, opcode, st::NO_ERROR, opaque, cas, extras, key, value)
             }
-        }
-        // The CAS field of a successful Lock carries its fencing token (contract: "Fencing
-        // tokens"); memcached clients ignore a Lock reply's CAS.
-        opc::LOCK | opc::LOCKQ => match s.lock_for_token(conn, r.key, now) {
-            Ok(token) => b.ok(token, &[], &[], &[]),
-            Err(LockOutcome::Locked) => b.err(st::LOCKED),
-            Err(_) => b.err(st::KEY_NOT_FOUND),
-        },
-        opc::UNLOCK | opc::UNLOCKQ => match s.unlock(conn, r.key, now) {
-            UnlockOutcome::Ok => b.ok(0, &[], &[], &[]),
-            UnlockOutcome::NotFound => b.err(st::KEY_NOT_FOUND),
-            UnlockOutcome::NotLocked => b.err(st::NOT_LOCKED),
-        },
-        opc::UNLOCK_ALL | opc::UNLOCK_ALLQ => {
-            s.unlock_all(conn, now);
-            b.ok(0, &[], &[], &[]);
-        }
-        opc::LAG | opc::LAGQ | opc::LAGK | opc::LAGKQ => {
-            let with_key = matches!(r.opcode, opc::LAGK | opc::LAGKQ);
-            let exp = (r.extras.len() == 4).then(|| exptime(r.extras, 0));
-            t.counters.cmd_get += 1;
-            match s.lock_and_get(conn, r.key, exp, now) {
-                Ok(item) => b.hit(
-                    item.cas,
-                    &item.flags.to_be_bytes(),
-                    if with_key { item.key } else { &[] },
-                    item.value,
-                ),
-                Err(LockOutcome::NotFound) => b.miss(r.key, with_key),
-                Err(_) => b.err(st::LOCKED),
+        });
+    }
+
+    /// A binary error (quiet variants answer errors too).
+    fn err(self, status: u16) {
+        let McForm::Binary { opcode, opaque } = self.form else {
+            return self.text(b"ERROR\r\n");
+        };
+        let text = binary::status_text(status, self.yrmcds);
+        self.out.record(self.conn, 1, false, |o| {
+            binary::encode_response(o, opcode, status, opaque, 0, &[], &[], text)
+        });
+    }
+
+    /// A binary miss, which a quiet get suppresses. yrmcds's miss never carries the key, and
+    /// its LaGQ answers a miss (`cmd_bin`: "! cmd.quiet() || cmd.command() == LaGQ").
+    fn miss(self, key: &[u8]) {
+        let McForm::Binary { opcode, opaque } = self.form else {
+            return self.text(b"NOT_FOUND\r\n");
+        };
+        let yrmcds = self.yrmcds;
+        let quiet = self.quiet() && !(yrmcds && opcode == opc::LAGQ);
+        let key = if self.with_key() && !yrmcds { key } else { &[] };
+        self.out.record(self.conn, 1, false, |o| {
+            if !quiet {
+                let text = binary::status_text(st::KEY_NOT_FOUND, yrmcds);
+                binary::encode_response(o, opcode, st::KEY_NOT_FOUND, opaque, 0, &[], key, text)
             }
-        }
-        opc::RAU | opc::RAUQ => {
-            t.counters.cmd_set += 1;
-            let flags = be32(r.extras, 0);
-            match s.replace_and_unlock(conn, r.key, flags, exptime(r.extras, 4), r.value, cas, now)
-            {
-                RauOutcome::Stored { cas } => b.ok(cas, &[], &[], &[]),
-                RauOutcome::NotFound => b.err(st::KEY_NOT_FOUND),
-                RauOutcome::NotLocked => b.err(st::NOT_LOCKED),
-                RauOutcome::Exists => b.err(st::KEY_EXISTS),
-                RauOutcome::TooLarge => b.err(st::VALUE_TOO_LARGE),
-                RauOutcome::OutOfMemory => b.err(st::OUT_OF_MEMORY),
-            }
-        }
-        opc::KEYS => {
-            let Bin { out, opaque, .. } = b;
-            dump_start(t, out, conn, r.key, Some(opaque), now);
-        }
-        _ => b.err(st::UNKNOWN_COMMAND),
+        });
     }
 }
 
@@ -1060,78 +771,55 @@ mod tests {
     #[test]
     fn text_ops_are_counted_under_their_yrmcds_names() {
         let k = Span::EMPTY;
-        let store = |cmd| McOp::TextStore {
-            cmd,
+        let store = |mode, cas| McCmd::Store {
+            mode,
             key: k,
             flags: 0,
             exptime: 0,
             value: k,
-            cas: 0,
-            noreply: false,
+            cas,
         };
-        let arith = |incr| McOp::TextArith {
+        let arith = |incr| McCmd::Arith {
             key: k,
             incr,
             delta: 1,
-            noreply: false,
+            create: None,
+            cas: None,
         };
-        let get = |cas| McOp::TextGet {
+        let get = |cas, touch| McCmd::Get {
             keys: k,
             cas,
-            exptime: None,
+            touch,
         };
         let cases = [
-            (store(StoreCmd::Set), "set"),
-            (store(StoreCmd::Add), "add"),
-            (store(StoreCmd::Replace), "replace"),
-            (store(StoreCmd::Append), "append"),
-            (store(StoreCmd::Prepend), "prepend"),
-            (store(StoreCmd::Cas), "cas"),
-            (get(false), "get"),
-            (get(true), "gets"),
-            (
-                McOp::TextGet {
-                    keys: k,
-                    cas: true,
-                    exptime: Some(1),
-                },
-                "gets",
-            ),
-            (
-                McOp::TextDelete {
-                    key: k,
-                    noreply: false,
-                },
-                "delete",
-            ),
+            (store(StoreMode::Set, None), "set"),
+            (store(StoreMode::Add, None), "add"),
+            (store(StoreMode::Replace, None), "replace"),
+            (store(StoreMode::Append, None), "append"),
+            (store(StoreMode::Prepend, None), "prepend"),
+            (store(StoreMode::Set, Some(0)), "cas"),
+            (store(StoreMode::Set, Some(7)), "cas"),
+            (get(false, None), "get"),
+            (get(true, None), "gets"),
+            (get(false, Some(1)), "get"),
+            (get(true, Some(1)), "gets"),
+            (McCmd::Delete { key: k, cas: None }, "delete"),
             (arith(true), "incr"),
             (arith(false), "decr"),
-            (
-                McOp::TextTouch {
-                    key: k,
-                    exptime: 0,
-                    noreply: false,
-                },
-                "touch",
-            ),
-            (McOp::TextLock { key: k }, "lock"),
-            (McOp::TextUnlock { key: k }, "unlock"),
-            (McOp::TextUnlockAll, "unlock_all"),
-            (McOp::TextStats { arg: None }, "stats"),
-            (
-                McOp::TextFlush {
-                    delay: 0,
-                    noreply: false,
-                },
-                "flush_all",
-            ),
-            (McOp::TextKeys { prefix: k }, "keys"),
+            (McCmd::Touch { key: k, exptime: 0 }, "touch"),
+            (McCmd::Lock { key: k }, "lock"),
+            (McCmd::Unlock { key: k }, "unlock"),
+            (McCmd::UnlockAll, "unlock_all"),
+            (McCmd::Stats { arg: None }, "stats"),
+            (McCmd::Flush { delay: 0 }, "flush_all"),
+            (McCmd::Keys { prefix: k }, "keys"),
         ];
-        for (op, name) in cases {
-            let i = text_op_index(&op).expect("counted");
-            assert_eq!(TEXT_OPS[i], name, "{op:?}");
+        for (cmd, name) in cases {
+            let i = text_op_index(&cmd).expect("counted");
+            assert_eq!(TEXT_OPS[i], name, "{cmd:?}");
         }
-        assert_eq!(text_op_index(&McOp::KeysNext), None);
+        assert_eq!(text_op_index(&McCmd::KeysNext), None);
+        assert_eq!(text_op_index(&McCmd::LockToken { key: k }), None);
     }
 
     #[test]

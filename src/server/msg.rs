@@ -6,8 +6,8 @@
 //! idle closes), the reply bytes written into the arena of a per-worker [`Replies`] batch that is
 //! sent, and the worker woken, once per owner turn.
 
+use crate::core::store::StoreMode;
 use crate::core::ConnId;
-use crate::proto::memcache::text::StoreCmd;
 
 /// A byte range in a batch arena.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -44,73 +44,111 @@ impl Arena {
     }
 }
 
-/// One memcached request in owned form.
+/// How a memcached request is answered: the wire form it came in, and what it asked of the
+/// reply. Everything else about a request is in its [`McCmd`], the same for text and binary.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum McForm {
+    /// A text request; `noreply` asks for no answer.
+    Text { noreply: bool },
+    /// A binary request: its opcode (which also says quiet, and whether a hit carries its key)
+    /// and the opaque every reply echoes.
+    Binary { opcode: u8, opaque: u32 },
+}
+
+/// One memcached request as a semantic command, decoded on the worker from text or binary.
 #[derive(Clone, Copy, Debug)]
-pub enum McOp {
-    /// get/gets/gat/gats: `keys` is the raw space-separated key list.
-    TextGet {
+pub enum McCmd {
+    /// Retrieve items, and with `touch` set their expiry too (gat). `keys` is text's
+    /// space-separated list, or a binary request's one key (which may hold spaces).
+    Get {
         keys: Span,
         cas: bool,
-        exptime: Option<i64>,
+        touch: Option<i64>,
     },
-    TextStore {
-        cmd: StoreCmd,
+    /// set/add/replace/append/prepend, and text's `cas` (a `Set` with `cas`).
+    Store {
+        mode: StoreMode,
         key: Span,
         flags: u32,
         exptime: i64,
         value: Span,
-        cas: u64,
-        noreply: bool,
+        cas: Option<u64>,
     },
-    TextDelete {
+    Delete {
         key: Span,
-        noreply: bool,
+        cas: Option<u64>,
     },
-    TextArith {
+    /// incr/decr; binary's may create the item (`create`: initial value and expiry).
+    Arith {
         key: Span,
         incr: bool,
         delta: u64,
-        noreply: bool,
+        create: Option<(u64, i64)>,
+        cas: Option<u64>,
     },
-    TextTouch {
+    Touch {
         key: Span,
         exptime: i64,
-        noreply: bool,
     },
-    TextFlush {
+    Flush {
         delay: i64,
-        noreply: bool,
     },
-    TextStats {
+    Stats {
         arg: Option<Span>,
     },
-    TextLock {
+    Lock {
         key: Span,
     },
-    TextUnlock {
+    Unlock {
         key: Span,
     },
-    TextUnlockAll,
+    UnlockAll,
     /// `lock_token KEY`: the caller's fencing token for KEY's lock.
-    TextLockToken {
+    LockToken {
         key: Span,
     },
-    /// yrmcds's `keys [<prefix>]` (an empty prefix lists every key).
-    TextKeys {
+    /// yrmcds's LaG (lock and get), with an optional new expiry.
+    LockAndGet {
+        key: Span,
+        touch: Option<i64>,
+    },
+    /// yrmcds's RaU (replace and unlock).
+    ReplaceAndUnlock {
+        key: Span,
+        flags: u32,
+        exptime: i64,
+        value: Span,
+        cas: Option<u64>,
+    },
+    /// yrmcds's key dump (`keys [<prefix>]`, binary Keys; an empty prefix lists every key).
+    Keys {
         prefix: Span,
     },
-    /// Continue this connection's key dump (text `keys` or binary Keys): sent by the worker,
-    /// not counted in flight, once the previous chunk went out (`docs/compat.md`).
+    /// Continue this connection's key dump: sent by the worker, not counted in flight, once the
+    /// previous chunk went out (`docs/compat.md`).
     KeysNext,
-    /// Any binary request: the owner interprets the opcode.
-    Binary {
-        opcode: u8,
-        opaque: u32,
-        cas: u64,
-        extras: Span,
-        key: Span,
-        value: Span,
-    },
+    /// Binary Noop, Version, Verbosity and Quit (text answers its own on the worker): they go
+    /// through the owner to keep their place among the connection's replies and in `stats ops`.
+    Noop,
+    Version,
+    Verbosity,
+    Quit,
+}
+
+/// One memcached request: what it asks, and how to answer.
+#[derive(Clone, Copy, Debug)]
+pub struct McOp {
+    pub cmd: McCmd,
+    pub form: McForm,
+}
+
+impl McOp {
+    pub const fn text(cmd: McCmd, noreply: bool) -> McOp {
+        McOp {
+            cmd,
+            form: McForm::Text { noreply },
+        }
+    }
 }
 
 /// One old lock-daemon request that needs the lock table.

@@ -411,7 +411,15 @@ mod tests {
             continues += batch
                 .ops
                 .iter()
-                .filter(|m| matches!(m.op, Op::Mc(super::super::msg::McOp::KeysNext)))
+                .filter(|m| {
+                    matches!(
+                        m.op,
+                        Op::Mc(super::super::msg::McOp {
+                            cmd: super::super::msg::McCmd::KeysNext,
+                            ..
+                        })
+                    )
+                })
                 .count();
         }
         assert_eq!(

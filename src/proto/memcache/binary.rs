@@ -160,6 +160,35 @@ pub mod opcode {
     }
 }
 
+/// The body of an error response, as memcached words it (yrmcds's words where they differ, when
+/// `yrmcds` is set: cybozu/yrmcds src/memcache/memcache.cpp, the STATUS_* texts).
+pub fn status_text(code: u16, yrmcds: bool) -> &'static [u8] {
+    use status as st;
+    if yrmcds {
+        match code {
+            st::KEY_EXISTS => return b"Exists",
+            st::VALUE_TOO_LARGE => return b"Too large value",
+            st::INVALID_ARGUMENTS => return b"Invalid request",
+            st::ITEM_NOT_STORED => return b"Not stored",
+            st::NON_NUMERIC => return b"Non-numeric value",
+            _ => {}
+        }
+    }
+    match code {
+        st::KEY_NOT_FOUND => b"Not found",
+        st::KEY_EXISTS => b"Data exists for key.",
+        st::VALUE_TOO_LARGE => b"Too large.",
+        st::INVALID_ARGUMENTS => b"Invalid arguments",
+        st::ITEM_NOT_STORED => b"Not stored.",
+        st::NON_NUMERIC => b"Non-numeric server-side value for incr or decr",
+        st::LOCKED => b"Locked",
+        st::NOT_LOCKED => b"Not locked",
+        st::UNKNOWN_COMMAND => b"Unknown command",
+        st::OUT_OF_MEMORY => b"Out of memory",
+        _ => b"",
+    }
+}
+
 /// Response statuses (protocol-binary.xml "Response Status", yrmcds-locking.md).
 pub mod status {
     pub const NO_ERROR: u16 = 0x0000;
