@@ -21,6 +21,10 @@ PY     := $(VENV)/bin/python
 APT_TEST_PACKAGES := libmemcached-tools
 # Debian packages of the admin page's browser test (tests/clients/test_admin.py).
 APT_BROWSER_PACKAGES := chromium chromium-driver
+# Debian packages of docs/clients.md's Go example (tests/clients/test_docs.py builds it offline
+# against the packaged gomemcache in /usr/share/gocode).
+APT_GO_PACKAGES := golang-go golang-github-bradfitz-gomemcache-dev
+GOMEMCACHE_SRC  := /usr/share/gocode/src/github.com/bradfitz/gomemcache/memcache
 # Debian package of systemd-analyze, for `make verify-service`.
 APT_SYSTEMD_PACKAGES := systemd
 # make install: where, and under which root (packagers set DESTDIR).
@@ -30,7 +34,7 @@ BINDIR  := $(PREFIX)/bin
 MANDIR  := $(PREFIX)/share/man/man1
 UNITDIR ?= $(PREFIX)/lib/systemd/system
 
-.PHONY: run build release test test-rust test-clients conformance deps deps-apt deps-browser deps-systemd deps-python install verify-service lint fmt bench owner-ceiling scale soak fuzz fuzz-smoke fuzz-deps clean
+.PHONY: run build release test test-rust test-clients conformance deps deps-apt deps-browser deps-go deps-systemd deps-python install verify-service lint fmt bench owner-ceiling scale soak fuzz fuzz-smoke fuzz-deps clean
 
 run: release
 	./target/release/holdfast
@@ -49,15 +53,17 @@ test-rust:
 	$(CARGO) test --workspace --all-targets
 	HOLDFAST_TEST_THREADS=1 $(CARGO) test --tests -- --skip core:: --skip proto::
 
-# Real client libraries (pymemcache, python-binary-memcached, protobuf) against the real daemon.
-test-clients: deps-python deps-browser release
+# Real client libraries (pymemcache, python-binary-memcached, protobuf, gomemcache) against the
+# real daemon. docs/clients.md's C example (libyrmcds) runs only when LIBYRMCDS_DIR names a built
+# libyrmcds (nothing here builds it); otherwise the test reports it skipped.
+test-clients: deps-python deps-browser deps-go release
 	HOLDFAST_BIN=$(CURDIR)/target/release/holdfast $(PY) -m pytest -q tests/clients
 
 # libmemcached's own conformance tool against holdfast.
 conformance: deps-apt release
 	$(PYTHON) tools/memccapable.py $(CURDIR)/target/release/holdfast
 
-deps: deps-apt deps-browser deps-systemd deps-python
+deps: deps-apt deps-browser deps-go deps-systemd deps-python
 
 # Install what is missing, once (a fresh machine has only Rust, gcc, Python and git).
 deps-apt:
@@ -70,6 +76,12 @@ deps-browser:
 	@if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then \
 		echo "installing $(APT_BROWSER_PACKAGES)"; \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_BROWSER_PACKAGES)) >/dev/null; \
+	fi
+
+deps-go:
+	@if ! command -v go >/dev/null 2>&1 || ! test -d $(GOMEMCACHE_SRC); then \
+		echo "installing $(APT_GO_PACKAGES)"; \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_GO_PACKAGES)) >/dev/null; \
 	fi
 
 deps-systemd:

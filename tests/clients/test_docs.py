@@ -1,7 +1,15 @@
-"""Run every example of docs/clients.md against a real daemon (ports substituted)."""
+"""Run every example of docs/clients.md against a real daemon (ports substituted).
+
+`python` blocks run with the test's Python, `sh` blocks with bash (holdfast-lock on the PATH),
+`go` blocks are built offline against Debian's gomemcache (`make deps-go`) and run, `c` blocks
+are built against libyrmcds and run when LIBYRMCDS_DIR names a built cybozu/libyrmcds (the
+directory holding yrmcds.h and libyrmcds.a; nothing here builds it), else they are reported
+skipped. A line `<!-- holdfast flags: ... -->` right above a block adds those flags to the
+daemon that block runs against."""
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -13,26 +21,76 @@ DOC = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "clients.md")
 DEFAULT_PORTS = {"memcache": "11211", "lockd": "2626", "dlock": "2627", "counter": "11215",
                  "admin": "2629"}
 EXAMPLE_TIMEOUT_S = 30
-BLOCK = re.compile(r"^```(python|sh)\n(.*?)^```", re.S | re.M)
+# Compiling a Go or C example on a busy 2-core machine with a cold build cache takes far longer
+# than running it.
+BUILD_TIMEOUT_S = 300
+BLOCK = re.compile(r"(?:^<!-- holdfast flags: ([^>]*?) -->\n)?^```(python|sh|go|c)\n(.*?)^```",
+                   re.S | re.M)
+# Where Debian's golang-github-bradfitz-gomemcache-dev puts its source (GOPATH layout).
+GOPATH = "/usr/share/gocode"
 
 
 def examples():
     text = open(DOC).read()
-    return [(lang, body) for lang, body in BLOCK.findall(text)]
+    return [(lang, body, flags.split()) for flags, lang, body in BLOCK.findall(text)]
 
 
 def test_the_guide_has_examples_of_every_kind():
-    langs = [lang for lang, _ in examples()]
-    assert langs.count("python") >= 3 and "sh" in langs
+    langs = [lang for lang, _, _ in examples()]
+    assert langs.count("python") >= 6 and "sh" in langs and "go" in langs and "c" in langs
+    bodies = "\n".join(body for _, body, _ in examples())
+    for client in ("pymemcache", "bmemcached", "gomemcache", "yrmcds_lock", "yrmcds_cnt_acquire",
+                   "grpc_tools", "holdfast-lock"):
+        assert client in bodies, f"no example uses {client}"
+
+
+@pytest.fixture(scope="module")
+def gocache(tmp_path_factory):
+    """One Go build cache for every Go example of the run (the standard library is built once)."""
+    return str(tmp_path_factory.mktemp("gocache"))
+
+
+def build_go(body, workdir, gocache):
+    go = shutil.which("go")
+    if go is None:
+        pytest.fail("no `go` on the PATH: run `make deps-go` (Debian golang-go and gomemcache)")
+    with open(os.path.join(workdir, "main.go"), "w") as f:
+        f.write(body)
+    env = dict(os.environ, GOPATH=GOPATH, GO111MODULE="off", GOCACHE=gocache, GOPROXY="off",
+               GOFLAGS="", CGO_ENABLED="0")
+    exe = os.path.join(workdir, "main")
+    r = subprocess.run([go, "build", "-o", exe, "main.go"], cwd=workdir, env=env,
+                       capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+    assert r.returncode == 0, f"go build failed:\n{body}\n{r.stdout}\n{r.stderr}"
+    return [exe]
+
+
+def build_c(body, workdir):
+    lib = os.environ.get("LIBYRMCDS_DIR")
+    if not lib:
+        pytest.skip("C example (libyrmcds) not run: set LIBYRMCDS_DIR to a directory holding a "
+                    "built cybozu/libyrmcds (yrmcds.h and libyrmcds.a)")
+    archive = os.path.join(lib, "libyrmcds.a")
+    assert os.path.isfile(archive), f"LIBYRMCDS_DIR={lib} has no libyrmcds.a (run make there)"
+    src = os.path.join(workdir, "main.c")
+    with open(src, "w") as f:
+        f.write(body)
+    exe = os.path.join(workdir, "main")
+    r = subprocess.run(["gcc", "-Wall", "-Werror", "-I", lib, "-o", exe, src, archive, "-lpthread"],
+                       capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+    assert r.returncode == 0, f"gcc failed:\n{body}\n{r.stdout}\n{r.stderr}"
+    return [exe]
 
 
 @pytest.mark.parametrize("index", range(len(examples())))
-def test_example_runs(index):
-    lang, body = examples()[index]
+def test_example_runs(index, tmp_path, gocache):
+    lang, body, flags = examples()[index]
     base = ["--threads", "2"]
     for name in DEFAULT_PORTS:
         base += [f"--{name}", "127.0.0.1:0"]
-    daemon = start_holdfast(base=base, want=tuple(DEFAULT_PORTS))
+    if lang == "c" and not os.environ.get("LIBYRMCDS_DIR"):
+        build_c(body, str(tmp_path))  # skips, before a daemon is started
+    daemon = start_holdfast(*flags, base=base, want=tuple(DEFAULT_PORTS))
     try:
         for name, port in DEFAULT_PORTS.items():
             body = body.replace(f"127.0.0.1:{port}", "%s:%d" % daemon.addresses[name])
@@ -40,8 +98,16 @@ def test_example_runs(index):
         env = dict(os.environ)
         bindir = os.path.dirname(os.environ["HOLDFAST_BIN"])
         env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
-        cmd = [sys.executable, "-c", body] if lang == "python" else ["bash", "-euc", body]
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=EXAMPLE_TIMEOUT_S)
+        if lang == "python":
+            cmd = [sys.executable, "-c", body]
+        elif lang == "sh":
+            cmd = ["bash", "-euc", body]
+        elif lang == "go":
+            cmd = build_go(body, str(tmp_path), gocache)
+        else:
+            cmd = build_c(body, str(tmp_path))
+        r = subprocess.run(cmd, env=env, cwd=str(tmp_path), capture_output=True, text=True,
+                           timeout=EXAMPLE_TIMEOUT_S)
         assert r.returncode == 0, f"example {index} ({lang}) failed:\n{body}\n{r.stdout}\n{r.stderr}"
     finally:
         stop_holdfast(daemon.proc)
