@@ -222,10 +222,16 @@ class Servers:
         port, repl, counter = free_port(), free_port(), free_port()
         conf = os.path.join(self.logdir, "yrmcds.conf")
         with open(conf, "w") as f:
-            f.write(f"virtual_ip = \"127.0.0.1\"\nbind_ip = \"127.0.0.1\"\nport = {port}\n"
+            # yrmcds binds the virtual IP and then every bind_ip: without bind_ip it would listen
+            # on every interface, and bind_ip equal to the virtual IP fails (address in use).
+            # So both are loopback addresses; only 127.0.0.1 is used.
+            f.write(f"virtual_ip = \"127.0.0.1\"\nbind_ip = \"127.0.0.2\"\nport = {port}\n"
                     f"repl_port = {repl}\ncounter.enable = true\ncounter.port = {counter}\n"
-                    f"workers = {HOLDFAST_THREADS}\ntemp_dir = \"{self.logdir}\"\n"
+                    f"temp_dir = \"{self.logdir}\"\n"
                     f"log.file = \"{os.path.join(self.logdir, 'yrmcds.log')}\"\n")
+            if HOLDFAST_THREADS:
+                # The same worker threads as holdfast; else yrmcds's own default.
+                f.write(f"workers = {HOLDFAST_THREADS}\n")
         proc = self.spawn("yrmcds", [YRMCDS, "-f", conf],
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_accepting(counter, proc, "yrmcds")

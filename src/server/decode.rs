@@ -149,7 +149,63 @@ fn memcache(conn: &mut Conn, buf: &[u8], id: ConnId, config: &Config, batch: &mu
     }
 }
 
-/// The shape a request of one opcode must have (protocol-binary.xml's MUST / MUST NOT).
+/// The shape a request of one opcode must have (protocol-binary.xml's MUST / MUST NOT): which
+/// extras lengths are allowed (bit 0: none, bit 1: 4 bytes, bit 2: 8 bytes, bit 3: 20 bytes),
+/// and whether a key and a value must be there, must not, or may. One byte per opcode, so the
+/// check of a request is a table load and a few compares.
+#[derive(Clone, Copy)]
+struct Shape(u8);
+
+impl Shape {
+    const EXTRAS_0: u8 = 1;
+    const EXTRAS_4: u8 = 2;
+    const EXTRAS_8: u8 = 4;
+    const EXTRAS_20: u8 = 8;
+    const KEY_YES: u8 = 0x10;
+    const KEY_NO: u8 = 0x20;
+    const VALUE_YES: u8 = 0x40;
+    const VALUE_NO: u8 = 0x80;
+    /// Opcodes that take anything (NOOP, VERSION, QUIT, STAT) or are unknown.
+    const ANY: Shape = Shape(Self::EXTRAS_0 | Self::EXTRAS_4 | Self::EXTRAS_8 | Self::EXTRAS_20);
+
+    const fn new(extras: u8, key: Need, value: Need) -> Shape {
+        let key = match key {
+            Need::Yes => Self::KEY_YES,
+            Need::No => Self::KEY_NO,
+            Need::Any => 0,
+        };
+        let value = match value {
+            Need::Yes => Self::VALUE_YES,
+            Need::No => Self::VALUE_NO,
+            Need::Any => 0,
+        };
+        Shape(extras | key | value)
+    }
+
+    #[inline]
+    fn admits(self, r: &binary::Request<'_>) -> bool {
+        let extras = match r.extras.len() {
+            0 => Self::EXTRAS_0,
+            4 => Self::EXTRAS_4,
+            8 => Self::EXTRAS_8,
+            20 => Self::EXTRAS_20,
+            // Only an opcode that takes anything takes an odd extras length.
+            _ => return self.0 == Self::ANY.0,
+        };
+        let key = if r.key.is_empty() {
+            Self::KEY_YES
+        } else {
+            Self::KEY_NO
+        };
+        let value = if r.value.is_empty() {
+            Self::VALUE_YES
+        } else {
+            Self::VALUE_NO
+        };
+        self.0 & extras != 0 && self.0 & (key | value) == 0
+    }
+}
+
 #[derive(Clone, Copy)]
 enum Need {
     No,
@@ -157,53 +213,57 @@ enum Need {
     Any,
 }
 
-/// What a request of `opcode` must carry: the extras lengths allowed, a key, a value. `None`
-/// for opcodes that take anything (NOOP, VERSION, QUIT, STAT) or are unknown.
-fn shape(opcode: u8) -> Option<(&'static [usize], Need, Need)> {
+/// memcached's shapes, per opcode.
+const SHAPES: [Shape; 256] = shapes(false);
+/// yrmcds's shapes (cybozu/yrmcds src/memcache/memcache.cpp, `binary_request::parse`): every
+/// get may carry a 4-byte expiration (and then touches), a store, append or prepend must carry
+/// a value, a Stat nothing but its key.
+const SHAPES_YRMCDS: [Shape; 256] = shapes(true);
+
+const fn shapes(yrmcds: bool) -> [Shape; 256] {
     use binary::opcode as o;
     use Need::*;
-    Some(match opcode {
-        o::KEYS => (&[0], Any, No),
-        o::GET | o::GETQ | o::GETK | o::GETKQ => (&[0], Yes, No),
-        o::GAT | o::GATQ | o::GATK | o::GATKQ | o::TOUCH => (&[4], Yes, No),
-        o::SET | o::SETQ | o::ADD | o::ADDQ | o::REPLACE | o::REPLACEQ => (&[8], Yes, Any),
-        o::RAU | o::RAUQ => (&[8], Yes, Any),
-        o::APPEND | o::APPENDQ | o::PREPEND | o::PREPENDQ => (&[0], Yes, Any),
-        o::DELETE | o::DELETEQ => (&[0], Yes, No),
-        o::LOCK | o::LOCKQ | o::UNLOCK | o::UNLOCKQ => (&[0], Yes, No),
-        o::UNLOCK_ALL | o::UNLOCK_ALLQ => (&[0], No, No),
-        o::LAG | o::LAGQ | o::LAGK | o::LAGKQ => (&[0, 4], Yes, No),
-        o::INCREMENT | o::INCREMENTQ | o::DECREMENT | o::DECREMENTQ => (&[20], Yes, No),
-        o::FLUSH | o::FLUSHQ => (&[0, 4], No, No),
-        o::VERBOSITY => (&[4], No, No),
-        _ => return None,
-    })
-}
-
-/// yrmcds's shapes where they differ (cybozu/yrmcds src/memcache/memcache.cpp,
-/// `binary_request::parse`): every get may carry a 4-byte expiration (and then touches), a
-/// store, append or prepend must carry a value, a Stat nothing but its key.
-fn shape_yrmcds(opcode: u8) -> Option<(&'static [usize], Need, Need)> {
-    use binary::opcode as o;
-    use Need::*;
-    Some(match opcode {
-        o::GET | o::GETQ | o::GETK | o::GETKQ => (&[0, 4], Yes, No),
-        o::GAT | o::GATQ | o::GATK | o::GATKQ => (&[0, 4], Yes, No),
-        o::SET | o::SETQ | o::ADD | o::ADDQ | o::REPLACE | o::REPLACEQ => (&[8], Yes, Yes),
-        o::RAU | o::RAUQ => (&[8], Yes, Yes),
-        o::APPEND | o::APPENDQ | o::PREPEND | o::PREPENDQ => (&[0], Yes, Yes),
-        o::STAT => (&[0], Any, No),
-        op => return shape(op),
-    })
-}
-
-fn shape_ok(r: &binary::Request<'_>, extras: &[usize], key: Need, value: Need) -> bool {
-    let present = |n: Need, len: usize| match n {
-        Need::No => len == 0,
-        Need::Yes => len > 0,
-        Need::Any => true,
-    };
-    extras.contains(&r.extras.len()) && present(key, r.key.len()) && present(value, r.value.len())
+    let (e0, e4, e8, e20) = (
+        Shape::EXTRAS_0,
+        Shape::EXTRAS_4,
+        Shape::EXTRAS_8,
+        Shape::EXTRAS_20,
+    );
+    let mut t = [Shape::ANY; 256];
+    let mut op = 0;
+    while op < 256 {
+        let opcode = op as u8;
+        let get = matches!(opcode, o::GET | o::GETQ | o::GETK | o::GETKQ);
+        let gat = matches!(opcode, o::GAT | o::GATQ | o::GATK | o::GATKQ);
+        let store = matches!(
+            opcode,
+            o::SET | o::SETQ | o::ADD | o::ADDQ | o::REPLACE | o::REPLACEQ | o::RAU | o::RAUQ
+        );
+        let concat = matches!(opcode, o::APPEND | o::APPENDQ | o::PREPEND | o::PREPENDQ);
+        // A value a store must carry in yrmcds, may in memcached.
+        let stored = if yrmcds { Yes } else { Any };
+        t[op] = match opcode {
+            _ if get && yrmcds => Shape::new(e0 | e4, Yes, No),
+            _ if get => Shape::new(e0, Yes, No),
+            _ if gat && yrmcds => Shape::new(e0 | e4, Yes, No),
+            _ if gat => Shape::new(e4, Yes, No),
+            o::TOUCH => Shape::new(e4, Yes, No),
+            _ if store => Shape::new(e8, Yes, stored),
+            _ if concat => Shape::new(e0, Yes, stored),
+            o::KEYS => Shape::new(e0, Any, No),
+            o::DELETE | o::DELETEQ => Shape::new(e0, Yes, No),
+            o::LOCK | o::LOCKQ | o::UNLOCK | o::UNLOCKQ => Shape::new(e0, Yes, No),
+            o::UNLOCK_ALL | o::UNLOCK_ALLQ => Shape::new(e0, No, No),
+            o::LAG | o::LAGQ | o::LAGK | o::LAGKQ => Shape::new(e0 | e4, Yes, No),
+            o::INCREMENT | o::INCREMENTQ | o::DECREMENT | o::DECREMENTQ => Shape::new(e20, Yes, No),
+            o::FLUSH | o::FLUSHQ => Shape::new(e0 | e4, No, No),
+            o::VERBOSITY => Shape::new(e4, No, No),
+            o::STAT if yrmcds => Shape::new(e0, Any, No),
+            _ => Shape::ANY,
+        };
+        op += 1;
+    }
+    t
 }
 
 fn be32(b: &[u8], at: usize) -> u32 {
@@ -225,7 +285,7 @@ fn exptime(b: &[u8], at: usize) -> i64 {
 }
 
 /// A binary request as a [`McCmd`], or the status it is refused with (its shape is wrong, or
-/// the opcode is unknown here). Call only once the request has the shape [`shape`] demands.
+/// the opcode is unknown here). Call only once the request has the shape [`SHAPES`] demands.
 fn binary_command(r: &binary::Request<'_>, yrmcds: bool, a: &mut Arena) -> Result<McCmd, u16> {
     use binary::opcode as o;
     use binary::status as st;
@@ -337,26 +397,18 @@ fn binary_request(
     batch: &mut Batch,
 ) {
     let yrmcds = config.compat == Compat::Yrmcds;
+    let shapes = if yrmcds { &SHAPES_YRMCDS } else { &SHAPES };
+    // yrmcds has no binary Verbosity: unknown there whatever its shape.
     let unknown_here = yrmcds && req.opcode == binary::opcode::VERBOSITY;
-    let want = if yrmcds {
-        shape_yrmcds(req.opcode)
-    } else {
-        shape(req.opcode)
-    };
-    // A refusal is answered here, in order behind whatever the connection has at the owner
-    // (an error path: the small allocation is not on the way of any served request).
-    let refuse = |conn: &mut Conn, batch: &mut Batch, status: u16| {
-        let text = binary::status_text(status, yrmcds);
-        let mut v = Vec::with_capacity(binary::HEADER_LEN + text.len());
-        binary::encode_response(&mut v, req.opcode, status, req.opaque, 0, &[], &[], text);
-        conn.emit(&v, false, id, batch);
-    };
-    if !unknown_here {
-        if let Some((extras, key, value)) = want {
-            if !shape_ok(req, extras, key, value) {
-                return refuse(conn, batch, binary::status::INVALID_ARGUMENTS);
-            }
-        }
+    if !unknown_here && !shapes[usize::from(req.opcode)].admits(req) {
+        return refuse(
+            conn,
+            req,
+            id,
+            yrmcds,
+            batch,
+            binary::status::INVALID_ARGUMENTS,
+        );
     }
     let mark = batch.arena.bytes.len();
     match binary_command(req, yrmcds, &mut batch.arena) {
@@ -373,9 +425,27 @@ fn binary_request(
         }
         Err(status) => {
             batch.arena.bytes.truncate(mark);
-            refuse(conn, batch, status);
+            refuse(conn, req, id, yrmcds, batch, status);
         }
     }
+}
+
+/// Answer a binary request with an error status here, in order behind whatever the connection
+/// has at the owner (an error path: its small allocation is not on the way of any served
+/// request).
+#[cold]
+fn refuse(
+    conn: &mut Conn,
+    req: &binary::Request<'_>,
+    id: ConnId,
+    yrmcds: bool,
+    batch: &mut Batch,
+    status: u16,
+) {
+    let text = binary::status_text(status, yrmcds);
+    let mut v = Vec::with_capacity(binary::HEADER_LEN + text.len());
+    binary::encode_response(&mut v, req.opcode, status, req.opaque, 0, &[], &[], text);
+    conn.emit(&v, false, id, batch);
 }
 
 /// yrmcds answers every request it cannot parse with a bare `ERROR` (its `cmd_text`), and any
@@ -703,4 +773,88 @@ fn counter(conn: &mut Conn, buf: &[u8], id: ConnId, batch: &mut Batch) -> Step {
         64
     });
     Step::Consumed(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use binary::opcode as o;
+
+    fn req<'a>(
+        opcode: u8,
+        extras: &'a [u8],
+        key: &'a [u8],
+        value: &'a [u8],
+    ) -> binary::Request<'a> {
+        binary::Request {
+            opcode,
+            data_type: 0,
+            vbucket: 0,
+            opaque: 0,
+            cas: 0,
+            extras,
+            key,
+            value,
+        }
+    }
+
+    /// (opcode, extras length, key, value, memcached admits, yrmcds admits)
+    const CASES: &[(u8, usize, bool, bool, bool, bool)] = &[
+        (o::GET, 0, true, false, true, true),
+        (o::GET, 4, true, false, false, true),
+        (o::GET, 0, false, false, false, false),
+        (o::GET, 0, true, true, false, false),
+        (o::GATK, 4, true, false, true, true),
+        (o::GATK, 0, true, false, false, true),
+        (o::TOUCH, 4, true, false, true, true),
+        (o::TOUCH, 0, true, false, false, false),
+        (o::SET, 8, true, true, true, true),
+        (o::SET, 8, true, false, true, false),
+        (o::SET, 0, true, true, false, false),
+        (o::RAUQ, 8, true, false, true, false),
+        (o::APPEND, 0, true, false, true, false),
+        (o::APPEND, 4, true, true, false, false),
+        (o::DELETE, 0, true, false, true, true),
+        (o::DELETE, 0, true, true, false, false),
+        (o::LOCK, 0, true, false, true, true),
+        (o::LOCK, 0, false, false, false, false),
+        (o::UNLOCK, 4, true, false, false, false),
+        (o::UNLOCK_ALL, 0, false, false, true, true),
+        (o::UNLOCK_ALL, 0, true, false, false, false),
+        (o::LAG, 4, true, false, true, true),
+        (o::LAG, 8, true, false, false, false),
+        (o::INCREMENT, 20, true, false, true, true),
+        (o::INCREMENT, 8, true, false, false, false),
+        (o::FLUSH, 4, false, false, true, true),
+        (o::FLUSH, 0, true, false, false, false),
+        (o::VERBOSITY, 4, false, false, true, true),
+        (o::KEYS, 0, true, false, true, true),
+        (o::KEYS, 0, false, false, true, true),
+        (o::KEYS, 0, true, true, false, false),
+        (o::STAT, 0, true, false, true, true),
+        (o::STAT, 4, true, true, true, false),
+        (o::NOOP, 3, true, true, true, true),
+        (0xe7, 7, true, true, true, true),
+    ];
+
+    #[test]
+    fn binary_shapes_are_memcached_and_yrmcds_rules() {
+        for &(opcode, extras, key, value, memcached, yrmcds) in CASES {
+            let e = vec![0u8; extras];
+            let k: &[u8] = if key { b"k" } else { b"" };
+            let v: &[u8] = if value { b"v" } else { b"" };
+            let r = req(opcode, &e, k, v);
+            let case = (opcode, extras, key, value);
+            assert_eq!(
+                SHAPES[usize::from(opcode)].admits(&r),
+                memcached,
+                "{case:?}"
+            );
+            assert_eq!(
+                SHAPES_YRMCDS[usize::from(opcode)].admits(&r),
+                yrmcds,
+                "{case:?} yrmcds"
+            );
+        }
+    }
 }

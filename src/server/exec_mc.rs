@@ -664,11 +664,13 @@ struct Reply<'o> {
 
 impl Reply<'_> {
     /// A binary quiet variant: silent on success (and on a miss for the get family).
+    #[inline]
     fn quiet(&self) -> bool {
         matches!(self.form, McForm::Binary { opcode, .. } if opc::is_quiet(opcode))
     }
 
     /// Text words (nothing with noreply); only for commands that exist in text alone.
+    #[inline(always)]
     fn text(self, words: &[u8]) {
         let noreply = matches!(self.form, McForm::Text { noreply: true });
         self.out.record(self.conn, 1, false, |o| {
@@ -679,6 +681,7 @@ impl Reply<'_> {
     }
 
     /// `words` in text; in binary, success with a CAS (silent when quiet) or an error status.
+    #[inline(always)]
     fn answer(self, words: &[u8], bin: Result<u64, u16>) {
         match (self.form, bin) {
             (McForm::Text { .. }, _) => self.text(words),
@@ -701,6 +704,7 @@ impl Reply<'_> {
     }
 
     /// A binary success that a quiet variant suppresses.
+    #[inline]
     fn ok(self, cas: u64, extras: &[u8], key: &[u8], value: &[u8]) {
         let silent = self.quiet();
         self.success(silent, cas, extras, key, value);
@@ -723,6 +727,7 @@ impl Reply<'_> {
         )
     }
 
+    #[inline]
     fn success(self, silent: bool, cas: u64, extras: &[u8], key: &[u8], value: &[u8]) {
         let McForm::Binary { opcode, opaque } = self.form else {
             return self.text(b"OK\r\n");

@@ -391,6 +391,11 @@ pub fn encode_response(
     h[8..12].copy_from_slice(&(body_len as u32).to_be_bytes());
     h[12..16].copy_from_slice(&opaque.to_be_bytes());
     h[16..24].copy_from_slice(&cas.to_be_bytes());
+    if body_len == 0 {
+        // Most answers to lock requests: the header alone.
+        out.extend_from_slice(&h);
+        return;
+    }
     out.reserve(HEADER_LEN + body_len);
     out.extend_from_slice(&h);
     out.extend_from_slice(extras);
