@@ -944,17 +944,8 @@ fn the_daemon_raises_its_open_file_limit_to_the_hard_limit() {
     use std::os::unix::process::CommandExt;
     use std::process::{Command, Stdio};
 
-    let mut hard = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes into a struct we own.
-    assert_eq!(
-        unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut hard) },
-        0
-    );
-    let soft = 256.min(hard.rlim_max);
-    let want_hard = hard.rlim_max;
+    let (_, want_hard) = holdfast::fdlimit::limits().expect("getrlimit");
+    let soft = 256.min(want_hard);
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_holdfast"));
     cmd.args([
         "--memcache",

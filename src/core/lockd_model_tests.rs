@@ -221,7 +221,7 @@ fn run(seed: u64, steps: u64, cov: &mut Coverage) {
 /// With `restore_every`, the table is replaced by a restored copy of its snapshot every that
 /// many steps and must go on matching the model exactly.
 fn run_restoring(seed: u64, steps: u64, cov: &mut Coverage, restore_every: Option<u64>) {
-    let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+    let mut rng = Rng::mixed(seed);
     let mut t = LockdTable::new(
         LockdConfig {
             orphan_timeout_ms: TIMEOUT,

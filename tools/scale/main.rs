@@ -44,6 +44,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use holdfast::proto::{dlock, lockd, memcache::binary};
+use holdfast::rng::Rng;
 use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Token};
 
@@ -147,7 +148,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    raise_fd_limit();
+    holdfast::fdlimit::raise_to_hard();
     match run(&opts) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
@@ -155,26 +156,6 @@ fn main() -> ExitCode {
             eprintln!("holdfast-scale: {e}");
             ExitCode::FAILURE
         }
-    }
-}
-
-fn raise_fd_limit() {
-    // SAFETY: getrlimit/setrlimit read and write a plain struct we own.
-    unsafe {
-        let mut lim = std::mem::zeroed::<libc::rlimit>();
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
-            lim.rlim_cur = lim.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
-        }
-    }
-}
-
-fn fd_limit() -> u64 {
-    // SAFETY: as above.
-    unsafe {
-        let mut lim = std::mem::zeroed::<libc::rlimit>();
-        libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
-        lim.rlim_cur
     }
 }
 
@@ -194,24 +175,6 @@ fn key(prefix: u8, n: usize) -> [u8; KEY_LEN] {
         n /= 10;
     }
     k
-}
-
-/// splitmix64: a small deterministic generator (no crate needed).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in lo..=hi (the modulo bias is negligible for small ranges).
-    fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next() % (hi - lo + 1)
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -996,7 +959,7 @@ fn phase_leases(opts: &Opts, r: &mut Results) -> Result<(), String> {
     let waiters = connect_many(port, opts.samples)?;
     ctl.wait_connections((BULK + PROBES + opts.samples) as u64 + 1)?;
 
-    let mut rng = Rng(0x5eed_1ea5e);
+    let mut rng = Rng::mixed(0x5eed_1ea5e);
     let releases: Vec<u16> = (0..opts.leases)
         .map(|_| rng.range(1000, 10_000) as u16)
         .collect();
@@ -1187,10 +1150,10 @@ fn phase_leases(opts: &Opts, r: &mut Results) -> Result<(), String> {
 
 fn run(opts: &Opts) -> Result<bool, String> {
     let need = opts.conns.max(opts.samples + 20) as u64 + 64;
-    if fd_limit() < need {
+    let limit = holdfast::fdlimit::limits().map_or(0, |(soft, _)| soft);
+    if limit < need {
         return Err(format!(
-            "open-file limit {} is below the {need} this run needs (ulimit -Hn)",
-            fd_limit()
+            "open-file limit {limit} is below the {need} this run needs (ulimit -Hn)"
         ));
     }
     let t0 = Instant::now();

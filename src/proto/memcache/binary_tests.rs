@@ -301,13 +301,8 @@ fn encode_response_matches_the_protocol_examples() {
 
 #[test]
 fn random_bytes_and_mutations_never_panic() {
-    let mut x: u64 = 0x2545_F491_4F6C_DD1D;
-    let mut rng = move |n: usize| {
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        (x.wrapping_mul(0x2545_F491_4F6C_DD1D) % n as u64) as usize
-    };
+    let mut gen = crate::rng::Rng(0x2545_F491_4F6C_DD1D);
+    let mut rng = move |n: usize| gen.index(n);
     for round in 0..20_000 {
         let mut buf: Vec<u8> = if round % 2 == 0 {
             let len = rng(80);
