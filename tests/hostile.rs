@@ -940,9 +940,8 @@ fn a_client_closing_while_the_daemon_writes_a_large_reply_does_not_kill_it() {
 
 #[test]
 fn the_daemon_raises_its_open_file_limit_to_the_hard_limit() {
-    use std::io::{BufRead, BufReader};
     use std::os::unix::process::CommandExt;
-    use std::process::{Command, Stdio};
+    use std::process::Command;
 
     let (_, want_hard) = holdfast::fdlimit::limits().expect("getrlimit");
     let soft = 256.min(want_hard);
@@ -958,9 +957,7 @@ fn the_daemon_raises_its_open_file_limit_to_the_hard_limit() {
         "off",
         "--threads",
         "1",
-    ])
-    .stdin(Stdio::null())
-    .stdout(Stdio::piped());
+    ]);
     // SAFETY: the closure runs in the forked child before exec and only calls setrlimit, which
     // is async-signal-safe.
     unsafe {
@@ -975,15 +972,10 @@ fn the_daemon_raises_its_open_file_limit_to_the_hard_limit() {
             Ok(())
         });
     }
-    let mut child = cmd.spawn().expect("spawn holdfast");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("listener line");
-    assert!(line.contains("listening"), "{line}");
-    let limits = std::fs::read_to_string(format!("/proc/{}/limits", child.id())).expect("limits");
-    let _ = child.kill();
-    let _ = child.wait();
+    let d = holdfast_testkit::Daemon::spawn(&mut cmd, &["memcache"], DEADLINE)
+        .unwrap_or_else(|e| panic!("start holdfast: {e}"));
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", d.pid())).expect("limits");
+    drop(d);
     let row = limits
         .lines()
         .find(|l| l.starts_with("Max open files"))
