@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{Client, Daemon, DEADLINE};
+use common::{mcbin, Client, Daemon, DEADLINE};
 use holdfast::proto::dlock::{self as dl, req_type, status, LockFields, Response};
 use holdfast::proto::memcache::binary::{opcode, status as bin_status};
 use holdfast::server::VERSION_REPLY;
@@ -30,28 +30,13 @@ fn serial() -> MutexGuard<'static, ()> {
 
 /// One memcached binary request (protocol-binary.xml, "Request header").
 fn bin_req(op: u8, key: &[u8], extras: &[u8], value: &[u8], opaque: u32) -> Vec<u8> {
-    let body = extras.len() + key.len() + value.len();
-    let mut out = vec![0x80, op];
-    out.extend_from_slice(&(key.len() as u16).to_be_bytes());
-    out.push(extras.len() as u8);
-    out.extend_from_slice(&[0, 0, 0]); // data type, vbucket
-    out.extend_from_slice(&(body as u32).to_be_bytes());
-    out.extend_from_slice(&opaque.to_be_bytes());
-    out.extend_from_slice(&0u64.to_be_bytes());
-    out.extend_from_slice(extras);
-    out.extend_from_slice(key);
-    out.extend_from_slice(value);
-    out
+    mcbin::request(op, extras, key, value, opaque, 0)
 }
 
 /// One binary response: (opcode, status, opaque, body after the header).
 fn bin_resp(c: &mut Client) -> (u8, u16, u32, Vec<u8>) {
-    let h = c.take(24);
-    assert_eq!(h[0], 0x81, "response magic");
-    let status = u16::from_be_bytes([h[6], h[7]]);
-    let body = u32::from_be_bytes([h[8], h[9], h[10], h[11]]) as usize;
-    let opaque = u32::from_be_bytes([h[12], h[13], h[14], h[15]]);
-    (h[1], status, opaque, c.take(body))
+    let r = mcbin::read(c);
+    (r.opcode, r.status, r.opaque, r.body())
 }
 
 const ACQ: u8 = 1;

@@ -3,6 +3,8 @@
 //! sleep-and-hope), stop it by its PID.
 #![allow(dead_code)]
 
+pub mod mcbin;
+
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::process::{Command, Stdio};
