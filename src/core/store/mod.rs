@@ -554,9 +554,8 @@ impl Store {
     pub fn size_counts(&self) -> [u64; SIZE_CLASSES.len() + 1] {
         self.sizes
     }
-}
 
-impl Store {
+    /// A new CAS unique (every modification gets one).
     fn next_cas(&mut self) -> u64 {
         self.last_cas += 1;
         self.last_cas
