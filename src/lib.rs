@@ -39,6 +39,7 @@ pub mod admin;
 pub mod cluster;
 pub mod config;
 pub mod core;
+pub mod fdlimit;
 #[macro_use]
 pub mod log;
 pub mod proto;

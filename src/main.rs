@@ -25,7 +25,8 @@ fn main() -> ExitCode {
     };
     holdfast::log::set_level(config.log_level);
     holdfast::log_info!("starting {}", settings(&config));
-    raise_fd_limit();
+    // As memcached does: --max-connections must not be cut short by a low default soft limit.
+    holdfast::fdlimit::raise_to_hard();
     // Block the stop signals in every thread (threads inherit the mask); this thread waits for
     // them with sigwait, so no handler runs in the middle of anything.
     let signals = stop_signals();
@@ -104,18 +105,5 @@ fn stop_signals() -> libc::sigset_t {
         libc::sigaddset(&mut set, libc::SIGINT);
         libc::sigaddset(&mut set, libc::SIGTERM);
         set
-    }
-}
-
-/// Raise the open-file limit to the hard limit, as memcached does, so that `--max-connections`
-/// is not cut short by a low default soft limit.
-fn raise_fd_limit() {
-    // SAFETY: getrlimit/setrlimit read and write a plain struct we own.
-    unsafe {
-        let mut lim = std::mem::zeroed::<libc::rlimit>();
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
-            lim.rlim_cur = lim.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
-        }
     }
 }

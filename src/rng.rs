@@ -1,6 +1,9 @@
 //! xorshift64*: a tiny seeded pseudo-random generator for model tests, fuzz-style tests and load
 //! tools. Deterministic (a failing seed replays exactly), no dependency. Not for anything that
 //! needs unpredictability.
+//!
+//! The one generator of the project: the library's tests and simulators, the integration tests
+//! (`tests/`) and the tools (`tools/`: bench, scale, soak) all use this one rather than a copy.
 
 /// xorshift64* (Vigna). The seed must not be 0 (it would stay 0): [`Rng::new`] maps 0 to 1.
 #[derive(Clone, Debug)]
@@ -11,9 +14,17 @@ impl Rng {
         Rng(seed.max(1))
     }
 
+    /// A generator for a seed given by a person or a counter (0, 1, 2, ...): the seed is spread
+    /// over all 64 bits (a multiply by the golden ratio) so that neighbouring seeds start far
+    /// apart, and made odd so that it is never 0.
+    pub fn mixed(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
+    }
+
     /// The next value. (Named like `Iterator::next` because every test reads it that way; it is
     /// not an iterator: the sequence never ends.)
     #[allow(clippy::should_implement_trait)]
+    #[inline]
     pub fn next(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
@@ -22,8 +33,14 @@ impl Rng {
     }
 
     /// Uniform enough in `0..n` for tests (modulo bias is irrelevant at these sizes). `n > 0`.
+    #[inline]
     pub fn below(&mut self, n: u64) -> u64 {
         self.next() % n
+    }
+
+    /// Uniform enough in `lo..=hi` (`lo <= hi`, not the whole u64 range).
+    pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.below(hi - lo + 1)
     }
 
     /// `below` for indices.
@@ -64,5 +81,8 @@ mod tests {
         let mut z = Rng::new(0);
         assert_ne!(z.next(), 0);
         assert!((0..1000).all(|_| z.below(10) < 10 && z.index(3) < 3));
+        assert!((0..1000).all(|_| (5..=7).contains(&z.range(5, 7))));
+        assert_ne!(Rng::mixed(1).next(), Rng::mixed(2).next());
+        assert_ne!(Rng::mixed(0).next(), 0);
     }
 }

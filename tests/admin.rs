@@ -425,44 +425,35 @@ fn an_explicit_admin_address_that_is_taken_is_an_error() {
 /// Run the daemon with stderr captured, do `work` against its lockd address, stop it with
 /// SIGTERM, return its log (stderr).
 fn log_of(extra: &[&str], work: impl FnOnce(SocketAddr)) -> String {
-    use std::io::BufRead;
     use std::process::{Command, Stdio};
-    let mut child = Command::new(env!("CARGO_BIN_EXE_holdfast"))
-        .args([
-            "--memcache",
-            "off",
-            "--lockd",
-            "127.0.0.1:0",
-            "--dlock",
-            "off",
-            "--counter",
-            "off",
-        ])
-        .args(["--admin", "127.0.0.1:0", "--threads", "1"])
-        .args(extra)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
-    let first = lines.next().unwrap().unwrap();
-    assert!(
-        first.starts_with("holdfast: lockd listening on "),
-        "{first}"
-    );
-    let addr: SocketAddr = first.rsplit(' ').next().unwrap().parse().unwrap();
-    let admin_line = lines.next().unwrap().unwrap();
-    assert!(
-        admin_line.starts_with("holdfast: admin listening on "),
-        "{admin_line}"
-    );
-    work(addr);
-    // SAFETY: kill(2) on the PID of the child we started and have not reaped.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let out = child.wait_with_output().expect("wait");
-    assert!(out.status.success());
-    String::from_utf8(out.stderr).unwrap()
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_holdfast"));
+    cmd.args([
+        "--memcache",
+        "off",
+        "--lockd",
+        "127.0.0.1:0",
+        "--dlock",
+        "off",
+        "--counter",
+        "off",
+    ])
+    .args(["--admin", "127.0.0.1:0", "--threads", "1"])
+    .args(extra)
+    .stderr(Stdio::piped());
+    let mut d = holdfast_testkit::Daemon::spawn(&mut cmd, &["lockd", "admin"], DEADLINE)
+        .unwrap_or_else(|e| panic!("start holdfast: {e}"));
+    let printed: Vec<&str> = d.listeners().iter().map(|(p, _)| p.as_str()).collect();
+    assert_eq!(printed, ["lockd", "admin"], "listening lines in this order");
+    // Read the log while the daemon runs, so that it never blocks on a full pipe.
+    let mut stderr = d.take_stderr().expect("stderr piped");
+    let log = std::thread::spawn(move || {
+        let mut log = String::new();
+        stderr.read_to_string(&mut log).map(|_| log)
+    });
+    work(d.addr("lockd").expect("lockd listener"));
+    let status = d.terminate(DEADLINE).unwrap_or_else(|e| panic!("{e}"));
+    assert!(status.success());
+    log.join().expect("log reader").expect("log is UTF-8")
 }
 
 #[test]

@@ -284,6 +284,7 @@ mod replay {
     use holdfast::config::{self, Command, Config};
     use holdfast::core::hash::with_seed;
     use holdfast::proto::counter::{self as ct, op, status};
+    use holdfast::rng::Rng;
     use holdfast::server::sim::{Recording, Replayer, Sim};
     use holdfast::server::Proto;
     use std::collections::HashMap;
@@ -295,16 +296,6 @@ mod replay {
         match config::parse(["--memory", "1"]) {
             Ok(Command::Run(c)) => c,
             other => panic!("{other:?}"),
-        }
-    }
-
-    struct Rng(u64);
-    impl Rng {
-        fn below(&mut self, n: u64) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0 % n
         }
     }
 
@@ -329,7 +320,7 @@ mod replay {
     fn recorded(seed: u64, steps: usize) -> (Recording, Vec<u8>) {
         let mut sim = Sim::new(config());
         sim.record();
-        let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+        let mut rng = Rng::mixed(seed);
         let mut conns: Vec<Option<_>> = vec![None; CONNS];
         let mut held: HashMap<(usize, &[u8]), u32> = HashMap::new();
         let total = |h: &HashMap<(usize, &[u8]), u32>, n: &[u8]| -> u32 {

@@ -5,30 +5,16 @@
 
 mod common;
 
-use common::{Client, Daemon};
+use common::{mcbin, Client, Daemon};
 use holdfast::proto::dlock::{self as dl, req_type, status, LockFields};
 use holdfast::proto::lockd::{self as ld, op};
 
 // ---- memcached ----
 
-fn bin_req(opcode: u8, key: &[u8]) -> Vec<u8> {
-    let mut f = vec![0x80, opcode];
-    f.extend_from_slice(&(key.len() as u16).to_be_bytes());
-    f.extend_from_slice(&[0, 0, 0, 0]);
-    f.extend_from_slice(&(key.len() as u32).to_be_bytes());
-    f.extend_from_slice(&[0; 12]);
-    f.extend_from_slice(key);
-    f
-}
-
 /// Binary Lock of `key`: (status, CAS) of the reply.
 fn bin_lock(c: &mut Client, key: &[u8]) -> (u16, u64) {
-    c.send(&bin_req(0x40, key));
-    let h = c.take(24);
-    let body = u32::from_be_bytes(h[8..12].try_into().unwrap()) as usize;
-    c.take(body);
-    let status = u16::from_be_bytes(h[6..8].try_into().unwrap());
-    (status, u64::from_be_bytes(h[16..24].try_into().unwrap()))
+    let r = mcbin::call(c, &mcbin::request(0x40, &[], key, &[], 0, 0));
+    (r.status, r.cas)
 }
 
 fn lock_token(c: &mut Client, key: &str) -> Option<u64> {

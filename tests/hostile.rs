@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{Client, Daemon, DEADLINE};
+use common::{mcbin, Client, Daemon, DEADLINE};
 use holdfast::proto::dlock::{self as dl, req_type, status, LockFields, Response};
 use holdfast::proto::memcache::binary::{opcode, status as bin_status};
 use holdfast::server::VERSION_REPLY;
@@ -30,28 +30,13 @@ fn serial() -> MutexGuard<'static, ()> {
 
 /// One memcached binary request (protocol-binary.xml, "Request header").
 fn bin_req(op: u8, key: &[u8], extras: &[u8], value: &[u8], opaque: u32) -> Vec<u8> {
-    let body = extras.len() + key.len() + value.len();
-    let mut out = vec![0x80, op];
-    out.extend_from_slice(&(key.len() as u16).to_be_bytes());
-    out.push(extras.len() as u8);
-    out.extend_from_slice(&[0, 0, 0]); // data type, vbucket
-    out.extend_from_slice(&(body as u32).to_be_bytes());
-    out.extend_from_slice(&opaque.to_be_bytes());
-    out.extend_from_slice(&0u64.to_be_bytes());
-    out.extend_from_slice(extras);
-    out.extend_from_slice(key);
-    out.extend_from_slice(value);
-    out
+    mcbin::request(op, extras, key, value, opaque, 0)
 }
 
 /// One binary response: (opcode, status, opaque, body after the header).
 fn bin_resp(c: &mut Client) -> (u8, u16, u32, Vec<u8>) {
-    let h = c.take(24);
-    assert_eq!(h[0], 0x81, "response magic");
-    let status = u16::from_be_bytes([h[6], h[7]]);
-    let body = u32::from_be_bytes([h[8], h[9], h[10], h[11]]) as usize;
-    let opaque = u32::from_be_bytes([h[12], h[13], h[14], h[15]]);
-    (h[1], status, opaque, c.take(body))
+    let r = mcbin::read(c);
+    (r.opcode, r.status, r.opaque, r.body())
 }
 
 const ACQ: u8 = 1;
@@ -940,21 +925,11 @@ fn a_client_closing_while_the_daemon_writes_a_large_reply_does_not_kill_it() {
 
 #[test]
 fn the_daemon_raises_its_open_file_limit_to_the_hard_limit() {
-    use std::io::{BufRead, BufReader};
     use std::os::unix::process::CommandExt;
-    use std::process::{Command, Stdio};
+    use std::process::Command;
 
-    let mut hard = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes into a struct we own.
-    assert_eq!(
-        unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut hard) },
-        0
-    );
-    let soft = 256.min(hard.rlim_max);
-    let want_hard = hard.rlim_max;
+    let (_, want_hard) = holdfast::fdlimit::limits().expect("getrlimit");
+    let soft = 256.min(want_hard);
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_holdfast"));
     cmd.args([
         "--memcache",
@@ -967,9 +942,7 @@ fn the_daemon_raises_its_open_file_limit_to_the_hard_limit() {
         "off",
         "--threads",
         "1",
-    ])
-    .stdin(Stdio::null())
-    .stdout(Stdio::piped());
+    ]);
     // SAFETY: the closure runs in the forked child before exec and only calls setrlimit, which
     // is async-signal-safe.
     unsafe {
@@ -984,15 +957,10 @@ fn the_daemon_raises_its_open_file_limit_to_the_hard_limit() {
             Ok(())
         });
     }
-    let mut child = cmd.spawn().expect("spawn holdfast");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("listener line");
-    assert!(line.contains("listening"), "{line}");
-    let limits = std::fs::read_to_string(format!("/proc/{}/limits", child.id())).expect("limits");
-    let _ = child.kill();
-    let _ = child.wait();
+    let d = holdfast_testkit::Daemon::spawn(&mut cmd, &["memcache"], DEADLINE)
+        .unwrap_or_else(|e| panic!("start holdfast: {e}"));
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", d.pid())).expect("limits");
+    drop(d);
     let row = limits
         .lines()
         .find(|l| l.starts_with("Max open files"))

@@ -25,6 +25,7 @@ use holdfast::core::ConnId;
 use holdfast::proto::dlock as dl;
 use holdfast::proto::lockd as ld;
 use holdfast::proto::memcache::binary;
+use holdfast::rng::Rng;
 use holdfast::server::sim::{Sim, SIM_UNIX_START};
 
 /// The tables' clock is Unix milliseconds; the sim's (and this model's) counts from its start.
@@ -38,30 +39,6 @@ const ORPHAN_MS: u64 = 40;
 const IDLE_MS: u64 = 300;
 /// Largest clock move between two checks.
 const CHUNK_MS: u64 = 4;
-
-/// xorshift64*: tiny, seeded, good enough to pick actions.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    fn pct(&mut self, p: u64) -> bool {
-        self.below(100) < p
-    }
-    fn key(&mut self) -> &'static str {
-        KEYS[self.below(KEYS.len() as u64) as usize]
-    }
-}
 
 fn config() -> Config {
     let args = [
@@ -164,7 +141,7 @@ impl World {
         let protos = [Proto::Memcache, Proto::Lockd, Proto::Dlock];
         World {
             sim,
-            rng: Rng::new(seed),
+            rng: Rng::mixed(seed),
             clients: (0..CLIENTS)
                 .map(|i| Client {
                     proto: protos[i % 3],
@@ -271,7 +248,7 @@ impl World {
     }
 
     fn memcache(&mut self, c: usize) {
-        let key = self.rng.key();
+        let key = KEYS[self.rng.index(KEYS.len())];
         let req = match self.rng.below(20) {
             0..=2 => McReq::Set {
                 key: key.to_string(),
@@ -291,7 +268,7 @@ impl World {
             13 => McReq::Get,
             14 => McReq::Quit,
             // Rare: a flush empties the store, and memory pressure needs it full.
-            15 if self.rng.pct(20) => McReq::Flush,
+            15 if self.rng.chance(20) => McReq::Flush,
             15 => McReq::Get,
             16..=17 => McReq::BinLock(key),
             _ => McReq::BinUnlock(key),
@@ -403,7 +380,7 @@ impl World {
     }
 
     fn lockd(&mut self, c: usize) {
-        let name = self.rng.key();
+        let name = KEYS[self.rng.index(KEYS.len())];
         const OPS: [u8; 9] = [
             ld::op::ACQ,
             ld::op::ACQ,
@@ -436,7 +413,7 @@ impl World {
         let n = 1 + self.rng.below(3) as usize;
         let mut keys: Vec<&'static str> = Vec::new();
         for _ in 0..n {
-            let k = self.rng.key();
+            let k = KEYS[self.rng.index(KEYS.len())];
             if !keys.contains(&k) {
                 keys.push(k);
             }
@@ -449,7 +426,7 @@ impl World {
                     1 => Some(0),
                     _ => Some(1 + self.rng.below(150)),
                 },
-                lease_ms: self.rng.pct(30).then(|| 1 + self.rng.below(100)),
+                lease_ms: self.rng.chance(30).then(|| 1 + self.rng.below(100)),
             },
             6..=8 => DlReq::Unlock { keys },
             _ => DlReq::Ping,
@@ -1013,7 +990,7 @@ fn replays_under_other_hash_seeds_give_the_same_replies_and_state() {
 
 #[test]
 fn replays_restored_from_snapshots_midway_give_the_same_replies_and_state() {
-    let mut pick = Rng::new(99);
+    let mut pick = Rng::mixed(99);
     for seed in [3, 4] {
         let (rec, snap) = recorded(seed, 1500);
         let n = rec.entries.len() as u64;

@@ -9,6 +9,7 @@ mod common;
 use std::collections::HashMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use common::mcbin::{call, read as read_resp, request as req, Resp};
 use common::{Client, Daemon, DEADLINE};
 
 // ---------------------------------------------------------------------------------------------
@@ -54,23 +55,6 @@ const NOT_STORED: u16 = 0x0005;
 const LOCKED: u16 = 0x0010;
 const NOT_LOCKED: u16 = 0x0011;
 
-/// A binary request frame.
-fn req(opcode: u8, extras: &[u8], key: &[u8], value: &[u8], opaque: u32, cas: u64) -> Vec<u8> {
-    let body = extras.len() + key.len() + value.len();
-    let mut v = vec![0x80, opcode];
-    v.extend_from_slice(&(key.len() as u16).to_be_bytes());
-    v.push(extras.len() as u8);
-    v.push(0);
-    v.extend_from_slice(&0u16.to_be_bytes());
-    v.extend_from_slice(&(body as u32).to_be_bytes());
-    v.extend_from_slice(&opaque.to_be_bytes());
-    v.extend_from_slice(&cas.to_be_bytes());
-    v.extend_from_slice(extras);
-    v.extend_from_slice(key);
-    v.extend_from_slice(value);
-    v
-}
-
 /// A request with only a key (Get, Delete, Lock, ...).
 fn keyed(opcode: u8, key: &[u8]) -> Vec<u8> {
     req(opcode, &[], key, &[], 0, 0)
@@ -87,18 +71,6 @@ fn arith_extras(delta: u64, initial: u64, exptime: u32) -> Vec<u8> {
     v.extend_from_slice(&initial.to_be_bytes());
     v.extend_from_slice(&exptime.to_be_bytes());
     v
-}
-
-/// A binary response, every field.
-#[derive(Debug, PartialEq, Eq, Clone)]
-struct Resp {
-    opcode: u8,
-    status: u16,
-    opaque: u32,
-    cas: u64,
-    extras: Vec<u8>,
-    key: Vec<u8>,
-    value: Vec<u8>,
 }
 
 impl Resp {
@@ -136,34 +108,6 @@ impl Resp {
             value: vec![],
         }
     }
-}
-
-fn read_resp(c: &mut Client) -> Resp {
-    let h = c.take(24);
-    assert_eq!(h[0], 0x81, "response magic in {h:?}");
-    assert_eq!(h[5], 0, "data type");
-    let key_len = u16::from_be_bytes([h[2], h[3]]) as usize;
-    let extras_len = h[4] as usize;
-    let status = u16::from_be_bytes([h[6], h[7]]);
-    let body = u32::from_be_bytes([h[8], h[9], h[10], h[11]]) as usize;
-    let opaque = u32::from_be_bytes([h[12], h[13], h[14], h[15]]);
-    let cas = u64::from_be_bytes(h[16..24].try_into().unwrap());
-    let body = c.take(body);
-    Resp {
-        opcode: h[1],
-        status,
-        opaque,
-        cas,
-        extras: body[..extras_len].to_vec(),
-        key: body[extras_len..extras_len + key_len].to_vec(),
-        value: body[extras_len + key_len..].to_vec(),
-    }
-}
-
-/// Send one binary request and read one response.
-fn call(c: &mut Client, frame: &[u8]) -> Resp {
-    c.send(frame);
-    read_resp(c)
 }
 
 /// Send a request and expect exactly this error response.

@@ -13,6 +13,7 @@ use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use common::mcbin::{self, call, read as read_resp, Resp};
 use common::{Client, Daemon};
 
 const GET: u8 = 0x00;
@@ -49,18 +50,7 @@ const UNKNOWN: u16 = 0x0081;
 const SILENCE: Duration = Duration::from_millis(200);
 
 fn req(opcode: u8, extras: &[u8], key: &[u8], value: &[u8], opaque: u32) -> Vec<u8> {
-    let body = extras.len() + key.len() + value.len();
-    let mut v = vec![0x80, opcode];
-    v.extend_from_slice(&(key.len() as u16).to_be_bytes());
-    v.push(extras.len() as u8);
-    v.extend_from_slice(&[0, 0, 0]);
-    v.extend_from_slice(&(body as u32).to_be_bytes());
-    v.extend_from_slice(&opaque.to_be_bytes());
-    v.extend_from_slice(&0u64.to_be_bytes());
-    v.extend_from_slice(extras);
-    v.extend_from_slice(key);
-    v.extend_from_slice(value);
-    v
+    mcbin::request(opcode, extras, key, value, opaque, 0)
 }
 
 fn set_extras() -> Vec<u8> {
@@ -72,41 +62,6 @@ fn arith_extras(delta: u64, initial: u64, exptime: u32) -> Vec<u8> {
     v.extend_from_slice(&initial.to_be_bytes());
     v.extend_from_slice(&exptime.to_be_bytes());
     v
-}
-
-#[derive(Debug, PartialEq, Eq)]
-struct Resp {
-    opcode: u8,
-    status: u16,
-    opaque: u32,
-    cas: u64,
-    extras: Vec<u8>,
-    key: Vec<u8>,
-    value: Vec<u8>,
-}
-
-fn read_resp(c: &mut Client) -> Resp {
-    let h = c.take(24);
-    assert_eq!(h[0], 0x81, "response magic");
-    let key_len = u16::from_be_bytes([h[2], h[3]]) as usize;
-    let extras_len = h[4] as usize;
-    let body = u32::from_be_bytes([h[8], h[9], h[10], h[11]]) as usize;
-    let b = c.take(body);
-    Resp {
-        opcode: h[1],
-        status: u16::from_be_bytes([h[6], h[7]]),
-        opaque: u32::from_be_bytes([h[12], h[13], h[14], h[15]]),
-        cas: u64::from_be_bytes(h[16..24].try_into().unwrap()),
-        extras: b[..extras_len].to_vec(),
-        key: b[extras_len..extras_len + key_len].to_vec(),
-        value: b[extras_len + key_len..].to_vec(),
-    }
-}
-
-/// Send a request and read one response.
-fn call(c: &mut Client, request: &[u8]) -> Resp {
-    c.send(request);
-    read_resp(c)
 }
 
 /// (status, key, body) of an answer: what differs between the modes.

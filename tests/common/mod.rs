@@ -1,10 +1,13 @@
-//! Shared by the integration tests: start the real daemon on port 0, wait until it listens, talk
-//! to it with deadlines (never sleep-and-hope), stop it by its PID.
+//! Shared by the integration tests: start the real daemon on port 0 and wait until it listens
+//! (through `holdfast_testkit`, the launcher the tools use too), talk to it with deadlines (never
+//! sleep-and-hope), stop it by its PID.
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
+pub mod mcbin;
+
+use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// How long any single expected answer may take before the test fails (generous: the machine is
@@ -19,7 +22,7 @@ pub fn test_threads() -> String {
 }
 
 pub struct Daemon {
-    child: Child,
+    inner: holdfast_testkit::Daemon,
     pub memcache: Option<SocketAddr>,
     pub lockd: Option<SocketAddr>,
     pub dlock: Option<SocketAddr>,
@@ -48,15 +51,6 @@ impl Daemon {
             }
         }
         args.extend_from_slice(extra);
-        let mut child = Command::new(env!("CARGO_BIN_EXE_holdfast"))
-            .args(&args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn holdfast");
-        let stdout = child.stdout.take().expect("stdout");
-        let mut lines = BufReader::new(stdout).lines();
         // A listener turned `off` prints no line.
         let is_off = |p: &str| {
             let flag = format!("--{p}");
@@ -65,45 +59,37 @@ impl Daemon {
                 .find(|w| w[0] == flag)
                 .is_some_and(|w| w[1] == "off")
         };
-        let expected = ["memcache", "lockd", "dlock", "counter", "admin"]
-            .iter()
+        let expected: Vec<&str> = ["memcache", "lockd", "dlock", "counter", "admin"]
+            .into_iter()
             .filter(|p| !is_off(p))
-            .count();
+            .collect();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_holdfast"));
+        cmd.args(&args).stderr(Stdio::inherit());
+        let inner = holdfast_testkit::Daemon::spawn(&mut cmd, &expected, DEADLINE)
+            .unwrap_or_else(|e| panic!("start holdfast {args:?}: {e}"));
         let mut d = Daemon {
-            child,
+            inner,
             memcache: None,
             lockd: None,
             dlock: None,
             admin: None,
             counter: None,
         };
-        for _ in 0..expected {
-            let line = lines
-                .next()
-                .expect("daemon printed its listeners")
-                .expect("read stdout");
-            // "holdfast: memcache listening on 127.0.0.1:11211"
-            let mut words = line.split_whitespace().skip(1);
-            let proto = words.next().unwrap_or_default().to_string();
-            let addr: SocketAddr = words
-                .last()
-                .expect("address")
-                .parse()
-                .expect("address parses");
+        for (proto, addr) in d.inner.listeners().to_vec() {
             match proto.as_str() {
                 "memcache" => d.memcache = Some(addr),
                 "lockd" => d.lockd = Some(addr),
                 "dlock" => d.dlock = Some(addr),
                 "admin" => d.admin = Some(addr),
                 "counter" => d.counter = Some(addr),
-                other => panic!("unexpected listener line {other}: {line}"),
+                other => panic!("unexpected listener {other} at {addr}"),
             }
         }
         d
     }
 
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.inner.pid()
     }
 
     pub fn memcache(&self) -> Client {
@@ -122,37 +108,21 @@ impl Daemon {
         Client::connect(self.counter.expect("counter listener"))
     }
 
-    /// Send SIGTERM and wait for the exit status.
+    /// Send SIGTERM and wait (at most DEADLINE) for the exit status.
     pub fn terminate(mut self) -> std::process::ExitStatus {
-        // SAFETY: kill(2) on the PID of the child we started and have not reaped.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let status = self.child.wait().expect("wait");
-        std::mem::forget(self);
-        status
+        self.inner
+            .terminate(DEADLINE)
+            .unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// Resident memory in KiB (from /proc), for leak checks.
     pub fn rss_kib(&self) -> u64 {
-        let status =
-            std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap_or_default();
-        status
-            .lines()
-            .find(|l| l.starts_with("VmRSS:"))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
+        self.inner.rss_kib().unwrap_or(0)
     }
 
     /// Number of open file descriptors.
     pub fn open_fds(&self) -> usize {
-        std::fs::read_dir(format!("/proc/{}/fd", self.pid())).map_or(0, |d| d.count())
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.inner.open_fds()
     }
 }
 

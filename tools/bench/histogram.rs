@@ -167,15 +167,10 @@ mod tests {
         assert_eq!(h.quantile(1.0), h.max());
     }
 
-    /// xorshift64*: reproducible samples without a dependency.
+    /// Reproducible samples: the project's one generator.
     fn rng(seed: u64) -> impl FnMut() -> u64 {
-        let mut x = seed;
-        move || {
-            x ^= x >> 12;
-            x ^= x << 25;
-            x ^= x >> 27;
-            x.wrapping_mul(0x2545_f491_4f6c_dd1d)
-        }
+        let mut rng = holdfast::rng::Rng(seed);
+        move || rng.next()
     }
 
     #[test]

@@ -47,7 +47,8 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    raise_fd_limit();
+    // A thousand connections need more than the common default of 1024 descriptors.
+    holdfast::fdlimit::raise_to_hard();
     match run(config) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -314,17 +315,4 @@ fn print_result(config: &Config, t: &ThreadResult) {
         );
     }
     println!("{summary}");
-}
-
-/// Raise the open-file limit to the hard limit: a thousand connections need more than the
-/// common default of 1024 descriptors.
-fn raise_fd_limit() {
-    // SAFETY: getrlimit/setrlimit read and write a plain struct we own.
-    unsafe {
-        let mut lim = std::mem::zeroed::<libc::rlimit>();
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
-            lim.rlim_cur = lim.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
-        }
-    }
 }

@@ -34,6 +34,7 @@ use mio::{Events, Interest, Poll, Token};
 use slab::Slab;
 
 use holdfast::proto::lockd;
+use holdfast::rng::Rng;
 
 use crate::codec::{self, check_reply, describe, encode, Checked, Expect, Protocol, Req};
 use crate::config::{Config, Workload};
@@ -151,7 +152,7 @@ struct Conn {
     key_span: u64,
     next_key: u64,
     seq: u64,
-    rng: u64,
+    rng: Rng,
     dirty: bool,
     dead: bool,
     // Contended.
@@ -263,7 +264,7 @@ fn connect_all(shared: &Shared, a: &Assignment) -> Result<(Poll, Slab<Conn>), St
             next_key: 0,
             seq: 0,
             // Any odd non-zero seed; distinct per connection.
-            rng: 0x9e37_79b9_7f4a_7c15 ^ (global.wrapping_mul(0x2545_f491_4f6c_dd1d) | 1),
+            rng: Rng(0x9e37_79b9_7f4a_7c15 ^ (global.wrapping_mul(0x2545_f491_4f6c_dd1d) | 1)),
             dirty: false,
             dead: false,
             state: Contend::Idle,
@@ -469,10 +470,7 @@ impl Worker<'_> {
             c.next_key = (c.next_key + 1) % c.key_span;
             k
         } else {
-            c.rng ^= c.rng >> 12;
-            c.rng ^= c.rng << 25;
-            c.rng ^= c.rng >> 27;
-            c.key_lo + c.rng.wrapping_mul(0x2545_f491_4f6c_dd1d) % c.key_span
+            c.key_lo + c.rng.below(c.key_span)
         };
         let mut key = [0u8; 64];
         let key = make_key(&mut key, &self.shared.prefix, key_index);

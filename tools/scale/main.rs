@@ -36,14 +36,14 @@
 //! Exit status: 0 PASS, 1 FAIL or error, 2 bad flags.
 
 use std::collections::HashMap;
-use std::io::{self, BufRead, BufReader, ErrorKind, Read, Write};
+use std::io::{self, ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream as StdStream};
 use std::path::PathBuf;
-use std::process::{Child, Command, ExitCode, Stdio};
-use std::sync::mpsc;
+use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use holdfast::proto::{dlock, lockd, memcache::binary};
+use holdfast::rng::Rng;
 use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Token};
 
@@ -147,7 +147,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    raise_fd_limit();
+    holdfast::fdlimit::raise_to_hard();
     match run(&opts) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
@@ -155,26 +155,6 @@ fn main() -> ExitCode {
             eprintln!("holdfast-scale: {e}");
             ExitCode::FAILURE
         }
-    }
-}
-
-fn raise_fd_limit() {
-    // SAFETY: getrlimit/setrlimit read and write a plain struct we own.
-    unsafe {
-        let mut lim = std::mem::zeroed::<libc::rlimit>();
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
-            lim.rlim_cur = lim.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
-        }
-    }
-}
-
-fn fd_limit() -> u64 {
-    // SAFETY: as above.
-    unsafe {
-        let mut lim = std::mem::zeroed::<libc::rlimit>();
-        libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
-        lim.rlim_cur
     }
 }
 
@@ -196,30 +176,11 @@ fn key(prefix: u8, n: usize) -> [u8; KEY_LEN] {
     k
 }
 
-/// splitmix64: a small deterministic generator (no crate needed).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in lo..=hi (the modulo bias is negligible for small ranges).
-    fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next() % (hi - lo + 1)
-    }
-}
-
 // ---------------------------------------------------------------------------------------------
 // The daemon.
 
 struct Daemon {
-    child: Child,
-    ports: HashMap<String, u16>,
+    inner: holdfast_testkit::Daemon,
 }
 
 impl Daemon {
@@ -244,69 +205,31 @@ impl Daemon {
         if let Some(t) = opts.threads {
             cmd.args(["--threads", &t.to_string()]);
         }
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        let mut child = cmd
-            .spawn()
-            .map_err(|e| format!("cannot start {}: {e}", opts.holdfast.display()))?;
-        let stdout = child.stdout.take().ok_or("no stdout")?;
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let mut d = Daemon {
-            child,
-            ports: HashMap::new(),
-        };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while d.ports.len() < 3 {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let line = rx
-                .recv_timeout(left)
-                .map_err(|_| "the daemon printed no listening lines within 10 s".to_string())?;
-            // "holdfast: memcache listening on 127.0.0.1:PORT"
-            let mut words = line.split_whitespace();
-            if let (Some("holdfast:"), Some(proto), Some("listening"), Some("on"), Some(addr)) = (
-                words.next(),
-                words.next(),
-                words.next(),
-                words.next(),
-                words.next(),
-            ) {
-                let port = addr
-                    .rsplit(':')
-                    .next()
-                    .and_then(|p| p.parse().ok())
-                    .ok_or(format!("bad listening line: {line}"))?;
-                d.ports.insert(proto.to_string(), port);
-            }
-        }
-        Ok(d)
+        cmd.stderr(Stdio::inherit());
+        let inner = holdfast_testkit::Daemon::spawn(
+            &mut cmd,
+            &["memcache", "lockd", "dlock"],
+            Duration::from_secs(10),
+        )?;
+        Ok(Daemon { inner })
     }
 
     fn pid(&self) -> u32 {
-        self.child.id()
+        self.inner.pid()
     }
 
     fn port(&self, proto: &str) -> u16 {
-        self.ports[proto]
+        match self.inner.addr(proto) {
+            Some(a) => a.port(),
+            None => panic!("no {proto} listener"),
+        }
     }
 
     /// VmRSS in KiB.
     fn rss_kib(&self) -> Result<u64, String> {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
-            .map_err(|e| format!("/proc/{}/status: {e}", self.pid()))?;
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .ok_or("no VmRSS".into())
+        self.inner
+            .rss_kib()
+            .ok_or(format!("no VmRSS in /proc/{}/status", self.pid()))
     }
 
     /// RSS once it stops moving (the daemon may still be freeing or touching memory right after
@@ -325,31 +248,16 @@ impl Daemon {
         Ok(last)
     }
 
-    fn stop(mut self) {
-        self.kill();
-    }
-
-    fn kill(&mut self) {
-        if let Ok(Some(_)) = self.child.try_wait() {
-            return;
-        }
-        // SAFETY: kill(2) on the PID of our own child, which has not been reaped yet.
-        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+    /// SIGTERM, and wait for the exit (see the drop).
+    fn stop(self) {
+        drop(self);
     }
 }
 
 impl Drop for Daemon {
+    /// SIGTERM, then (after 10 s) SIGKILL.
     fn drop(&mut self) {
-        self.kill();
+        let _ = self.inner.terminate(Duration::from_secs(10));
     }
 }
 
@@ -996,7 +904,7 @@ fn phase_leases(opts: &Opts, r: &mut Results) -> Result<(), String> {
     let waiters = connect_many(port, opts.samples)?;
     ctl.wait_connections((BULK + PROBES + opts.samples) as u64 + 1)?;
 
-    let mut rng = Rng(0x5eed_1ea5e);
+    let mut rng = Rng::mixed(0x5eed_1ea5e);
     let releases: Vec<u16> = (0..opts.leases)
         .map(|_| rng.range(1000, 10_000) as u16)
         .collect();
@@ -1187,10 +1095,10 @@ fn phase_leases(opts: &Opts, r: &mut Results) -> Result<(), String> {
 
 fn run(opts: &Opts) -> Result<bool, String> {
     let need = opts.conns.max(opts.samples + 20) as u64 + 64;
-    if fd_limit() < need {
+    let limit = holdfast::fdlimit::limits().map_or(0, |(soft, _)| soft);
+    if limit < need {
         return Err(format!(
-            "open-file limit {} is below the {need} this run needs (ulimit -Hn)",
-            fd_limit()
+            "open-file limit {limit} is below the {need} this run needs (ulimit -Hn)"
         ));
     }
     let t0 = Instant::now();

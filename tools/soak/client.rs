@@ -74,7 +74,7 @@ impl Base {
         Base {
             ctx,
             id,
-            rng: Rng::new(seed ^ (u64::from(id) << 32)),
+            rng: Rng::mixed(seed ^ (u64::from(id) << 32)),
             conn: None,
             what: "start",
             history: Vec::new(),
@@ -101,11 +101,11 @@ impl Base {
 
     /// Send a request, now and then slowly (a few bytes at a time).
     pub fn send(&mut self, bytes: &[u8]) -> Res<()> {
-        let slow = self.rng.chance(3.0);
+        let slow = self.rng.chance(3);
         if slow {
             self.ctx.report.count(&self.ctx.report.c.slow_sends);
         }
-        let mut rng = Rng::new(self.rng.next());
+        let mut rng = Rng::mixed(self.rng.next());
         let conn = self.conn()?;
         if slow {
             conn.send_slow(bytes, &mut rng)
@@ -116,7 +116,7 @@ impl Base {
 
     /// Close the connection (half the time with a reset).
     pub fn disconnect(&mut self) {
-        let reset = self.rng.chance(50.0);
+        let reset = self.rng.chance(50);
         if let Some(c) = self.conn.take() {
             if reset {
                 self.ctx.report.count(&self.ctx.report.c.resets);
@@ -172,6 +172,6 @@ impl Base {
 
     /// A short pause (think time, hold time).
     pub fn pause(&mut self, max_ms: u64) {
-        std::thread::sleep(self.rng.ms(0, max_ms));
+        std::thread::sleep(Duration::from_millis(self.rng.range(0, max_ms)));
     }
 }

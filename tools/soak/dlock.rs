@@ -151,10 +151,10 @@ impl DlockClient {
         let wait = match self.b.rng.below(100) {
             0..=24 => None,
             25..=44 => Some(Duration::ZERO),
-            _ => Some(self.b.rng.ms(1, 400)),
+            _ => Some(Duration::from_millis(self.b.rng.range(1, 400))),
         };
-        let lease = if self.b.rng.chance(25.0) {
-            Some(self.b.rng.ms(50, 500))
+        let lease = if self.b.rng.chance(25) {
+            Some(Duration::from_millis(self.b.rng.range(50, 500)))
         } else {
             None
         };
@@ -170,8 +170,8 @@ impl DlockClient {
             // Waiting forever: the client gives up by closing (while queued, or as it is
             // granted: a grant the soak does not see is released by the close, or is a lease
             // that runs out; neither can make the rules report a false double grant).
-            None if self.b.rng.chance(20.0) => sent + self.b.rng.ms(5, 100),
-            None => sent + self.b.rng.ms(200, 2500),
+            None if self.b.rng.chance(20) => sent + Duration::from_millis(self.b.rng.range(5, 100)),
+            None => sent + Duration::from_millis(self.b.rng.range(200, 2500)),
             Some(w) => sent + w + REPLY_DEADLINE,
         };
         let r = match self.response(id, deadline) {
@@ -256,7 +256,7 @@ impl DlockClient {
     /// timeout closes the connection.
     fn bound_end(&mut self) -> Res<()> {
         self.b.pause(15);
-        if self.b.rng.chance(20.0) {
+        if self.b.rng.chance(20) {
             self.ping()?;
         }
         let r = self.b.rng.below(1000);

@@ -3,7 +3,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use holdfast::proto::lockd::{self as wire, op};
 
@@ -179,14 +179,15 @@ impl LockdClient {
         self.b.ctx.report.count(&self.b.ctx.report.c.lockd_waited);
         // Queued. Wait a while, pinging (the connection keeps working); some give up soon, so
         // that closing while queued (or just granted) happens often.
-        let patience = if self.b.rng.chance(30.0) {
-            self.b.rng.ms(5, 200)
+        let patience = if self.b.rng.chance(30) {
+            Duration::from_millis(self.b.rng.range(5, 200))
         } else {
-            self.b.rng.ms(200, 2000)
+            Duration::from_millis(self.b.rng.range(200, 2000))
         };
         let give_up = Instant::now() + patience;
         loop {
-            let next_ping = (Instant::now() + self.b.rng.ms(30, 150)).min(give_up);
+            let next_ping =
+                (Instant::now() + Duration::from_millis(self.b.rng.range(30, 150))).min(give_up);
             match self.recv(next_ping) {
                 Ok(f) if f.opcode == op::ACQUIRED && f.payload == payload => break,
                 Ok(f) => {
@@ -226,10 +227,10 @@ impl LockdClient {
         self.held = Some(name);
         self.drain_pongs()?;
         self.b.pause(15);
-        if self.b.rng.chance(20.0) {
+        if self.b.rng.chance(20) {
             self.ping()?;
         }
-        if self.b.rng.chance(80.0) {
+        if self.b.rng.chance(80) {
             self.release()
         } else {
             self.b.what = "holding (orphan)";
@@ -284,7 +285,7 @@ impl LockdClient {
     /// ADOPT a name that is probably an orphan (or, now and then, any name).
     fn adopt(&mut self) -> Res<()> {
         let candidates = self.b.ctx.model.orphan_candidates();
-        let name = if !candidates.is_empty() && self.b.rng.chance(80.0) {
+        let name = if !candidates.is_empty() && self.b.rng.chance(80) {
             candidates[self.b.rng.below(candidates.len() as u64) as usize].clone()
         } else {
             self.b.pick("lk:")
@@ -301,7 +302,7 @@ impl LockdClient {
         self.b.ctx.model.adopted(&name, self.b.owner());
         self.held = Some(name);
         self.b.pause(15);
-        if self.b.rng.chance(80.0) {
+        if self.b.rng.chance(80) {
             self.release()
         } else {
             self.b.what = "holding adopted (orphan)";

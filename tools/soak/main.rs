@@ -95,10 +95,9 @@ mod net;
 mod report;
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::os::unix::process::CommandExt;
-use std::process::{Child, Command, ExitCode, Stdio};
+use std::process::{Command, ExitCode, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -258,7 +257,7 @@ fn parse_args() -> Result<Args, String> {
 
 /// The daemon under test: started by the soak (and stopped by it) or attached to.
 struct Daemon {
-    child: Option<Child>,
+    child: Option<holdfast_testkit::Daemon>,
     pid: u32,
     memcache: SocketAddr,
     lockd: SocketAddr,
@@ -278,8 +277,6 @@ fn start_daemon(path: &str, extra: &[String]) -> Result<Daemon, String> {
         "off",
     ])
     .args(extra)
-    .stdin(Stdio::null())
-    .stdout(Stdio::piped())
     .stderr(Stdio::inherit());
     // SAFETY: prctl is async-signal-safe; between fork and exec it only asks the kernel to send
     // the daemon SIGTERM should the soak die first (panic=abort skips destructors), so that a
@@ -290,31 +287,15 @@ fn start_daemon(path: &str, extra: &[String]) -> Result<Daemon, String> {
             Ok(())
         });
     }
-    let mut child = cmd.spawn().map_err(|e| format!("start {path}: {e}"))?;
-    let pid = child.id();
-    let stdout = child.stdout.take().ok_or("no stdout")?;
-    let mut lines = BufReader::new(stdout).lines();
-    let mut found: HashMap<String, SocketAddr> = HashMap::new();
-    while found.len() < 3 {
-        let line = match lines.next() {
-            Some(Ok(l)) => l,
-            _ => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err("the daemon exited before printing its three listeners".into());
-            }
-        };
-        // "holdfast: memcache listening on 127.0.0.1:11211"
-        let words: Vec<&str> = line.split_whitespace().collect();
-        if let (Some(proto), Some(a)) = (words.get(1), words.last()) {
-            if let Ok(a) = a.parse() {
-                found.insert(proto.to_string(), a);
-            }
-        }
-    }
-    let get = |p: &str| found.get(p).copied().ok_or(format!("no {p} listener line"));
+    let child = holdfast_testkit::Daemon::spawn(
+        &mut cmd,
+        &["memcache", "lockd", "dlock"],
+        Duration::from_secs(10),
+    )
+    .map_err(|e| format!("start {path}: {e}"))?;
+    let get = |p: &str| child.addr(p).ok_or(format!("no {p} listener line"));
     Ok(Daemon {
-        pid,
+        pid: child.pid(),
         memcache: get("memcache")?,
         lockd: get("lockd")?,
         dlock: get("dlock")?,
@@ -325,19 +306,13 @@ fn start_daemon(path: &str, extra: &[String]) -> Result<Daemon, String> {
 impl Daemon {
     fn alive(&mut self) -> bool {
         match &mut self.child {
-            Some(c) => matches!(c.try_wait(), Ok(None)),
+            Some(c) => c.is_running(),
             None => std::path::Path::new(&format!("/proc/{}", self.pid)).exists(),
         }
     }
 
     fn rss_kib(&self) -> u64 {
-        std::fs::read_to_string(format!("/proc/{}/status", self.pid))
-            .unwrap_or_default()
-            .lines()
-            .find(|l| l.starts_with("VmRSS:"))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
+        holdfast_testkit::rss_kib(self.pid).unwrap_or(0)
     }
 
     /// The daemon's TCP sockets that are not listeners: "memcache CLOSE_WAIT 127.0.0.1:PORT"
@@ -395,7 +370,7 @@ impl Daemon {
     }
 
     fn fds(&self) -> u64 {
-        std::fs::read_dir(format!("/proc/{}/fd", self.pid)).map_or(0, |d| d.count() as u64)
+        holdfast_testkit::open_fds(self.pid) as u64
     }
 
     /// SIGTERM by PID, then wait (at most 10 s) for a clean exit. Attached daemons are left
@@ -404,20 +379,10 @@ impl Daemon {
         let Some(child) = &mut self.child else {
             return Ok(());
         };
-        // SAFETY: kill(2) on the PID of our own child, not yet reaped.
-        unsafe { libc::kill(self.pid as i32, libc::SIGTERM) };
-        let until = Instant::now() + Duration::from_secs(10);
-        loop {
-            match child.try_wait() {
-                Ok(Some(st)) if st.success() => return Ok(()),
-                Ok(Some(st)) => return Err(format!("the daemon exited with {st} on SIGTERM")),
-                Ok(None) if Instant::now() < until => std::thread::sleep(Duration::from_millis(20)),
-                _ => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    return Err("the daemon did not stop within 10 s of SIGTERM".into());
-                }
-            }
+        match child.terminate(Duration::from_secs(10)) {
+            Ok(st) if st.success() => Ok(()),
+            Ok(st) => Err(format!("the daemon exited with {st} on SIGTERM")),
+            Err(_) => Err("the daemon did not stop within 10 s of SIGTERM".into()),
         }
     }
 }

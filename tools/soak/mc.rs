@@ -220,7 +220,7 @@ impl McClient {
         self.serial += 1;
         let mut v = format!("c{}-{}-", self.b.id, self.serial).into_bytes();
         // Mostly small, now and then a few KiB.
-        let pad = if self.b.rng.chance(5.0) {
+        let pad = if self.b.rng.chance(5) {
             self.b.rng.below(8192)
         } else {
             self.b.rng.below(32)
@@ -231,7 +231,7 @@ impl McClient {
 
     /// Store `value` under `key` (text or binary set): true if STORED, false if LOCKED.
     fn set(&mut self, key: &str, value: &[u8]) -> Res<bool> {
-        if self.b.rng.chance(50.0) {
+        if self.b.rng.chance(50) {
             let mut req = format!("set {key} 0 0 {}\r\n", value.len()).into_bytes();
             req.extend_from_slice(value);
             req.extend_from_slice(b"\r\n");
@@ -251,7 +251,7 @@ impl McClient {
     }
 
     fn get(&mut self, key: &str) -> Res<Option<Vec<u8>>> {
-        if self.b.rng.chance(50.0) {
+        if self.b.rng.chance(50) {
             let req = format!("get {key}\r\n");
             self.b.send(req.as_bytes())?;
             let key = key.to_string();
@@ -321,14 +321,14 @@ impl McClient {
                 ));
             }
         }
-        if self.b.rng.chance(20.0) {
+        if self.b.rng.chance(20) {
             let second = self.b.pick("mc:");
             if second != key {
                 self.lock_one(&second)?;
             }
         }
         self.b.pause(10);
-        if self.b.rng.chance(20.0) {
+        if self.b.rng.chance(20) {
             self.ping()?;
         }
         let r = self.b.rng.below(100);
@@ -351,7 +351,7 @@ impl McClient {
             }
             65..=71 => {
                 for k in self.let_go() {
-                    if self.b.rng.chance(50.0) {
+                    if self.b.rng.chance(50) {
                         let line = self.text(format!("delete {k}\r\n").as_bytes())?;
                         if line != "DELETED" {
                             return Err(Fail::Proto(format!("holder's delete {k}: {line:?}")));
@@ -454,7 +454,7 @@ impl McClient {
 
     fn unlock_all(&mut self) -> Res<()> {
         self.let_go();
-        if self.b.rng.chance(50.0) {
+        if self.b.rng.chance(50) {
             let line = self.text(b"unlock_all\r\n")?;
             if line != "OK" {
                 return Err(Fail::Proto(format!("unlock_all: {line:?}")));
@@ -537,7 +537,7 @@ impl McClient {
     }
 
     fn ping(&mut self) -> Res<()> {
-        if self.b.rng.chance(50.0) {
+        if self.b.rng.chance(50) {
             let line = self.text(b"version\r\n")?;
             if !line.starts_with("VERSION ") {
                 return Err(Fail::Proto(format!("version: {line:?}")));
@@ -558,7 +558,7 @@ impl McClient {
             return Ok(());
         }
         self.b.ctx.report.count(&self.b.ctx.report.c.hostile);
-        let req: Vec<u8> = if self.b.rng.chance(50.0) {
+        let req: Vec<u8> = if self.b.rng.chance(50) {
             let mut r = bin_request(op::GET, 1, &[], b"key", &[]);
             r[11] = 1; // total body 1 < key length 3
             r

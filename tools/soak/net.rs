@@ -1,9 +1,12 @@
-//! Blocking client connections with deadlines, slow writes, resets; a small PRNG.
+//! Blocking client connections with deadlines, slow writes, resets; the PRNG (`holdfast::rng`).
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+
+/// The project's one seeded generator (`holdfast::rng`).
+pub use holdfast::rng::Rng;
 
 /// How long any reply may take before the soak calls it a hang. Generous: the machine is shared
 /// and the soak itself runs ~60 threads on it; a healthy daemon answers in microseconds.
@@ -150,41 +153,5 @@ impl Conn {
             let _ = socket2::SockRef::from(&self.s).set_linger(Some(Duration::ZERO));
         }
         drop(self.s);
-    }
-}
-
-/// xorshift64*: fast, seedable, good enough to pick actions.
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Rng {
-        // splitmix64 of the seed, never zero.
-        let mut z = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        Rng((z ^ (z >> 31)) | 1)
-    }
-
-    pub fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    /// Uniform in 0..n (n > 0).
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-
-    /// True with probability `percent` / 100 (fractions allowed).
-    pub fn chance(&mut self, percent: f64) -> bool {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64 * 100.0 < percent
-    }
-
-    pub fn ms(&mut self, lo: u64, hi: u64) -> Duration {
-        Duration::from_millis(lo + self.below(hi - lo + 1))
     }
 }

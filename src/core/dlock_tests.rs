@@ -1,0 +1,1104 @@
+use super::*;
+
+/// The wheel promises a wake-up time no later than the earliest deadline (a hierarchical
+/// wheel may name an earlier cascade point); the tests of firing times check the rest.
+#[track_caller]
+fn assert_next_deadline_by(next: Option<u64>, deadline: u64) {
+    assert!(
+        matches!(next, Some(d) if d <= deadline),
+        "next_deadline {next:?} is not by {deadline}"
+    );
+}
+
+fn c(n: u32) -> ConnId {
+    ConnId::new(0, n, 0)
+}
+
+fn table(idle_timeout_ms: u64) -> DlockTable {
+    DlockTable::new(DlockConfig { idle_timeout_ms }, 0)
+}
+
+fn boxed(keys: &[&[u8]]) -> Vec<Box<[u8]>> {
+    keys.iter().map(|k| Box::from(*k)).collect()
+}
+
+/// Lock that is expected to be answered at once or to wait, with no side events.
+fn lock(
+    t: &mut DlockTable,
+    conn: ConnId,
+    keys: &[&[u8]],
+    wait_us: Option<u64>,
+    lease_us: Option<u64>,
+    now: u64,
+) -> LockResult {
+    let mut ev = Vec::new();
+    let r = t.lock(conn, 0, keys, wait_us, lease_us, now, &mut ev);
+    assert_eq!(ev, []);
+    t.check_invariants();
+    r
+}
+
+fn advance(t: &mut DlockTable, now: u64) -> Vec<DlockEvent> {
+    let mut ev = Vec::new();
+    t.advance(now, &mut ev);
+    t.check_invariants();
+    ev
+}
+
+fn unlock(t: &mut DlockTable, conn: ConnId, keys: &[&[u8]], now: u64) -> Vec<DlockEvent> {
+    let mut ev = Vec::new();
+    assert_eq!(t.unlock(conn, keys, now, &mut ev), Ok(()));
+    t.check_invariants();
+    ev
+}
+
+fn granted(conn: ConnId) -> DlockEvent {
+    DlockEvent::Granted {
+        conn,
+        token: 0,
+        fence: 0,
+    }
+}
+
+/// Events with their fencing tokens blanked, for comparing with [`granted`] (the tokens are
+/// checked by the fencing tests).
+fn unfenced(ev: &[DlockEvent]) -> Vec<DlockEvent> {
+    ev.iter()
+        .map(|e| match e {
+            DlockEvent::Granted { conn, token, .. } => DlockEvent::Granted {
+                conn: *conn,
+                token: *token,
+                fence: 0,
+            },
+            DlockEvent::TimedOut { conn, token, busy } => DlockEvent::TimedOut {
+                conn: *conn,
+                token: *token,
+                busy: busy.clone(),
+            },
+            DlockEvent::Idle { conn } => DlockEvent::Idle { conn: *conn },
+        })
+        .collect()
+}
+
+#[test]
+fn queue_and_held_since_show_the_holder_and_its_waiters_in_order() {
+    let mut t = table(0);
+    lock(&mut t, c(1), &[b"k"], None, None, 5_300);
+    lock(&mut t, c(2), &[b"k"], None, None, 6_000);
+    lock(&mut t, c(3), &[b"k"], None, None, 7_000);
+    assert_eq!(t.held_since(b"k"), Some(5_000), "whole seconds");
+    assert_eq!(t.queue(b"k").collect::<Vec<_>>(), [c(2), c(3)]);
+    assert_eq!(t.held_since(b"free"), None);
+    assert_eq!(t.queue(b"free").count(), 0);
+    // The next holder's time is its grant, not its request.
+    unlock(&mut t, c(1), &[b"k"], 9_999);
+    assert_eq!(t.held_since(b"k"), Some(9_000));
+    assert_eq!(t.queue(b"k").collect::<Vec<_>>(), [c(3)]);
+}
+
+#[test]
+fn lock_is_all_or_nothing() {
+    let mut t = table(0);
+    assert_eq!(
+        lock(&mut t, c(1), &[b"b"], None, None, 0),
+        LockResult::Granted
+    );
+    assert_eq!(
+        lock(&mut t, c(2), &[b"a", b"b"], Some(0), None, 0),
+        LockResult::Timeout {
+            busy: boxed(&[b"b"])
+        }
+    );
+    assert_eq!(t.holder(b"a"), None);
+    assert_eq!(
+        lock(&mut t, c(2), &[b"a", b"b"], None, None, 0),
+        LockResult::Waiting
+    );
+    assert_eq!(t.holder(b"a"), None, "a waiter holds no partial set");
+    assert_eq!(unfenced(&unlock(&mut t, c(1), &[b"b"], 1)), [granted(c(2))]);
+    assert_eq!(t.holder(b"a"), Some((c(2), None)));
+    assert_eq!(t.holder(b"b"), Some((c(2), None)));
+}
+
+#[test]
+fn relock_by_holder_replaces_lease_with_connection_bound_and_back() {
+    let mut t = table(0);
+    assert_eq!(
+        lock(&mut t, c(1), &[b"a"], Some(0), Some(5000), 0),
+        LockResult::Granted
+    );
+    assert_eq!(t.holder(b"a"), Some((c(1), Some(5))));
+    assert_eq!(
+        lock(&mut t, c(1), &[b"a"], Some(0), None, 1),
+        LockResult::Granted
+    );
+    assert_eq!(t.holder(b"a"), Some((c(1), None)));
+    assert_eq!(advance(&mut t, 10), []);
+    assert_eq!(
+        t.holder(b"a"),
+        Some((c(1), None)),
+        "the old lease timer was cancelled"
+    );
+    assert_eq!(
+        lock(&mut t, c(1), &[b"a"], Some(0), Some(2001), 10),
+        LockResult::Granted
+    );
+    assert_eq!(t.holder(b"a"), Some((c(1), Some(13))));
+    assert_eq!(t.stats().leases, 1);
+    assert_eq!(advance(&mut t, 12), []);
+    assert_eq!(advance(&mut t, 13), []);
+    assert_eq!(t.holder(b"a"), None);
+    assert_eq!(t.stats().lease_expiries, 1);
+    assert_eq!(t.stats().held_keys, 0);
+}
+
+#[test]
+fn relock_replaces_only_the_records_of_the_keys_it_names() {
+    let mut t = table(0);
+    lock(&mut t, c(1), &[b"a", b"b"], None, Some(10_000), 0);
+    lock(&mut t, c(1), &[b"b"], None, Some(0), 1);
+    assert_eq!(t.holder(b"a"), Some((c(1), Some(10))));
+    assert_eq!(t.holder(b"b"), Some((c(1), None)));
+    assert_eq!(t.stats().leases, 1);
+}
+
+#[test]
+fn relock_of_own_key_is_granted_even_with_others_queued_on_it() {
+    let mut t = table(0);
+    lock(&mut t, c(1), &[b"a"], None, None, 0);
+    assert_eq!(
+        lock(&mut t, c(2), &[b"a"], None, None, 0),
+        LockResult::Waiting
+    );
+    assert_eq!(
+        lock(&mut t, c(1), &[b"a"], Some(0), None, 0),
+        LockResult::Granted
+    );
+    // Holding `a` while waiting for `b` too: `a` does not block its own holder.
+    lock(&mut t, c(3), &[b"b"], None, None, 0);
+    assert_eq!(
+        lock(&mut t, c(1), &[b"a", b"b"], None, None, 0),
+        LockResult::Waiting
+    );
+    assert_eq!(unfenced(&unlock(&mut t, c(3), &[b"b"], 1)), [granted(c(1))]);
+    assert_eq!(
+        unfenced(&unlock(&mut t, c(1), &[b"a", b"b"], 2)),
+        [granted(c(2))]
+    );
+}
+
+#[test]
+fn duplicate_keys_in_one_request_are_one_key() {
+    let mut t = table(0);
+    assert_eq!(
+        lock(&mut t, c(1), &[b"a", b"a"], None, None, 0),
+        LockResult::Granted
+    );
+    assert_eq!(t.stats().held_keys, 1);
+    assert_eq!(
+        lock(&mut t, c(2), &[b"a", b"b", b"a"], Some(0), None, 0),
+        LockResult::Timeout {
+            busy: boxed(&[b"a"])
+        }
+    );
+    assert_eq!(unlock(&mut t, c(1), &[b"a", b"a"], 0), []);
+    // Above the small-set threshold the hash-set path dedupes the same way.
+    let many: Vec<Vec<u8>> = (0..40).map(|i| vec![i % 20]).collect();
+    let many: Vec<&[u8]> = many.iter().map(Vec::as_slice).collect();
+    assert_eq!(
+        lock(&mut t, c(1), &many, None, None, 0),
+        LockResult::Granted
+    );
+    assert_eq!(t.stats().held_keys, 20);
+}
+
+#[test]
+fn try_once_fails_on_keys_held_by_others_or_queued_for() {
+    let mut t = table(0);
+    lock(&mut t, c(1), &[b"a"], None, None, 0);
+    // c2 waits for {b, a}: b is free but now queued for.
+    assert_eq!(
+        lock(&mut t, c(2), &[b"b", b"a"], None, None, 0),
+        LockResult::Waiting
+    );
+    assert_eq!(
+        lock(&mut t, c(3), &[b"c", b"b", b"a"], Some(0), None, 0),
+        LockResult::Timeout {
+            busy: boxed(&[b"b", b"a"])
+        }
+    );
+    assert_eq!(t.holder(b"c"), None);
+    assert_eq!(t.stats().timeouts, 1);
+    assert_eq!(t.stats().waiting, 1);
+}
+
+#[test]
+fn wait_deadline_fires_exactly_at_deadline_not_before() {
+    let mut t = table(0);
+    lock(&mut t, c(1), &[b"a"], None, None, 0);
+    let mut ev = Vec::new();
+    assert_eq!(
+        t.lock(c(2), 7, &[b"a", b"b"], Some(2500), None, 10, &mut ev),
+        LockResult::Waiting
+    );
+    assert_next_deadline_by(t.next_deadline(), 13);
+    assert_eq!(advance(&mut t, 12), []);
+    assert_eq!(
+        advance(&mut t, 13),
+        [DlockEvent::TimedOut {
+            conn: c(2),
+            token: 7,
+            busy: boxed(&[b"a"])
+        }]
+    );
+    assert_eq!(t.holder(b"b"), None);
+    assert_eq!(t.stats().waiting, 0);
+    assert_eq!(t.next_deadline(), None);
+}
+
+#[test]
+fn wait_of_one_microsecond_rounds_up_to_one_millisecond() {
+    let mut t = table(0);
+    lock(&mut t, c(1), &[b"a"], None, None, 0);
+    lock(&mut t, c(2), &[b"a"], Some(1), None, 5);
+    assert_eq!(advance(&mut t, 5), []);
+    assert_eq!(advance(&mut t, 6).len(), 1);
+}
+
+#[test]
+fn multi_key_requests_in_opposite_key_orders_do_not_deadlock() {
+    let mut t = table(0);
+    // Both free: the first wins, the second waits holding nothing.
+    assert_eq!(
+        lock(&mut t, c(1), &[b"a", b"b"], None, None, 0),
+        LockResult::Granted
+    );
+    assert_eq!(
+        lock(&mut t, c(2), &[b"b", b"a"], None, None, 0),
+        LockResult::Waiting
+    );
+    assert_eq!(
+        unfenced(&unlock(&mut t, c(1), &[b"a", b"b"], 1)),
+        [granted(c(2))]
+    );
+    unlock(&mut t, c(2), &[b"a", b"b"], 1);
+    // Held by two others; waiters in both orders.
+    lock(&mut t, c(3), &[b"a"], None, None, 2);
+    lock(&mut t, c(4), &[b"b"], None, None, 2);
+    assert_eq!(
+        lock(&mut t, c(1), &[b"a", b"b"], None, None, 2),
+        LockResult::Waiting
+    );
+    assert_eq!(
+        lock(&mut t, c(2), &[b"b", b"a"], None, None, 2),
+        LockResult::Waiting
+    );
+    assert_eq!(unlock(&mut t, c(3), &[b"a"], 3), []);
+    assert_eq!(t.holder(b"a"), None, "nobody takes a partial set");
+    assert_eq!(unfenced(&unlock(&mut t, c(4), &[b"b"], 4)), [granted(c(1))]);
+    assert_eq!(
+        unfenced(&unlock(&mut t, c(1), &[b"b", b"a"], 5)),
+        [granted(c(2))]
+    );
+}
+
+#[test]
+fn multi_key_waiter_is_not_overtaken_by_later_single_key_requests() {
+    let mut t = table(0);
+    lock(&mut t, c(1), &[b"a"], None, None, 0);
+    assert_eq!(
+        lock(&mut t, c(2), &[b"a", b"b"], None, None, 0),
+        LockResult::Waiting
+    );
+    // b is free, but c2 queued for it first.
+    assert_eq!(
+        lock(&mut t, c(3), &[b"b"], Some(0), None, 0),
+        LockResult::Timeout {
+            busy: boxed(&[b"b"])
+        }
+    );
+    assert_eq!(
+        lock(&mut t, c(3), &[b"b"], None, None, 0),
+        LockResult::Waiting
+    );
+    assert_eq!(
+        lock(&mut t, c(4), &[b"b"], None, None, 0),
+        LockResult::Waiting
+    );
+    assert_eq!(unfenced(&unlock(&mut t, c(1), &[b"a"], 1)), [granted(c(2))]);
+    assert_eq!(
+        unfenced(&unlock(&mut t, c(2), &[b"a", b"b"], 2)),
+        [granted(c(3))]
+    );
+    assert_eq!(t.queue_conns(b"b"), [c(4)]);
+}
+
+#[test]
+fn lease_expiry_wakes_the_waiter_at_the_lease_deadline_exactly() {
+    let mut t = table(0);
+    assert_eq!(
+        lock(&mut t, c(1), &[b"a"], None, Some(10_000), 0),
+        LockResult::Granted
+    );
+    assert_eq!(
+        lock(&mut t, c(2), &[b"a"], None, Some(5_000), 1),
+        LockResult::Waiting
+    );
+    assert_next_deadline_by(t.next_deadline(), 10);
+    assert_eq!(advance(&mut t, 9), []);
+    assert_eq!(unfenced(&advance(&mut t, 10)), [granted(c(2))]);
+    // The new lease counts from the grant.
+    assert_eq!(t.holder(b"a"), Some((c(2), Some(15))));
+}
+
+#[test]
+fn key_freed_exactly_at_the_wait_deadline_goes_to_the_waiter() {
+    let mut t = table(0);
+    lock(&mut t, c(1), &[b"a"], None, Some(10_000), 0);
+    lock(&mut t, c(2), &[b"a"], Some(10_000), None, 0);
+    assert_eq!(unfenced(&advance(&mut t, 50)), [granted(c(2))]);
+}
+
+#[test]
+fn lock_expires_due_leases_before_looking_at_its_keys() {
+    let mut t = table(0);
+    lock(&mut t, c(1), &[b"a"], None, Some(10_000), 0);
+    // No advance by the caller: the lock itself runs the due timer.
+    assert_eq!(
+        lock(&mut t, c(2), &[b"a"], Some(0), None, 10),
+        LockResult::Granted
+    );
+}
+
+#[test]
+fn leases_survive_disconnect_and_expire_on_time() {
+    let mut t = table(0);
+    lock(&mut t, c(1), &[b"a"], None, Some(50_000), 0);
+    lock(&mut t, c(1), &[b"b"], None, None, 0);
+    assert_eq!(
+        lock(&mut t, c(2), &[b"a", b"b"], None, None, 1),
+        LockResult::Waiting
+    );
+    let mut ev = Vec::new();
+    t.disconnect(c(1), 2, &mut ev);
+    assert_eq!(ev, []);
+    t.check_invariants();
+    assert_eq!(t.holder(b"a"), Some((c(1), Some(50))));
+    assert_eq!(t.holder(b"b"), None);
+    assert_eq!(advance(&mut t, 49), []);
+    assert_eq!(unfenced(&advance(&mut t, 50)), [granted(c(2))]);
+}
+
+#[test]
+fn idle_connection_loses_its_connection_bound_locks_but_not_its_leases() {
+    let mut t = table(100);
+    t.connect(c(1), 0);
+    lock(&mut t, c(1), &[b"a"], None, None, 0);
+    lock(&mut t, c(1), &[b"b"], None, Some(500_000), 0);
+    assert_eq!(advance(&mut t, 99), []);
+    assert_eq!(advance(&mut t, 100), [DlockEvent::Idle { conn: c(1) }]);
+    assert_eq!(t.holder(b"a"), None);
+    assert_eq!(t.holder(b"b"), Some((c(1), Some(500))));
+    assert_eq!(t.stats().idle_disconnects, 1);
+    // The daemon closes it; the disconnect finds nothing left.
+    let mut ev = Vec::new();
+    t.disconnect(c(1), 101, &mut ev);
+    assert_eq!(ev, []);
+}
+
+#[test]
+fn touches_postpone_the_idle_timeout() {
+    let mut t = table(100);
+    t.connect(c(1), 0);
+    t.touch(c(1), 50);
+    assert_eq!(advance(&mut t, 100), []);
+    t.touch(c(1), 120);
+    assert_eq!(advance(&mut t, 219), []);
+    assert_eq!(advance(&mut t, 220), [DlockEvent::Idle { conn: c(1) }]);
+}
+
+#[test]
+fn pending_lock_is_not_idle_and_the_idle_clock_restarts_when_it_finishes() {
+    let mut t = table(100);
+    t.connect(c(1), 0);
+    t.connect(c(2), 0);
+    lock(&mut t, c(1), &[b"a"], None, Some(300_000), 0);
+    assert_eq!(
+        lock(&mut t, c(2), &[b"a"], None, None, 0),
+        LockResult::Waiting
+    );
+    assert_eq!(advance(&mut t, 100), [DlockEvent::Idle { conn: c(1) }]);
+    assert_eq!(advance(&mut t, 299), []);
+    assert_eq!(unfenced(&advance(&mut t, 300)), [granted(c(2))]);
+    assert_eq!(advance(&mut t, 399), []);
+    assert_eq!(advance(&mut t, 400), [DlockEvent::Idle { conn: c(2) }]);
+    assert_eq!(t.holder(b"a"), None);
+    // Same after a wait deadline.
+    lock(&mut t, c(3), &[b"k"], None, Some(1_000_000), 400);
+    lock(&mut t, c(4), &[b"k"], Some(50_000), None, 400);
+    let ev = advance(&mut t, 500);
+    assert_eq!(ev.len(), 2); // c3 idle at 500 (lease stays); c4 timed out at 450
+    assert_eq!(advance(&mut t, 549), []);
+    assert_eq!(advance(&mut t, 550), [DlockEvent::Idle { conn: c(4) }]);
+}
+
+#[test]
+fn touch_newer_than_a_deadline_run_late_keeps_the_idle_clock() {
+    // Regression (model test, seed 3): the model restarted the idle clock at a wait deadline
+    // run after a newer touch, moving it backwards; the clock only ever moves forwards.
+    let mut t = table(100);
+    t.connect(c(1), 0);
+    lock(&mut t, c(1), &[b"a"], None, None, 0);
+    lock(&mut t, c(2), &[b"a"], Some(10_000), None, 0);
+    t.touch(c(2), 50);
+    assert_eq!(advance(&mut t, 50).len(), 1); // timed out at 10
+    assert_eq!(advance(&mut t, 149), [DlockEvent::Idle { conn: c(1) }]);
+    assert_eq!(advance(&mut t, 150), [DlockEvent::Idle { conn: c(2) }]);
+}
+
+#[test]
+fn idle_timeout_zero_disables_idle_disconnects() {
+    let mut t = table(0);
+    t.connect(c(1), 0);
+    lock(&mut t, c(1), &[b"a"], None, None, 0);
+    assert_eq!(t.next_deadline(), None);
+    assert_eq!(advance(&mut t, u64::MAX / 2), []);
+    assert_eq!(t.holder(b"a"), Some((c(1), None)));
+}
+
+#[test]
+fn disconnecting_waiter_lets_the_next_waiter_through() {
+    let mut t = table(0);
+    lock(&mut t, c(1), &[b"a"], None, None, 0);
+    assert_eq!(
+        lock(&mut t, c(2), &[b"a", b"b"], None, None, 0),
+        LockResult::Waiting
+    );
+    assert_eq!(
+        lock(&mut t, c(3), &[b"b"], None, None, 0),
+        LockResult::Waiting
+    );
+    let mut ev = Vec::new();
+    t.disconnect(c(2), 1, &mut ev);
+    assert_eq!(unfenced(&ev), [granted(c(3))]);
+    t.check_invariants();
+    assert_eq!(t.queue_conns(b"a"), []);
+}
+
+#[test]
+fn timed_out_waiter_lets_the_next_waiter_through() {
+    let mut t = table(0);
+    lock(&mut t, c(1), &[b"a"], None, None, 0);
+    lock(&mut t, c(2), &[b"a", b"b"], Some(5_000), None, 0);
+    lock(&mut t, c(3), &[b"b"], None, None, 0);
+    let ev = advance(&mut t, 5);
+    assert_eq!(
+        unfenced(&ev),
+        [
+            DlockEvent::TimedOut {
+                conn: c(2),
+                token: 0,
+                busy: boxed(&[b"a"])
+            },
+            granted(c(3))
+        ]
+    );
+}
+
+#[test]
+fn waiters_timing_out_at_one_instant_go_in_arrival_order() {
+    // c3 waits behind c2 on b; both deadlines at 5. c2 leaves first, which frees b for c3
+    // at its very deadline: granted, not timed out.
+    let mut t = table(0);
+    lock(&mut t, c(1), &[b"a"], None, None, 0);
+    lock(&mut t, c(2), &[b"a", b"b"], Some(5_000), None, 0);
+    lock(&mut t, c(3), &[b"b"], Some(5_000), None, 0);
+    let ev = advance(&mut t, 100);
+    assert_eq!(ev.len(), 2);
+    assert_eq!(unfenced(&ev)[1], granted(c(3)));
+}
+
+#[test]
+fn unlock_of_keys_not_held_reports_them_and_releases_the_rest() {
+    let mut t = table(0);
+    lock(&mut t, c(1), &[b"a"], None, Some(1_000_000), 0);
+    lock(&mut t, c(2), &[b"b"], None, None, 0);
+    let mut ev = Vec::new();
+    assert_eq!(
+        t.unlock(c(1), &[b"a", b"b", b"c", b"b"], 1, &mut ev),
+        Err(boxed(&[b"b", b"c"]))
+    );
+    t.check_invariants();
+    assert_eq!(t.holder(b"a"), None, "the lease is released too");
+    assert_eq!(t.holder(b"b"), Some((c(2), None)));
+    assert_eq!(t.next_deadline(), None);
+}
+
+#[test]
+fn stats_count_holders_leases_waiters_and_outcomes() {
+    let mut t = table(10);
+    t.connect(c(1), 0);
+    lock(&mut t, c(1), &[b"a", b"b"], None, Some(20_000), 0);
+    lock(&mut t, c(2), &[b"a"], Some(0), None, 0);
+    lock(&mut t, c(2), &[b"a"], None, None, 0);
+    assert_eq!(
+        t.stats(),
+        DlockStats {
+            held_keys: 2,
+            leases: 2,
+            waiting: 1,
+            grants: 1,
+            timeouts: 1,
+            lease_expiries: 0,
+            idle_disconnects: 0,
+        }
+    );
+    advance(&mut t, 20);
+    assert_eq!(
+        t.stats(),
+        DlockStats {
+            held_keys: 1,
+            leases: 0,
+            waiting: 0,
+            grants: 2,
+            timeouts: 1,
+            lease_expiries: 2,
+            idle_disconnects: 1,
+        }
+    );
+}
+
+/// A naive model of the contract: waiters in a Vec in arrival order, re-scanned from the
+/// start after every change; time walked one millisecond at a time.
+mod model {
+    use super::super::*;
+    use std::collections::BTreeMap;
+
+    struct MWaiter {
+        conn: ConnId,
+        token: u64,
+        keys: Vec<Vec<u8>>,
+        deadline: Option<u64>,
+        lease_ms: Option<u64>,
+    }
+
+    struct MConn {
+        last_active: u64,
+        pending: bool,
+    }
+
+    pub struct Model {
+        idle: u64,
+        now: u64,
+        /// key -> (holder, lease deadline)
+        pub holders: BTreeMap<Vec<u8>, (ConnId, Option<u64>)>,
+        waiters: Vec<MWaiter>,
+        conns: BTreeMap<ConnId, MConn>,
+    }
+
+    fn dedup(keys: &[&[u8]]) -> Vec<Vec<u8>> {
+        let mut out: Vec<Vec<u8>> = Vec::new();
+        for k in keys {
+            if !out.iter().any(|o| o == k) {
+                out.push(k.to_vec());
+            }
+        }
+        out
+    }
+
+    fn ms(us: Option<u64>) -> Option<u64> {
+        us.filter(|&u| u > 0).map(|u| u.div_ceil(1000))
+    }
+
+    impl Model {
+        pub fn new(idle: u64) -> Self {
+            Model {
+                idle,
+                now: 0,
+                holders: BTreeMap::new(),
+                waiters: Vec::new(),
+                conns: BTreeMap::new(),
+            }
+        }
+
+        pub fn queue(&self, key: &[u8]) -> Vec<ConnId> {
+            self.waiters
+                .iter()
+                .filter(|w| w.keys.iter().any(|k| k == key))
+                .map(|w| w.conn)
+                .collect()
+        }
+
+        pub fn waiting(&self) -> usize {
+            self.waiters.len()
+        }
+
+        pub fn finite_waiters(&self) -> usize {
+            self.waiters.iter().filter(|w| w.deadline.is_some()).count()
+        }
+
+        pub fn touch(&mut self, conn: ConnId, now: u64) {
+            let c = self.conns.entry(conn).or_insert(MConn {
+                last_active: now,
+                pending: false,
+            });
+            c.last_active = c.last_active.max(now);
+        }
+
+        fn busy(&self, i: usize, key: &[u8]) -> bool {
+            let w = &self.waiters[i];
+            match self.holders.get(key) {
+                Some((h, _)) => *h != w.conn,
+                None => self.waiters[..i]
+                    .iter()
+                    .any(|e| e.keys.iter().any(|k| k == key)),
+            }
+        }
+
+        fn settle(&mut self, t: u64, ev: &mut Vec<DlockEvent>) {
+            while let Some(i) = (0..self.waiters.len())
+                .find(|&i| self.waiters[i].keys.iter().all(|k| !self.busy(i, k)))
+            {
+                let w = self.waiters.remove(i);
+                for k in &w.keys {
+                    self.holders
+                        .insert(k.clone(), (w.conn, w.lease_ms.map(|l| t + l)));
+                }
+                let c = self.conns.get_mut(&w.conn).expect("waiter's conn");
+                c.pending = false;
+                // A touch may be newer than a deadline the table runs late.
+                c.last_active = c.last_active.max(t);
+                ev.push(DlockEvent::Granted {
+                    conn: w.conn,
+                    token: w.token,
+                    fence: 0,
+                });
+            }
+        }
+
+        fn release_bound(&mut self, conn: ConnId) {
+            self.holders
+                .retain(|_, (h, lease)| !(*h == conn && lease.is_none()));
+        }
+
+        fn instant(&mut self, t: u64, ev: &mut Vec<DlockEvent>) {
+            self.holders
+                .retain(|_, (_, lease)| lease.is_none_or(|d| d > t));
+            let idle: Vec<ConnId> = self
+                .conns
+                .iter()
+                .filter(|(_, c)| self.idle > 0 && !c.pending && c.last_active + self.idle <= t)
+                .map(|(id, _)| *id)
+                .collect();
+            for conn in idle {
+                self.release_bound(conn);
+                self.conns.remove(&conn);
+                ev.push(DlockEvent::Idle { conn });
+            }
+            self.settle(t, ev);
+            while let Some(i) = self
+                .waiters
+                .iter()
+                .position(|w| w.deadline.is_some_and(|d| d <= t))
+            {
+                let busy = self.waiters[i]
+                    .keys
+                    .iter()
+                    .filter(|k| self.busy(i, k))
+                    .map(|k| k.clone().into_boxed_slice())
+                    .collect();
+                let w = self.waiters.remove(i);
+                let c = self.conns.get_mut(&w.conn).expect("waiter's conn");
+                c.pending = false;
+                // A touch may be newer than a deadline the table runs late.
+                c.last_active = c.last_active.max(t);
+                ev.push(DlockEvent::TimedOut {
+                    conn: w.conn,
+                    token: w.token,
+                    busy,
+                });
+                self.settle(t, ev);
+            }
+        }
+
+        pub fn advance(&mut self, to: u64, ev: &mut Vec<DlockEvent>) {
+            while self.now < to {
+                self.now += 1;
+                self.instant(self.now, ev);
+            }
+        }
+
+        #[allow(clippy::too_many_arguments)]
+        pub fn lock(
+            &mut self,
+            conn: ConnId,
+            token: u64,
+            keys: &[&[u8]],
+            wait_us: Option<u64>,
+            lease_us: Option<u64>,
+            now: u64,
+            ev: &mut Vec<DlockEvent>,
+        ) -> LockResult {
+            self.touch(conn, now);
+            self.advance(now, ev);
+            let keys = dedup(keys);
+            self.waiters.push(MWaiter {
+                conn,
+                token,
+                keys,
+                deadline: ms(wait_us).map(|w| now + w),
+                lease_ms: ms(lease_us),
+            });
+            let i = self.waiters.len() - 1;
+            let busy: Vec<Box<[u8]>> = self.waiters[i]
+                .keys
+                .iter()
+                .filter(|k| self.busy(i, k))
+                .map(|k| k.clone().into_boxed_slice())
+                .collect();
+            if busy.is_empty() {
+                let w = self.waiters.pop().expect("just pushed");
+                for k in w.keys {
+                    self.holders.insert(k, (conn, w.lease_ms.map(|l| now + l)));
+                }
+                LockResult::Granted
+            } else if wait_us == Some(0) {
+                self.waiters.pop();
+                LockResult::Timeout { busy }
+            } else {
+                self.conns.get_mut(&conn).expect("touched").pending = true;
+                LockResult::Waiting
+            }
+        }
+
+        pub fn unlock(
+            &mut self,
+            conn: ConnId,
+            keys: &[&[u8]],
+            now: u64,
+            ev: &mut Vec<DlockEvent>,
+        ) -> Result<(), Vec<Box<[u8]>>> {
+            self.touch(conn, now);
+            self.advance(now, ev);
+            let mut not_held = Vec::new();
+            for k in dedup(keys) {
+                if self.holders.get(&k).is_some_and(|(h, _)| *h == conn) {
+                    self.holders.remove(&k);
+                } else {
+                    not_held.push(k.into_boxed_slice());
+                }
+            }
+            self.settle(now, ev);
+            if not_held.is_empty() {
+                Ok(())
+            } else {
+                Err(not_held)
+            }
+        }
+
+        pub fn disconnect(&mut self, conn: ConnId, now: u64, ev: &mut Vec<DlockEvent>) {
+            self.advance(now, ev);
+            if self.conns.remove(&conn).is_none() {
+                return;
+            }
+            self.waiters.retain(|w| w.conn != conn);
+            self.release_bound(conn);
+            self.settle(now, ev);
+        }
+    }
+}
+
+use crate::rng::Rng as XorShift;
+
+const KEY_SPACE: [&[u8]; 6] = [b"k0", b"k1", b"k2", b"k3", b"k4", b"k5"];
+
+/// Events of one call, in a canonical order (several grants at one instant may come out in
+/// any order; which ones and at which time is what matters).
+fn canon(ev: Vec<DlockEvent>) -> Vec<String> {
+    let mut out: Vec<String> = super::tests::unfenced(&ev)
+        .iter()
+        .map(|e| format!("{e:?}"))
+        .collect();
+    out.sort();
+    out
+}
+
+fn compare(t: &DlockTable, m: &model::Model, ctx: &str) {
+    t.check_invariants();
+    for k in KEY_SPACE {
+        assert_eq!(
+            t.holder(k),
+            m.holders.get(k).copied(),
+            "holder of {k:?}; {ctx}"
+        );
+        assert_eq!(t.queue_conns(k), m.queue(k), "queue of {k:?}; {ctx}");
+    }
+    let s = t.stats();
+    assert_eq!(s.held_keys, m.holders.len() as u64, "{ctx}");
+    assert_eq!(
+        s.leases,
+        m.holders.values().filter(|h| h.1.is_some()).count() as u64,
+        "{ctx}"
+    );
+    assert_eq!(s.waiting, m.waiting() as u64, "{ctx}");
+}
+
+fn run_model(seed: u64, steps: usize, idle: u64) {
+    run_model_restoring(seed, steps, idle, None)
+}
+
+/// With `restore_every`, the table is replaced by a restored copy of its snapshot every that
+/// many steps and must go on matching the model exactly, events in the same order.
+fn run_model_restoring(seed: u64, steps: usize, idle: u64, restore_every: Option<usize>) {
+    let mut rng = XorShift(seed);
+    let mut t = table(idle);
+    let mut m = model::Model::new(idle);
+    let mut now = 0u64;
+    let mut live: Vec<ConnId> = Vec::new();
+    // conn -> token of its waiting Lock
+    let mut pending: hashbrown::HashMap<ConnId, u64> = hashbrown::HashMap::new();
+    let mut next_slot = 0u32;
+    let mut next_token = 0u64;
+    let (mut ev_t, mut ev_m) = (Vec::new(), Vec::new());
+
+    let settle_events = |ev: &[DlockEvent],
+                         live: &mut Vec<ConnId>,
+                         pending: &mut hashbrown::HashMap<ConnId, u64>| {
+        for e in ev {
+            match e {
+                DlockEvent::Granted { conn, token, .. }
+                | DlockEvent::TimedOut { conn, token, .. } => {
+                    assert_eq!(pending.remove(conn), Some(*token), "answer without a wait");
+                }
+                DlockEvent::Idle { conn } => {
+                    assert!(!pending.contains_key(conn), "idle while waiting");
+                    live.retain(|c| c != conn);
+                }
+            }
+        }
+    };
+
+    for step in 0..steps {
+        if rng.chance(30) {
+            now += rng.below(4);
+        }
+        let ctx = format!("seed {seed} step {step} now {now}");
+        let op = rng.below(100);
+        let idle_conns: Vec<ConnId> = live
+            .iter()
+            .copied()
+            .filter(|c| !pending.contains_key(c))
+            .collect();
+        let random_keys = |rng: &mut XorShift, max: u64| -> Vec<&'static [u8]> {
+            (0..1 + rng.below(max))
+                .map(|_| KEY_SPACE[rng.below(KEY_SPACE.len() as u64) as usize])
+                .collect()
+        };
+        if op < 8 || live.is_empty() {
+            if live.len() < 12 {
+                let conn = ConnId::new(0, next_slot % 16, next_slot);
+                next_slot += 1;
+                t.connect(conn, now);
+                m.touch(conn, now);
+                live.push(conn);
+            }
+        } else if op < 50 {
+            if idle_conns.is_empty() {
+                continue;
+            }
+            let conn = idle_conns[rng.below(idle_conns.len() as u64) as usize];
+            let keys = random_keys(&mut rng, 4);
+            let wait = match rng.below(10) {
+                0 | 1 => None,
+                2..=4 => Some(0),
+                _ => Some(rng.below(30_000)),
+            };
+            let lease = match rng.below(10) {
+                0..=3 => None,
+                4 => Some(0),
+                _ => Some(1 + rng.below(40_000)),
+            };
+            next_token += 1;
+            let rt = t.lock(conn, next_token, &keys, wait, lease, now, &mut ev_t);
+            let rm = m.lock(conn, next_token, &keys, wait, lease, now, &mut ev_m);
+            assert_eq!(rt, rm, "lock {keys:?} {wait:?} {lease:?}; {ctx}");
+            if rt == LockResult::Waiting {
+                pending.insert(conn, next_token);
+            }
+        } else if op < 62 {
+            if idle_conns.is_empty() {
+                continue;
+            }
+            let conn = idle_conns[rng.below(idle_conns.len() as u64) as usize];
+            // Mostly keys it holds (so that connection-bound locks come free), sometimes not.
+            let mine: Vec<&'static [u8]> = KEY_SPACE
+                .into_iter()
+                .filter(|k| m.holders.get(*k).is_some_and(|h| h.0 == conn))
+                .collect();
+            let mut keys: Vec<&[u8]> = mine.into_iter().filter(|_| rng.chance(70)).collect();
+            if keys.is_empty() || rng.chance(20) {
+                keys.extend(random_keys(&mut rng, 3));
+            }
+            let rt = t.unlock(conn, &keys, now, &mut ev_t);
+            let rm = m.unlock(conn, &keys, now, &mut ev_m);
+            assert_eq!(rt, rm, "unlock {keys:?}; {ctx}");
+        } else if op < 70 {
+            let conn = live[rng.below(live.len() as u64) as usize];
+            t.touch(conn, now);
+            m.touch(conn, now);
+        } else if op < 76 || (idle == 0 && op < 80) {
+            let conn = live.remove(rng.below(live.len() as u64) as usize);
+            t.disconnect(conn, now, &mut ev_t);
+            m.disconnect(conn, now, &mut ev_m);
+            // Its due timers ran first (maybe answering its Lock); then its waiter left.
+            settle_events(&ev_t, &mut live, &mut pending);
+            pending.remove(&conn);
+            assert_eq!(canon(ev_t.split_off(0)), canon(ev_m.split_off(0)), "{ctx}");
+        } else {
+            now += if rng.chance(10) {
+                rng.below(200)
+            } else {
+                rng.below(6)
+            };
+            t.advance(now, &mut ev_t);
+            m.advance(now, &mut ev_m);
+        }
+        settle_events(&ev_t, &mut live, &mut pending);
+        let idled: Vec<ConnId> = ev_t
+            .iter()
+            .filter_map(|e| match e {
+                DlockEvent::Idle { conn } => Some(*conn),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            canon(ev_t.split_off(0)),
+            canon(ev_m.split_off(0)),
+            "events; {ctx}"
+        );
+        // The daemon closes idle connections: that disconnect finds nothing.
+        for conn in idled {
+            t.disconnect(conn, now, &mut ev_t);
+            m.disconnect(conn, now, &mut ev_m);
+            assert_eq!(ev_t, []);
+            assert_eq!(ev_m, []);
+        }
+        compare(&t, &m, &ctx);
+        if restore_every.is_some_and(|n| step % n == n - 1) {
+            let before = t.stats();
+            t = crate::core::codec::testing::round_trip(&t, t.config, seed ^ step as u64, |c| {
+                c.check_invariants()
+            });
+            assert_eq!(t.stats(), before);
+        }
+    }
+
+    // Far past every finite deadline: whoever still waits waits without a deadline.
+    now += 1_000_000;
+    t.advance(now, &mut ev_t);
+    m.advance(now, &mut ev_m);
+    settle_events(&ev_t, &mut live, &mut pending);
+    assert_eq!(canon(ev_t.split_off(0)), canon(ev_m.split_off(0)));
+    compare(&t, &m, "end");
+    assert_eq!(m.finite_waiters(), 0);
+
+    // Everybody leaves: nothing but unexpired leases is held, and nobody waits.
+    for conn in live.drain(..) {
+        t.disconnect(conn, now, &mut ev_t);
+        m.disconnect(conn, now, &mut ev_m);
+    }
+    assert_eq!(canon(ev_t.split_off(0)), canon(ev_m.split_off(0)));
+    compare(&t, &m, "all disconnected");
+    assert_eq!(t.stats().waiting, 0);
+    assert!(m
+        .holders
+        .values()
+        .all(|(_, lease)| lease.is_some_and(|d| d > now)));
+    now += 1_000_000;
+    t.advance(now, &mut ev_t);
+    m.advance(now, &mut ev_m);
+    assert_eq!(ev_t, []);
+    compare(&t, &m, "all expired");
+    assert_eq!(t.stats().held_keys, 0);
+    assert!(t.keys.is_empty() && t.conns.is_empty() && t.waiters.is_empty());
+    assert_eq!(t.next_deadline(), None);
+    assert!(t.wheel.is_empty());
+}
+
+#[test]
+fn a_table_restored_from_its_snapshot_goes_on_exactly_like_the_original() {
+    for seed in 21..=24u64 {
+        let idle = if seed % 2 == 0 { 0 } else { 10 + 7 * seed };
+        run_model_restoring(
+            seed.wrapping_mul(0x9e37_79b9_7f4a_7c15),
+            10_000,
+            idle,
+            Some(31),
+        );
+    }
+}
+
+#[test]
+fn grants_after_a_disconnect_go_out_in_arrival_order_whatever_the_hash_seed() {
+    // One session holds 40 keys, each awaited by another session: its disconnect grants
+    // all 40 at once, and the events (hence replies and fencing tokens) must come out in
+    // the waiters' arrival order under any hash seed, not in the hash set's order.
+    let keys: Vec<Vec<u8>> = (0..40).map(|i| format!("key{i}").into_bytes()).collect();
+    let order_under = |seed: u64| {
+        crate::core::hash::with_seed(seed, || {
+            let mut t = DlockTable::new(DlockConfig { idle_timeout_ms: 0 }, 0);
+            let c = |n| ConnId::new(0, n, 0);
+            let mut ev = Vec::new();
+            let all: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+            t.lock(c(0), 0, &all, None, None, 0, &mut ev);
+            // Waiters arrive in reverse key order, so arrival order is not key order.
+            for (i, k) in keys.iter().enumerate().rev() {
+                let w = t.lock(c(1 + i as u32), i as u64, &[k], None, None, 1, &mut ev);
+                assert_eq!(w, LockResult::Waiting);
+            }
+            t.disconnect(c(0), 2, &mut ev);
+            ev.iter()
+                .map(|e| match e {
+                    DlockEvent::Granted { token, .. } => *token,
+                    other => panic!("{other:?}"),
+                })
+                .collect::<Vec<u64>>()
+        })
+    };
+    let want: Vec<u64> = (0..40).rev().collect();
+    for seed in [1, 2, 3, 0xFEED] {
+        assert_eq!(order_under(seed), want, "hash seed {seed}");
+    }
+}
+
+#[test]
+fn truncated_or_corrupt_dlock_snapshots_are_errors_not_panics() {
+    let config = DlockConfig {
+        idle_timeout_ms: 50,
+    };
+    let mut t = DlockTable::new(config, 0);
+    let c = |n| ConnId::new(0, n, 0);
+    let mut ev = Vec::new();
+    t.connect(c(1), 0);
+    t.connect(c(2), 0);
+    t.lock(c(1), 1, &[b"a", b"b"], None, None, 0, &mut ev);
+    t.lock(c(1), 2, &[b"l"], None, Some(900_000), 0, &mut ev);
+    t.lock(
+        c(2),
+        3,
+        &[b"b", b"c"],
+        Some(40_000),
+        Some(5_000),
+        1,
+        &mut ev,
+    );
+    crate::core::codec::testing::damage_is_refused(&t, config, 2000, |c| c.check_invariants());
+}
+
+#[test]
+fn random_operations_match_the_naive_model() {
+    for seed in 1..=8u64 {
+        let idle = if seed % 2 == 0 { 0 } else { 10 + 7 * seed };
+        run_model(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15), 15_000, idle);
+    }
+}

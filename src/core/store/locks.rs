@@ -1,0 +1,302 @@
+//! yrmcds's server-side locks on items, and the fencing token of every grant.
+//!
+//! Owns: the lock table (`locks`: slot to holder, grant time, fencing token and neighbours in the
+//! holder's list), the per-holder lists (`conns`), the lock commands (lock, unlock, unlock_all,
+//! lock_and_get, replace_and_unlock, disconnect) and the lock queries (holder, token, since).
+//! Must not: keep a locked item in the LRU, let a locked item expire or be evicted, or issue a
+//! token other than from the shared [`Fence`].
+//!
+//! Locks live beside the items, not in them (few items are locked): `locks` maps a slot to its
+//! holder and to its neighbours in the holder's intrusive list of locks, `conns` maps a holder to
+//! the ends of that list. Lock, unlock and the release of one lock are O(1); a disconnect is
+//! O(locks of that connection); neither allocates beyond hash-table growth.
+
+use super::expiry::{deadline_of, Timer, NEVER};
+use super::slab::{make_data, FETCHED, LOCKED, LRU, NIL};
+use super::{ItemView, LockOutcome, RauOutcome, Store, UnlockOutcome, ITEM_OVERHEAD};
+use crate::core::fence::Fence;
+use crate::core::{ConnId, Now};
+
+/// One held lock: its holder and its neighbours in the holder's list (acquisition order).
+pub(super) struct LockEntry {
+    pub(super) holder: ConnId,
+    /// When it was taken, in whole seconds of `Now::ms` (for the admin port's listing): 4 bytes
+    /// keep the entry at 24 bytes, where a u64 of milliseconds cost 16 more per lock (alignment).
+    pub(super) since_s: u32,
+    /// The fencing token of this grant, as two halves (high, low): a u64 would align the entry
+    /// to 8 bytes and cost 4 more per lock in the lock table.
+    pub(super) token: [u32; 2],
+    pub(super) prev: u32,
+    pub(super) next: u32,
+}
+
+impl LockEntry {
+    pub(super) fn token(&self) -> u64 {
+        (u64::from(self.token[0]) << 32) | u64::from(self.token[1])
+    }
+}
+
+/// Ends of one connection's list of held locks.
+pub(super) struct ConnLocks {
+    pub(super) head: u32,
+    pub(super) tail: u32,
+    pub(super) count: u32,
+}
+
+impl Store {
+    pub fn lock(&mut self, conn: ConnId, key: &[u8], now: Now) -> LockOutcome {
+        match self.lock_for_token(conn, key, now) {
+            Ok(_) => LockOutcome::Ok,
+            Err(e) => e,
+        }
+    }
+
+    /// [`Store::lock`] that also answers the grant's fencing token (the binary Lock reply's CAS),
+    /// without a second lookup.
+    pub fn lock_for_token(
+        &mut self,
+        conn: ConnId,
+        key: &[u8],
+        now: Now,
+    ) -> Result<u64, LockOutcome> {
+        self.sync(now);
+        let Some(i) = self.lookup(key, now, false) else {
+            return Err(LockOutcome::NotFound);
+        };
+        if self.slots[i as usize].is_locked() {
+            self.stats.lock_conflicts += 1;
+            return Err(LockOutcome::Locked);
+        }
+        self.acquire(i, conn, now);
+        Ok(self.fence.last())
+    }
+
+    pub fn unlock(&mut self, conn: ConnId, key: &[u8], now: Now) -> UnlockOutcome {
+        self.sync(now);
+        let Some(i) = self.lookup(key, now, false) else {
+            return UnlockOutcome::NotFound;
+        };
+        if self.holder(i) != Some(conn) {
+            return UnlockOutcome::NotLocked;
+        }
+        self.release(i, now);
+        UnlockOutcome::Ok
+    }
+
+    pub fn unlock_all(&mut self, conn: ConnId, now: Now) -> usize {
+        self.sync(now);
+        let mut released = 0;
+        while let Some(head) = self.conns.get(&conn).map(|c| c.head) {
+            self.release(head, now);
+            released += 1;
+        }
+        released
+    }
+
+    pub fn lock_and_get(
+        &mut self,
+        conn: ConnId,
+        key: &[u8],
+        exptime: Option<i64>,
+        now: Now,
+    ) -> Result<ItemView<'_>, LockOutcome> {
+        self.sync(now);
+        let Some(i) = self.lookup(key, now, true) else {
+            self.stats.get_misses += 1;
+            return Err(LockOutcome::NotFound);
+        };
+        if self.slots[i as usize].is_locked() {
+            self.stats.lock_conflicts += 1;
+            return Err(LockOutcome::Locked);
+        }
+        self.acquire(i, conn, now);
+        if let Some(exptime) = exptime {
+            self.set_deadline(i, deadline_of(exptime, now), now);
+        }
+        self.stats.get_hits += 1;
+        self.slots[i as usize].state |= FETCHED;
+        Ok(self.view(i))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn replace_and_unlock(
+        &mut self,
+        conn: ConnId,
+        key: &[u8],
+        flags: u32,
+        exptime: i64,
+        value: &[u8],
+        cas: Option<u64>,
+        now: Now,
+    ) -> RauOutcome {
+        self.sync(now);
+        if value.len() > self.config.max_item_size {
+            return RauOutcome::TooLarge;
+        }
+        let Some(i) = self.lookup(key, now, false) else {
+            return RauOutcome::NotFound;
+        };
+        if self.holder(i) != Some(conn) {
+            return RauOutcome::NotLocked;
+        }
+        if cas.is_some_and(|c| c != self.slots[i as usize].cas) {
+            return RauOutcome::Exists;
+        }
+        let data = make_data(key, &[value]);
+        if !self.make_room(data.len() + ITEM_OVERHEAD, Some(i), now) {
+            return RauOutcome::OutOfMemory;
+        }
+        self.rewrite(i, data);
+        let new_cas = self.next_cas();
+        let item = &mut self.slots[i as usize];
+        item.cas = new_cas;
+        item.flags = flags;
+        self.set_deadline(i, deadline_of(exptime, now), now);
+        self.release(i, now);
+        self.stats.total_items += 1;
+        RauOutcome::Stored { cas: new_cas }
+    }
+
+    /// Releases every lock `conn` holds (its connection closed); returns how many.
+    pub fn disconnect(&mut self, conn: ConnId, now: Now) -> usize {
+        self.unlock_all(conn, now)
+    }
+
+    /// The fencing token of `key`'s lock if `conn` holds it (text `lock_token`; the binary Lock
+    /// reply's CAS field).
+    pub fn lock_token(&self, conn: ConnId, key: &[u8], now: Now) -> Option<u64> {
+        let i = self.find(key)?;
+        let e = self.locks.get(&i)?;
+        (self.visible(i, now) && e.holder == conn).then_some(e.token())
+    }
+
+    /// Share the service's fencing counter (see [`Fence`]).
+    pub fn with_fence(mut self, fence: &Fence) -> Self {
+        self.fence.join(fence);
+        self
+    }
+
+    /// Who holds the lock on `key`, if it is visible and locked.
+    pub fn lock_holder(&self, key: &[u8], now: Now) -> Option<ConnId> {
+        let i = self.find(key)?;
+        if self.visible(i, now) {
+            self.holder(i)
+        } else {
+            None
+        }
+    }
+}
+
+impl Store {
+    pub(super) fn holder(&self, i: u32) -> Option<ConnId> {
+        if self.slots[i as usize].is_locked() {
+            self.locks.get(&i).map(|e| e.holder)
+        } else {
+            None
+        }
+    }
+
+    pub(super) fn locked_by_other(&self, i: u32, conn: ConnId) -> bool {
+        self.holder(i).is_some_and(|h| h != conn)
+    }
+
+    /// Gives slot `i` (live, unlocked, in the LRU) to `conn` with a new fencing token.
+    fn acquire(&mut self, i: u32, conn: ConnId, now: Now) {
+        let token = self.fence.next();
+        self.acquire_with(i, conn, token, (now.ms / 1000) as u32);
+    }
+
+    pub(super) fn acquire_with(&mut self, i: u32, conn: ConnId, token: u64, since_s: u32) {
+        self.unlink(LRU, i);
+        let item = &mut self.slots[i as usize];
+        item.state |= LOCKED;
+        self.locked_bytes += item.charge();
+        let list = self.conns.entry(conn).or_insert(ConnLocks {
+            head: NIL,
+            tail: NIL,
+            count: 0,
+        });
+        let prev = list.tail;
+        list.tail = i;
+        list.count += 1;
+        if prev == NIL {
+            list.head = i;
+        } else if let Some(e) = self.locks.get_mut(&prev) {
+            e.next = i;
+        }
+        self.locks.insert(
+            i,
+            LockEntry {
+                holder: conn,
+                since_s,
+                token: [(token >> 32) as u32, token as u32],
+                prev,
+                next: NIL,
+            },
+        );
+        self.stats.lock_grants += 1;
+    }
+
+    /// Drops the lock of slot `i` from the lock tables; the item is then in no list.
+    pub(super) fn detach_lock(&mut self, i: u32) {
+        let Some(e) = self.locks.remove(&i) else {
+            debug_assert!(false, "locked item without a lock entry");
+            return;
+        };
+        if e.prev != NIL {
+            if let Some(p) = self.locks.get_mut(&e.prev) {
+                p.next = e.next;
+            }
+        }
+        if e.next != NIL {
+            if let Some(n) = self.locks.get_mut(&e.next) {
+                n.prev = e.prev;
+            }
+        }
+        if let Some(list) = self.conns.get_mut(&e.holder) {
+            if e.prev == NIL {
+                list.head = e.next;
+            }
+            if e.next == NIL {
+                list.tail = e.prev;
+            }
+            list.count -= 1;
+            if list.count == 0 {
+                self.conns.remove(&e.holder);
+            }
+        }
+        let item = &mut self.slots[i as usize];
+        item.state &= !LOCKED;
+        self.locked_bytes -= item.charge();
+    }
+
+    /// Unlocks slot `i`: back to the MRU end, or gone if its time ran out while it was locked.
+    pub(super) fn release(&mut self, i: u32, now: Now) {
+        self.detach_lock(i);
+        self.link_head(LRU, i);
+        let item = &self.slots[i as usize];
+        if item.deadline <= now.ms {
+            self.reap_expired(i);
+        } else if item.deadline != NEVER && item.timer.is_none() {
+            let deadline = item.deadline;
+            let key = self.arm(deadline, Timer::Expire(i), now);
+            self.slots[i as usize].timer = Some(key);
+        }
+    }
+}
+
+/// Read-only inspection for the admin port, tests and fuzzing: O(locks), never on the lock path.
+impl Store {
+    /// When `key`'s lock was taken (`Now::ms`, rounded down to a whole second), if it is locked.
+    pub fn lock_since(&self, key: &[u8]) -> Option<u64> {
+        let i = self.find(key)?;
+        self.locks.get(&i).map(|e| u64::from(e.since_s) * 1000)
+    }
+
+    /// Every locked item's key and its holder. No order.
+    pub fn for_each_lock(&self, mut f: impl FnMut(&[u8], ConnId)) {
+        for (&i, e) in &self.locks {
+            f(self.slots[i as usize].key(), e.holder);
+        }
+    }
+}
