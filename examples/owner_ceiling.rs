@@ -10,8 +10,8 @@
 use std::time::{Duration, Instant};
 
 use holdfast::core::store::StoreMode;
-use holdfast::core::ConnId;
 use holdfast::proto::memcache::binary::opcode;
+use holdfast::server::msg::ConnId;
 use holdfast::server::msg::{Batch, DlockKind, DlockOp, LockdOp, McCmd, McForm, McOp, Op, OpMsg};
 use holdfast::server::sim::Replayer;
 

@@ -21,11 +21,11 @@ use std::collections::{HashMap, VecDeque};
 
 use holdfast::config::{self, Command, Config};
 use holdfast::core::lockd::LockState;
-use holdfast::core::ConnId;
 use holdfast::proto::dlock as dl;
 use holdfast::proto::lockd as ld;
 use holdfast::proto::memcache::binary;
 use holdfast::rng::Rng;
+use holdfast::server::msg::ConnId;
 use holdfast::server::sim::{Sim, SIM_UNIX_START};
 
 /// The tables' clock is Unix milliseconds; the sim's (and this model's) counts from its start.
@@ -743,7 +743,7 @@ impl World {
                 continue;
             };
             match t.dlock.holder(k.as_bytes()) {
-                Some((c, Some(d))) if c == h.conn => {
+                Some((c, Some(d))) if self.sim.session_of(h.conn) == Some(c) => {
                     let d = d - EPOCH_MS;
                     assert!(lo <= d && d <= hi, "lease deadline {d} not in {lo}..={hi}");
                     h.lease = Some(d);
@@ -762,8 +762,16 @@ impl World {
         t.dlock.check_invariants();
         t.store.check_invariants();
         // memcached.
+        // The tables hold sessions; the model knows connections.
+        let conn_of = |s| t.sessions.conn(s).expect("a holder's session is live");
+        let session_of = |c| {
+            self.sim
+                .session_of(c)
+                .expect("every connection has a session")
+        };
         let mut table: Vec<(Vec<u8>, ConnId)> = Vec::new();
-        t.store.for_each_lock(|k, c| table.push((k.to_vec(), c)));
+        t.store
+            .for_each_lock(|k, c| table.push((k.to_vec(), conn_of(c))));
         table.sort();
         let mut model: Vec<(Vec<u8>, ConnId)> = self
             .mc
@@ -780,7 +788,7 @@ impl World {
                 None => LockState::Free,
                 Some(LdHold::Held(c)) => {
                     held += 1;
-                    LockState::Held(*c)
+                    LockState::Held(session_of(*c))
                 }
                 Some(LdHold::Orphan { deadline }) => {
                     orphaned += 1;
@@ -790,7 +798,11 @@ impl World {
                 }
             };
             assert_eq!(t.lockd.state(name.as_bytes()), want, "lockd {name}");
-            let q: Vec<ConnId> = t.lockd.waiters(name.as_bytes()).map(|(c, _)| c).collect();
+            let q: Vec<ConnId> = t
+                .lockd
+                .waiters(name.as_bytes())
+                .map(|(c, _)| conn_of(c))
+                .collect();
             let mq: Vec<ConnId> = self
                 .ld_queue
                 .get(name)
@@ -806,7 +818,7 @@ impl World {
             let want = self
                 .dl
                 .get(name)
-                .map(|h| (h.conn, h.lease.map(|d| d + EPOCH_MS)));
+                .map(|h| (session_of(h.conn), h.lease.map(|d| d + EPOCH_MS)));
             assert_eq!(t.dlock.holder(name.as_bytes()), want, "dlock {name}");
         }
         let waiting = self

@@ -7,7 +7,7 @@
 //! the clock passes every timer: nothing may stay locked, held or waiting.
 
 use holdfast::config::{self, Command, Config};
-use holdfast::core::ConnId;
+use holdfast::server::msg::ConnId;
 use holdfast::proto::dlock as dl;
 use holdfast::proto::lockd as ld;
 use holdfast::server::sim::Sim;
@@ -204,8 +204,13 @@ impl Driver {
         t.lockd.check_invariants();
         t.dlock.check_invariants();
         t.store.check_invariants();
-        let live =
-            |id: ConnId, proto: Proto| self.sim.is_open(id) && self.proto_of(id) == Some(proto);
+        // The tables hold sessions: a holder is live if its session still has an open
+        // connection of the right listener.
+        let live = |s: holdfast::core::Session, proto: Proto| {
+            t.sessions
+                .conn(s)
+                .is_some_and(|id| self.sim.is_open(id) && self.proto_of(id) == Some(proto))
+        };
         let mut locked = 0;
         t.lockd.for_each_locked(|name| {
             locked += 1;

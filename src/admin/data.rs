@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 /// The lock protocols, in the order of the per-protocol arrays: memcache, lockd, dlock, counter.
 pub const PROTOCOLS: usize = 4;
 
-use crate::core::ConnId;
+use crate::core::Session;
 
 /// Locks listed per request at most, whatever `limit` asks: one listing costs the owner a few
 /// milliseconds at most (one pass, a copy of each listed name), so grants are never held up by
@@ -117,17 +117,17 @@ pub struct Snapshot {
     pub latency: [Histogram; PROTOCOLS],
 }
 
-/// A connection, as the lock listing names it.
+/// A session, as the lock listing names it: its id and its client's address.
 #[derive(Clone, Copy, Debug)]
 pub struct Who {
-    pub conn: ConnId,
+    pub session: Session,
     pub peer: Option<SocketAddr>,
 }
 
 impl Who {
-    /// The session id shown to operators: worker, slot and generation of the connection.
+    /// The session id shown to operators: the state machine's number for it.
     pub fn session(&self) -> String {
-        format!("{}.{}.{}", self.conn.worker, self.conn.slot, self.conn.gen)
+        self.session.0.to_string()
     }
 }
 

@@ -1042,10 +1042,10 @@ pub mod holdfast {
     use super::{StateMachine, Workload};
     use crate::config::{self, Command, Config};
     use crate::core::codec::{self, Reader};
-    use crate::core::ConnId;
     use crate::proto::lockd::op;
     use crate::rng::Rng;
     use crate::server::command::{self, Limits};
+    use crate::server::msg::ConnId;
     use crate::server::msg::{Arena, Batch, LockdOp, Op, OpMsg};
     use crate::server::sim::Replayer;
 

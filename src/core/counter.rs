@@ -6,12 +6,12 @@
 //!
 //! Must not: read a clock (the caller passes Unix-epoch milliseconds in), do I/O, know the wire
 //! format, or let a hash-map order reach a reply or a snapshot (Dump and snapshots go in name
-//! order, holders in `ConnId` order). Capacity is not stored: each Acquire says the maximum it
+//! order, holders in `Session` order). Capacity is not stored: each Acquire says the maximum it
 //! accepts (docs/counter.md).
 
 use super::codec::{self, DecodeError, Reader, Snapshot};
 use super::hash::HashMap;
-use super::ConnId;
+use super::Session;
 
 /// The longest counter name: the protocol's 16-bit name length.
 pub const MAX_NAME: usize = u16::MAX as usize;
@@ -70,7 +70,7 @@ impl CounterStats {
 
 pub struct CounterTable {
     counters: HashMap<Box<[u8]>, Counter>,
-    held: HashMap<ConnId, HashMap<Box<[u8]>, u32>>,
+    held: HashMap<Session, HashMap<Box<[u8]>, u32>>,
     /// Length of a stats interval in ms (yrmcds `counter.stats_interval`), at least 1.
     interval_ms: u64,
     /// The interval start at which [`CounterTable::collect_due`] last collected.
@@ -112,7 +112,7 @@ impl CounterTable {
     /// `0 < resources <= maximum`).
     pub fn acquire(
         &mut self,
-        conn: ConnId,
+        conn: Session,
         name: &[u8],
         resources: u32,
         maximum: u32,
@@ -162,7 +162,7 @@ impl CounterTable {
     /// Give back `resources` of `name` that `conn` holds.
     pub fn release(
         &mut self,
-        conn: ConnId,
+        conn: Session,
         name: &[u8],
         resources: u32,
         now_ms: u64,
@@ -201,7 +201,7 @@ impl CounterTable {
 
     /// Release everything `conn` holds. Returns how many counters it held. Each name is
     /// independent of the others, so the hash order of the walk changes nothing.
-    pub fn disconnect(&mut self, conn: ConnId, now_ms: u64) -> usize {
+    pub fn disconnect(&mut self, conn: Session, now_ms: u64) -> usize {
         let Some(mine) = self.held.remove(&conn) else {
             return 0;
         };
@@ -261,7 +261,7 @@ impl CounterTable {
 
     /// What `conn` holds of `name`.
     /// Every (counter, holder, resources held) — for the admin port's listing; no order.
-    pub fn for_each_holding(&self, mut f: impl FnMut(&[u8], ConnId, u32)) {
+    pub fn for_each_holding(&self, mut f: impl FnMut(&[u8], Session, u32)) {
         for (conn, mine) in &self.held {
             for (name, &n) in mine {
                 f(name, *conn, n);
@@ -269,7 +269,7 @@ impl CounterTable {
         }
     }
 
-    pub fn held_by(&self, conn: ConnId, name: &[u8]) -> u32 {
+    pub fn held_by(&self, conn: Session, name: &[u8]) -> u32 {
         self.held
             .get(&conn)
             .and_then(|m| m.get(name))
@@ -371,10 +371,10 @@ impl Snapshot for CounterTable {
             };
             t.counters.insert(name.into(), c);
         }
-        let holders = r.count(4)?;
-        let mut last: Option<ConnId> = None;
+        let holders = r.count(2)?;
+        let mut last: Option<Session> = None;
         for _ in 0..holders {
-            let conn = ConnId::decode(r)?;
+            let conn = Session::decode(r)?;
             if last.is_some_and(|l| l >= conn) {
                 return Err(DecodeError::Invalid("counter holders out of order"));
             }

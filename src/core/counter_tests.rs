@@ -7,8 +7,8 @@ fn valid(t: &CounterTable) {
     t.check_invariants().expect("invariants");
 }
 
-fn c(n: u32) -> ConnId {
-    ConnId::new(0, n, 1)
+fn c(n: u32) -> Session {
+    Session(u64::from(n))
 }
 
 #[test]

@@ -47,7 +47,7 @@ use super::codec::{self, DecodeError, Reader, Snapshot};
 use super::fence::Fence;
 use super::hash::{HashMap, HashSet};
 use super::wheel::{TimerKey, Wheel};
-use super::ConnId;
+use super::Session;
 use hashbrown::hash_map::EntryRef;
 use std::borrow::Cow;
 use std::collections::BTreeSet;
@@ -68,20 +68,20 @@ pub enum DlockEvent {
     /// The waiting Lock of `conn` (tagged `token`) now holds all its keys, under the fencing
     /// token `fence`.
     Granted {
-        conn: ConnId,
+        conn: Session,
         token: u64,
         fence: u64,
     },
     /// The waiting Lock of `conn` hit its wait deadline: nothing is held; `busy` lists the keys
     /// that were still busy.
     TimedOut {
-        conn: ConnId,
+        conn: Session,
         token: u64,
         busy: Vec<Box<[u8]>>,
     },
     /// `conn` sent nothing for the idle timeout and has no pending Lock: the table has already
     /// released its connection-bound locks; the daemon must close the connection.
-    Idle { conn: ConnId },
+    Idle { conn: Session },
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -113,7 +113,7 @@ enum Timer {
     /// cancels the old timer; the generation also guards against any stale one).
     Lease { key: Key, gen: u64 },
     /// `conn` may have been idle long enough; checked against its last activity when it fires.
-    Idle { conn: ConnId },
+    Idle { conn: Session },
     /// The wait deadline of waiter `seq`, if it is still waiting.
     Wait { seq: u64 },
 }
@@ -149,7 +149,7 @@ struct Lease {
 }
 
 struct Hold {
-    conn: ConnId,
+    conn: Session,
     lease: Option<Lease>,
     /// When it was granted, in whole seconds of the table's clock (for the admin port's
     /// listing): 4 bytes fit in the padding after `conn`, where 8 made every held key 8 bytes
@@ -169,7 +169,7 @@ struct KeyState {
 }
 
 struct Waiter {
-    conn: ConnId,
+    conn: Session,
     token: u64,
     /// Distinct keys, in request order.
     keys: Box<[Box<[u8]>]>,
@@ -193,7 +193,7 @@ struct Conn {
 pub struct DlockTable {
     config: DlockConfig,
     keys: HashMap<Key, KeyState>,
-    conns: HashMap<ConnId, Conn>,
+    conns: HashMap<Session, Conn>,
     /// Waiting Locks by arrival number (strictly increasing, so per-key FIFO = number order).
     waiters: HashMap<u64, Waiter>,
     wheel: Wheel<(u64, Timer)>,
@@ -256,12 +256,12 @@ impl DlockTable {
     }
 
     /// A new connection: its idle clock starts now.
-    pub fn connect(&mut self, conn: ConnId, now_ms: u64) {
+    pub fn connect(&mut self, conn: Session, now_ms: u64) {
         self.touch(conn, now_ms);
     }
 
     /// Any request of `conn` restarts its idle clock.
-    pub fn touch(&mut self, conn: ConnId, now_ms: u64) {
+    pub fn touch(&mut self, conn: Session, now_ms: u64) {
         self.conns.entry(conn).or_insert_with(|| Conn {
             held: HashSet::default(),
             pending: None,
@@ -276,7 +276,7 @@ impl DlockTable {
     #[allow(clippy::too_many_arguments)]
     pub fn lock(
         &mut self,
-        conn: ConnId,
+        conn: Session,
         token: u64,
         keys: &[&[u8]],
         wait_us: Option<u64>,
@@ -348,7 +348,7 @@ impl DlockTable {
     /// others are released all the same.
     pub fn unlock(
         &mut self,
-        conn: ConnId,
+        conn: Session,
         keys: &[&[u8]],
         now_ms: u64,
         events: &mut Vec<DlockEvent>,
@@ -384,7 +384,7 @@ impl DlockTable {
 
     /// `conn` is gone: its waiting Lock leaves the queues, its connection-bound locks are
     /// released; its leases stay until their deadlines.
-    pub fn disconnect(&mut self, conn: ConnId, now_ms: u64, events: &mut Vec<DlockEvent>) {
+    pub fn disconnect(&mut self, conn: Session, now_ms: u64, events: &mut Vec<DlockEvent>) {
         self.advance(now_ms, events);
         let Some(c) = self.conns.remove(&conn) else {
             return;
@@ -444,7 +444,7 @@ impl DlockTable {
     }
 
     /// The fencing token under which `conn` holds `key`.
-    pub fn token_of(&self, conn: ConnId, key: &[u8]) -> Option<u64> {
+    pub fn token_of(&self, conn: Session, key: &[u8]) -> Option<u64> {
         let h = self.keys.get(key)?.holder.as_ref()?;
         (h.conn == conn).then_some(h.token)
     }
@@ -456,7 +456,7 @@ impl DlockTable {
     }
 
     /// Who holds `key`, and the lease deadline (ms) if it is a lease.
-    pub fn holder(&self, key: &[u8]) -> Option<(ConnId, Option<u64>)> {
+    pub fn holder(&self, key: &[u8]) -> Option<(Session, Option<u64>)> {
         let hold = self.keys.get(key)?.holder.as_ref()?;
         Some((hold.conn, hold.lease.as_ref().map(|l| l.deadline)))
     }
@@ -464,7 +464,7 @@ impl DlockTable {
     // ---- internals ----
 
     /// Whether `key` keeps a new Lock of `conn` from being granted at once.
-    fn busy_for_new(&self, conn: ConnId, key: &[u8]) -> bool {
+    fn busy_for_new(&self, conn: Session, key: &[u8]) -> bool {
         match self.keys.get(key) {
             None => false,
             Some(s) => match &s.holder {
@@ -475,7 +475,7 @@ impl DlockTable {
     }
 
     /// Whether `key` still keeps waiter `seq` of `conn` from being granted.
-    fn busy_for_waiter(&self, conn: ConnId, seq: u64, key: &[u8]) -> bool {
+    fn busy_for_waiter(&self, conn: Session, seq: u64, key: &[u8]) -> bool {
         match self.keys.get(key) {
             None => {
                 debug_assert!(false, "a waiter's key has no state");
@@ -495,7 +495,7 @@ impl DlockTable {
     }
 
     /// Restart the idle clock of `conn` at `now_ms`, arming its timer if it has none.
-    fn activity(&mut self, conn: ConnId, now_ms: u64) {
+    fn activity(&mut self, conn: Session, now_ms: u64) {
         let idle = self.config.idle_timeout_ms;
         let Some(c) = self.conns.get_mut(&conn) else {
             return;
@@ -511,7 +511,7 @@ impl DlockTable {
     fn set_holder(
         &mut self,
         key: &[u8],
-        conn: ConnId,
+        conn: Session,
         lease_ms: Option<u64>,
         now_ms: u64,
         token: u64,
@@ -659,7 +659,7 @@ impl DlockTable {
     /// keys, keep its leases, and settle the heads of every affected key.
     fn drop_conn(
         &mut self,
-        conn: ConnId,
+        conn: Session,
         c: Conn,
         now_ms: u64,
         mut affected: Vec<Key>,
@@ -754,7 +754,7 @@ impl DlockTable {
 /// daemon's path.
 impl DlockTable {
     /// Every held key: its holder and, for a lease, the lease deadline (ms). No order.
-    pub fn for_each_held(&self, mut f: impl FnMut(&[u8], ConnId, Option<u64>)) {
+    pub fn for_each_held(&self, mut f: impl FnMut(&[u8], Session, Option<u64>)) {
         for (k, s) in &self.keys {
             if let Some(h) = &s.holder {
                 f(k, h.conn, h.lease.as_ref().map(|l| l.deadline));
@@ -768,7 +768,7 @@ impl DlockTable {
     }
 
     /// The connections queued on `key`, first come first (the admin port's listing).
-    pub fn queue<'a>(&'a self, key: &[u8]) -> impl Iterator<Item = ConnId> + 'a {
+    pub fn queue<'a>(&'a self, key: &[u8]) -> impl Iterator<Item = Session> + 'a {
         let queue = self.keys.get(key).map(|s| &s.queue);
         queue
             .into_iter()
@@ -779,7 +779,7 @@ impl DlockTable {
 
     /// The connections queued on `key`, first come first.
     #[cfg(test)]
-    fn queue_conns(&self, key: &[u8]) -> Vec<ConnId> {
+    fn queue_conns(&self, key: &[u8]) -> Vec<Session> {
         self.keys.get(key).map_or_else(Vec::new, |s| {
             s.queue
                 .iter()
@@ -854,7 +854,7 @@ impl Snapshot for DlockTable {
         for v in [s.grants, s.timeouts, s.lease_expiries, s.idle_disconnects] {
             codec::put_u64(out, v);
         }
-        let mut conns: Vec<(&ConnId, &Conn)> = self.conns.iter().collect();
+        let mut conns: Vec<(&Session, &Conn)> = self.conns.iter().collect();
         conns.sort_unstable_by_key(|(c, _)| **c);
         codec::put_u64(out, conns.len() as u64);
         for (id, c) in conns {
@@ -914,10 +914,10 @@ impl Snapshot for DlockTable {
         t.stats.timeouts = r.u64()?;
         t.stats.lease_expiries = r.u64()?;
         t.stats.idle_disconnects = r.u64()?;
-        let n = r.count(4)?;
-        let mut last: Option<ConnId> = None;
+        let n = r.count(2)?;
+        let mut last: Option<Session> = None;
         for _ in 0..n {
-            let id = ConnId::decode(r)?;
+            let id = Session::decode(r)?;
             if last.is_some_and(|l| l >= id) {
                 return Err(Invalid("dlock sessions out of order"));
             }
@@ -944,7 +944,7 @@ impl Snapshot for DlockTable {
             let holder = match r.u8()? {
                 0 => None,
                 1 => {
-                    let conn = ConnId::decode(r)?;
+                    let conn = Session::decode(r)?;
                     let token = r.u64()?;
                     if token > t.fence.last() {
                         return Err(Invalid("dlock token not yet issued"));
@@ -1000,7 +1000,7 @@ impl Snapshot for DlockTable {
                 },
             );
         }
-        let n = r.count(6)?;
+        let n = r.count(4)?;
         let mut last_seq: Option<u64> = None;
         for _ in 0..n {
             let seq = r.u64()?;
@@ -1008,7 +1008,7 @@ impl Snapshot for DlockTable {
                 return Err(Invalid("dlock waiters out of order"));
             }
             last_seq = Some(seq);
-            let conn = ConnId::decode(r)?;
+            let conn = Session::decode(r)?;
             let token = r.u64()?;
             let lease_us = r.opt_u64()?;
             let deadline = r.opt_u64()?;
@@ -1058,7 +1058,7 @@ impl Snapshot for DlockTable {
         // same outcome).
         let idle = t.config.idle_timeout_ms;
         if idle > 0 {
-            let ids: Vec<ConnId> = t.conns.keys().copied().collect();
+            let ids: Vec<Session> = t.conns.keys().copied().collect();
             for conn in ids {
                 if let Some(c) = t.conns.get_mut(&conn) {
                     if c.pending.is_none() {

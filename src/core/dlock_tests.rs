@@ -10,8 +10,8 @@ fn assert_next_deadline_by(next: Option<u64>, deadline: u64) {
     );
 }
 
-fn c(n: u32) -> ConnId {
-    ConnId::new(0, n, 0)
+fn c(n: u32) -> Session {
+    Session(u64::from(n))
 }
 
 fn table(idle_timeout_ms: u64) -> DlockTable {
@@ -25,7 +25,7 @@ fn boxed(keys: &[&[u8]]) -> Vec<Box<[u8]>> {
 /// Lock that is expected to be answered at once or to wait, with no side events.
 fn lock(
     t: &mut DlockTable,
-    conn: ConnId,
+    conn: Session,
     keys: &[&[u8]],
     wait_us: Option<u64>,
     lease_us: Option<u64>,
@@ -45,14 +45,14 @@ fn advance(t: &mut DlockTable, now: u64) -> Vec<DlockEvent> {
     ev
 }
 
-fn unlock(t: &mut DlockTable, conn: ConnId, keys: &[&[u8]], now: u64) -> Vec<DlockEvent> {
+fn unlock(t: &mut DlockTable, conn: Session, keys: &[&[u8]], now: u64) -> Vec<DlockEvent> {
     let mut ev = Vec::new();
     assert_eq!(t.unlock(conn, keys, now, &mut ev), Ok(()));
     t.check_invariants();
     ev
 }
 
-fn granted(conn: ConnId) -> DlockEvent {
+fn granted(conn: Session) -> DlockEvent {
     DlockEvent::Granted {
         conn,
         token: 0,
@@ -575,7 +575,7 @@ mod model {
     use std::collections::BTreeMap;
 
     struct MWaiter {
-        conn: ConnId,
+        conn: Session,
         token: u64,
         keys: Vec<Vec<u8>>,
         deadline: Option<u64>,
@@ -591,9 +591,9 @@ mod model {
         idle: u64,
         now: u64,
         /// key -> (holder, lease deadline)
-        pub holders: BTreeMap<Vec<u8>, (ConnId, Option<u64>)>,
+        pub holders: BTreeMap<Vec<u8>, (Session, Option<u64>)>,
         waiters: Vec<MWaiter>,
-        conns: BTreeMap<ConnId, MConn>,
+        conns: BTreeMap<Session, MConn>,
     }
 
     fn dedup(keys: &[&[u8]]) -> Vec<Vec<u8>> {
@@ -621,7 +621,7 @@ mod model {
             }
         }
 
-        pub fn queue(&self, key: &[u8]) -> Vec<ConnId> {
+        pub fn queue(&self, key: &[u8]) -> Vec<Session> {
             self.waiters
                 .iter()
                 .filter(|w| w.keys.iter().any(|k| k == key))
@@ -637,7 +637,7 @@ mod model {
             self.waiters.iter().filter(|w| w.deadline.is_some()).count()
         }
 
-        pub fn touch(&mut self, conn: ConnId, now: u64) {
+        pub fn touch(&mut self, conn: Session, now: u64) {
             let c = self.conns.entry(conn).or_insert(MConn {
                 last_active: now,
                 pending: false,
@@ -676,7 +676,7 @@ mod model {
             }
         }
 
-        fn release_bound(&mut self, conn: ConnId) {
+        fn release_bound(&mut self, conn: Session) {
             self.holders
                 .retain(|_, (h, lease)| !(*h == conn && lease.is_none()));
         }
@@ -684,7 +684,7 @@ mod model {
         fn instant(&mut self, t: u64, ev: &mut Vec<DlockEvent>) {
             self.holders
                 .retain(|_, (_, lease)| lease.is_none_or(|d| d > t));
-            let idle: Vec<ConnId> = self
+            let idle: Vec<Session> = self
                 .conns
                 .iter()
                 .filter(|(_, c)| self.idle > 0 && !c.pending && c.last_active + self.idle <= t)
@@ -731,7 +731,7 @@ mod model {
         #[allow(clippy::too_many_arguments)]
         pub fn lock(
             &mut self,
-            conn: ConnId,
+            conn: Session,
             token: u64,
             keys: &[&[u8]],
             wait_us: Option<u64>,
@@ -773,7 +773,7 @@ mod model {
 
         pub fn unlock(
             &mut self,
-            conn: ConnId,
+            conn: Session,
             keys: &[&[u8]],
             now: u64,
             ev: &mut Vec<DlockEvent>,
@@ -796,7 +796,7 @@ mod model {
             }
         }
 
-        pub fn disconnect(&mut self, conn: ConnId, now: u64, ev: &mut Vec<DlockEvent>) {
+        pub fn disconnect(&mut self, conn: Session, now: u64, ev: &mut Vec<DlockEvent>) {
             self.advance(now, ev);
             if self.conns.remove(&conn).is_none() {
                 return;
@@ -854,16 +854,16 @@ fn run_model_restoring(seed: u64, steps: usize, idle: u64, restore_every: Option
     let mut t = table(idle);
     let mut m = model::Model::new(idle);
     let mut now = 0u64;
-    let mut live: Vec<ConnId> = Vec::new();
+    let mut live: Vec<Session> = Vec::new();
     // conn -> token of its waiting Lock
-    let mut pending: hashbrown::HashMap<ConnId, u64> = hashbrown::HashMap::new();
+    let mut pending: hashbrown::HashMap<Session, u64> = hashbrown::HashMap::new();
     let mut next_slot = 0u32;
     let mut next_token = 0u64;
     let (mut ev_t, mut ev_m) = (Vec::new(), Vec::new());
 
     let settle_events = |ev: &[DlockEvent],
-                         live: &mut Vec<ConnId>,
-                         pending: &mut hashbrown::HashMap<ConnId, u64>| {
+                         live: &mut Vec<Session>,
+                         pending: &mut hashbrown::HashMap<Session, u64>| {
         for e in ev {
             match e {
                 DlockEvent::Granted { conn, token, .. }
@@ -884,7 +884,7 @@ fn run_model_restoring(seed: u64, steps: usize, idle: u64, restore_every: Option
         }
         let ctx = format!("seed {seed} step {step} now {now}");
         let op = rng.below(100);
-        let idle_conns: Vec<ConnId> = live
+        let idle_conns: Vec<Session> = live
             .iter()
             .copied()
             .filter(|c| !pending.contains_key(c))
@@ -896,7 +896,7 @@ fn run_model_restoring(seed: u64, steps: usize, idle: u64, restore_every: Option
         };
         if op < 8 || live.is_empty() {
             if live.len() < 12 {
-                let conn = ConnId::new(0, next_slot % 16, next_slot);
+                let conn = Session(u64::from(next_slot));
                 next_slot += 1;
                 t.connect(conn, now);
                 m.touch(conn, now);
@@ -964,7 +964,7 @@ fn run_model_restoring(seed: u64, steps: usize, idle: u64, restore_every: Option
             m.advance(now, &mut ev_m);
         }
         settle_events(&ev_t, &mut live, &mut pending);
-        let idled: Vec<ConnId> = ev_t
+        let idled: Vec<Session> = ev_t
             .iter()
             .filter_map(|e| match e {
                 DlockEvent::Idle { conn } => Some(*conn),
@@ -1047,7 +1047,7 @@ fn grants_after_a_disconnect_go_out_in_arrival_order_whatever_the_hash_seed() {
     let order_under = |seed: u64| {
         crate::core::hash::with_seed(seed, || {
             let mut t = DlockTable::new(DlockConfig { idle_timeout_ms: 0 }, 0);
-            let c = |n| ConnId::new(0, n, 0);
+            let c = |n: u32| Session(u64::from(n));
             let mut ev = Vec::new();
             let all: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
             t.lock(c(0), 0, &all, None, None, 0, &mut ev);
@@ -1077,7 +1077,7 @@ fn truncated_or_corrupt_dlock_snapshots_are_errors_not_panics() {
         idle_timeout_ms: 50,
     };
     let mut t = DlockTable::new(config, 0);
-    let c = |n| ConnId::new(0, n, 0);
+    let c = |n: u32| Session(u64::from(n));
     let mut ev = Vec::new();
     t.connect(c(1), 0);
     t.connect(c(2), 0);

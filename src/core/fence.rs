@@ -65,10 +65,10 @@ mod tests {
         use crate::core::dlock::{DlockConfig, DlockEvent, DlockTable, LockResult};
         use crate::core::lockd::{LockdConfig, LockdTable};
         use crate::core::store::{LockOutcome, Store, StoreConfig, StoreMode};
-        use crate::core::{ConnId, Now};
+        use crate::core::{Now, Session};
         let fence = Fence::default();
         let now = Now::from_unix_ms(1_700_000_000_000);
-        let c = |n| ConnId::new(0, n, 1);
+        let c = |n: u32| Session(u64::from(n));
         let config = StoreConfig {
             memory_limit: 1 << 20,
             max_item_size: 1024,

@@ -33,7 +33,7 @@ use slab::Slab;
 use super::codec::{self, DecodeError, Reader, Snapshot};
 use super::fence::Fence;
 use super::wheel::{TimerKey, Wheel};
-use super::ConnId;
+use super::Session;
 
 #[derive(Clone, Copy, Debug)]
 pub struct LockdConfig {
@@ -44,7 +44,7 @@ pub struct LockdConfig {
 /// ACQUIRED echoing `payload` (the queued request's payload, byte for byte).
 #[derive(Debug, PartialEq, Eq)]
 pub struct Grant {
-    pub conn: ConnId,
+    pub conn: Session,
     pub payload: Box<[u8]>,
     /// The fencing token of this grant (see [`LockdTable::last_fence`]).
     pub fence: u64,
@@ -70,7 +70,7 @@ pub struct LockdStats {
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum LockState {
     Free,
-    Held(ConnId),
+    Held(Session),
     /// Its holder disconnected; released at `deadline_ms` unless adopted before.
     Orphaned {
         deadline_ms: u64,
@@ -84,7 +84,7 @@ pub struct LockdTable {
     by_name: HashTable<usize>,
     hasher: Seeded,
     waiters: Slab<Waiter>,
-    conns: HashMap<ConnId, ConnLocks>,
+    conns: HashMap<Session, ConnLocks>,
     orphan_timers: Wheel<OrphanTimer>,
     /// Scratch for `advance`, kept to reuse its allocation.
     fired: Vec<OrphanTimer>,
@@ -142,7 +142,7 @@ impl Link {
 
 enum Holder {
     /// `pos` is this lock's index in `conns[conn].held`.
-    Held { conn: ConnId, pos: usize },
+    Held { conn: Session, pos: usize },
     Orphan {
         timer: TimerKey,
         seq: u64,
@@ -151,7 +151,7 @@ enum Holder {
 }
 
 struct Waiter {
-    conn: ConnId,
+    conn: Session,
     /// Slab key of the lock this ACQ waits for.
     lock: usize,
     /// The ACQ's payload, echoed in its ACQUIRED.
@@ -207,7 +207,7 @@ impl LockdTable {
     /// orphaned) queues this request, `payload` and all, at the end of the name's FIFO.
     pub fn acquire(
         &mut self,
-        conn: ConnId,
+        conn: Session,
         name: &[u8],
         payload: &[u8],
         now_ms: u64,
@@ -226,13 +226,13 @@ impl LockdTable {
     }
 
     /// How many ACQs `conn` has queued (O(1)).
-    pub fn queued_by(&self, conn: ConnId) -> usize {
+    pub fn queued_by(&self, conn: Session) -> usize {
         self.conns.get(&conn).map_or(0, |c| c.waits.len())
     }
 
     /// TRY: a free name is taken (true); a locked one, also by `conn` itself or an orphan, is
     /// not (false). Never queues.
-    pub fn try_lock(&mut self, conn: ConnId, name: &[u8], now_ms: u64) -> bool {
+    pub fn try_lock(&mut self, conn: Session, name: &[u8], now_ms: u64) -> bool {
         let hash = self.hasher.hash_one(name);
         if self.find_hashed(name, hash).is_some() {
             return false;
@@ -246,7 +246,7 @@ impl LockdTable {
     /// False if the name is not locked.
     pub fn release(
         &mut self,
-        _conn: ConnId,
+        _conn: Session,
         name: &[u8],
         now_ms: u64,
         grants: &mut Vec<Grant>,
@@ -263,7 +263,7 @@ impl LockdTable {
     /// or an orphan whose deadline is at or before `now_ms`, which the next `advance` will
     /// release) is false: an orphan is adoptable only strictly *within* the timeout, whether or
     /// not the caller has advanced the table to `now_ms` yet.
-    pub fn adopt(&mut self, conn: ConnId, name: &[u8], now_ms: u64) -> bool {
+    pub fn adopt(&mut self, conn: Session, name: &[u8], now_ms: u64) -> bool {
         let Some(key) = self.find(name) else {
             return false;
         };
@@ -284,7 +284,7 @@ impl LockdTable {
     /// A connection closed: every lock it holds becomes an orphan with its own timer at
     /// `now_ms + orphan_timeout_ms`; every ACQ it has queued leaves its queue. O(its locks + its
     /// waits).
-    pub fn disconnect(&mut self, conn: ConnId, now_ms: u64) {
+    pub fn disconnect(&mut self, conn: Session, now_ms: u64) {
         let Some(state) = self.conns.remove(&conn) else {
             return;
         };
@@ -379,7 +379,7 @@ impl LockdTable {
 
     /// Every lock with its holder (`None`: orphaned), for an orphan when it expires (ms), and
     /// the fencing token of its (last) holder's grant: for the admin port's listing.
-    pub fn for_each_lock(&self, mut f: impl FnMut(&[u8], Option<ConnId>, Option<u64>, u64)) {
+    pub fn for_each_lock(&self, mut f: impl FnMut(&[u8], Option<Session>, Option<u64>, u64)) {
         for (_, lock) in &self.locks {
             match lock.holder {
                 Holder::Held { conn, .. } => f(&lock.name, Some(conn), None, lock.token),
@@ -415,7 +415,7 @@ impl LockdTable {
     }
 
     /// The fencing token of `name`'s lock if `conn` holds it (old's REQ_TOKEN).
-    pub fn token_of(&self, conn: ConnId, name: &[u8]) -> Option<u64> {
+    pub fn token_of(&self, conn: Session, name: &[u8]) -> Option<u64> {
         let lock = &self.locks[self.find(name)?];
         match lock.holder {
             Holder::Held { conn: c, .. } if c == conn => Some(lock.token),
@@ -435,7 +435,7 @@ impl LockdTable {
     }
 
     /// The queued ACQs of one name, next to be granted first: connection and payload.
-    pub fn waiters<'a>(&'a self, name: &[u8]) -> impl Iterator<Item = (ConnId, &'a [u8])> + 'a {
+    pub fn waiters<'a>(&'a self, name: &[u8]) -> impl Iterator<Item = (Session, &'a [u8])> + 'a {
         let head = self.find(name).and_then(|k| self.locks[k].head.get());
         std::iter::successors(head, move |&w| self.waiters[w].next).map(move |w| {
             let waiter = &self.waiters[w];
@@ -457,7 +457,7 @@ impl LockdTable {
     }
 
     /// Lock a free name for `conn`: an immediate grant.
-    fn insert_lock(&mut self, conn: ConnId, name: &[u8], hash: u64, now_ms: u64) {
+    fn insert_lock(&mut self, conn: Session, name: &[u8], hash: u64, now_ms: u64) {
         let key = self.locks.vacant_key();
         let holder = self.index_held(conn, key);
         let inserted = self.locks.insert(Lock {
@@ -488,7 +488,7 @@ impl LockdTable {
     }
 
     /// Record that `conn` holds lock `key`; returns the holder to store in the lock.
-    fn index_held(&mut self, conn: ConnId, key: usize) -> Holder {
+    fn index_held(&mut self, conn: Session, key: usize) -> Holder {
         let held = &mut self.conns.entry(conn).or_default().held;
         let pos = held.len();
         held.push(key);
@@ -549,7 +549,7 @@ impl LockdTable {
         });
     }
 
-    fn enqueue(&mut self, key: usize, conn: ConnId, payload: &[u8]) {
+    fn enqueue(&mut self, key: usize, conn: Session, payload: &[u8]) {
         let waits = &mut self.conns.entry(conn).or_default().waits;
         let tail = self.locks[key].tail.get();
         let w = self.waiters.insert(Waiter {
@@ -584,7 +584,7 @@ impl LockdTable {
     }
 
     /// Remove the wait at `pos` from `conn`'s index.
-    fn unindex_wait(&mut self, conn: ConnId, pos: usize) {
+    fn unindex_wait(&mut self, conn: Session, pos: usize) {
         let Some(state) = self.conns.get_mut(&conn) else {
             debug_assert!(false, "waiter {conn:?} has no index");
             return;
@@ -725,7 +725,7 @@ impl Snapshot for LockdTable {
             let hash = t.hasher.hash_one(name);
             let key = t.locks.vacant_key();
             let holder = match r.u8()? {
-                0 => t.index_held(ConnId::decode(r)?, key),
+                0 => t.index_held(Session::decode(r)?, key),
                 1 => {
                     let seq = r.u64()?;
                     let deadline_ms = r.u64()?;
@@ -761,9 +761,9 @@ impl Snapshot for LockdTable {
             debug_assert_eq!(inserted, key);
             let locks = &t.locks;
             t.by_name.insert_unique(hash, key, |&k| locks[k].hash);
-            let waiters = r.count(4)?;
+            let waiters = r.count(2)?;
             for _ in 0..waiters {
-                let conn = ConnId::decode(r)?;
+                let conn = Session::decode(r)?;
                 let payload = r.bytes(MAX_PAYLOAD)?;
                 t.enqueue(key, conn, payload);
             }

@@ -9,13 +9,13 @@ use crate::rng::Rng;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum MHolder {
-    Held(ConnId),
+    Held(Session),
     Orphan(u64),
 }
 
 struct MLock {
     holder: MHolder,
-    queue: Vec<(ConnId, Vec<u8>)>,
+    queue: Vec<(Session, Vec<u8>)>,
 }
 
 #[derive(Default)]
@@ -28,7 +28,7 @@ struct Model {
 }
 
 impl Model {
-    fn acquire(&mut self, conn: ConnId, name: &[u8], payload: &[u8]) -> AcquireOutcome {
+    fn acquire(&mut self, conn: Session, name: &[u8], payload: &[u8]) -> AcquireOutcome {
         match self.locks.get_mut(name) {
             Some(lock) => {
                 lock.queue.push((conn, payload.to_vec()));
@@ -40,7 +40,7 @@ impl Model {
             }
         }
     }
-    fn take(&mut self, conn: ConnId, name: &[u8]) {
+    fn take(&mut self, conn: Session, name: &[u8]) {
         self.locks.insert(
             name.to_vec(),
             MLock {
@@ -51,14 +51,14 @@ impl Model {
         self.grants += 1;
         self.fence += 1;
     }
-    fn try_lock(&mut self, conn: ConnId, name: &[u8]) -> bool {
+    fn try_lock(&mut self, conn: Session, name: &[u8]) -> bool {
         if self.locks.contains_key(name) {
             return false;
         }
         self.take(conn, name);
         true
     }
-    fn pass_on(&mut self, name: &[u8], out: &mut Vec<(ConnId, Vec<u8>)>) {
+    fn pass_on(&mut self, name: &[u8], out: &mut Vec<(Session, Vec<u8>)>) {
         let Some(lock) = self.locks.get_mut(name) else {
             panic!("model: pass_on of a free name");
         };
@@ -72,14 +72,14 @@ impl Model {
         self.fence += 1;
         out.push((conn, payload));
     }
-    fn release(&mut self, name: &[u8], out: &mut Vec<(ConnId, Vec<u8>)>) -> bool {
+    fn release(&mut self, name: &[u8], out: &mut Vec<(Session, Vec<u8>)>) -> bool {
         if !self.locks.contains_key(name) {
             return false;
         }
         self.pass_on(name, out);
         true
     }
-    fn adopt(&mut self, conn: ConnId, name: &[u8], now: u64) -> bool {
+    fn adopt(&mut self, conn: Session, name: &[u8], now: u64) -> bool {
         match self.locks.get_mut(name) {
             Some(lock) if matches!(lock.holder, MHolder::Orphan(d) if now < d) => {
                 lock.holder = MHolder::Held(conn);
@@ -90,7 +90,7 @@ impl Model {
             _ => false,
         }
     }
-    fn disconnect(&mut self, conn: ConnId, now: u64) {
+    fn disconnect(&mut self, conn: Session, now: u64) {
         for lock in self.locks.values_mut() {
             if lock.holder == MHolder::Held(conn) {
                 lock.holder = MHolder::Orphan(now + TIMEOUT);
@@ -98,7 +98,7 @@ impl Model {
             lock.queue.retain(|(c, _)| *c != conn);
         }
     }
-    fn advance(&mut self, now: u64, out: &mut Vec<(ConnId, Vec<u8>)>) {
+    fn advance(&mut self, now: u64, out: &mut Vec<(Session, Vec<u8>)>) {
         let mut due: Vec<(u64, Vec<u8>)> = self
             .locks
             .iter()
@@ -151,7 +151,7 @@ fn compare(t: &LockdTable, m: &Model, step: u64) {
             Some(MHolder::Orphan(d)) => LockState::Orphaned { deadline_ms: d },
         };
         assert_eq!(t.state(name), want, "step {step}: state of {name:?}");
-        let got: Vec<(ConnId, Vec<u8>)> = t.waiters(name).map(|(c, p)| (c, p.to_vec())).collect();
+        let got: Vec<(Session, Vec<u8>)> = t.waiters(name).map(|(c, p)| (c, p.to_vec())).collect();
         let want = m
             .locks
             .get(name)
@@ -171,8 +171,8 @@ fn compare(t: &LockdTable, m: &Model, step: u64) {
 /// The connections alive now (one per slot), and every queued ACQ's payload (unique: it
 /// carries a serial number) with its connection, until it is granted or its conn leaves.
 struct Clients {
-    live: Vec<ConnId>,
-    outstanding: StdHashMap<Vec<u8>, ConnId>,
+    live: Vec<Session>,
+    outstanding: StdHashMap<Vec<u8>, Session>,
 }
 
 /// Grants of one step: the same set as the model's (their order across different names
@@ -181,7 +181,7 @@ struct Clients {
 fn check_grants(
     step: u64,
     got: &mut Vec<Grant>,
-    want: &mut Vec<(ConnId, Vec<u8>)>,
+    want: &mut Vec<(Session, Vec<u8>)>,
     fence_before: u64,
     m: &Model,
     clients: &mut Clients,
@@ -203,7 +203,7 @@ fn check_grants(
         // Asynchronous grants never share a step with an immediate one or an adoption.
         assert_eq!(fence, m.fence, "step {step}: last grant fence");
     }
-    let mut got_set: Vec<(ConnId, Vec<u8>)> = got
+    let mut got_set: Vec<(Session, Vec<u8>)> = got
         .drain(..)
         .map(|g| (g.conn, g.payload.to_vec()))
         .collect();
@@ -230,9 +230,7 @@ fn run_restoring(seed: u64, steps: u64, cov: &mut Coverage, restore_every: Optio
     );
     let mut m = Model::default();
     let mut clients = Clients {
-        live: (0..SLOTS)
-            .map(|s| ConnId::new((s % 2) as u16, s, 0))
-            .collect(),
+        live: (0..SLOTS).map(|s| Session(u64::from(s))).collect(),
         outstanding: StdHashMap::new(),
     };
     let mut now = 0u64;
@@ -288,8 +286,8 @@ fn run_restoring(seed: u64, steps: u64, cov: &mut Coverage, restore_every: Optio
                 m.disconnect(conn, now);
                 clients.outstanding.retain(|_, c| *c != conn);
                 // Reconnect in the same slot as a new generation.
-                let slot = conn.slot as usize;
-                clients.live[slot] = ConnId::new(conn.worker, conn.slot, conn.gen + 1);
+                let slot = clients.live.iter().position(|c| *c == conn).expect("live");
+                clients.live[slot] = Session(conn.0 + u64::from(SLOTS));
             }
             72..=89 => {
                 now += rng.below(TIMEOUT / 2);
@@ -376,7 +374,7 @@ fn truncated_or_corrupt_lockd_snapshots_are_errors_not_panics() {
         orphan_timeout_ms: 100,
     };
     let mut t = LockdTable::new(config, 0);
-    let c = |slot| ConnId::new(0, slot, 0);
+    let c = |slot: u32| Session(u64::from(slot));
     let mut g = Vec::new();
     t.acquire(c(1), b"a", b"a\0", 0);
     t.acquire(c(2), b"a", b"a\0x", 0);

@@ -21,15 +21,15 @@ fn table() -> LockdTable {
     )
 }
 
-fn c(slot: u32) -> ConnId {
-    ConnId::new(0, slot, 0)
+fn c(slot: u32) -> Session {
+    Session(u64::from(slot))
 }
 
-fn queue(t: &LockdTable, name: &[u8]) -> Vec<(ConnId, Vec<u8>)> {
+fn queue(t: &LockdTable, name: &[u8]) -> Vec<(Session, Vec<u8>)> {
     t.waiters(name).map(|(c, p)| (c, p.to_vec())).collect()
 }
 
-fn grant(conn: ConnId, payload: &[u8], fence: u64) -> Grant {
+fn grant(conn: Session, payload: &[u8], fence: u64) -> Grant {
     Grant {
         conn,
         payload: payload.into(),
@@ -147,7 +147,7 @@ fn waiters_are_granted_in_fifo_order_with_their_own_payload() {
     t.check_invariants();
 }
 
-fn t_holder(t: &LockdTable, name: &[u8]) -> ConnId {
+fn t_holder(t: &LockdTable, name: &[u8]) -> Session {
     match t.state(name) {
         LockState::Held(c) => c,
         other => panic!("not held: {other:?}"),
@@ -401,8 +401,8 @@ fn disconnect_of_a_holder_that_also_waits_orphans_and_dequeues() {
 fn a_new_generation_of_a_slot_is_a_different_connection() {
     let mut t = table();
     let mut g = Vec::new();
-    let old = ConnId::new(0, 1, 0);
-    let new = ConnId::new(0, 1, 1);
+    let old = Session(1);
+    let new = Session(1001);
     t.acquire(c(5), b"a", b"a\0", 0);
     t.acquire(old, b"a", b"a\0old", 0);
     t.acquire(old, b"b", b"b\0", 0);

@@ -14,34 +14,22 @@ pub mod lockd;
 pub mod store;
 pub mod wheel;
 
-/// Identity of one client connection: which worker owns it, its slab slot, and the generation of
-/// that slot. A slot is reused after a close; the generation is not, so a late reply or lock grant
-/// addressed to a closed connection can never reach the stranger that reuses its slot.
-///
-/// This is also the lock *holder* identity (a session id): today one session per connection.
+/// A client session: the identity of a lock holder and of a waiter. The state machine hands
+/// sessions out in order (1, 2, 3, ...) as connections first appear (`server::owner::Sessions`);
+/// the server layer maps its connections to them. A session id is never reused, so a late grant
+/// to a session that ended can never reach a stranger, and it means the same on every replica,
+/// which a connection's worker and slab slot do not.
 #[derive(Copy, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
-pub struct ConnId {
-    pub worker: u16,
-    pub slot: u32,
-    pub gen: u32,
-}
+pub struct Session(pub u64);
 
-impl ConnId {
-    pub const fn new(worker: u16, slot: u32, gen: u32) -> Self {
-        ConnId { worker, slot, gen }
-    }
-
-    /// The holder in a snapshot.
+impl Session {
+    /// The session in a snapshot or a command entry.
     pub fn encode(&self, out: &mut Vec<u8>) {
-        codec::put_u64(out, u64::from(self.worker));
-        codec::put_u64(out, u64::from(self.slot));
-        codec::put_u64(out, u64::from(self.gen));
+        codec::put_u64(out, self.0);
     }
 
-    pub fn decode(r: &mut codec::Reader<'_>) -> Result<ConnId, codec::DecodeError> {
-        let worker = u16::try_from(r.u64()?)
-            .map_err(|_| codec::DecodeError::Invalid("worker over 16 bits"))?;
-        Ok(ConnId::new(worker, r.u32()?, r.u32()?))
+    pub fn decode(r: &mut codec::Reader<'_>) -> Result<Session, codec::DecodeError> {
+        Ok(Session(r.u64()?))
     }
 }
 

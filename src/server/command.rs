@@ -19,7 +19,7 @@
 
 use crate::core::codec::{self, DecodeError, Reader};
 use crate::core::store::StoreMode;
-use crate::core::ConnId;
+use crate::server::msg::ConnId;
 
 use std::net::{IpAddr, SocketAddr};
 

@@ -7,7 +7,7 @@ use super::decode;
 use super::msg::{Batch, Op, OpMsg};
 use super::Proto;
 use crate::config::Config;
-use crate::core::ConnId;
+use crate::server::msg::ConnId;
 
 /// Operations of one connection that may be at the owner at once before it is parsed no further
 /// (backpressure; bounds owner-side memory per connection).

@@ -9,12 +9,12 @@ use super::msg::{
 use super::Proto;
 use crate::config::{Compat, Config};
 use crate::core::store::StoreMode;
-use crate::core::ConnId;
 use crate::proto::counter as ct;
 use crate::proto::dlock as dl;
 use crate::proto::lockd as ld;
 use crate::proto::memcache::text::StoreCmd;
 use crate::proto::memcache::{binary, text};
+use crate::server::msg::ConnId;
 
 /// The version string `version` answers: memcached's form (clients parse the numbers), with our
 /// name after it.

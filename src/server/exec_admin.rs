@@ -16,11 +16,12 @@ use crate::admin::data::{
     Answer, Histogram, LockInfo, LockList, Query, Snapshot, Table, Who, MAX_LIST,
     MAX_WAITERS_LISTED,
 };
-use crate::core::{ConnId, Now};
+use crate::core::Now;
+use crate::core::Session;
 
 #[derive(Default)]
 pub struct AdminState {
-    peers: HashMap<ConnId, (Proto, SocketAddr)>,
+    peers: HashMap<Session, (Proto, SocketAddr)>,
     open: [u64; PROTOCOLS],
     latency: [Histogram; PROTOCOLS],
 }
@@ -35,22 +36,22 @@ fn index(p: Proto) -> usize {
 }
 
 impl AdminState {
-    pub fn opened(&mut self, conn: ConnId, proto: Proto, peer: SocketAddr) {
-        if self.peers.insert(conn, (proto, peer)).is_none() {
+    pub fn opened(&mut self, session: Session, proto: Proto, peer: SocketAddr) {
+        if self.peers.insert(session, (proto, peer)).is_none() {
             self.open[index(proto)] += 1;
         }
     }
 
-    pub fn closed(&mut self, conn: ConnId) {
-        if let Some((proto, _)) = self.peers.remove(&conn) {
+    pub fn closed(&mut self, session: Session) {
+        if let Some((proto, _)) = self.peers.remove(&session) {
             self.open[index(proto)] -= 1;
         }
     }
 
-    fn who(&self, conn: ConnId) -> Who {
+    fn who(&self, session: Session) -> Who {
         Who {
-            conn,
-            peer: self.peers.get(&conn).map(|p| p.1),
+            session,
+            peer: self.peers.get(&session).map(|p| p.1),
         }
     }
 
@@ -137,12 +138,12 @@ fn list(t: &Tables, now: Now, table: Table, prefix: &[u8], limit: usize) -> Lock
     let mut matched = 0;
     let remaining = |deadline: u64| deadline.saturating_sub(now.ms);
     let mut add = |name: &[u8],
-                   holder: Option<ConnId>,
+                   holder: Option<Session>,
                    since: Option<u64>,
                    fence: Option<u64>,
                    expires: Option<u64>,
                    resources: Option<u32>,
-                   waiters: &mut dyn Iterator<Item = ConnId>| {
+                   waiters: &mut dyn Iterator<Item = Session>| {
         let mut listed = Vec::new();
         let mut total = 0;
         for w in waiters {

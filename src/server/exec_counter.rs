@@ -6,7 +6,7 @@
 use super::msg::{CounterKind, CounterOp};
 use super::owner::{push_u64, Tables};
 use crate::core::counter::CounterError;
-use crate::core::{ConnId, Now};
+use crate::core::Now;
 use crate::proto::counter::{self as ct, op, status};
 
 /// yrmcds's default `counter.stats_interval` (one day) in ms: Dump's "maximum consumption" is the
@@ -26,11 +26,12 @@ pub fn apply(
     t: &mut Tables,
     out: &mut super::owner::Outbox,
     shared: &super::Shared,
-    conn: ConnId,
+    who: super::owner::Who,
     o: CounterOp,
     arena: &[u8],
     now: Now,
 ) {
+    let super::owner::Who { conn, session } = who;
     let table = &mut t.counter;
     table.collect_due(now.ms);
     let opaque = o.opaque;
@@ -52,14 +53,14 @@ pub fn apply(
         } => {
             table.stats.cmd_acquire += 1;
             let r = table
-                .acquire(conn, name.get(arena), resources, maximum, now.ms)
+                .acquire(session, name.get(arena), resources, maximum, now.ms)
                 .map(|()| Some(resources));
             out.record(conn, 1, false, |w| result(w, op::ACQUIRE, r));
         }
         CounterKind::Release { resources, name } => {
             table.stats.cmd_release += 1;
             let r = table
-                .release(conn, name.get(arena), resources, now.ms)
+                .release(session, name.get(arena), resources, now.ms)
                 .map(|()| None);
             out.record(conn, 1, false, |w| result(w, op::RELEASE, r));
         }

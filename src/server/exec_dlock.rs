@@ -11,10 +11,15 @@ use hashbrown::HashMap;
 
 use super::command::{self, Limits};
 use super::msg::{Arena, DlockKind, DlockOp, Op, OpMsg, Span};
-use super::owner::{Outbox, Tables};
+use super::owner::{Outbox, Tables, Who};
 use crate::core::codec::{self, DecodeError, Reader};
 use crate::core::dlock::{DlockEvent, LockResult};
-use crate::core::{ConnId, Now};
+use crate::core::{Now, Session};
+use crate::server::msg::ConnId;
+
+/// The connection a deferred request is written under in a snapshot (it belongs to its
+/// session, not to a connection).
+const DEFERRED: ConnId = ConnId::new(0, 0, 0);
 use crate::proto::dlock::{self as dl, status, Keys};
 
 /// A request kept while its connection waits for a Lock: the op with its spans re-based on its
@@ -33,38 +38,39 @@ struct Waiting {
 /// Connections with a Lock waiting.
 #[derive(Default)]
 pub struct DlockSessions {
-    waiting: HashMap<ConnId, Waiting>,
+    waiting: HashMap<Session, Waiting>,
     next_token: u64,
     /// Reused for the key slices of each Lock/Unlock.
     keys_scratch: Vec<&'static [u8]>,
 }
 
 impl DlockSessions {
-    pub fn is_waiting(&self, conn: ConnId) -> bool {
-        !self.waiting.is_empty() && self.waiting.contains_key(&conn)
+    pub fn is_waiting(&self, session: Session) -> bool {
+        !self.waiting.is_empty() && self.waiting.contains_key(&session)
     }
 
-    pub fn defer_literal(&mut self, conn: ConnId, bytes: &[u8], close: bool) {
-        if let Some(w) = self.waiting.get_mut(&conn) {
+    pub fn defer_literal(&mut self, session: Session, bytes: &[u8], close: bool) {
+        if let Some(w) = self.waiting.get_mut(&session) {
             w.backlog.push_back(Deferred::Literal(bytes.into(), close));
         }
     }
 
-    pub fn remove(&mut self, conn: ConnId) {
+    pub fn remove(&mut self, session: Session) {
         if !self.waiting.is_empty() {
-            self.waiting.remove(&conn);
+            self.waiting.remove(&session);
         }
     }
 
-    /// Every waiting connection (by id) with its Lock's token and request id and the requests
-    /// kept behind it, in order (the requests in the command encoding).
+    /// Every waiting session (by id) with its Lock's token and request id and the requests
+    /// kept behind it, in order (the requests in the command encoding, under a placeholder
+    /// connection: a deferred request belongs to its session, whatever connection that has).
     pub fn snapshot(&self, out: &mut Vec<u8>) {
         codec::put_u64(out, self.next_token);
-        let mut waiting: Vec<(&ConnId, &Waiting)> = self.waiting.iter().collect();
-        waiting.sort_unstable_by_key(|(c, _)| **c);
+        let mut waiting: Vec<(&Session, &Waiting)> = self.waiting.iter().collect();
+        waiting.sort_unstable_by_key(|(s, _)| **s);
         codec::put_u64(out, waiting.len() as u64);
-        for (conn, w) in waiting {
-            conn.encode(out);
+        for (session, w) in waiting {
+            session.encode(out);
             codec::put_u64(out, w.token);
             codec::put_opt_u64(out, w.id);
             codec::put_u64(out, w.backlog.len() as u64);
@@ -78,7 +84,7 @@ impl DlockSessions {
                     Deferred::Request(op, bytes) => {
                         codec::put_u8(out, 1);
                         let msg = OpMsg {
-                            conn: *conn,
+                            conn: DEFERRED,
                             op: Op::Dlock(*op),
                         };
                         command::encode_op(&msg, bytes, out);
@@ -93,14 +99,14 @@ impl DlockSessions {
             next_token: r.u64()?,
             ..DlockSessions::default()
         };
-        let n = r.count(5)?;
-        let mut last: Option<ConnId> = None;
+        let n = r.count(3)?;
+        let mut last: Option<Session> = None;
         for _ in 0..n {
-            let conn = ConnId::decode(r)?;
-            if last.is_some_and(|l| l >= conn) {
+            let session = Session::decode(r)?;
+            if last.is_some_and(|l| l >= session) {
                 return Err(DecodeError::Invalid("dlock sessions out of order"));
             }
-            last = Some(conn);
+            last = Some(session);
             let token = r.u64()?;
             let id = r.opt_u64()?;
             let len = r.count(2)?;
@@ -112,7 +118,7 @@ impl DlockSessions {
                         let mut arena = Arena::default();
                         let msg = command::decode_op(r, limits, &mut arena)?;
                         match msg.op {
-                            Op::Dlock(op) if msg.conn == conn => {
+                            Op::Dlock(op) if msg.conn == DEFERRED => {
                                 Deferred::Request(op, arena.bytes.into_boxed_slice())
                             }
                             _ => return Err(DecodeError::Invalid("deferred dlock request")),
@@ -121,30 +127,23 @@ impl DlockSessions {
                     _ => return Err(DecodeError::Invalid("deferred tag")),
                 });
             }
-            s.waiting.insert(conn, Waiting { token, id, backlog });
+            s.waiting.insert(session, Waiting { token, id, backlog });
         }
         Ok(s)
     }
 }
 
-pub fn open(t: &mut Tables, conn: ConnId, now: Now) {
-    t.dlock.connect(conn, now.ms);
+pub fn open(t: &mut Tables, session: Session, now: Now) {
+    t.dlock.connect(session, now.ms);
 }
 
 /// A request arrives: it resets the idle timer, then runs now or waits behind a pending Lock.
-pub fn receive(
-    t: &mut Tables,
-    out: &mut Outbox,
-    conn: ConnId,
-    op: DlockOp,
-    arena: &[u8],
-    now: Now,
-) {
+pub fn receive(t: &mut Tables, out: &mut Outbox, who: Who, op: DlockOp, arena: &[u8], now: Now) {
     // Any request resets the idle timer; Lock and Unlock do it inside the table.
     if !matches!(op.kind, DlockKind::Lock { .. } | DlockKind::Unlock { .. }) {
-        t.dlock.touch(conn, now.ms);
+        t.dlock.touch(who.session, now.ms);
     }
-    if let Some(w) = t.dlock_sessions.waiting.get_mut(&conn) {
+    if let Some(w) = t.dlock_sessions.waiting.get_mut(&who.session) {
         let (op, bytes) = match op.kind {
             DlockKind::Lock { keys, .. } | DlockKind::Unlock { keys, .. } => {
                 let bytes: Box<[u8]> = keys.get(arena).into();
@@ -164,7 +163,7 @@ pub fn receive(
         w.backlog.push_back(Deferred::Request(op, bytes));
         return;
     }
-    run(t, out, conn, op, arena, now);
+    run(t, out, who, op, arena, now);
     deliver_events(t, out, now);
 }
 
@@ -231,7 +230,8 @@ fn respond<'k>(
 }
 
 /// Run one request of a connection that has no Lock waiting.
-fn run(t: &mut Tables, out: &mut Outbox, conn: ConnId, op: DlockOp, arena: &[u8], now: Now) {
+fn run(t: &mut Tables, out: &mut Outbox, who: Who, op: DlockOp, arena: &[u8], now: Now) {
+    let Who { conn, session } = who;
     let to = To {
         conn,
         done: 1,
@@ -252,7 +252,7 @@ fn run(t: &mut Tables, out: &mut Outbox, conn: ConnId, op: DlockOp, arena: &[u8]
             let result = with_keys(t, keys.get(arena), |t, keys| {
                 let events = &mut t.dlock_events;
                 t.dlock
-                    .lock(conn, token, keys, wait_us, lease_us, now.ms, events)
+                    .lock(session, token, keys, wait_us, lease_us, now.ms, events)
             });
             match result {
                 LockResult::Granted => granted(out, to, t.dlock.last_fence(), now),
@@ -266,13 +266,13 @@ fn run(t: &mut Tables, out: &mut Outbox, conn: ConnId, op: DlockOp, arena: &[u8]
                         id: op.id,
                         backlog: VecDeque::new(),
                     };
-                    t.dlock_sessions.waiting.insert(conn, w);
+                    t.dlock_sessions.waiting.insert(session, w);
                 }
             }
         }
         DlockKind::Unlock { keys, .. } => {
             let result = with_keys(t, keys.get(arena), |t, keys| {
-                t.dlock.unlock(conn, keys, now.ms, &mut t.dlock_events)
+                t.dlock.unlock(session, keys, now.ms, &mut t.dlock_events)
             });
             match result {
                 Ok(()) => respond(out, to, status::OK, None, no_keys, now),
@@ -289,13 +289,13 @@ fn run(t: &mut Tables, out: &mut Outbox, conn: ConnId, op: DlockOp, arena: &[u8]
 /// connection up as a disconnect: the Lock leaves its queues, what waited behind it is dropped
 /// unanswered, its connection-bound locks are released, and one record completes all of them
 /// and closes the connection (after the replies already sent).
-pub fn eof(t: &mut Tables, out: &mut Outbox, conn: ConnId, now: Now) {
-    let Some(w) = t.dlock_sessions.waiting.remove(&conn) else {
+pub fn eof(t: &mut Tables, out: &mut Outbox, who: Who, now: Now) {
+    let Some(w) = t.dlock_sessions.waiting.remove(&who.session) else {
         return;
     };
     let dropped = 1 + w.backlog.len() as u32;
-    t.dlock.disconnect(conn, now.ms, &mut t.dlock_events);
-    out.record(conn, dropped, true, |_| {});
+    t.dlock.disconnect(who.session, now.ms, &mut t.dlock_events);
+    out.record(who.conn, dropped, true, |_| {});
     deliver_events(t, out, now);
 }
 
@@ -305,9 +305,13 @@ pub fn deliver_events(t: &mut Tables, out: &mut Outbox, now: Now) {
     while !t.dlock_events.is_empty() {
         let events = std::mem::take(&mut t.dlock_events);
         for ev in events {
-            let (conn, backlog) = match ev {
-                DlockEvent::Granted { conn, token, fence } => {
-                    let Some(w) = take_waiting(t, conn, token) else {
+            let (session, backlog) = match ev {
+                DlockEvent::Granted {
+                    conn: session,
+                    token,
+                    fence,
+                } => {
+                    let Some((conn, w)) = take_waiting(t, session, token) else {
                         continue;
                     };
                     let to = To {
@@ -316,10 +320,14 @@ pub fn deliver_events(t: &mut Tables, out: &mut Outbox, now: Now) {
                         id: w.id,
                     };
                     granted(out, to, fence, now);
-                    (conn, w.backlog)
+                    (Who { conn, session }, w.backlog)
                 }
-                DlockEvent::TimedOut { conn, token, busy } => {
-                    let Some(w) = take_waiting(t, conn, token) else {
+                DlockEvent::TimedOut {
+                    conn: session,
+                    token,
+                    busy,
+                } => {
+                    let Some((conn, w)) = take_waiting(t, session, token) else {
                         continue;
                     };
                     let keys = busy.iter().map(|k| &k[..]);
@@ -335,22 +343,29 @@ pub fn deliver_events(t: &mut Tables, out: &mut Outbox, now: Now) {
                         keys,
                         now,
                     );
-                    (conn, w.backlog)
+                    (Who { conn, session }, w.backlog)
                 }
-                DlockEvent::Idle { conn } => {
-                    t.dlock_sessions.remove(conn);
-                    out.record(conn, 0, true, |_| {});
+                DlockEvent::Idle { conn: session } => {
+                    t.dlock_sessions.remove(session);
+                    if let Some(conn) = t.sessions.conn(session) {
+                        out.record(conn, 0, true, |_| {});
+                    }
                     continue;
                 }
             };
-            run_backlog(t, out, conn, backlog, now);
+            run_backlog(t, out, session, backlog, now);
         }
     }
 }
 
-fn take_waiting(t: &mut Tables, conn: ConnId, token: u64) -> Option<Waiting> {
-    match t.dlock_sessions.waiting.get(&conn) {
-        Some(w) if w.token == token => t.dlock_sessions.waiting.remove(&conn),
+/// The waiting Lock `token` of `session`, and where its answer goes (a waiting session is a
+/// live one: its wait ends when it closes).
+fn take_waiting(t: &mut Tables, session: Session, token: u64) -> Option<(ConnId, Waiting)> {
+    match t.dlock_sessions.waiting.get(&session) {
+        Some(w) if w.token == token => {
+            let w = t.dlock_sessions.waiting.remove(&session)?;
+            Some((t.sessions.conn(session)?, w))
+        }
         _ => None,
     }
 }
@@ -358,18 +373,18 @@ fn take_waiting(t: &mut Tables, conn: ConnId, token: u64) -> Option<Waiting> {
 fn run_backlog(
     t: &mut Tables,
     out: &mut Outbox,
-    conn: ConnId,
+    who: Who,
     mut backlog: VecDeque<Deferred>,
     now: Now,
 ) {
     while let Some(d) = backlog.pop_front() {
         match d {
             Deferred::Literal(bytes, close) => {
-                out.record(conn, 1, close, |w| w.extend_from_slice(&bytes))
+                out.record(who.conn, 1, close, |w| w.extend_from_slice(&bytes))
             }
-            Deferred::Request(op, bytes) => run(t, out, conn, op, &bytes, now),
+            Deferred::Request(op, bytes) => run(t, out, who, op, &bytes, now),
         }
-        if let Some(w) = t.dlock_sessions.waiting.get_mut(&conn) {
+        if let Some(w) = t.dlock_sessions.waiting.get_mut(&who.session) {
             // Blocked again: the rest waits behind this new Lock.
             w.backlog.extend(backlog);
             return;

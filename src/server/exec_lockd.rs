@@ -1,10 +1,11 @@
 //! old lock-daemon requests applied to the lockd table (contract: "old lock-daemon protocol").
 
 use super::msg::LockdOp;
-use super::owner::{Outbox, Tables};
+use super::owner::{Outbox, Tables, Who};
 use crate::core::lockd::{AcquireOutcome, LockState};
-use crate::core::{ConnId, Now};
+use crate::core::Now;
 use crate::proto::lockd::{self as ld, op, Frame};
+use crate::server::msg::ConnId;
 
 /// ACQs one connection may have queued at once; one more that would queue gets ERR. Each queued
 /// ACQ keeps its payload (up to 1 MiB) until granted, so without a cap one client could make the
@@ -12,7 +13,8 @@ use crate::proto::lockd::{self as ld, op, Frame};
 /// than a handful of locks at once.
 pub const MAX_QUEUED_PER_CONN: usize = 1024;
 
-pub fn apply(t: &mut Tables, out: &mut Outbox, conn: ConnId, o: LockdOp, arena: &[u8], now: Now) {
+pub fn apply(t: &mut Tables, out: &mut Outbox, who: Who, o: LockdOp, arena: &[u8], now: Now) {
+    let Who { conn, session } = who;
     let payload = o.payload.get(arena);
     let reply = |out: &mut Outbox, opcode: u8, payload: &[u8]| {
         out.record(conn, 1, false, |w| ld::encode(w, opcode, payload));
@@ -33,25 +35,25 @@ pub fn apply(t: &mut Tables, out: &mut Outbox, conn: ConnId, o: LockdOp, arena: 
     let lockd = &mut t.lockd;
     match o.opcode {
         op::ACQ
-            if lockd.queued_by(conn) >= MAX_QUEUED_PER_CONN
+            if lockd.queued_by(session) >= MAX_QUEUED_PER_CONN
                 && lockd.state(name) != LockState::Free =>
         {
             reply(out, op::ERR, payload)
         }
-        op::ACQ => match lockd.acquire(conn, name, payload, now.ms) {
+        op::ACQ => match lockd.acquire(session, name, payload, now.ms) {
             AcquireOutcome::Acquired => reply(out, op::ACQUIRED, payload),
             AcquireOutcome::Queued => reply(out, op::ACK, payload),
         },
         op::TRY => {
-            let got = lockd.try_lock(conn, name, now.ms);
+            let got = lockd.try_lock(session, name, now.ms);
             reply(out, if got { op::ACQUIRED } else { op::WBLOCK }, payload)
         }
         op::REL => {
-            let released = lockd.release(conn, name, now.ms, &mut t.grants);
+            let released = lockd.release(session, name, now.ms, &mut t.grants);
             reply(out, if released { op::RELEASED } else { op::ERR }, payload);
             deliver_grants(t, out);
         }
-        op::REQ_TOKEN => match lockd.token_of(conn, name) {
+        op::REQ_TOKEN => match lockd.token_of(session, name) {
             Some(token) => out.record(conn, 1, false, |w| {
                 let mut body = Vec::with_capacity(name.len() + 9);
                 body.extend_from_slice(name);
@@ -62,19 +64,20 @@ pub fn apply(t: &mut Tables, out: &mut Outbox, conn: ConnId, o: LockdOp, arena: 
             None => reply(out, op::ERR, payload),
         },
         op::ADOPT => {
-            let adopted = lockd.adopt(conn, name, now.ms);
+            let adopted = lockd.adopt(session, name, now.ms);
             reply(out, if adopted { op::ACK } else { op::ERR }, payload)
         }
         _ => reply(out, op::ERR, payload),
     }
 }
 
-/// Send ACQUIRED to every connection granted a lock it queued for.
+/// Send ACQUIRED to every session granted a lock it queued for (a grant goes to a live
+/// session: a session's queued ACQs leave the queues when it closes).
 pub fn deliver_grants(t: &mut Tables, out: &mut Outbox) {
     for g in t.grants.drain(..) {
-        out.record(g.conn, 0, false, |w| {
-            ld::encode(w, op::ACQUIRED, &g.payload)
-        });
+        if let Some(conn) = t.sessions.conn(g.conn) {
+            out.record(conn, 0, false, |w| ld::encode(w, op::ACQUIRED, &g.payload));
+        }
     }
 }
 

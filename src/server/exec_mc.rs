@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 
 use super::msg::{McCmd, McForm, McOp};
-use super::owner::{push_u64, Outbox, Tables};
+use super::owner::{push_u64, Outbox, Tables, Who};
 use super::Shared;
 use crate::config::Compat;
 use crate::core::codec::{self, DecodeError, Reader};
@@ -17,9 +17,10 @@ use crate::core::store::{
     ArithOutcome, DeleteOutcome, ItemView, LockOutcome, RauOutcome, StoreMode, StoreOutcome,
     UnlockOutcome,
 };
-use crate::core::{ConnId, Now};
+use crate::core::{Now, Session};
 use crate::proto::memcache::binary::{self, opcode as opc, status as st};
 use crate::proto::memcache::text::Keys;
+use crate::server::msg::ConnId;
 
 /// Largest reply to one text get/gets/gat/gats (a 64 KiB line names up to ~32,000 keys, each
 /// perhaps a whole item): past it the request fails and the connection closes.
@@ -109,7 +110,7 @@ pub const BINARY_OPS: [(&str, u8); 45] = [
 /// What the owner keeps for the memcached port beyond the store: key dumps under way (by
 /// connection, so that their order is the same everywhere) and the `stats ops` counters.
 pub struct McState {
-    dumps: BTreeMap<ConnId, KeyDump>,
+    dumps: BTreeMap<Session, KeyDump>,
     /// Per [`TEXT_OPS`] entry.
     pub text_ops: [u64; TEXT_OPS.len()],
     /// Per opcode (only those of [`BINARY_OPS`] count).
@@ -148,8 +149,8 @@ impl McState {
             codec::put_u64(out, self.binary_ops[usize::from(op)]);
         }
         codec::put_u64(out, self.dumps.len() as u64);
-        for (conn, d) in &self.dumps {
-            conn.encode(out);
+        for (session, d) in &self.dumps {
+            session.encode(out);
             codec::put_bytes(out, &d.prefix);
             codec::put_u64(out, u64::from(d.next));
             codec::put_opt_u64(out, d.binary.map(u64::from));
@@ -164,9 +165,9 @@ impl McState {
         for &(_, op) in &BINARY_OPS {
             s.binary_ops[usize::from(op)] = r.u64()?;
         }
-        let n = r.count(6)?;
+        let n = r.count(4)?;
         for _ in 0..n {
-            let conn = ConnId::decode(r)?;
+            let session = Session::decode(r)?;
             let prefix = r.bytes(crate::core::store::MAX_KEY_LEN)?.to_vec();
             let next = r.u32()?;
             let binary = match r.opt_u64()? {
@@ -178,16 +179,16 @@ impl McState {
                 next,
                 binary,
             };
-            if s.dumps.insert(conn, d).is_some() {
-                return Err(DecodeError::Invalid("two dumps of one connection"));
+            if s.dumps.insert(session, d).is_some() {
+                return Err(DecodeError::Invalid("two dumps of one session"));
             }
         }
         Ok(s)
     }
 
-    /// The connection is gone: its dump ends.
-    pub fn disconnect(&mut self, conn: ConnId) {
-        self.dumps.remove(&conn);
+    /// The session is gone: its dump ends.
+    pub fn disconnect(&mut self, session: Session) {
+        self.dumps.remove(&session);
     }
 }
 
@@ -230,8 +231,9 @@ fn text_op_index(cmd: &McCmd) -> Option<usize> {
 /// One step of `conn`'s dump: up to [`KEYS_SLOTS_PER_STEP`] slots listed into one record. The
 /// last step ends the listing (`END`, or binary's empty response) and completes the request;
 /// the others complete nothing and the worker asks for the next once this one went out.
-fn dump_step(t: &mut Tables, out: &mut Outbox, conn: ConnId, now: Now) {
-    let Some(d) = t.mc.dumps.get_mut(&conn) else {
+fn dump_step(t: &mut Tables, out: &mut Outbox, who: Who, now: Now) {
+    let Who { conn, session } = who;
+    let Some(d) = t.mc.dumps.get_mut(&session) else {
         // No dump (a `KeysNext` after the connection's dump ended): nothing to answer.
         return;
     };
@@ -277,7 +279,7 @@ fn dump_step(t: &mut Tables, out: &mut Outbox, conn: ConnId, now: Now) {
             {
                 rec.done = 1;
             }
-            t.mc.dumps.remove(&conn);
+            t.mc.dumps.remove(&session);
         }
     }
 }
@@ -287,7 +289,7 @@ fn dump_step(t: &mut Tables, out: &mut Outbox, conn: ConnId, now: Now) {
 fn dump_start(
     t: &mut Tables,
     out: &mut Outbox,
-    conn: ConnId,
+    who: Who,
     prefix: &[u8],
     binary: Option<u32>,
     now: Now,
@@ -297,8 +299,8 @@ fn dump_start(
         next: 0,
         binary,
     };
-    t.mc.dumps.insert(conn, d);
-    dump_step(t, out, conn, now);
+    t.mc.dumps.insert(who.session, d);
+    dump_step(t, out, who, now);
 }
 
 /// Apply one memcached command and answer it in the form it came in.
@@ -306,15 +308,16 @@ pub fn apply(
     t: &mut Tables,
     out: &mut Outbox,
     shared: &Shared,
-    conn: ConnId,
+    who: Who,
     op: McOp,
     arena: &[u8],
     now: Now,
 ) {
     let McOp { cmd, form } = op;
     if let McCmd::KeysNext = cmd {
-        return dump_step(t, out, conn, now);
+        return dump_step(t, out, who, now);
     }
+    let Who { conn, session } = who;
     match form {
         McForm::Text { .. } => {
             if let Some(i) = text_op_index(&cmd) {
@@ -364,7 +367,7 @@ pub fn apply(
         } => {
             t.counters.cmd_set += 1;
             let res = s.store(
-                conn,
+                session,
                 mode,
                 key.get(arena),
                 flags,
@@ -395,7 +398,7 @@ pub fn apply(
             };
             r.answer(words, bin);
         }
-        McCmd::Delete { key, cas } => match s.delete(conn, key.get(arena), cas, now) {
+        McCmd::Delete { key, cas } => match s.delete(session, key.get(arena), cas, now) {
             DeleteOutcome::Deleted => r.answer(b"DELETED\r\n", Ok(0)),
             // yrmcds: a DeleteQ of a missing key is silent.
             DeleteOutcome::NotFound if yrmcds && r.quiet() => r.out.record(conn, 1, false, |_| {}),
@@ -410,7 +413,7 @@ pub fn apply(
             create,
             cas,
         } => {
-            let res = s.incr_decr(conn, key.get(arena), incr, delta, create, cas, now);
+            let res = s.incr_decr(session, key.get(arena), incr, delta, create, cas, now);
             if let ArithOutcome::Value { value, cas } = res {
                 return r.number(value, cas);
             }
@@ -456,25 +459,25 @@ pub fn apply(
         McCmd::Stats { arg } => stats(t, r, shared, arg.map(|a| a.get(arena)), now),
         // The CAS field of a successful binary Lock carries its fencing token (contract:
         // "Fencing tokens"); memcached clients ignore a Lock reply's CAS.
-        McCmd::Lock { key } => match s.lock_for_token(conn, key.get(arena), now) {
+        McCmd::Lock { key } => match s.lock_for_token(session, key.get(arena), now) {
             Ok(token) => r.answer(b"OK\r\n", Ok(token)),
             Err(LockOutcome::Locked) => r.answer(b"LOCKED\r\n", Err(st::LOCKED)),
             Err(_) => r.answer(b"NOT_FOUND\r\n", Err(st::KEY_NOT_FOUND)),
         },
         McCmd::Unlock { key } => {
             const NOT_LOCKED: &[u8] = b"CLIENT_ERROR object is not locked or not found\r\n";
-            match s.unlock(conn, key.get(arena), now) {
+            match s.unlock(session, key.get(arena), now) {
                 UnlockOutcome::Ok => r.answer(b"OK\r\n", Ok(0)),
                 UnlockOutcome::NotFound => r.answer(NOT_LOCKED, Err(st::KEY_NOT_FOUND)),
                 UnlockOutcome::NotLocked => r.answer(NOT_LOCKED, Err(st::NOT_LOCKED)),
             }
         }
         McCmd::UnlockAll => {
-            s.unlock_all(conn, now);
+            s.unlock_all(session, now);
             r.answer(b"OK\r\n", Ok(0));
         }
         McCmd::LockToken { key } => {
-            let token = s.lock_token(conn, key.get(arena), now);
+            let token = s.lock_token(session, key.get(arena), now);
             r.out.record(conn, 1, false, |o| match token {
                 Some(token) => {
                     o.extend_from_slice(b"TOKEN ");
@@ -487,7 +490,7 @@ pub fn apply(
         McCmd::LockAndGet { key, touch } => {
             let key = key.get(arena);
             t.counters.cmd_get += 1;
-            match s.lock_and_get(conn, key, touch, now) {
+            match s.lock_and_get(session, key, touch, now) {
                 Ok(item) => r.hit(&item),
                 Err(LockOutcome::NotFound) => r.miss(key),
                 Err(_) => r.answer(b"LOCKED\r\n", Err(st::LOCKED)),
@@ -502,7 +505,7 @@ pub fn apply(
         } => {
             t.counters.cmd_set += 1;
             let (key, value) = (key.get(arena), value.get(arena));
-            let status = match s.replace_and_unlock(conn, key, flags, exptime, value, cas, now) {
+            let status = match s.replace_and_unlock(session, key, flags, exptime, value, cas, now) {
                 RauOutcome::Stored { cas } => return r.answer(b"STORED\r\n", Ok(cas)),
                 RauOutcome::NotFound => st::KEY_NOT_FOUND,
                 RauOutcome::NotLocked => st::NOT_LOCKED,
@@ -517,7 +520,7 @@ pub fn apply(
                 McForm::Text { .. } => None,
                 McForm::Binary { opaque, .. } => Some(opaque),
             };
-            dump_start(t, r.out, conn, prefix.get(arena), binary, now)
+            dump_start(t, r.out, who, prefix.get(arena), binary, now)
         }
         McCmd::Noop | McCmd::Verbosity => r.answer(b"OK\r\n", Ok(0)),
         McCmd::Version => {

@@ -11,6 +11,7 @@ mod exec_mc;
 pub mod msg;
 pub mod notify;
 mod owner;
+pub mod sessions;
 pub mod sim;
 mod stats;
 mod worker;

@@ -6,8 +6,41 @@
 //! idle closes), the reply bytes written into the arena of a per-worker [`Replies`] batch that is
 //! sent, and the worker woken, once per owner turn.
 
+use crate::core::codec;
 use crate::core::store::StoreMode;
-use crate::core::ConnId;
+
+/// Identity of one client connection inside this process: which worker owns it, its slab
+/// slot, and the generation of that slot. A slot is reused after a close; the generation is
+/// not, so a late reply addressed to a closed connection can never reach the stranger that
+/// reuses its slot. The state machine never sees it: its holders are [`Session`]s, mapped from
+/// connections by `owner::Sessions`.
+///
+/// [`Session`]: crate::core::Session
+#[derive(Copy, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
+pub struct ConnId {
+    pub worker: u16,
+    pub slot: u32,
+    pub gen: u32,
+}
+
+impl ConnId {
+    pub const fn new(worker: u16, slot: u32, gen: u32) -> Self {
+        ConnId { worker, slot, gen }
+    }
+
+    /// The connection in a command entry or a snapshot.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        codec::put_u64(out, u64::from(self.worker));
+        codec::put_u64(out, u64::from(self.slot));
+        codec::put_u64(out, u64::from(self.gen));
+    }
+
+    pub fn decode(r: &mut codec::Reader<'_>) -> Result<ConnId, codec::DecodeError> {
+        let worker = u16::try_from(r.u64()?)
+            .map_err(|_| codec::DecodeError::Invalid("worker over 16 bits"))?;
+        Ok(ConnId::new(worker, r.u32()?, r.u32()?))
+    }
+}
 
 /// A byte range in a batch arena.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -21,7 +21,8 @@ use crate::core::dlock::{DlockConfig, DlockEvent, DlockTable};
 use crate::core::fence::Fence;
 use crate::core::lockd::{Grant, LockdConfig, LockdTable};
 use crate::core::store::{Store, StoreConfig};
-use crate::core::{ConnId, Now};
+use crate::core::{Now, Session};
+use crate::server::msg::ConnId;
 
 /// Batches taken in one turn before the owner answers and fires timers: bounds how long replies
 /// wait when workers keep the channel full.
@@ -47,6 +48,8 @@ pub struct Tables {
     pub dlock_events: Vec<DlockEvent>,
     /// Peers of open connections and latency histograms, for the admin port.
     pub admin: super::exec_admin::AdminState,
+    /// Which session each connection is (the tables know sessions only).
+    pub sessions: super::sessions::Sessions,
 }
 
 impl Tables {
@@ -74,12 +77,13 @@ impl Tables {
             grants: Vec::new(),
             dlock_events: Vec::new(),
             admin: Default::default(),
+            sessions: Default::default(),
         }
     }
 }
 
 impl Tables {
-    const SNAPSHOT_MAGIC: &'static [u8] = b"HFstate1";
+    const SNAPSHOT_MAGIC: &'static [u8] = b"HFstate2";
 
     /// The whole state as bytes, in a canonical form: equal states give equal bytes, whatever
     /// their history or hash seeds (tests/determinism.rs compares replicas this way).
@@ -95,6 +99,7 @@ impl Tables {
             codec::put_u64(out, v);
         }
         self.mc.snapshot(out);
+        self.sessions.snapshot(out);
     }
 
     /// The state from bytes written by [`Tables::snapshot`], with this daemon's configuration.
@@ -128,6 +133,7 @@ impl Tables {
             cmd_touch: r.u64()?,
         };
         t.mc = super::exec_mc::McState::restore(r)?;
+        t.sessions = super::sessions::Sessions::restore(r)?;
         r.finish()?;
         Ok(t)
     }
@@ -493,33 +499,45 @@ pub fn apply_op(
     arena: &[u8],
     now: Now,
 ) {
+    // The tables see sessions; replies go to the connection. A connection's first command
+    // (its Open, or its first request when no Open came) starts its session.
+    let session = t.sessions.session(conn);
+    let who = Who { conn, session };
     match op {
-        Op::Mc(op) => super::exec_mc::apply(t, out, shared, conn, op, arena, now),
-        Op::Lockd(op) => super::exec_lockd::apply(t, out, conn, op, arena, now),
-        Op::Dlock(op) => super::exec_dlock::receive(t, out, conn, op, arena, now),
-        Op::Counter(op) => super::exec_counter::apply(t, out, shared, conn, op, arena, now),
-        Op::DlockOpen => super::exec_dlock::open(t, conn, now),
-        Op::Open { proto, peer } => t.admin.opened(conn, proto, peer),
+        Op::Mc(op) => super::exec_mc::apply(t, out, shared, who, op, arena, now),
+        Op::Lockd(op) => super::exec_lockd::apply(t, out, who, op, arena, now),
+        Op::Dlock(op) => super::exec_dlock::receive(t, out, who, op, arena, now),
+        Op::Counter(op) => super::exec_counter::apply(t, out, shared, who, op, arena, now),
+        Op::DlockOpen => super::exec_dlock::open(t, session, now),
+        Op::Open { proto, peer } => t.admin.opened(session, proto, peer),
         Op::Literal { bytes, close } => {
-            if t.dlock_sessions.is_waiting(conn) {
+            if t.dlock_sessions.is_waiting(session) {
                 t.dlock_sessions
-                    .defer_literal(conn, bytes.get(arena), close);
+                    .defer_literal(session, bytes.get(arena), close);
             } else {
                 out.record(conn, 1, close, |o| o.extend_from_slice(bytes.get(arena)));
             }
         }
-        Op::Eof => super::exec_dlock::eof(t, out, conn, now),
+        Op::Eof => super::exec_dlock::eof(t, out, who, now),
         Op::Close => {
-            t.mc.disconnect(conn);
-            t.store.disconnect(conn, now);
-            t.lockd.disconnect(conn, now.ms);
-            t.counter.disconnect(conn, now.ms);
-            t.dlock_sessions.remove(conn);
-            t.admin.closed(conn);
-            t.dlock.disconnect(conn, now.ms, &mut t.dlock_events);
+            t.mc.disconnect(session);
+            t.store.disconnect(session, now);
+            t.lockd.disconnect(session, now.ms);
+            t.counter.disconnect(session, now.ms);
+            t.dlock_sessions.remove(session);
+            t.admin.closed(session);
+            t.dlock.disconnect(session, now.ms, &mut t.dlock_events);
             super::exec_dlock::deliver_events(t, out, now);
+            t.sessions.close(conn);
         }
     }
+}
+
+/// Who sent a command: the connection its answer goes to, and the session the tables know.
+#[derive(Clone, Copy, Debug)]
+pub struct Who {
+    pub conn: ConnId,
+    pub session: Session,
 }
 
 /// The time of this turn.

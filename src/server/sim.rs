@@ -15,7 +15,8 @@ use super::msg::{Batch, Op, OpMsg, Record, Replies};
 use super::owner::{apply_turn, Outbox, Tables};
 use super::{Proto, Shared};
 use crate::config::Config;
-use crate::core::{ConnId, Now};
+use crate::core::{Now, Session};
+use crate::server::msg::ConnId;
 
 /// The Unix time the fake clock starts at (2023-11-14), so absolute memcached expiry times work.
 pub const SIM_UNIX_START: u64 = 1_700_000_000;
@@ -34,6 +35,9 @@ pub struct Sim {
     log: Option<Vec<(ConnId, Vec<u8>)>>,
     /// When on: every owner turn as a command entry, with the effects it produced.
     recording: Option<Recording>,
+    /// The session the state machine gave each connection (kept after the connection closes:
+    /// a dlock lease outlives its connection, and a test still wants to know whose it is).
+    sessions: HashMap<ConnId, Session>,
 }
 
 /// What the owner side was given and what it answered, turn by turn (see [`Sim::record`]).
@@ -169,6 +173,7 @@ impl Sim {
             next_slot: 0,
             now_ms: 0,
             log: None,
+            sessions: HashMap::new(),
             recording: None,
         }
     }
@@ -238,6 +243,13 @@ impl Sim {
         let id = ConnId::new(0, self.next_slot, 0);
         self.next_slot += 1;
         self.conns.insert(id, Conn::new(proto));
+        // As a worker does on accept: the connection's Open (its session starts here), then a
+        // dlock connection's idle clock.
+        let peer = std::net::SocketAddr::from(([127, 0, 0, 1], (self.next_slot % 60000) as u16));
+        self.batch.ops.push(OpMsg {
+            conn: id,
+            op: Op::Open { proto, peer },
+        });
         if proto == Proto::Dlock {
             self.batch.ops.push(OpMsg {
                 conn: id,
@@ -245,7 +257,15 @@ impl Sim {
             });
         }
         self.run();
+        if let Some(s) = self.tables.sessions.find(id) {
+            self.sessions.insert(id, s);
+        }
         id
+    }
+
+    /// The session the state machine gave connection `id` (also after it closed).
+    pub fn session_of(&self, id: ConnId) -> Option<Session> {
+        self.sessions.get(&id).copied()
     }
 
     /// Whether the daemon still has this connection open.

@@ -33,7 +33,7 @@ use super::conn::{Conn, WBUF_HIGH, WBUF_MAX};
 use super::msg::{Arena, Batch, Op, OpMsg, Pool, Record, Replies, ToOwner};
 use super::owner::Owner;
 use super::{Proto, Shared};
-use crate::core::ConnId;
+use crate::server::msg::ConnId;
 
 const WAKER: Token = Token(0);
 /// Listener tokens are 1..=3 (one per protocol); connection tokens start here.

@@ -15,11 +15,11 @@ use super::expiry::{deadline_of, Timer, NEVER};
 use super::slab::{make_data, FETCHED, LOCKED, LRU, NIL};
 use super::{ItemView, LockOutcome, RauOutcome, Store, UnlockOutcome, ITEM_OVERHEAD};
 use crate::core::fence::Fence;
-use crate::core::{ConnId, Now};
+use crate::core::{Now, Session};
 
 /// One held lock: its holder and its neighbours in the holder's list (acquisition order).
 pub(super) struct LockEntry {
-    pub(super) holder: ConnId,
+    pub(super) holder: Session,
     /// When it was taken, in whole seconds of `Now::ms` (for the admin port's listing): 4 bytes
     /// keep the entry at 24 bytes, where a u64 of milliseconds cost 16 more per lock (alignment).
     pub(super) since_s: u32,
@@ -44,7 +44,7 @@ pub(super) struct ConnLocks {
 }
 
 impl Store {
-    pub fn lock(&mut self, conn: ConnId, key: &[u8], now: Now) -> LockOutcome {
+    pub fn lock(&mut self, conn: Session, key: &[u8], now: Now) -> LockOutcome {
         match self.lock_for_token(conn, key, now) {
             Ok(_) => LockOutcome::Ok,
             Err(e) => e,
@@ -55,7 +55,7 @@ impl Store {
     /// without a second lookup.
     pub fn lock_for_token(
         &mut self,
-        conn: ConnId,
+        conn: Session,
         key: &[u8],
         now: Now,
     ) -> Result<u64, LockOutcome> {
@@ -71,7 +71,7 @@ impl Store {
         Ok(self.fence.last())
     }
 
-    pub fn unlock(&mut self, conn: ConnId, key: &[u8], now: Now) -> UnlockOutcome {
+    pub fn unlock(&mut self, conn: Session, key: &[u8], now: Now) -> UnlockOutcome {
         self.sync(now);
         let Some(i) = self.lookup(key, now, false) else {
             return UnlockOutcome::NotFound;
@@ -83,7 +83,7 @@ impl Store {
         UnlockOutcome::Ok
     }
 
-    pub fn unlock_all(&mut self, conn: ConnId, now: Now) -> usize {
+    pub fn unlock_all(&mut self, conn: Session, now: Now) -> usize {
         self.sync(now);
         let mut released = 0;
         while let Some(head) = self.conns.get(&conn).map(|c| c.head) {
@@ -95,7 +95,7 @@ impl Store {
 
     pub fn lock_and_get(
         &mut self,
-        conn: ConnId,
+        conn: Session,
         key: &[u8],
         exptime: Option<i64>,
         now: Now,
@@ -121,7 +121,7 @@ impl Store {
     #[allow(clippy::too_many_arguments)]
     pub fn replace_and_unlock(
         &mut self,
-        conn: ConnId,
+        conn: Session,
         key: &[u8],
         flags: u32,
         exptime: i64,
@@ -158,13 +158,13 @@ impl Store {
     }
 
     /// Releases every lock `conn` holds (its connection closed); returns how many.
-    pub fn disconnect(&mut self, conn: ConnId, now: Now) -> usize {
+    pub fn disconnect(&mut self, conn: Session, now: Now) -> usize {
         self.unlock_all(conn, now)
     }
 
     /// The fencing token of `key`'s lock if `conn` holds it (text `lock_token`; the binary Lock
     /// reply's CAS field).
-    pub fn lock_token(&self, conn: ConnId, key: &[u8], now: Now) -> Option<u64> {
+    pub fn lock_token(&self, conn: Session, key: &[u8], now: Now) -> Option<u64> {
         let i = self.find(key)?;
         let e = self.locks.get(&i)?;
         (self.visible(i, now) && e.holder == conn).then_some(e.token())
@@ -177,7 +177,7 @@ impl Store {
     }
 
     /// Who holds the lock on `key`, if it is visible and locked.
-    pub fn lock_holder(&self, key: &[u8], now: Now) -> Option<ConnId> {
+    pub fn lock_holder(&self, key: &[u8], now: Now) -> Option<Session> {
         let i = self.find(key)?;
         if self.visible(i, now) {
             self.holder(i)
@@ -188,7 +188,7 @@ impl Store {
 }
 
 impl Store {
-    pub(super) fn holder(&self, i: u32) -> Option<ConnId> {
+    pub(super) fn holder(&self, i: u32) -> Option<Session> {
         if self.slots[i as usize].is_locked() {
             self.locks.get(&i).map(|e| e.holder)
         } else {
@@ -196,17 +196,17 @@ impl Store {
         }
     }
 
-    pub(super) fn locked_by_other(&self, i: u32, conn: ConnId) -> bool {
+    pub(super) fn locked_by_other(&self, i: u32, conn: Session) -> bool {
         self.holder(i).is_some_and(|h| h != conn)
     }
 
     /// Gives slot `i` (live, unlocked, in the LRU) to `conn` with a new fencing token.
-    fn acquire(&mut self, i: u32, conn: ConnId, now: Now) {
+    fn acquire(&mut self, i: u32, conn: Session, now: Now) {
         let token = self.fence.next();
         self.acquire_with(i, conn, token, (now.ms / 1000) as u32);
     }
 
-    pub(super) fn acquire_with(&mut self, i: u32, conn: ConnId, token: u64, since_s: u32) {
+    pub(super) fn acquire_with(&mut self, i: u32, conn: Session, token: u64, since_s: u32) {
         self.unlink(LRU, i);
         let item = &mut self.slots[i as usize];
         item.state |= LOCKED;
@@ -294,7 +294,7 @@ impl Store {
     }
 
     /// Every locked item's key and its holder. No order.
-    pub fn for_each_lock(&self, mut f: impl FnMut(&[u8], ConnId)) {
+    pub fn for_each_lock(&self, mut f: impl FnMut(&[u8], Session)) {
         for (&i, e) in &self.locks {
             f(self.slots[i as usize].key(), e.holder);
         }

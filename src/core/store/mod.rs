@@ -51,7 +51,7 @@ use hashbrown::HashTable;
 use super::fence::Fence;
 use super::hash::{HashMap, Seeded};
 use super::wheel::{TimerKey, Wheel};
-use super::{ConnId, Now};
+use super::{Now, Session};
 
 pub use self::expiry::RELATIVE_EXPTIME_MAX;
 pub use self::memory::{ITEM_OVERHEAD, SIZE_CLASSES};
@@ -179,7 +179,7 @@ pub struct Store {
     lists: [Ends; 2],
     epoch: u32,
     locks: HashMap<u32, LockEntry>,
-    conns: HashMap<ConnId, ConnLocks>,
+    conns: HashMap<Session, ConnLocks>,
     wheel: Wheel<Timer>,
     /// Scratch for `advance`, reused so that ticking does not allocate.
     fired: Vec<Timer>,
@@ -316,7 +316,7 @@ impl Store {
     #[allow(clippy::too_many_arguments)]
     pub fn store(
         &mut self,
-        conn: ConnId,
+        conn: Session,
         mode: StoreMode,
         key: &[u8],
         flags: u32,
@@ -405,7 +405,7 @@ impl Store {
 
     pub fn delete(
         &mut self,
-        conn: ConnId,
+        conn: Session,
         key: &[u8],
         cas: Option<u64>,
         now: Now,
@@ -429,7 +429,7 @@ impl Store {
     #[allow(clippy::too_many_arguments)]
     pub fn incr_decr(
         &mut self,
-        conn: ConnId,
+        conn: Session,
         key: &[u8],
         incr: bool,
         delta: u64,

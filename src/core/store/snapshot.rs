@@ -9,7 +9,7 @@ use super::locks::ConnLocks;
 use super::slab::{make_data, DEAD, FETCHED, LRU, NIL};
 use super::{Store, StoreConfig, StoreStats, MAX_KEY_LEN};
 use crate::core::codec::{self, DecodeError, Reader, Snapshot};
-use crate::core::{ConnId, Now};
+use crate::core::{Now, Session};
 
 /// Snapshot and restore: the whole store as bytes in a canonical form (items in LRU order, locks
 /// by holder in acquisition order; no slot numbers, no hash order), so that two stores that
@@ -47,7 +47,7 @@ impl Snapshot for Store {
                 i = self.slots[i as usize].prev;
             }
         }
-        let mut holders: Vec<(&ConnId, &ConnLocks)> = self.conns.iter().collect();
+        let mut holders: Vec<(&Session, &ConnLocks)> = self.conns.iter().collect();
         holders.sort_unstable_by_key(|(c, _)| **c);
         codec::put_u64(out, holders.len() as u64);
         for (conn, list) in holders {
@@ -167,10 +167,10 @@ impl Store {
                 }
             }
         }
-        let holders = r.count(4)?;
-        let mut last: Option<ConnId> = None;
+        let holders = r.count(2)?;
+        let mut last: Option<Session> = None;
         for _ in 0..holders {
-            let conn = ConnId::decode(r)?;
+            let conn = Session::decode(r)?;
             if last.is_some_and(|l| l >= conn) {
                 return Err(DecodeError::Invalid("store lock holders out of order"));
             }

@@ -11,9 +11,9 @@ fn assert_next_deadline_by(next: Option<u64>, deadline: u64) {
     );
 }
 
-const A: ConnId = ConnId::new(0, 1, 1);
-const B: ConnId = ConnId::new(0, 2, 1);
-const C: ConnId = ConnId::new(1, 1, 7);
+const A: Session = Session(1);
+const B: Session = Session(2);
+const C: Session = Session(3);
 const UNIX0: u64 = 1_700_000_000;
 
 fn at(ms: u64) -> Now {
@@ -39,7 +39,7 @@ fn big() -> Store {
 
 fn set(
     s: &mut Store,
-    conn: ConnId,
+    conn: Session,
     key: &[u8],
     value: &[u8],
     exptime: i64,
@@ -994,7 +994,7 @@ struct MItem {
     flags: u32,
     deadline: u64,
     cas: u64,
-    holder: Option<ConnId>,
+    holder: Option<Session>,
 }
 
 /// The contract written the obvious way: a sorted map, an LRU vector (front = LRU end), a
@@ -1002,7 +1002,7 @@ struct MItem {
 struct Model {
     items: std::collections::BTreeMap<Vec<u8>, MItem>,
     lru: Vec<Vec<u8>>,
-    held: std::collections::BTreeMap<ConnId, Vec<Vec<u8>>>,
+    held: std::collections::BTreeMap<Session, Vec<Vec<u8>>>,
     pending_flush: Option<u64>,
     last_cas: u64,
     limit: usize,
@@ -1091,7 +1091,7 @@ impl Model {
         }
     }
 
-    fn holder(&self, key: &[u8]) -> Option<ConnId> {
+    fn holder(&self, key: &[u8]) -> Option<Session> {
         self.items.get(key).and_then(|it| it.holder)
     }
 
@@ -1145,7 +1145,7 @@ impl Model {
     #[allow(clippy::too_many_arguments)]
     fn store(
         &mut self,
-        conn: ConnId,
+        conn: Session,
         mode: StoreMode,
         key: &[u8],
         flags: u32,
@@ -1224,7 +1224,7 @@ impl Model {
         Some(self.view(key))
     }
 
-    fn delete(&mut self, conn: ConnId, key: &[u8], cas: Option<u64>, now: Now) -> DeleteOutcome {
+    fn delete(&mut self, conn: Session, key: &[u8], cas: Option<u64>, now: Now) -> DeleteOutcome {
         self.sync(now);
         if !self.present(key, now) {
             return DeleteOutcome::NotFound;
@@ -1242,7 +1242,7 @@ impl Model {
     #[allow(clippy::too_many_arguments)]
     fn arith(
         &mut self,
-        conn: ConnId,
+        conn: Session,
         key: &[u8],
         incr: bool,
         delta: u64,
@@ -1297,7 +1297,7 @@ impl Model {
         ArithOutcome::Value { value, cas }
     }
 
-    fn lock(&mut self, conn: ConnId, key: &[u8], now: Now) -> LockOutcome {
+    fn lock(&mut self, conn: Session, key: &[u8], now: Now) -> LockOutcome {
         self.sync(now);
         if !self.present(key, now) {
             return LockOutcome::NotFound;
@@ -1326,7 +1326,7 @@ impl Model {
         }
     }
 
-    fn unlock(&mut self, conn: ConnId, key: &[u8], now: Now) -> UnlockOutcome {
+    fn unlock(&mut self, conn: Session, key: &[u8], now: Now) -> UnlockOutcome {
         self.sync(now);
         if !self.present(key, now) {
             return UnlockOutcome::NotFound;
@@ -1338,7 +1338,7 @@ impl Model {
         UnlockOutcome::Ok
     }
 
-    fn unlock_all(&mut self, conn: ConnId, now: Now) -> usize {
+    fn unlock_all(&mut self, conn: Session, now: Now) -> usize {
         self.sync(now);
         let keys = self.held.get(&conn).cloned().unwrap_or_default();
         for k in &keys {
@@ -1350,7 +1350,7 @@ impl Model {
     #[allow(clippy::too_many_arguments)]
     fn rau(
         &mut self,
-        conn: ConnId,
+        conn: Session,
         key: &[u8],
         flags: u32,
         exptime: i64,
@@ -1401,7 +1401,7 @@ impl Model {
 }
 
 const MODEL_KEYS: [&[u8]; 7] = [b"a", b"bb", b"ccc", b"key4", b"k5", b"counter", b"x"];
-const MODEL_CONNS: [ConnId; 3] = [A, B, C];
+const MODEL_CONNS: [Session; 3] = [A, B, C];
 
 fn random_value(rng: &mut Rng, max: usize) -> Vec<u8> {
     match rng.below(10) {

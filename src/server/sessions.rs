@@ -1,0 +1,206 @@
+//! Sessions: the state machine's holder identities, and which connection each belongs to.
+//!
+//! Owns: handing out session ids in order (1, 2, 3, ...) the first time a connection appears in
+//! the command stream (its `Open`, or its first request), the map from connections to sessions
+//! and back, and forgetting a session when its connection closes. Because ids are handed out by
+//! the order of the commands, every replica of the state gives a connection the same session,
+//! and a snapshot carries the map so that a restored state goes on with the same ids. Must not:
+//! reuse an id, or let a table see a connection (tables hold [`Session`]s only).
+
+use crate::core::codec::{self, DecodeError, Reader};
+use crate::core::hash::HashMap;
+use crate::core::Session;
+
+use super::msg::ConnId;
+
+/// Workers and slots found by index rather than by hash: a daemon's workers are few, and a
+/// worker's slab slots stay below its peak of open connections. A connection outside (only a
+/// hostile or odd command entry names one) goes to the hash map, so memory follows the sessions
+/// that exist, never the numbers an entry names.
+const DIRECT_WORKERS: usize = 64;
+/// Slots beyond this many past the live sessions go to the hash map.
+const DIRECT_SLACK: usize = 4096;
+
+#[derive(Default)]
+pub struct Sessions {
+    /// The last id handed out (0: none yet).
+    last: u64,
+    /// `[worker][slot]`: (generation, session id), id 0 for none.
+    direct: Vec<Vec<(u32, u64)>>,
+    /// Connections outside `direct`.
+    other: HashMap<ConnId, Session>,
+    conn_of: HashMap<Session, ConnId>,
+}
+
+impl Sessions {
+    /// The session of `conn`, a new one if `conn` has none yet.
+    #[inline]
+    pub fn session(&mut self, conn: ConnId) -> Session {
+        if let Some(s) = self.find(conn) {
+            return s;
+        }
+        self.last += 1;
+        let s = Session(self.last);
+        self.insert(conn, s);
+        s
+    }
+
+    fn insert(&mut self, conn: ConnId, s: Session) {
+        let (w, slot) = (usize::from(conn.worker), conn.slot as usize);
+        if w < DIRECT_WORKERS && slot < self.conn_of.len() + DIRECT_SLACK {
+            if self.direct.len() <= w {
+                self.direct.resize_with(w + 1, Vec::new);
+            }
+            let row = &mut self.direct[w];
+            if row.len() <= slot {
+                row.resize(slot + 1, (0, 0));
+            }
+            row[slot] = (conn.gen, s.0);
+        } else {
+            self.other.insert(conn, s);
+        }
+        self.conn_of.insert(s, conn);
+    }
+
+    /// The session of `conn` if it has one (a question that must not start a session).
+    #[inline]
+    pub fn find(&self, conn: ConnId) -> Option<Session> {
+        let direct = self
+            .direct
+            .get(usize::from(conn.worker))
+            .and_then(|row| row.get(conn.slot as usize))
+            .filter(|&&(gen, id)| id != 0 && gen == conn.gen);
+        match direct {
+            Some(&(_, id)) => Some(Session(id)),
+            None if self.other.is_empty() => None,
+            None => self.other.get(&conn).copied(),
+        }
+    }
+
+    /// The connection of a live session: where its replies and grants go.
+    #[inline]
+    pub fn conn(&self, s: Session) -> Option<ConnId> {
+        self.conn_of.get(&s).copied()
+    }
+
+    /// `conn` closed: its session ends (the tables have already let it go).
+    pub fn close(&mut self, conn: ConnId) -> Option<Session> {
+        let s = self.find(conn)?;
+        let entry = self
+            .direct
+            .get_mut(usize::from(conn.worker))
+            .and_then(|row| row.get_mut(conn.slot as usize))
+            .filter(|e| e.1 == s.0);
+        match entry {
+            Some(e) => *e = (0, 0),
+            None => {
+                self.other.remove(&conn);
+            }
+        }
+        self.conn_of.remove(&s);
+        Some(s)
+    }
+
+    pub fn len(&self) -> usize {
+        self.conn_of.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.conn_of.is_empty()
+    }
+
+    /// The last id and every live session with its connection, in session order.
+    pub fn snapshot(&self, out: &mut Vec<u8>) {
+        codec::put_u64(out, self.last);
+        let mut live: Vec<(Session, ConnId)> = self.conn_of.iter().map(|(&s, &c)| (s, c)).collect();
+        live.sort_unstable();
+        codec::put_u64(out, live.len() as u64);
+        for (s, c) in live {
+            s.encode(out);
+            c.encode(out);
+        }
+    }
+
+    /// Untrusted input: ids above the last one handed out, or a session or connection named
+    /// twice, are errors.
+    pub fn restore(r: &mut Reader<'_>) -> Result<Sessions, DecodeError> {
+        let mut t = Sessions {
+            last: r.u64()?,
+            ..Sessions::default()
+        };
+        // A session id and a connection id take at least four bytes.
+        let n = r.count(4)?;
+        for _ in 0..n {
+            let s = Session::decode(r)?;
+            let c = ConnId::decode(r)?;
+            if s.0 == 0 || s.0 > t.last {
+                return Err(DecodeError::Invalid("session id not yet handed out"));
+            }
+            if t.find(c).is_some() || t.conn_of.contains_key(&s) {
+                return Err(DecodeError::Invalid("session or connection named twice"));
+            }
+            t.insert(c, s);
+        }
+        Ok(t)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sessions_are_handed_out_in_order_never_reused_and_survive_a_snapshot() {
+        let mut s = Sessions::default();
+        let a = ConnId::new(0, 1, 0);
+        let b = ConnId::new(1, 1, 0);
+        assert_eq!(s.session(a), Session(1));
+        assert_eq!(s.session(b), Session(2));
+        assert_eq!(s.session(a), Session(1));
+        assert_eq!(s.conn(Session(2)), Some(b));
+        assert_eq!(s.close(a), Some(Session(1)));
+        assert_eq!(s.conn(Session(1)), None);
+        // The slot's next connection is a new session, never the old id.
+        let a2 = ConnId::new(0, 1, 1);
+        assert_eq!(s.session(a2), Session(3));
+        let mut bytes = Vec::new();
+        s.snapshot(&mut bytes);
+        let mut r = Reader::new(&bytes);
+        let mut t = Sessions::restore(&mut r).unwrap();
+        r.finish().unwrap();
+        assert_eq!(t.conn(Session(3)), Some(a2));
+        assert_eq!(t.find(b), Some(Session(2)));
+        assert_eq!(t.session(ConnId::new(0, 9, 0)), Session(4));
+        // Far slots and workers (a hostile entry's) work the same, through the hash map.
+        let far = ConnId::new(60_000, u32::MAX, 3);
+        assert_eq!(t.session(far), Session(5));
+        assert_eq!(t.find(far), Some(Session(5)));
+        assert_eq!(t.find(ConnId::new(60_000, u32::MAX, 4)), None);
+        assert_eq!(t.close(far), Some(Session(5)));
+        assert_eq!(t.find(far), None);
+        assert!(t.direct.iter().map(Vec::len).sum::<usize>() < 100);
+        let mut again = Vec::new();
+        s.snapshot(&mut again);
+        assert_eq!(again, bytes);
+    }
+
+    #[test]
+    fn damaged_session_snapshots_are_errors() {
+        let mut s = Sessions::default();
+        s.session(ConnId::new(0, 1, 0));
+        s.session(ConnId::new(0, 2, 0));
+        let mut bytes = Vec::new();
+        s.snapshot(&mut bytes);
+        for cut in 0..bytes.len() {
+            let mut r = Reader::new(&bytes[..cut]);
+            assert!(
+                Sessions::restore(&mut r).and_then(|_| r.finish()).is_err(),
+                "cut {cut}"
+            );
+        }
+        // last = 1 while session 2 is live.
+        let mut bad = bytes.clone();
+        bad[0] = 1;
+        assert!(Sessions::restore(&mut Reader::new(&bad)).is_err());
+    }
+}
