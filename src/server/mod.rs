@@ -1,20 +1,16 @@
 //! The running daemon: listeners, worker threads, the owner thread, shutdown.
+//!
+//! Two sides: `worker/` (the mio threads: sockets, parsers, write buffers) and `owner/` (the
+//! one thread, or the worker itself when run to completion, that applies every command to the
+//! state machine in one serial order). `msg` is what crosses between them.
 
-pub mod command;
-mod conn;
-mod decode;
-mod exec_admin;
-mod exec_counter;
-mod exec_dlock;
-mod exec_lockd;
-mod exec_mc;
 pub mod msg;
 pub mod notify;
 mod owner;
-pub mod sessions;
 pub mod sim;
-mod stats;
 mod worker;
+
+pub use owner::{command, sessions};
 
 use std::io;
 use std::net::SocketAddr;
@@ -25,9 +21,8 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use crate::config::Config;
 
-pub use conn::{MAX_INFLIGHT, REPLY_BUDGET, WBUF_HIGH, WBUF_MAX};
-pub use decode::VERSION_REPLY;
-pub use exec_lockd::MAX_QUEUED_PER_CONN as LOCKD_MAX_QUEUED_PER_CONN;
+pub use owner::LOCKD_MAX_QUEUED_PER_CONN;
+pub use worker::{MAX_INFLIGHT, REPLY_BUDGET, VERSION_REPLY, WBUF_HIGH, WBUF_MAX};
 
 /// Which wire format a listener (and so each of its connections) speaks.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]

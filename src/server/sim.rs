@@ -10,9 +10,9 @@ use std::time::Instant;
 use hashbrown::HashMap;
 
 use super::command;
-use super::conn::Conn;
 use super::msg::{Batch, Op, OpMsg, Record, Replies};
 use super::owner::{apply_turn, Outbox, Tables};
+use super::worker::Conn;
 use super::{Proto, Shared};
 use crate::config::Config;
 use crate::core::{Now, Session};
@@ -294,7 +294,7 @@ impl Sim {
             Some(conn) => {
                 let out = conn.output().to_vec();
                 conn.written(out.len());
-                if conn.dump == super::conn::Dump::Waiting {
+                if conn.dump == super::worker::Dump::Waiting {
                     // The client took its output: a key dump paused for it goes on.
                     self.run();
                 }
@@ -404,7 +404,7 @@ mod tests {
         let mut sim = Sim::new(config());
         sim.record();
         let (a, b) = (sim.connect(Proto::Memcache), sim.connect(Proto::Memcache));
-        let n = 3 * super::super::exec_mc::KEYS_SLOTS_PER_STEP + 5;
+        let n = 3 * super::super::owner::KEYS_SLOTS_PER_STEP + 5;
         let mut load = Vec::new();
         for i in 0..n {
             load.extend_from_slice(format!("set k{i} 0 0 1 noreply\r\nv\r\n").as_bytes());

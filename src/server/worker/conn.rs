@@ -1,13 +1,13 @@
 //! One connection's protocol state, apart from its socket: what was received and not parsed yet,
 //! what is to be written, how many of its requests are at the owner. The worker pairs it with a
-//! socket; [`super::sim::Sim`] drives it with bytes and a fake clock, so the whole request path
+//! socket; [`crate::server::sim::Sim`] drives it with bytes and a fake clock, so the whole request path
 //! (parse, owner, reply) runs in tests and fuzzing without threads or sockets.
 
 use super::decode;
-use super::msg::{Batch, Op, OpMsg};
-use super::Proto;
 use crate::config::Config;
 use crate::server::msg::ConnId;
+use crate::server::msg::{Batch, Op, OpMsg};
+use crate::server::Proto;
 
 /// Operations of one connection that may be at the owner at once before it is parsed no further
 /// (backpressure; bounds owner-side memory per connection).
@@ -186,7 +186,10 @@ impl Conn {
         self.dump = Dump::Running;
         batch.ops.push(OpMsg {
             conn: id,
-            op: Op::Mc(super::msg::McOp::text(super::msg::McCmd::KeysNext, false)),
+            op: Op::Mc(crate::server::msg::McOp::text(
+                crate::server::msg::McCmd::KeysNext,
+                false,
+            )),
         });
         true
     }

@@ -2,11 +2,6 @@
 //! everything else once into the owner's batch.
 
 use super::conn::{Conn, REPLY_BUDGET};
-use super::msg::{
-    Arena, Batch, CounterKind, CounterOp, DlockKind, DlockOp, LockdOp, McCmd, McForm, McOp, Op,
-    OpMsg,
-};
-use super::Proto;
 use crate::config::{Compat, Config};
 use crate::core::store::StoreMode;
 use crate::proto::counter as ct;
@@ -15,6 +10,11 @@ use crate::proto::lockd as ld;
 use crate::proto::memcache::text::StoreCmd;
 use crate::proto::memcache::{binary, text};
 use crate::server::msg::ConnId;
+use crate::server::msg::{
+    Arena, Batch, CounterKind, CounterOp, DlockKind, DlockOp, LockdOp, McCmd, McForm, McOp, Op,
+    OpMsg,
+};
+use crate::server::Proto;
 
 /// The version string `version` answers: memcached's form (clients parse the numbers), with our
 /// name after it.

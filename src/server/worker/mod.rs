@@ -29,11 +29,17 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token, Waker};
 use slab::Slab;
 
-use super::conn::{Conn, WBUF_HIGH, WBUF_MAX};
+mod conn;
+mod decode;
+
+pub use conn::{MAX_INFLIGHT, REPLY_BUDGET, WBUF_HIGH, WBUF_MAX};
+pub use decode::VERSION_REPLY;
+
 use super::msg::{Arena, Batch, Op, OpMsg, Pool, Record, Replies, ToOwner};
 use super::owner::Owner;
 use super::{Proto, Shared};
 use crate::server::msg::ConnId;
+pub(super) use conn::{Conn, Dump};
 
 const WAKER: Token = Token(0);
 /// Listener tokens are 1..=3 (one per protocol); connection tokens start here.
@@ -578,7 +584,7 @@ impl Worker {
         }
         if drained && (s.conn.closing || s.read_pending || !s.conn.rbuf.is_empty()) {
             self.recheck.push(slot);
-        } else if s.conn.dump == super::conn::Dump::Waiting && s.conn.pending_output() < WBUF_HIGH {
+        } else if s.conn.dump == conn::Dump::Waiting && s.conn.pending_output() < WBUF_HIGH {
             // A key dump paused for its reader may go on (only then: no spinning while the
             // client reads nothing).
             self.recheck.push(slot);

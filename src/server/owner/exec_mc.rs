@@ -6,191 +6,29 @@
 //! Also yrmcds's extensions: the key dump (`keys`, opcode 0x50), a few thousand slots per step,
 //! and the `stats ops` counters ([`McState`]).
 
-use std::collections::BTreeMap;
-
-use super::msg::{McCmd, McForm, McOp};
-use super::owner::{push_u64, Outbox, Tables, Who};
-use super::Shared;
+use super::mc_state::KeyDump;
+use super::outbox::{push_u64, Outbox};
+use super::tables::{Tables, Who};
 use crate::config::Compat;
-use crate::core::codec::{self, DecodeError, Reader};
 use crate::core::store::{
     ArithOutcome, DeleteOutcome, ItemView, LockOutcome, RauOutcome, StoreMode, StoreOutcome,
     UnlockOutcome,
 };
-use crate::core::{Now, Session};
+use crate::core::Now;
 use crate::proto::memcache::binary::{self, opcode as opc, status as st};
 use crate::proto::memcache::text::Keys;
 use crate::server::msg::ConnId;
+use crate::server::msg::{McCmd, McForm, McOp};
+use crate::server::Shared;
 
 /// Largest reply to one text get/gets/gat/gats (a 64 KiB line names up to ~32,000 keys, each
 /// perhaps a whole item): past it the request fails and the connection closes.
-const GET_REPLY_CAP: usize = super::REPLY_BUDGET;
+const GET_REPLY_CAP: usize = crate::server::REPLY_BUDGET;
 
 /// Store slots one step of a key dump looks at: a few thousand keys at most, a few hundred
 /// microseconds of the owner, so other connections' requests wait for no more than that; the
 /// next step comes when the worker asks for it ([`McOp::KeysNext`]).
 pub const KEYS_SLOTS_PER_STEP: usize = 4096;
-
-/// yrmcds's text commands as `stats ops` names them, in its order (cybozu/yrmcds
-/// src/memcache/memcache.cpp, `stats_ops`).
-pub const TEXT_OPS: [&str; 22] = [
-    "set",
-    "add",
-    "replace",
-    "append",
-    "prepend",
-    "cas",
-    "get",
-    "gets",
-    "delete",
-    "incr",
-    "decr",
-    "touch",
-    "lock",
-    "unlock",
-    "unlock_all",
-    "slabs",
-    "stats",
-    "flush_all",
-    "version",
-    "verbosity",
-    "quit",
-    "keys",
-];
-
-/// yrmcds's binary commands as `stats ops` names them, in its order, with their opcodes.
-pub const BINARY_OPS: [(&str, u8); 45] = [
-    ("Get", opc::GET),
-    ("Set", opc::SET),
-    ("Add", opc::ADD),
-    ("Replace", opc::REPLACE),
-    ("Delete", opc::DELETE),
-    ("Increment", opc::INCREMENT),
-    ("Decrement", opc::DECREMENT),
-    ("Quit", opc::QUIT),
-    ("Flush", opc::FLUSH),
-    ("GetQ", opc::GETQ),
-    ("Noop", opc::NOOP),
-    ("Version", opc::VERSION),
-    ("GetK", opc::GETK),
-    ("GetKQ", opc::GETKQ),
-    ("Append", opc::APPEND),
-    ("Prepend", opc::PREPEND),
-    ("Stat", opc::STAT),
-    ("SetQ", opc::SETQ),
-    ("AddQ", opc::ADDQ),
-    ("ReplaceQ", opc::REPLACEQ),
-    ("DeleteQ", opc::DELETEQ),
-    ("IncrementQ", opc::INCREMENTQ),
-    ("DecrementQ", opc::DECREMENTQ),
-    ("QuitQ", opc::QUITQ),
-    ("FlushQ", opc::FLUSHQ),
-    ("AppendQ", opc::APPENDQ),
-    ("PrependQ", opc::PREPENDQ),
-    ("Touch", opc::TOUCH),
-    ("GaT", opc::GAT),
-    ("GaTQ", opc::GATQ),
-    ("GaTK", opc::GATK),
-    ("GaTKQ", opc::GATKQ),
-    ("Lock", opc::LOCK),
-    ("LockQ", opc::LOCKQ),
-    ("Unlock", opc::UNLOCK),
-    ("UnlockQ", opc::UNLOCKQ),
-    ("UnlockAll", opc::UNLOCK_ALL),
-    ("UnlockAllQ", opc::UNLOCK_ALLQ),
-    ("LaG", opc::LAG),
-    ("LaGQ", opc::LAGQ),
-    ("LaGK", opc::LAGK),
-    ("LaGKQ", opc::LAGKQ),
-    ("RaU", opc::RAU),
-    ("RaUQ", opc::RAUQ),
-    ("Keys", opc::KEYS),
-];
-
-/// What the owner keeps for the memcached port beyond the store: key dumps under way (by
-/// connection, so that their order is the same everywhere) and the `stats ops` counters.
-pub struct McState {
-    dumps: BTreeMap<Session, KeyDump>,
-    /// Per [`TEXT_OPS`] entry.
-    pub text_ops: [u64; TEXT_OPS.len()],
-    /// Per opcode (only those of [`BINARY_OPS`] count).
-    pub binary_ops: [u64; 256],
-}
-
-impl Default for McState {
-    fn default() -> Self {
-        McState {
-            dumps: BTreeMap::new(),
-            text_ops: [0; TEXT_OPS.len()],
-            binary_ops: [0; 256],
-        }
-    }
-}
-
-/// One key dump under way: what it lists, where it goes on, how it answers.
-#[derive(Debug, PartialEq, Eq)]
-struct KeyDump {
-    prefix: Vec<u8>,
-    next: u32,
-    /// `None`: text; else the binary request's opaque.
-    binary: Option<u32>,
-}
-
-impl McState {
-    /// The counters (binary ones for yrmcds's opcodes only: the others are never shown) and the
-    /// dumps, dumps in connection order. A dump's position is a store
-    /// slot: slot numbers are not canonical, so a dump under way when the state is restored
-    /// goes on from the same slot number of the restored store (`docs/compat.md`).
-    pub fn snapshot(&self, out: &mut Vec<u8>) {
-        for &v in &self.text_ops {
-            codec::put_u64(out, v);
-        }
-        for &(_, op) in &BINARY_OPS {
-            codec::put_u64(out, self.binary_ops[usize::from(op)]);
-        }
-        codec::put_u64(out, self.dumps.len() as u64);
-        for (session, d) in &self.dumps {
-            session.encode(out);
-            codec::put_bytes(out, &d.prefix);
-            codec::put_u64(out, u64::from(d.next));
-            codec::put_opt_u64(out, d.binary.map(u64::from));
-        }
-    }
-
-    pub fn restore(r: &mut Reader<'_>) -> Result<McState, DecodeError> {
-        let mut s = McState::default();
-        for v in &mut s.text_ops {
-            *v = r.u64()?;
-        }
-        for &(_, op) in &BINARY_OPS {
-            s.binary_ops[usize::from(op)] = r.u64()?;
-        }
-        let n = r.count(4)?;
-        for _ in 0..n {
-            let session = Session::decode(r)?;
-            let prefix = r.bytes(crate::core::store::MAX_KEY_LEN)?.to_vec();
-            let next = r.u32()?;
-            let binary = match r.opt_u64()? {
-                None => None,
-                Some(v) => Some(u32::try_from(v).map_err(|_| DecodeError::Invalid("dump opaque"))?),
-            };
-            let d = KeyDump {
-                prefix,
-                next,
-                binary,
-            };
-            if s.dumps.insert(session, d).is_some() {
-                return Err(DecodeError::Invalid("two dumps of one session"));
-            }
-        }
-        Ok(s)
-    }
-
-    /// The session is gone: its dump ends.
-    pub fn disconnect(&mut self, session: Session) {
-        self.dumps.remove(&session);
-    }
-}
 
 /// The [`TEXT_OPS`] entry a text request counts under (an index, so that counting is one
 /// increment; `text_ops_are_counted_under_their_yrmcds_names` checks the numbers). yrmcds has no
@@ -524,7 +362,7 @@ pub fn apply(
         }
         McCmd::Noop | McCmd::Verbosity => r.answer(b"OK\r\n", Ok(0)),
         McCmd::Version => {
-            let v = super::VERSION_REPLY;
+            let v = crate::server::VERSION_REPLY;
             r.ok(0, &[], &[], &v[b"VERSION ".len()..v.len() - 2]);
         }
         McCmd::Quit => {
@@ -773,6 +611,7 @@ impl Reply<'_> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::mc_state::{BINARY_OPS, TEXT_OPS};
     use super::*;
     use crate::server::msg::Span;
 

@@ -3,16 +3,12 @@
 //! Owns: the mapping from table outcomes to the protocol's statuses and the Stats and Dump
 //! replies. Must not: keep state of its own (the table and its statistics live in [`Tables`]).
 
-use super::msg::{CounterKind, CounterOp};
-use super::owner::{push_u64, Tables};
+use super::outbox::{push_u64, Outbox};
+use super::tables::{Tables, Who};
 use crate::core::counter::CounterError;
 use crate::core::Now;
 use crate::proto::counter::{self as ct, op, status};
-
-/// yrmcds's default `counter.stats_interval` (one day) in ms: Dump's "maximum consumption" is the
-/// peak since the start of the current interval, and idle counters at zero are forgotten after
-/// one.
-pub const STATS_INTERVAL_MS: u64 = 86_400_000;
+use crate::server::msg::{CounterKind, CounterOp};
 
 fn status_of(e: CounterError) -> u8 {
     match e {
@@ -24,14 +20,14 @@ fn status_of(e: CounterError) -> u8 {
 
 pub fn apply(
     t: &mut Tables,
-    out: &mut super::owner::Outbox,
+    out: &mut Outbox,
     shared: &super::Shared,
-    who: super::owner::Who,
+    who: Who,
     o: CounterOp,
     arena: &[u8],
     now: Now,
 ) {
-    let super::owner::Who { conn, session } = who;
+    let Who { conn, session } = who;
     let table = &mut t.counter;
     table.collect_due(now.ms);
     let opaque = o.opaque;
@@ -90,7 +86,7 @@ pub fn apply(
                 num(w, b"not_available", s.not_available);
                 num(w, b"released", s.released);
                 num(w, b"released_on_close", s.released_on_close);
-                let v = super::VERSION_REPLY;
+                let v = crate::server::VERSION_REPLY;
                 ct::encode_stat(w, b"version", &v[b"VERSION ".len()..v.len() - 2]);
                 let body = (w.len() - start - ct::HEADER_LEN) as u32;
                 w[start + 4..start + 8].copy_from_slice(&body.to_be_bytes());

@@ -4,9 +4,10 @@
 
 use std::sync::atomic::Ordering;
 
-use super::owner::{push_u64, Tables};
-use super::Shared;
+use super::outbox::push_u64;
+use super::tables::Tables;
 use crate::core::Now;
+use crate::server::Shared;
 
 /// Emit every `name value` pair of the group `arg`; false for an unknown group.
 pub fn write(
@@ -99,7 +100,7 @@ pub fn write(
             num("counter_not_available", k.not_available);
             num("counter_released", k.released);
             num("counter_released_on_close", k.released_on_close);
-            let v = super::VERSION_REPLY;
+            let v = crate::server::VERSION_REPLY;
             emit("version", &v[b"VERSION ".len()..v.len() - 2]);
         }
         Some(b"settings") => {
@@ -127,7 +128,7 @@ pub fn write(
         }
         // yrmcds's groups (cybozu/yrmcds src/memcache/memcache.cpp, `stats_ops`, `stats_sizes`).
         Some(b"ops") => {
-            use super::exec_mc::{BINARY_OPS, TEXT_OPS};
+            use super::mc_state::{BINARY_OPS, TEXT_OPS};
             let mut name = String::with_capacity(24);
             for (i, op) in TEXT_OPS.iter().enumerate() {
                 name.clear();

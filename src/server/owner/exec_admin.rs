@@ -3,69 +3,15 @@
 //!
 //! It owns the peer map and the histograms; it reads the tables and must never change them.
 
-use std::net::SocketAddr;
-use std::time::Instant;
-
-use hashbrown::HashMap;
-
-use super::msg::{McCmd, McOp, Op};
-use super::owner::Tables;
-use super::{Proto, Shared};
+use super::tables::Tables;
 use crate::admin::data::PROTOCOLS;
 use crate::admin::data::{
-    Answer, Histogram, LockInfo, LockList, Query, Snapshot, Table, Who, MAX_LIST,
-    MAX_WAITERS_LISTED,
+    Answer, LockInfo, LockList, Query, Snapshot, Table, MAX_LIST, MAX_WAITERS_LISTED,
 };
 use crate::core::Now;
 use crate::core::Session;
-
-#[derive(Default)]
-pub struct AdminState {
-    peers: HashMap<Session, (Proto, SocketAddr)>,
-    open: [u64; PROTOCOLS],
-    latency: [Histogram; PROTOCOLS],
-}
-
-fn index(p: Proto) -> usize {
-    match p {
-        Proto::Memcache => 0,
-        Proto::Lockd => 1,
-        Proto::Dlock => 2,
-        Proto::Counter => 3,
-    }
-}
-
-impl AdminState {
-    pub fn opened(&mut self, session: Session, proto: Proto, peer: SocketAddr) {
-        if self.peers.insert(session, (proto, peer)).is_none() {
-            self.open[index(proto)] += 1;
-        }
-    }
-
-    pub fn closed(&mut self, session: Session) {
-        if let Some((proto, _)) = self.peers.remove(&session) {
-            self.open[index(proto)] -= 1;
-        }
-    }
-
-    fn who(&self, session: Session) -> Who {
-        Who {
-            session,
-            peer: self.peers.get(&session).map(|p| p.1),
-        }
-    }
-
-    /// Count a batch's lock requests as answered now: `stamp` is when its worker's turn began.
-    pub fn observe(&mut self, stamp: Instant, counts: [u32; PROTOCOLS], now: Instant) {
-        let ns = now.saturating_duration_since(stamp).as_nanos();
-        let ns = u64::try_from(ns).unwrap_or(u64::MAX);
-        for (h, n) in self.latency.iter_mut().zip(counts) {
-            if n > 0 {
-                h.observe(ns, u64::from(n));
-            }
-        }
-    }
-}
+use crate::server::msg::{McCmd, McOp, Op};
+use crate::server::Shared;
 
 /// Lock requests in `ops` per protocol (memcache: yrmcds's lock commands, text or binary; lockd,
 /// dlock, counters: every request).

@@ -1,11 +1,12 @@
 //! old lock-daemon requests applied to the lockd table (contract: "old lock-daemon protocol").
 
-use super::msg::LockdOp;
-use super::owner::{Outbox, Tables, Who};
+use super::outbox::Outbox;
+use super::tables::{Tables, Who};
 use crate::core::lockd::{AcquireOutcome, LockState};
 use crate::core::Now;
 use crate::proto::lockd::{self as ld, op, Frame};
 use crate::server::msg::ConnId;
+use crate::server::msg::LockdOp;
 
 /// ACQs one connection may have queued at once; one more that would queue gets ERR. Each queued
 /// ACQ keeps its payload (up to 1 MiB) until granted, so without a cap one client could make the

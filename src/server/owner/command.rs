@@ -23,11 +23,11 @@ use crate::server::msg::ConnId;
 
 use std::net::{IpAddr, SocketAddr};
 
-use super::msg::{
+use crate::server::msg::{
     Arena, Batch, CounterKind, CounterOp, DlockKind, DlockOp, LockdOp, McCmd, McForm, McOp, Op,
     OpMsg, Span,
 };
-use super::Proto;
+use crate::server::Proto;
 
 const MAGIC: &[u8] = b"HFc2";
 

@@ -11,7 +11,7 @@ use crate::core::codec::{self, DecodeError, Reader};
 use crate::core::hash::HashMap;
 use crate::core::Session;
 
-use super::msg::ConnId;
+use crate::server::msg::ConnId;
 
 /// Workers and slots found by index rather than by hash: a daemon's workers are few, and a
 /// worker's slab slots stay below its peak of open connections. A connection outside (only a

@@ -1,0 +1,291 @@
+//! The owner thread: the only reader and writer of every lock table and of the item store.
+//!
+//! It takes the workers' batches in arrival order, applies each operation with the time of this
+//! turn, fires the tables' timers, and sends each worker one batch of replies per turn (one wake
+//! per worker per turn). Because everything that changes lock state passes through here in one
+//! serial order, two holders of one lock cannot exist. The tables themselves never read a clock:
+//! this loop reads it once per turn and passes it in.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use mio::Waker;
+
+use crate::core::Now;
+use crate::server::msg::{Arena, Batch, OpMsg, Pool, Record, Replies, ToOwner};
+use crate::server::Shared;
+
+mod admin_state;
+mod apply;
+pub mod command;
+mod dlock_sessions;
+mod exec_admin;
+mod exec_counter;
+mod exec_dlock;
+mod exec_lockd;
+mod exec_mc;
+mod mc_state;
+mod outbox;
+pub mod sessions;
+mod stats;
+mod tables;
+
+pub use apply::{apply_op, apply_turn, fire_timers};
+pub use exec_lockd::MAX_QUEUED_PER_CONN as LOCKD_MAX_QUEUED_PER_CONN;
+#[cfg(test)]
+pub use exec_mc::KEYS_SLOTS_PER_STEP;
+pub use outbox::Outbox;
+pub use tables::Tables;
+
+/// Batches taken in one turn before the owner answers and fires timers: bounds how long replies
+/// wait when workers keep the channel full.
+const MAX_BATCHES_PER_TURN: usize = 64;
+/// Longest sleep with no timer pending (the owner wakes for messages anyway).
+const IDLE_SLEEP: Duration = Duration::from_secs(1);
+
+/// Buffers that circulate with one worker (see [`Batch::spare_records`]).
+#[derive(Default)]
+struct Pools {
+    ops: Pool<OpMsg>,
+    batch_arena: Pool<u8>,
+    records: Pool<Record>,
+    reply_arena: Pool<u8>,
+}
+
+pub struct Owner {
+    shared: Arc<Shared>,
+    rx: Receiver<ToOwner>,
+    workers: Vec<(Sender<Replies>, Arc<Waker>)>,
+    tables: Tables,
+    outbox: Outbox,
+    pools: Vec<Pools>,
+    /// This turn's messages, taken from the channel before the turn's time is read.
+    turn: Vec<ToOwner>,
+    /// This turn's batches' start stamps and lock-request counts, for the latency histograms.
+    stamps: Vec<(std::time::Instant, [u32; crate::admin::data::PROTOCOLS])>,
+    /// Run by the one worker's own thread (run to completion) instead of a thread of its own:
+    /// replies go to that worker's channel without waking it, since it reads them next.
+    inline: bool,
+}
+
+impl Owner {
+    pub fn new(
+        shared: Arc<Shared>,
+        rx: Receiver<ToOwner>,
+        workers: Vec<(Sender<Replies>, Arc<Waker>)>,
+    ) -> Owner {
+        let tables = Tables::new(&shared.config, clock(&shared));
+        let outbox = Outbox::new(workers.len());
+        let pools = workers.iter().map(|_| Pools::default()).collect();
+        Owner {
+            shared,
+            rx,
+            workers,
+            tables,
+            outbox,
+            pools,
+            turn: Vec::with_capacity(MAX_BATCHES_PER_TURN),
+            stamps: Vec::with_capacity(MAX_BATCHES_PER_TURN),
+            inline: false,
+        }
+    }
+
+    /// An owner that the one worker runs in its own loop (see [`Owner::step_inline`]).
+    pub fn new_inline(
+        shared: Arc<Shared>,
+        rx: Receiver<ToOwner>,
+        worker: (Sender<Replies>, Arc<Waker>),
+    ) -> Owner {
+        let mut owner = Owner::new(shared, rx, vec![worker]);
+        owner.inline = true;
+        owner
+    }
+
+    /// Run to completion: the worker hands over its turn's batch (if any) and the owner runs a
+    /// turn at once, with whatever else is queued (admin questions, a shutdown), or only its
+    /// due timers. The replies are in the worker's channel when this returns. False on shutdown.
+    pub fn step_inline(&mut self, batch: Option<Batch>) -> bool {
+        debug_assert!(self.inline);
+        if let Some(b) = batch {
+            self.turn.push(ToOwner::Batch(b));
+        }
+        while self.turn.len() < MAX_BATCHES_PER_TURN {
+            match self.rx.try_recv() {
+                Ok(msg) => self.turn.push(msg),
+                Err(_) => break,
+            }
+        }
+        let due = || {
+            let now = clock(&self.shared);
+            self.next_deadline().is_some_and(|d| d <= now.ms)
+        };
+        if self.turn.is_empty() && !due() {
+            return true;
+        }
+        self.turn()
+    }
+
+    /// How long the worker running this owner may sleep before a timer is due.
+    pub fn until_due(&self) -> Option<Duration> {
+        let now = clock(&self.shared);
+        self.next_deadline()
+            .map(|d| Duration::from_millis(d.saturating_sub(now.ms)))
+    }
+
+    pub fn run(mut self) {
+        loop {
+            let now = clock(&self.shared);
+            let wait = match self.next_deadline() {
+                Some(d) if d <= now.ms => Duration::ZERO,
+                Some(d) => Duration::from_millis(d - now.ms).min(IDLE_SLEEP),
+                None => IDLE_SLEEP,
+            };
+            match self.rx.recv_timeout(wait) {
+                Ok(msg) => self.turn.push(msg),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => return,
+            }
+            if !self.turn.is_empty() {
+                while self.turn.len() < MAX_BATCHES_PER_TURN {
+                    match self.rx.try_recv() {
+                        Ok(msg) => self.turn.push(msg),
+                        Err(_) => break,
+                    }
+                }
+            }
+            if !self.turn() {
+                return;
+            }
+        }
+    }
+
+    /// One turn over the messages taken (`self.turn`): read the clock, fire due timers, apply
+    /// the batches and admin questions in arrival order, fire timers again, send the replies.
+    /// False when a shutdown was among the messages.
+    fn turn(&mut self) -> bool {
+        // The turn's time is read after its messages are taken, so it is never earlier than
+        // anything they report: a disconnect, a Lock, a request that restarts an idle clock
+        // all happened before their batch was sent. Read before the last batch arrived, it
+        // could date an event before it happened, and every timer counted from it (orphan,
+        // lease, idle, wait) would fire early by as long as the turn took.
+        let now = clock(&self.shared);
+        // Timers due by now fire before this turn's requests see the tables (an orphan whose
+        // time is up is released before anyone can TRY or ADOPT it), and again after them
+        // for timers the requests set at or before now (a zero orphan timeout).
+        self.fire_timers(now);
+        let mut turn = std::mem::take(&mut self.turn);
+        for msg in turn.drain(..) {
+            match msg {
+                ToOwner::Shutdown => return false,
+                ToOwner::Batch(batch) => self.apply(batch, now),
+                ToOwner::Admin(query, reply) => {
+                    let answer = exec_admin::answer(&self.tables, &self.shared, now, query);
+                    let _ = reply.send(answer);
+                }
+            }
+        }
+        self.turn = turn;
+        self.fire_timers(now);
+        self.send_replies();
+        if !self.stamps.is_empty() {
+            let sent = std::time::Instant::now();
+            for (stamp, counts) in self.stamps.drain(..) {
+                self.tables.admin.observe(stamp, counts, sent);
+            }
+        }
+        true
+    }
+
+    fn next_deadline(&self) -> Option<u64> {
+        let t = &self.tables;
+        [
+            t.store.next_deadline(),
+            t.lockd.next_deadline(),
+            t.dlock.next_deadline(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    fn apply(&mut self, batch: Batch, now: Now) {
+        if let Some(stamp) = batch.stamp {
+            let ops = batch.ops.iter().map(|m| &m.op);
+            let counts = exec_admin::count_lock_requests(ops);
+            if counts != [0; crate::admin::data::PROTOCOLS] {
+                self.stamps.push((stamp, counts));
+            }
+        }
+        let arena = &batch.arena.bytes;
+        for msg in &batch.ops {
+            apply_op(
+                &mut self.tables,
+                &mut self.outbox,
+                &self.shared,
+                msg.conn,
+                msg.op,
+                arena,
+                now,
+            );
+            if self.outbox.should_send_early() {
+                self.send_replies();
+            }
+        }
+        let Batch {
+            worker,
+            ops,
+            arena,
+            spare_records,
+            spare_reply_arena,
+            ..
+        } = batch;
+        if let Some(p) = self.pools.get_mut(worker as usize) {
+            p.ops.give(ops);
+            p.batch_arena.give(arena.bytes);
+            p.records.give(spare_records);
+            p.reply_arena.give(spare_reply_arena);
+        }
+    }
+
+    /// Fire what is due; most turns nothing is, and the check is one look at each wheel.
+    fn fire_timers(&mut self, now: Now) {
+        if self.next_deadline().is_some_and(|d| d <= now.ms) {
+            fire_timers(&mut self.tables, &mut self.outbox, now);
+        }
+    }
+
+    fn send_replies(&mut self) {
+        self.outbox.bytes_this_turn = 0;
+        let links = self
+            .outbox
+            .per_worker
+            .iter_mut()
+            .zip(&self.workers)
+            .zip(&mut self.pools);
+        for ((replies, (tx, waker)), pool) in links {
+            if replies.records.is_empty() {
+                continue;
+            }
+            let next = Replies {
+                records: pool.records.take(),
+                arena: Arena {
+                    bytes: pool.reply_arena.take(),
+                },
+                ..Replies::default()
+            };
+            let mut full = std::mem::replace(replies, next);
+            full.spare_ops = pool.ops.take();
+            full.spare_batch_arena = pool.batch_arena.take();
+            if tx.send(full).is_ok() && !self.inline {
+                let _ = waker.wake();
+            }
+        }
+    }
+}
+
+/// The time of this turn.
+pub fn clock(shared: &Shared) -> Now {
+    let elapsed = shared.started.elapsed().as_millis() as u64;
+    Now::from_unix_ms(shared.started_unix_ms + elapsed)
+}
