@@ -107,12 +107,12 @@ impl CounterTable {
             .ok_or(CounterError::NotFound)
     }
 
-    /// Take `resources` of `name` for `conn` if consumption stays within `maximum`. A counter
+    /// Take `resources` of `name` for `session` if consumption stays within `maximum`. A counter
     /// that does not exist is created holding `resources` (the caller has checked
     /// `0 < resources <= maximum`).
     pub fn acquire(
         &mut self,
-        conn: Session,
+        session: Session,
         name: &[u8],
         resources: u32,
         maximum: u32,
@@ -147,7 +147,7 @@ impl CounterTable {
                 self.stats.total_objects += 1;
             }
         }
-        let mine = self.held.entry(conn).or_default();
+        let mine = self.held.entry(session).or_default();
         match mine.get_mut(name) {
             // Held amounts sum to the consumption, which stays within a u32.
             Some(n) => *n = n.saturating_add(resources),
@@ -159,10 +159,10 @@ impl CounterTable {
         Ok(())
     }
 
-    /// Give back `resources` of `name` that `conn` holds.
+    /// Give back `resources` of `name` that `session` holds.
     pub fn release(
         &mut self,
-        conn: Session,
+        session: Session,
         name: &[u8],
         resources: u32,
         now_ms: u64,
@@ -170,7 +170,10 @@ impl CounterTable {
         if !self.counters.contains_key(name) {
             return Err(CounterError::NotFound);
         }
-        let mine = self.held.get_mut(&conn).ok_or(CounterError::NotAcquired)?;
+        let mine = self
+            .held
+            .get_mut(&session)
+            .ok_or(CounterError::NotAcquired)?;
         let have = mine.get_mut(name).ok_or(CounterError::NotAcquired)?;
         if *have < resources {
             return Err(CounterError::NotAcquired);
@@ -179,7 +182,7 @@ impl CounterTable {
         if *have == 0 {
             mine.remove(name);
             if mine.is_empty() {
-                self.held.remove(&conn);
+                self.held.remove(&session);
             }
         }
         self.take_back(name, resources, now_ms);
@@ -199,10 +202,10 @@ impl CounterTable {
         }
     }
 
-    /// Release everything `conn` holds. Returns how many counters it held. Each name is
+    /// Release everything `session` holds. Returns how many counters it held. Each name is
     /// independent of the others, so the hash order of the walk changes nothing.
-    pub fn disconnect(&mut self, conn: Session, now_ms: u64) -> usize {
-        let Some(mine) = self.held.remove(&conn) else {
+    pub fn disconnect(&mut self, session: Session, now_ms: u64) -> usize {
+        let Some(mine) = self.held.remove(&session) else {
             return 0;
         };
         let n = mine.len();
@@ -259,19 +262,19 @@ impl CounterTable {
         self.counters.is_empty()
     }
 
-    /// What `conn` holds of `name`.
+    /// What `session` holds of `name`.
     /// Every (counter, holder, resources held) — for the admin port's listing; no order.
     pub fn for_each_holding(&self, mut f: impl FnMut(&[u8], Session, u32)) {
-        for (conn, mine) in &self.held {
+        for (session, mine) in &self.held {
             for (name, &n) in mine {
-                f(name, *conn, n);
+                f(name, *session, n);
             }
         }
     }
 
-    pub fn held_by(&self, conn: Session, name: &[u8]) -> u32 {
+    pub fn held_by(&self, session: Session, name: &[u8]) -> u32 {
         self.held
-            .get(&conn)
+            .get(&session)
             .and_then(|m| m.get(name))
             .copied()
             .unwrap_or(0)
@@ -332,10 +335,10 @@ impl Snapshot for CounterTable {
             codec::put_u64(out, c.last_updated);
         }
         let mut holders: Vec<_> = self.held.iter().collect();
-        holders.sort_unstable_by_key(|(conn, _)| **conn);
+        holders.sort_unstable_by_key(|(session, _)| **session);
         codec::put_u64(out, holders.len() as u64);
-        for (conn, mine) in holders {
-            conn.encode(out);
+        for (session, mine) in holders {
+            session.encode(out);
             let mut names: Vec<_> = mine.iter().map(|(n, v)| (&n[..], *v)).collect();
             names.sort_unstable();
             codec::put_u64(out, names.len() as u64);
@@ -374,11 +377,11 @@ impl Snapshot for CounterTable {
         let holders = r.count(2)?;
         let mut last: Option<Session> = None;
         for _ in 0..holders {
-            let conn = Session::decode(r)?;
-            if last.is_some_and(|l| l >= conn) {
+            let session = Session::decode(r)?;
+            if last.is_some_and(|l| l >= session) {
                 return Err(DecodeError::Invalid("counter holders out of order"));
             }
-            last = Some(conn);
+            last = Some(session);
             let k = r.count(2)?;
             let mut mine: HashMap<Box<[u8]>, u32> = HashMap::default();
             let mut last_name: Option<&[u8]> = None;
@@ -390,7 +393,7 @@ impl Snapshot for CounterTable {
                 last_name = Some(name);
                 mine.insert(name.into(), r.u32()?);
             }
-            t.held.insert(conn, mine);
+            t.held.insert(session, mine);
         }
         t.check_invariants().map_err(DecodeError::Invalid)?;
         Ok(t)

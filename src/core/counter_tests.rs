@@ -163,13 +163,13 @@ fn random_operations_match_the_model_across_restores() {
 fn run(seed: u64, restore_every: Option<u64>) {
     let mut rng = Rng::new(seed);
     let mut t = CounterTable::new(1000);
-    // model: per (conn, name) held; consumption is the sum.
+    // model: per (session, name) held; consumption is the sum.
     let mut model: StdHashMap<(u32, u8), u32> = StdHashMap::new();
     let mut exists: StdHashSet<u8> = StdHashSet::new();
     let mut now = 0u64;
     for step in 0..600u64 {
         now += rng.below(40);
-        let conn = rng.below(4) as u32;
+        let session = rng.below(4) as u32;
         let name = rng.below(5) as u8;
         let total = |m: &StdHashMap<(u32, u8), u32>, n: u8| -> u32 {
             m.iter().filter(|(k, _)| k.1 == n).map(|(_, v)| *v).sum()
@@ -178,7 +178,7 @@ fn run(seed: u64, restore_every: Option<u64>) {
             0 | 1 => {
                 let r = 1 + rng.below(3) as u32;
                 let max = r + rng.below(5) as u32;
-                let got = t.acquire(c(conn), &[name], r, max, now);
+                let got = t.acquire(c(session), &[name], r, max, now);
                 let cur = total(&model, name);
                 let want = if exists.contains(&name) && cur + r > max {
                     Err(CounterError::NotAvailable)
@@ -188,12 +188,12 @@ fn run(seed: u64, restore_every: Option<u64>) {
                 assert_eq!(got, want, "seed {seed} step {step}");
                 if got.is_ok() {
                     exists.insert(name);
-                    *model.entry((conn, name)).or_default() += r;
+                    *model.entry((session, name)).or_default() += r;
                 }
             }
             2 => {
                 let r = rng.below(4) as u32;
-                let have = model.get(&(conn, name)).copied();
+                let have = model.get(&(session, name)).copied();
                 let want = if !exists.contains(&name) {
                     Err(CounterError::NotFound)
                 } else {
@@ -202,18 +202,18 @@ fn run(seed: u64, restore_every: Option<u64>) {
                         _ => Err(CounterError::NotAcquired),
                     }
                 };
-                assert_eq!(t.release(c(conn), &[name], r, now), want);
+                assert_eq!(t.release(c(session), &[name], r, now), want);
                 if want.is_ok() {
-                    let h = model.entry((conn, name)).or_default();
+                    let h = model.entry((session, name)).or_default();
                     *h -= r;
                     if *h == 0 {
-                        model.remove(&(conn, name));
+                        model.remove(&(session, name));
                     }
                 }
             }
             _ => {
-                t.disconnect(c(conn), now);
-                model.retain(|k, _| k.0 != conn);
+                t.disconnect(c(session), now);
+                model.retain(|k, _| k.0 != session);
             }
         }
         // yrmcds's GC: zero counters untouched for a whole interval go.

@@ -65,23 +65,23 @@ pub struct DlockConfig {
 /// What happened to a connection later than the request that caused it.
 #[derive(Debug, PartialEq, Eq)]
 pub enum DlockEvent {
-    /// The waiting Lock of `conn` (tagged `token`) now holds all its keys, under the fencing
+    /// The waiting Lock of `session` (tagged `token`) now holds all its keys, under the fencing
     /// token `fence`.
     Granted {
-        conn: Session,
+        session: Session,
         token: u64,
         fence: u64,
     },
-    /// The waiting Lock of `conn` hit its wait deadline: nothing is held; `busy` lists the keys
+    /// The waiting Lock of `session` hit its wait deadline: nothing is held; `busy` lists the keys
     /// that were still busy.
     TimedOut {
-        conn: Session,
+        session: Session,
         token: u64,
         busy: Vec<Box<[u8]>>,
     },
-    /// `conn` sent nothing for the idle timeout and has no pending Lock: the table has already
+    /// `session` sent nothing for the idle timeout and has no pending Lock: the table has already
     /// released its connection-bound locks; the daemon must close the connection.
-    Idle { conn: Session },
+    Idle { session: Session },
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -112,8 +112,8 @@ enum Timer {
     /// The lease on `key` runs out, if the key's lease still has generation `gen` (a re-lock
     /// cancels the old timer; the generation also guards against any stale one).
     Lease { key: Key, gen: u64 },
-    /// `conn` may have been idle long enough; checked against its last activity when it fires.
-    Idle { conn: Session },
+    /// `session` may have been idle long enough; checked against its last activity when it fires.
+    Idle { session: Session },
     /// The wait deadline of waiter `seq`, if it is still waiting.
     Wait { seq: u64 },
 }
@@ -135,7 +135,7 @@ impl Timer {
         }
         match (self, other) {
             (Timer::Lease { key: a, .. }, Timer::Lease { key: b, .. }) => a.cmp(b),
-            (Timer::Idle { conn: a }, Timer::Idle { conn: b }) => a.cmp(b),
+            (Timer::Idle { session: a }, Timer::Idle { session: b }) => a.cmp(b),
             (Timer::Wait { seq: a }, Timer::Wait { seq: b }) => a.cmp(b),
             _ => class(self).cmp(&class(other)),
         }
@@ -149,13 +149,13 @@ struct Lease {
 }
 
 struct Hold {
-    conn: Session,
+    session: Session,
     lease: Option<Lease>,
     /// When it was granted, in whole seconds of the table's clock (for the admin port's
-    /// listing): 4 bytes fit in the padding after `conn`, where 8 made every held key 8 bytes
+    /// listing): 4 bytes fit in the padding after `session`, where 8 made every held key 8 bytes
     /// larger.
     since_s: u32,
-    /// The fencing token of the grant that gave this key to `conn` (one per Lock).
+    /// The fencing token of the grant that gave this key to `session` (one per Lock).
     token: u64,
 }
 
@@ -169,7 +169,7 @@ struct KeyState {
 }
 
 struct Waiter {
-    conn: Session,
+    session: Session,
     token: u64,
     /// Distinct keys, in request order.
     keys: Box<[Box<[u8]>]>,
@@ -193,7 +193,7 @@ struct Conn {
 pub struct DlockTable {
     config: DlockConfig,
     keys: HashMap<Key, KeyState>,
-    conns: HashMap<Session, Conn>,
+    sessions: HashMap<Session, Conn>,
     /// Waiting Locks by arrival number (strictly increasing, so per-key FIFO = number order).
     waiters: HashMap<u64, Waiter>,
     wheel: Wheel<(u64, Timer)>,
@@ -243,7 +243,7 @@ impl DlockTable {
         DlockTable {
             config,
             keys: HashMap::default(),
-            conns: HashMap::default(),
+            sessions: HashMap::default(),
             waiters: HashMap::default(),
             wheel: Wheel::new(now_ms),
             next_seq: 0,
@@ -256,27 +256,27 @@ impl DlockTable {
     }
 
     /// A new connection: its idle clock starts now.
-    pub fn connect(&mut self, conn: Session, now_ms: u64) {
-        self.touch(conn, now_ms);
+    pub fn connect(&mut self, session: Session, now_ms: u64) {
+        self.touch(session, now_ms);
     }
 
-    /// Any request of `conn` restarts its idle clock.
-    pub fn touch(&mut self, conn: Session, now_ms: u64) {
-        self.conns.entry(conn).or_insert_with(|| Conn {
+    /// Any request of `session` restarts its idle clock.
+    pub fn touch(&mut self, session: Session, now_ms: u64) {
+        self.sessions.entry(session).or_insert_with(|| Conn {
             held: HashSet::default(),
             pending: None,
             last_active: now_ms,
             idle_timer: None,
         });
-        self.activity(conn, now_ms);
+        self.activity(session, now_ms);
     }
 
-    /// Lock `keys` for `conn` (see the module docs for the rule). `Waiting`: the answer comes
+    /// Lock `keys` for `session` (see the module docs for the rule). `Waiting`: the answer comes
     /// later as a `Granted` or `TimedOut` event tagged `token`.
     #[allow(clippy::too_many_arguments)]
     pub fn lock(
         &mut self,
-        conn: Session,
+        session: Session,
         token: u64,
         keys: &[&[u8]],
         wait_us: Option<u64>,
@@ -284,13 +284,13 @@ impl DlockTable {
         now_ms: u64,
         events: &mut Vec<DlockEvent>,
     ) -> LockResult {
-        self.touch(conn, now_ms);
+        self.touch(session, now_ms);
         self.advance(now_ms, events);
-        let old = self.conns.get(&conn).and_then(|c| c.pending);
+        let old = self.sessions.get(&session).and_then(|c| c.pending);
         if let Some(old) = old {
             // The daemon answers a connection's requests in order, so a second Lock cannot
             // arrive while one waits. Should it anyway, the old one is dropped, not leaked.
-            debug_assert!(false, "second pending Lock on {conn:?}");
+            debug_assert!(false, "second pending Lock on {session:?}");
             if let Some(w) = self.take_waiter(old, false) {
                 self.check_heads(&w.keys, now_ms, events);
             }
@@ -299,13 +299,13 @@ impl DlockTable {
         let busy: Vec<&[u8]> = keys
             .iter()
             .copied()
-            .filter(|k| self.busy_for_new(conn, k))
+            .filter(|k| self.busy_for_new(session, k))
             .collect();
         if busy.is_empty() {
             let lease_ms = ms_from_us(lease_us);
             let token = self.fence.next();
             for k in keys.iter() {
-                self.set_holder(k, conn, lease_ms, now_ms, token);
+                self.set_holder(k, session, lease_ms, now_ms, token);
             }
             self.stats.grants += 1;
             return LockResult::Granted;
@@ -326,7 +326,7 @@ impl DlockTable {
         self.waiters.insert(
             seq,
             Waiter {
-                conn,
+                session,
                 token,
                 keys: keys.iter().map(|k| Box::from(*k)).collect(),
                 lease_us,
@@ -334,7 +334,7 @@ impl DlockTable {
                 timer,
             },
         );
-        if let Some(c) = self.conns.get_mut(&conn) {
+        if let Some(c) = self.sessions.get_mut(&session) {
             c.pending = Some(seq);
             // A pending Lock is not idle: the clock restarts when it finishes.
             if let Some(t) = c.idle_timer.take() {
@@ -348,12 +348,12 @@ impl DlockTable {
     /// others are released all the same.
     pub fn unlock(
         &mut self,
-        conn: Session,
+        session: Session,
         keys: &[&[u8]],
         now_ms: u64,
         events: &mut Vec<DlockEvent>,
     ) -> Result<(), Vec<Box<[u8]>>> {
-        self.touch(conn, now_ms);
+        self.touch(session, now_ms);
         self.advance(now_ms, events);
         let keys = distinct(keys);
         let mut not_held: Vec<Box<[u8]>> = Vec::new();
@@ -362,7 +362,7 @@ impl DlockTable {
                 .keys
                 .get(k)
                 .and_then(|s| s.holder.as_ref())
-                .is_some_and(|h| h.conn == conn);
+                .is_some_and(|h| h.session == session);
             if mine {
                 self.release(k);
             } else {
@@ -382,11 +382,11 @@ impl DlockTable {
         Err(not_held)
     }
 
-    /// `conn` is gone: its waiting Lock leaves the queues, its connection-bound locks are
+    /// `session` is gone: its waiting Lock leaves the queues, its connection-bound locks are
     /// released; its leases stay until their deadlines.
-    pub fn disconnect(&mut self, conn: Session, now_ms: u64, events: &mut Vec<DlockEvent>) {
+    pub fn disconnect(&mut self, session: Session, now_ms: u64, events: &mut Vec<DlockEvent>) {
         self.advance(now_ms, events);
-        let Some(c) = self.conns.remove(&conn) else {
+        let Some(c) = self.sessions.remove(&session) else {
             return;
         };
         let mut affected: Vec<Key> = Vec::new();
@@ -395,7 +395,7 @@ impl DlockTable {
                 affected.extend(w.keys.iter().map(|k| Key::from(&**k)));
             }
         }
-        self.drop_conn(conn, c, now_ms, affected, events);
+        self.drop_conn(session, c, now_ms, affected, events);
     }
 
     /// Run every timer due at or before `now_ms`, in time order.
@@ -443,10 +443,10 @@ impl DlockTable {
         self.fence.last()
     }
 
-    /// The fencing token under which `conn` holds `key`.
-    pub fn token_of(&self, conn: Session, key: &[u8]) -> Option<u64> {
+    /// The fencing token under which `session` holds `key`.
+    pub fn token_of(&self, session: Session, key: &[u8]) -> Option<u64> {
         let h = self.keys.get(key)?.holder.as_ref()?;
-        (h.conn == conn).then_some(h.token)
+        (h.session == session).then_some(h.token)
     }
 
     /// Share the service's fencing counter (see [`Fence`]).
@@ -458,60 +458,62 @@ impl DlockTable {
     /// Who holds `key`, and the lease deadline (ms) if it is a lease.
     pub fn holder(&self, key: &[u8]) -> Option<(Session, Option<u64>)> {
         let hold = self.keys.get(key)?.holder.as_ref()?;
-        Some((hold.conn, hold.lease.as_ref().map(|l| l.deadline)))
+        Some((hold.session, hold.lease.as_ref().map(|l| l.deadline)))
     }
 
     // ---- internals ----
 
-    /// Whether `key` keeps a new Lock of `conn` from being granted at once.
-    fn busy_for_new(&self, conn: Session, key: &[u8]) -> bool {
+    /// Whether `key` keeps a new Lock of `session` from being granted at once.
+    fn busy_for_new(&self, session: Session, key: &[u8]) -> bool {
         match self.keys.get(key) {
             None => false,
             Some(s) => match &s.holder {
-                Some(h) => h.conn != conn,
+                Some(h) => h.session != session,
                 None => !s.queue.is_empty(),
             },
         }
     }
 
-    /// Whether `key` still keeps waiter `seq` of `conn` from being granted.
-    fn busy_for_waiter(&self, conn: Session, seq: u64, key: &[u8]) -> bool {
+    /// Whether `key` still keeps waiter `seq` of `session` from being granted.
+    fn busy_for_waiter(&self, session: Session, seq: u64, key: &[u8]) -> bool {
         match self.keys.get(key) {
             None => {
                 debug_assert!(false, "a waiter's key has no state");
                 false
             }
             Some(s) => match &s.holder {
-                Some(h) => h.conn != conn,
+                Some(h) => h.session != session,
                 None => s.queue.first() != Some(&seq),
             },
         }
     }
 
     fn grantable(&self, seq: u64) -> bool {
-        self.waiters
-            .get(&seq)
-            .is_some_and(|w| w.keys.iter().all(|k| !self.busy_for_waiter(w.conn, seq, k)))
+        self.waiters.get(&seq).is_some_and(|w| {
+            w.keys
+                .iter()
+                .all(|k| !self.busy_for_waiter(w.session, seq, k))
+        })
     }
 
-    /// Restart the idle clock of `conn` at `now_ms`, arming its timer if it has none.
-    fn activity(&mut self, conn: Session, now_ms: u64) {
+    /// Restart the idle clock of `session` at `now_ms`, arming its timer if it has none.
+    fn activity(&mut self, session: Session, now_ms: u64) {
         let idle = self.config.idle_timeout_ms;
-        let Some(c) = self.conns.get_mut(&conn) else {
+        let Some(c) = self.sessions.get_mut(&session) else {
             return;
         };
         c.last_active = c.last_active.max(now_ms);
         if idle > 0 && c.pending.is_none() && c.idle_timer.is_none() {
             let due = c.last_active.saturating_add(idle);
-            c.idle_timer = Some(self.wheel.insert(due, (due, Timer::Idle { conn })));
+            c.idle_timer = Some(self.wheel.insert(due, (due, Timer::Idle { session })));
         }
     }
 
-    /// Make `conn` the holder of `key`, replacing its own earlier record if any.
+    /// Make `session` the holder of `key`, replacing its own earlier record if any.
     fn set_holder(
         &mut self,
         key: &[u8],
-        conn: Session,
+        session: Session,
         lease_ms: Option<u64>,
         now_ms: u64,
         token: u64,
@@ -525,7 +527,7 @@ impl DlockTable {
         };
         match state.holder.take() {
             Some(old) => {
-                debug_assert_eq!(old.conn, conn, "grant over another holder");
+                debug_assert_eq!(old.session, session, "grant over another holder");
                 if let Some(lease) = old.lease {
                     self.wheel.cancel(lease.timer);
                     self.stats.leases -= 1;
@@ -555,12 +557,12 @@ impl DlockTable {
             }
         });
         state.holder = Some(Hold {
-            conn,
+            session,
             lease,
             since_s: (now_ms / 1000) as u32,
             token,
         });
-        if let Some(c) = self.conns.get_mut(&conn) {
+        if let Some(c) = self.sessions.get_mut(&session) {
             c.held.insert(key);
         }
     }
@@ -581,7 +583,7 @@ impl DlockTable {
         if state.queue.is_empty() {
             self.keys.remove(key);
         }
-        if let Some(c) = self.conns.get_mut(&hold.conn) {
+        if let Some(c) = self.sessions.get_mut(&hold.session) {
             c.held.remove(key);
         }
     }
@@ -602,7 +604,7 @@ impl DlockTable {
                 }
             }
         }
-        if let Some(c) = self.conns.get_mut(&w.conn) {
+        if let Some(c) = self.sessions.get_mut(&w.session) {
             if c.pending == Some(seq) {
                 c.pending = None;
             }
@@ -644,22 +646,22 @@ impl DlockTable {
         let lease_ms = ms_from_us(w.lease_us);
         let fence = self.fence.next();
         for k in w.keys.iter() {
-            self.set_holder(k, w.conn, lease_ms, now_ms, fence);
+            self.set_holder(k, w.session, lease_ms, now_ms, fence);
         }
         self.stats.grants += 1;
-        self.activity(w.conn, now_ms);
+        self.activity(w.session, now_ms);
         events.push(DlockEvent::Granted {
-            conn: w.conn,
+            session: w.session,
             token: w.token,
             fence,
         });
     }
 
-    /// Remove connection `conn` (already taken out of `conns`): release its connection-bound
+    /// Remove `session` (already taken out of `sessions`): release its connection-bound
     /// keys, keep its leases, and settle the heads of every affected key.
     fn drop_conn(
         &mut self,
-        conn: Session,
+        session: Session,
         c: Conn,
         now_ms: u64,
         mut affected: Vec<Key>,
@@ -673,7 +675,7 @@ impl DlockTable {
                 .keys
                 .get(&*k)
                 .and_then(|s| s.holder.as_ref())
-                .is_some_and(|h| h.conn == conn && h.lease.is_none());
+                .is_some_and(|h| h.session == session && h.lease.is_none());
             if bound {
                 self.release(&k);
                 affected.push(k);
@@ -704,9 +706,9 @@ impl DlockTable {
                     self.check_heads(&[key], at, events);
                 }
             }
-            Timer::Idle { conn } => {
+            Timer::Idle { session } => {
                 let idle = self.config.idle_timeout_ms;
-                let Some(c) = self.conns.get_mut(&conn) else {
+                let Some(c) = self.sessions.get_mut(&session) else {
                     return;
                 };
                 c.idle_timer = None;
@@ -715,13 +717,13 @@ impl DlockTable {
                 }
                 let due = c.last_active.saturating_add(idle);
                 if due > at {
-                    c.idle_timer = Some(self.wheel.insert(due, (due, Timer::Idle { conn })));
+                    c.idle_timer = Some(self.wheel.insert(due, (due, Timer::Idle { session })));
                     return;
                 }
-                if let Some(c) = self.conns.remove(&conn) {
+                if let Some(c) = self.sessions.remove(&session) {
                     self.stats.idle_disconnects += 1;
-                    events.push(DlockEvent::Idle { conn });
-                    self.drop_conn(conn, c, at, Vec::new(), events);
+                    events.push(DlockEvent::Idle { session });
+                    self.drop_conn(session, c, at, Vec::new(), events);
                 }
             }
             Timer::Wait { seq } => {
@@ -731,16 +733,16 @@ impl DlockTable {
                 let busy: Vec<Box<[u8]>> = w
                     .keys
                     .iter()
-                    .filter(|k| self.busy_for_waiter(w.conn, seq, k))
+                    .filter(|k| self.busy_for_waiter(w.session, seq, k))
                     .cloned()
                     .collect();
                 let Some(w) = self.take_waiter(seq, false) else {
                     return;
                 };
                 self.stats.timeouts += 1;
-                self.activity(w.conn, at);
+                self.activity(w.session, at);
                 events.push(DlockEvent::TimedOut {
-                    conn: w.conn,
+                    session: w.session,
                     token: w.token,
                     busy,
                 });
@@ -757,7 +759,7 @@ impl DlockTable {
     pub fn for_each_held(&self, mut f: impl FnMut(&[u8], Session, Option<u64>)) {
         for (k, s) in &self.keys {
             if let Some(h) = &s.holder {
-                f(k, h.conn, h.lease.as_ref().map(|l| l.deadline));
+                f(k, h.session, h.lease.as_ref().map(|l| l.deadline));
             }
         }
     }
@@ -774,7 +776,7 @@ impl DlockTable {
             .into_iter()
             .flatten()
             .filter_map(|q| self.waiters.get(q))
-            .map(|w| w.conn)
+            .map(|w| w.session)
     }
 
     /// The connections queued on `key`, first come first.
@@ -784,7 +786,7 @@ impl DlockTable {
             s.queue
                 .iter()
                 .filter_map(|q| self.waiters.get(q))
-                .map(|w| w.conn)
+                .map(|w| w.session)
                 .collect()
         })
     }
@@ -801,7 +803,7 @@ impl DlockTable {
             if let Some(h) = &s.holder {
                 held += 1;
                 leases += u64::from(h.lease.is_some());
-                if let Some(c) = self.conns.get(&h.conn) {
+                if let Some(c) = self.sessions.get(&h.session) {
                     assert!(c.held.contains(k), "{k:?} missing from its holder's index");
                 }
             }
@@ -816,10 +818,10 @@ impl DlockTable {
             for k in w.keys.iter() {
                 assert!(self.keys[&**k].queue.contains(seq));
             }
-            assert_eq!(self.conns[&w.conn].pending, Some(*seq));
+            assert_eq!(self.sessions[&w.session].pending, Some(*seq));
             assert!(!self.grantable(*seq), "waiter {seq} could be granted");
         }
-        for (id, c) in &self.conns {
+        for (id, c) in &self.sessions {
             for k in &c.held {
                 assert_eq!(self.holder(k).map(|h| h.0), Some(*id));
             }
@@ -854,10 +856,10 @@ impl Snapshot for DlockTable {
         for v in [s.grants, s.timeouts, s.lease_expiries, s.idle_disconnects] {
             codec::put_u64(out, v);
         }
-        let mut conns: Vec<(&Session, &Conn)> = self.conns.iter().collect();
-        conns.sort_unstable_by_key(|(c, _)| **c);
-        codec::put_u64(out, conns.len() as u64);
-        for (id, c) in conns {
+        let mut sessions: Vec<(&Session, &Conn)> = self.sessions.iter().collect();
+        sessions.sort_unstable_by_key(|(c, _)| **c);
+        codec::put_u64(out, sessions.len() as u64);
+        for (id, c) in sessions {
             id.encode(out);
             codec::put_u64(out, c.last_active);
         }
@@ -870,7 +872,7 @@ impl Snapshot for DlockTable {
                 None => codec::put_u8(out, 0),
                 Some(h) => {
                     codec::put_u8(out, 1);
-                    h.conn.encode(out);
+                    h.session.encode(out);
                     codec::put_u64(out, h.token);
                     codec::put_u64(out, u64::from(h.since_s));
                     match &h.lease {
@@ -889,7 +891,7 @@ impl Snapshot for DlockTable {
         codec::put_u64(out, waiters.len() as u64);
         for (seq, w) in waiters {
             codec::put_u64(out, *seq);
-            w.conn.encode(out);
+            w.session.encode(out);
             codec::put_u64(out, w.token);
             codec::put_opt_u64(out, w.lease_us);
             codec::put_opt_u64(out, w.deadline);
@@ -923,7 +925,7 @@ impl Snapshot for DlockTable {
             }
             last = Some(id);
             let last_active = r.u64()?;
-            t.conns.insert(
+            t.sessions.insert(
                 id,
                 Conn {
                     held: HashSet::default(),
@@ -944,7 +946,7 @@ impl Snapshot for DlockTable {
             let holder = match r.u8()? {
                 0 => None,
                 1 => {
-                    let conn = Session::decode(r)?;
+                    let session = Session::decode(r)?;
                     let token = r.u64()?;
                     if token > t.fence.last() {
                         return Err(Invalid("dlock token not yet issued"));
@@ -977,14 +979,14 @@ impl Snapshot for DlockTable {
                         }
                         _ => return Err(Invalid("dlock lease tag")),
                     };
-                    if let Some(c) = t.conns.get_mut(&conn) {
+                    if let Some(c) = t.sessions.get_mut(&session) {
                         c.held.insert(key.clone());
                     } else if lease.is_none() {
                         return Err(Invalid("dlock connection-bound key of no session"));
                     }
                     t.stats.held_keys += 1;
                     Some(Hold {
-                        conn,
+                        session,
                         lease,
                         since_s,
                         token,
@@ -1008,7 +1010,7 @@ impl Snapshot for DlockTable {
                 return Err(Invalid("dlock waiters out of order"));
             }
             last_seq = Some(seq);
-            let conn = Session::decode(r)?;
+            let session = Session::decode(r)?;
             let token = r.u64()?;
             let lease_us = r.opt_u64()?;
             let deadline = r.opt_u64()?;
@@ -1024,7 +1026,7 @@ impl Snapshot for DlockTable {
                 }
                 keys.push(k.into());
             }
-            match t.conns.get_mut(&conn) {
+            match t.sessions.get_mut(&session) {
                 Some(c) if c.pending.is_none() => c.pending = Some(seq),
                 _ => return Err(Invalid("dlock waiter of no session or a second one")),
             }
@@ -1035,7 +1037,7 @@ impl Snapshot for DlockTable {
             t.waiters.insert(
                 seq,
                 Waiter {
-                    conn,
+                    session,
                     token,
                     keys: keys.into_boxed_slice(),
                     lease_us,
@@ -1058,12 +1060,12 @@ impl Snapshot for DlockTable {
         // same outcome).
         let idle = t.config.idle_timeout_ms;
         if idle > 0 {
-            let ids: Vec<Session> = t.conns.keys().copied().collect();
-            for conn in ids {
-                if let Some(c) = t.conns.get_mut(&conn) {
+            let ids: Vec<Session> = t.sessions.keys().copied().collect();
+            for session in ids {
+                if let Some(c) = t.sessions.get_mut(&session) {
                     if c.pending.is_none() {
                         let due = c.last_active.saturating_add(idle);
-                        c.idle_timer = Some(t.wheel.insert(due, (due, Timer::Idle { conn })));
+                        c.idle_timer = Some(t.wheel.insert(due, (due, Timer::Idle { session })));
                     }
                 }
             }

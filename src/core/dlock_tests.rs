@@ -25,14 +25,14 @@ fn boxed(keys: &[&[u8]]) -> Vec<Box<[u8]>> {
 /// Lock that is expected to be answered at once or to wait, with no side events.
 fn lock(
     t: &mut DlockTable,
-    conn: Session,
+    session: Session,
     keys: &[&[u8]],
     wait_us: Option<u64>,
     lease_us: Option<u64>,
     now: u64,
 ) -> LockResult {
     let mut ev = Vec::new();
-    let r = t.lock(conn, 0, keys, wait_us, lease_us, now, &mut ev);
+    let r = t.lock(session, 0, keys, wait_us, lease_us, now, &mut ev);
     assert_eq!(ev, []);
     t.check_invariants();
     r
@@ -45,16 +45,16 @@ fn advance(t: &mut DlockTable, now: u64) -> Vec<DlockEvent> {
     ev
 }
 
-fn unlock(t: &mut DlockTable, conn: Session, keys: &[&[u8]], now: u64) -> Vec<DlockEvent> {
+fn unlock(t: &mut DlockTable, session: Session, keys: &[&[u8]], now: u64) -> Vec<DlockEvent> {
     let mut ev = Vec::new();
-    assert_eq!(t.unlock(conn, keys, now, &mut ev), Ok(()));
+    assert_eq!(t.unlock(session, keys, now, &mut ev), Ok(()));
     t.check_invariants();
     ev
 }
 
-fn granted(conn: Session) -> DlockEvent {
+fn granted(session: Session) -> DlockEvent {
     DlockEvent::Granted {
-        conn,
+        session,
         token: 0,
         fence: 0,
     }
@@ -65,17 +65,21 @@ fn granted(conn: Session) -> DlockEvent {
 fn unfenced(ev: &[DlockEvent]) -> Vec<DlockEvent> {
     ev.iter()
         .map(|e| match e {
-            DlockEvent::Granted { conn, token, .. } => DlockEvent::Granted {
-                conn: *conn,
+            DlockEvent::Granted { session, token, .. } => DlockEvent::Granted {
+                session: *session,
                 token: *token,
                 fence: 0,
             },
-            DlockEvent::TimedOut { conn, token, busy } => DlockEvent::TimedOut {
-                conn: *conn,
+            DlockEvent::TimedOut {
+                session,
+                token,
+                busy,
+            } => DlockEvent::TimedOut {
+                session: *session,
                 token: *token,
                 busy: busy.clone(),
             },
-            DlockEvent::Idle { conn } => DlockEvent::Idle { conn: *conn },
+            DlockEvent::Idle { session } => DlockEvent::Idle { session: *session },
         })
         .collect()
 }
@@ -246,7 +250,7 @@ fn wait_deadline_fires_exactly_at_deadline_not_before() {
     assert_eq!(
         advance(&mut t, 13),
         [DlockEvent::TimedOut {
-            conn: c(2),
+            session: c(2),
             token: 7,
             busy: boxed(&[b"a"])
         }]
@@ -396,7 +400,7 @@ fn idle_connection_loses_its_connection_bound_locks_but_not_its_leases() {
     lock(&mut t, c(1), &[b"a"], None, None, 0);
     lock(&mut t, c(1), &[b"b"], None, Some(500_000), 0);
     assert_eq!(advance(&mut t, 99), []);
-    assert_eq!(advance(&mut t, 100), [DlockEvent::Idle { conn: c(1) }]);
+    assert_eq!(advance(&mut t, 100), [DlockEvent::Idle { session: c(1) }]);
     assert_eq!(t.holder(b"a"), None);
     assert_eq!(t.holder(b"b"), Some((c(1), Some(500))));
     assert_eq!(t.stats().idle_disconnects, 1);
@@ -414,7 +418,7 @@ fn touches_postpone_the_idle_timeout() {
     assert_eq!(advance(&mut t, 100), []);
     t.touch(c(1), 120);
     assert_eq!(advance(&mut t, 219), []);
-    assert_eq!(advance(&mut t, 220), [DlockEvent::Idle { conn: c(1) }]);
+    assert_eq!(advance(&mut t, 220), [DlockEvent::Idle { session: c(1) }]);
 }
 
 #[test]
@@ -427,11 +431,11 @@ fn pending_lock_is_not_idle_and_the_idle_clock_restarts_when_it_finishes() {
         lock(&mut t, c(2), &[b"a"], None, None, 0),
         LockResult::Waiting
     );
-    assert_eq!(advance(&mut t, 100), [DlockEvent::Idle { conn: c(1) }]);
+    assert_eq!(advance(&mut t, 100), [DlockEvent::Idle { session: c(1) }]);
     assert_eq!(advance(&mut t, 299), []);
     assert_eq!(unfenced(&advance(&mut t, 300)), [granted(c(2))]);
     assert_eq!(advance(&mut t, 399), []);
-    assert_eq!(advance(&mut t, 400), [DlockEvent::Idle { conn: c(2) }]);
+    assert_eq!(advance(&mut t, 400), [DlockEvent::Idle { session: c(2) }]);
     assert_eq!(t.holder(b"a"), None);
     // Same after a wait deadline.
     lock(&mut t, c(3), &[b"k"], None, Some(1_000_000), 400);
@@ -439,7 +443,7 @@ fn pending_lock_is_not_idle_and_the_idle_clock_restarts_when_it_finishes() {
     let ev = advance(&mut t, 500);
     assert_eq!(ev.len(), 2); // c3 idle at 500 (lease stays); c4 timed out at 450
     assert_eq!(advance(&mut t, 549), []);
-    assert_eq!(advance(&mut t, 550), [DlockEvent::Idle { conn: c(4) }]);
+    assert_eq!(advance(&mut t, 550), [DlockEvent::Idle { session: c(4) }]);
 }
 
 #[test]
@@ -452,8 +456,8 @@ fn touch_newer_than_a_deadline_run_late_keeps_the_idle_clock() {
     lock(&mut t, c(2), &[b"a"], Some(10_000), None, 0);
     t.touch(c(2), 50);
     assert_eq!(advance(&mut t, 50).len(), 1); // timed out at 10
-    assert_eq!(advance(&mut t, 149), [DlockEvent::Idle { conn: c(1) }]);
-    assert_eq!(advance(&mut t, 150), [DlockEvent::Idle { conn: c(2) }]);
+    assert_eq!(advance(&mut t, 149), [DlockEvent::Idle { session: c(1) }]);
+    assert_eq!(advance(&mut t, 150), [DlockEvent::Idle { session: c(2) }]);
 }
 
 #[test]
@@ -496,7 +500,7 @@ fn timed_out_waiter_lets_the_next_waiter_through() {
         unfenced(&ev),
         [
             DlockEvent::TimedOut {
-                conn: c(2),
+                session: c(2),
                 token: 0,
                 busy: boxed(&[b"a"])
             },
@@ -575,7 +579,7 @@ mod model {
     use std::collections::BTreeMap;
 
     struct MWaiter {
-        conn: Session,
+        session: Session,
         token: u64,
         keys: Vec<Vec<u8>>,
         deadline: Option<u64>,
@@ -593,7 +597,7 @@ mod model {
         /// key -> (holder, lease deadline)
         pub holders: BTreeMap<Vec<u8>, (Session, Option<u64>)>,
         waiters: Vec<MWaiter>,
-        conns: BTreeMap<Session, MConn>,
+        sessions: BTreeMap<Session, MConn>,
     }
 
     fn dedup(keys: &[&[u8]]) -> Vec<Vec<u8>> {
@@ -617,7 +621,7 @@ mod model {
                 now: 0,
                 holders: BTreeMap::new(),
                 waiters: Vec::new(),
-                conns: BTreeMap::new(),
+                sessions: BTreeMap::new(),
             }
         }
 
@@ -625,7 +629,7 @@ mod model {
             self.waiters
                 .iter()
                 .filter(|w| w.keys.iter().any(|k| k == key))
-                .map(|w| w.conn)
+                .map(|w| w.session)
                 .collect()
         }
 
@@ -637,8 +641,8 @@ mod model {
             self.waiters.iter().filter(|w| w.deadline.is_some()).count()
         }
 
-        pub fn touch(&mut self, conn: Session, now: u64) {
-            let c = self.conns.entry(conn).or_insert(MConn {
+        pub fn touch(&mut self, session: Session, now: u64) {
+            let c = self.sessions.entry(session).or_insert(MConn {
                 last_active: now,
                 pending: false,
             });
@@ -648,7 +652,7 @@ mod model {
         fn busy(&self, i: usize, key: &[u8]) -> bool {
             let w = &self.waiters[i];
             match self.holders.get(key) {
-                Some((h, _)) => *h != w.conn,
+                Some((h, _)) => *h != w.session,
                 None => self.waiters[..i]
                     .iter()
                     .any(|e| e.keys.iter().any(|k| k == key)),
@@ -662,38 +666,38 @@ mod model {
                 let w = self.waiters.remove(i);
                 for k in &w.keys {
                     self.holders
-                        .insert(k.clone(), (w.conn, w.lease_ms.map(|l| t + l)));
+                        .insert(k.clone(), (w.session, w.lease_ms.map(|l| t + l)));
                 }
-                let c = self.conns.get_mut(&w.conn).expect("waiter's conn");
+                let c = self.sessions.get_mut(&w.session).expect("waiter's session");
                 c.pending = false;
                 // A touch may be newer than a deadline the table runs late.
                 c.last_active = c.last_active.max(t);
                 ev.push(DlockEvent::Granted {
-                    conn: w.conn,
+                    session: w.session,
                     token: w.token,
                     fence: 0,
                 });
             }
         }
 
-        fn release_bound(&mut self, conn: Session) {
+        fn release_bound(&mut self, session: Session) {
             self.holders
-                .retain(|_, (h, lease)| !(*h == conn && lease.is_none()));
+                .retain(|_, (h, lease)| !(*h == session && lease.is_none()));
         }
 
         fn instant(&mut self, t: u64, ev: &mut Vec<DlockEvent>) {
             self.holders
                 .retain(|_, (_, lease)| lease.is_none_or(|d| d > t));
             let idle: Vec<Session> = self
-                .conns
+                .sessions
                 .iter()
                 .filter(|(_, c)| self.idle > 0 && !c.pending && c.last_active + self.idle <= t)
                 .map(|(id, _)| *id)
                 .collect();
-            for conn in idle {
-                self.release_bound(conn);
-                self.conns.remove(&conn);
-                ev.push(DlockEvent::Idle { conn });
+            for session in idle {
+                self.release_bound(session);
+                self.sessions.remove(&session);
+                ev.push(DlockEvent::Idle { session });
             }
             self.settle(t, ev);
             while let Some(i) = self
@@ -708,12 +712,12 @@ mod model {
                     .map(|k| k.clone().into_boxed_slice())
                     .collect();
                 let w = self.waiters.remove(i);
-                let c = self.conns.get_mut(&w.conn).expect("waiter's conn");
+                let c = self.sessions.get_mut(&w.session).expect("waiter's session");
                 c.pending = false;
                 // A touch may be newer than a deadline the table runs late.
                 c.last_active = c.last_active.max(t);
                 ev.push(DlockEvent::TimedOut {
-                    conn: w.conn,
+                    session: w.session,
                     token: w.token,
                     busy,
                 });
@@ -731,7 +735,7 @@ mod model {
         #[allow(clippy::too_many_arguments)]
         pub fn lock(
             &mut self,
-            conn: Session,
+            session: Session,
             token: u64,
             keys: &[&[u8]],
             wait_us: Option<u64>,
@@ -739,11 +743,11 @@ mod model {
             now: u64,
             ev: &mut Vec<DlockEvent>,
         ) -> LockResult {
-            self.touch(conn, now);
+            self.touch(session, now);
             self.advance(now, ev);
             let keys = dedup(keys);
             self.waiters.push(MWaiter {
-                conn,
+                session,
                 token,
                 keys,
                 deadline: ms(wait_us).map(|w| now + w),
@@ -759,30 +763,31 @@ mod model {
             if busy.is_empty() {
                 let w = self.waiters.pop().expect("just pushed");
                 for k in w.keys {
-                    self.holders.insert(k, (conn, w.lease_ms.map(|l| now + l)));
+                    self.holders
+                        .insert(k, (session, w.lease_ms.map(|l| now + l)));
                 }
                 LockResult::Granted
             } else if wait_us == Some(0) {
                 self.waiters.pop();
                 LockResult::Timeout { busy }
             } else {
-                self.conns.get_mut(&conn).expect("touched").pending = true;
+                self.sessions.get_mut(&session).expect("touched").pending = true;
                 LockResult::Waiting
             }
         }
 
         pub fn unlock(
             &mut self,
-            conn: Session,
+            session: Session,
             keys: &[&[u8]],
             now: u64,
             ev: &mut Vec<DlockEvent>,
         ) -> Result<(), Vec<Box<[u8]>>> {
-            self.touch(conn, now);
+            self.touch(session, now);
             self.advance(now, ev);
             let mut not_held = Vec::new();
             for k in dedup(keys) {
-                if self.holders.get(&k).is_some_and(|(h, _)| *h == conn) {
+                if self.holders.get(&k).is_some_and(|(h, _)| *h == session) {
                     self.holders.remove(&k);
                 } else {
                     not_held.push(k.into_boxed_slice());
@@ -796,13 +801,13 @@ mod model {
             }
         }
 
-        pub fn disconnect(&mut self, conn: Session, now: u64, ev: &mut Vec<DlockEvent>) {
+        pub fn disconnect(&mut self, session: Session, now: u64, ev: &mut Vec<DlockEvent>) {
             self.advance(now, ev);
-            if self.conns.remove(&conn).is_none() {
+            if self.sessions.remove(&session).is_none() {
                 return;
             }
-            self.waiters.retain(|w| w.conn != conn);
-            self.release_bound(conn);
+            self.waiters.retain(|w| w.session != session);
+            self.release_bound(session);
             self.settle(now, ev);
         }
     }
@@ -855,7 +860,7 @@ fn run_model_restoring(seed: u64, steps: usize, idle: u64, restore_every: Option
     let mut m = model::Model::new(idle);
     let mut now = 0u64;
     let mut live: Vec<Session> = Vec::new();
-    // conn -> token of its waiting Lock
+    // session -> token of its waiting Lock
     let mut pending: hashbrown::HashMap<Session, u64> = hashbrown::HashMap::new();
     let mut next_slot = 0u32;
     let mut next_token = 0u64;
@@ -866,13 +871,17 @@ fn run_model_restoring(seed: u64, steps: usize, idle: u64, restore_every: Option
                          pending: &mut hashbrown::HashMap<Session, u64>| {
         for e in ev {
             match e {
-                DlockEvent::Granted { conn, token, .. }
-                | DlockEvent::TimedOut { conn, token, .. } => {
-                    assert_eq!(pending.remove(conn), Some(*token), "answer without a wait");
+                DlockEvent::Granted { session, token, .. }
+                | DlockEvent::TimedOut { session, token, .. } => {
+                    assert_eq!(
+                        pending.remove(session),
+                        Some(*token),
+                        "answer without a wait"
+                    );
                 }
-                DlockEvent::Idle { conn } => {
-                    assert!(!pending.contains_key(conn), "idle while waiting");
-                    live.retain(|c| c != conn);
+                DlockEvent::Idle { session } => {
+                    assert!(!pending.contains_key(session), "idle while waiting");
+                    live.retain(|c| c != session);
                 }
             }
         }
@@ -896,17 +905,17 @@ fn run_model_restoring(seed: u64, steps: usize, idle: u64, restore_every: Option
         };
         if op < 8 || live.is_empty() {
             if live.len() < 12 {
-                let conn = Session(u64::from(next_slot));
+                let session = Session(u64::from(next_slot));
                 next_slot += 1;
-                t.connect(conn, now);
-                m.touch(conn, now);
-                live.push(conn);
+                t.connect(session, now);
+                m.touch(session, now);
+                live.push(session);
             }
         } else if op < 50 {
             if idle_conns.is_empty() {
                 continue;
             }
-            let conn = idle_conns[rng.below(idle_conns.len() as u64) as usize];
+            let session = idle_conns[rng.below(idle_conns.len() as u64) as usize];
             let keys = random_keys(&mut rng, 4);
             let wait = match rng.below(10) {
                 0 | 1 => None,
@@ -919,40 +928,40 @@ fn run_model_restoring(seed: u64, steps: usize, idle: u64, restore_every: Option
                 _ => Some(1 + rng.below(40_000)),
             };
             next_token += 1;
-            let rt = t.lock(conn, next_token, &keys, wait, lease, now, &mut ev_t);
-            let rm = m.lock(conn, next_token, &keys, wait, lease, now, &mut ev_m);
+            let rt = t.lock(session, next_token, &keys, wait, lease, now, &mut ev_t);
+            let rm = m.lock(session, next_token, &keys, wait, lease, now, &mut ev_m);
             assert_eq!(rt, rm, "lock {keys:?} {wait:?} {lease:?}; {ctx}");
             if rt == LockResult::Waiting {
-                pending.insert(conn, next_token);
+                pending.insert(session, next_token);
             }
         } else if op < 62 {
             if idle_conns.is_empty() {
                 continue;
             }
-            let conn = idle_conns[rng.below(idle_conns.len() as u64) as usize];
+            let session = idle_conns[rng.below(idle_conns.len() as u64) as usize];
             // Mostly keys it holds (so that connection-bound locks come free), sometimes not.
             let mine: Vec<&'static [u8]> = KEY_SPACE
                 .into_iter()
-                .filter(|k| m.holders.get(*k).is_some_and(|h| h.0 == conn))
+                .filter(|k| m.holders.get(*k).is_some_and(|h| h.0 == session))
                 .collect();
             let mut keys: Vec<&[u8]> = mine.into_iter().filter(|_| rng.chance(70)).collect();
             if keys.is_empty() || rng.chance(20) {
                 keys.extend(random_keys(&mut rng, 3));
             }
-            let rt = t.unlock(conn, &keys, now, &mut ev_t);
-            let rm = m.unlock(conn, &keys, now, &mut ev_m);
+            let rt = t.unlock(session, &keys, now, &mut ev_t);
+            let rm = m.unlock(session, &keys, now, &mut ev_m);
             assert_eq!(rt, rm, "unlock {keys:?}; {ctx}");
         } else if op < 70 {
-            let conn = live[rng.below(live.len() as u64) as usize];
-            t.touch(conn, now);
-            m.touch(conn, now);
+            let session = live[rng.below(live.len() as u64) as usize];
+            t.touch(session, now);
+            m.touch(session, now);
         } else if op < 76 || (idle == 0 && op < 80) {
-            let conn = live.remove(rng.below(live.len() as u64) as usize);
-            t.disconnect(conn, now, &mut ev_t);
-            m.disconnect(conn, now, &mut ev_m);
+            let session = live.remove(rng.below(live.len() as u64) as usize);
+            t.disconnect(session, now, &mut ev_t);
+            m.disconnect(session, now, &mut ev_m);
             // Its due timers ran first (maybe answering its Lock); then its waiter left.
             settle_events(&ev_t, &mut live, &mut pending);
-            pending.remove(&conn);
+            pending.remove(&session);
             assert_eq!(canon(ev_t.split_off(0)), canon(ev_m.split_off(0)), "{ctx}");
         } else {
             now += if rng.chance(10) {
@@ -967,7 +976,7 @@ fn run_model_restoring(seed: u64, steps: usize, idle: u64, restore_every: Option
         let idled: Vec<Session> = ev_t
             .iter()
             .filter_map(|e| match e {
-                DlockEvent::Idle { conn } => Some(*conn),
+                DlockEvent::Idle { session } => Some(*session),
                 _ => None,
             })
             .collect();
@@ -977,9 +986,9 @@ fn run_model_restoring(seed: u64, steps: usize, idle: u64, restore_every: Option
             "events; {ctx}"
         );
         // The daemon closes idle connections: that disconnect finds nothing.
-        for conn in idled {
-            t.disconnect(conn, now, &mut ev_t);
-            m.disconnect(conn, now, &mut ev_m);
+        for session in idled {
+            t.disconnect(session, now, &mut ev_t);
+            m.disconnect(session, now, &mut ev_m);
             assert_eq!(ev_t, []);
             assert_eq!(ev_m, []);
         }
@@ -1003,9 +1012,9 @@ fn run_model_restoring(seed: u64, steps: usize, idle: u64, restore_every: Option
     assert_eq!(m.finite_waiters(), 0);
 
     // Everybody leaves: nothing but unexpired leases is held, and nobody waits.
-    for conn in live.drain(..) {
-        t.disconnect(conn, now, &mut ev_t);
-        m.disconnect(conn, now, &mut ev_m);
+    for session in live.drain(..) {
+        t.disconnect(session, now, &mut ev_t);
+        m.disconnect(session, now, &mut ev_m);
     }
     assert_eq!(canon(ev_t.split_off(0)), canon(ev_m.split_off(0)));
     compare(&t, &m, "all disconnected");
@@ -1020,7 +1029,7 @@ fn run_model_restoring(seed: u64, steps: usize, idle: u64, restore_every: Option
     assert_eq!(ev_t, []);
     compare(&t, &m, "all expired");
     assert_eq!(t.stats().held_keys, 0);
-    assert!(t.keys.is_empty() && t.conns.is_empty() && t.waiters.is_empty());
+    assert!(t.keys.is_empty() && t.sessions.is_empty() && t.waiters.is_empty());
     assert_eq!(t.next_deadline(), None);
     assert!(t.wheel.is_empty());
 }

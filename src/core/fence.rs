@@ -108,10 +108,10 @@ mod tests {
         dlock.disconnect(c(4), now.ms, &mut ev);
         match ev.as_slice() {
             [DlockEvent::Granted {
-                conn,
+                session,
                 token: 7,
                 fence: f,
-            }] if *conn == c(5) => seen.push(*f),
+            }] if *session == c(5) => seen.push(*f),
             other => panic!("{other:?}"),
         }
         // A re-lock by the same session is a new grant.

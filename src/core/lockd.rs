@@ -16,7 +16,7 @@
 //! - `waiters`: a slab of queued ACQs. Each name's queue is a doubly linked list through it
 //!   (head/tail in the lock), so the next waiter is found in O(1) and a disconnecting waiter is
 //!   unlinked from the middle in O(1).
-//! - `conns`: per connection, the slab keys of the locks it holds and of its queued ACQs; every
+//! - `sessions`: per session, the slab keys of the locks it holds and of its queued ACQs; every
 //!   lock and waiter records its position in that vector, so removal is a `swap_remove`.
 //!   Disconnect walks only these two vectors.
 //! - `orphan_timers`: one timer per orphan in the wheel, cancelled by ADOPT and REL.
@@ -40,11 +40,11 @@ pub struct LockdConfig {
     pub orphan_timeout_ms: u64,
 }
 
-/// An asynchronous grant: `conn` now holds the lock it queued for with ACQ; the daemon answers
+/// An asynchronous grant: `session` now holds the lock it queued for with ACQ; the daemon answers
 /// ACQUIRED echoing `payload` (the queued request's payload, byte for byte).
 #[derive(Debug, PartialEq, Eq)]
 pub struct Grant {
-    pub conn: Session,
+    pub session: Session,
     pub payload: Box<[u8]>,
     /// The fencing token of this grant (see [`LockdTable::last_fence`]).
     pub fence: u64,
@@ -84,7 +84,7 @@ pub struct LockdTable {
     by_name: HashTable<usize>,
     hasher: Seeded,
     waiters: Slab<Waiter>,
-    conns: HashMap<Session, ConnLocks>,
+    sessions: HashMap<Session, ConnLocks>,
     orphan_timers: Wheel<OrphanTimer>,
     /// Scratch for `advance`, kept to reuse its allocation.
     fired: Vec<OrphanTimer>,
@@ -141,8 +141,8 @@ impl Link {
 }
 
 enum Holder {
-    /// `pos` is this lock's index in `conns[conn].held`.
-    Held { conn: Session, pos: usize },
+    /// `pos` is this lock's index in `sessions[session].held`.
+    Held { session: Session, pos: usize },
     Orphan {
         timer: TimerKey,
         seq: u64,
@@ -151,14 +151,14 @@ enum Holder {
 }
 
 struct Waiter {
-    conn: Session,
+    session: Session,
     /// Slab key of the lock this ACQ waits for.
     lock: usize,
     /// The ACQ's payload, echoed in its ACQUIRED.
     payload: Box<[u8]>,
     prev: Option<usize>,
     next: Option<usize>,
-    /// This waiter's index in `conns[conn].waits`.
+    /// This waiter's index in `sessions[session].waits`.
     pos: usize,
 }
 
@@ -190,7 +190,7 @@ impl LockdTable {
             by_name: HashTable::new(),
             hasher: Seeded::default(),
             waiters: Slab::new(),
-            conns: HashMap::default(),
+            sessions: HashMap::default(),
             orphan_timers: Wheel::new(now_ms),
             fired: Vec::new(),
             next_orphan_seq: 0,
@@ -203,11 +203,11 @@ impl LockdTable {
         }
     }
 
-    /// ACQ: a free name is taken at once; a locked one (held by anybody, `conn` included, or
+    /// ACQ: a free name is taken at once; a locked one (held by anybody, `session` included, or
     /// orphaned) queues this request, `payload` and all, at the end of the name's FIFO.
     pub fn acquire(
         &mut self,
-        conn: Session,
+        session: Session,
         name: &[u8],
         payload: &[u8],
         now_ms: u64,
@@ -215,29 +215,29 @@ impl LockdTable {
         let hash = self.hasher.hash_one(name);
         match self.find_hashed(name, hash) {
             None => {
-                self.insert_lock(conn, name, hash, now_ms);
+                self.insert_lock(session, name, hash, now_ms);
                 AcquireOutcome::Acquired
             }
             Some(key) => {
-                self.enqueue(key, conn, payload);
+                self.enqueue(key, session, payload);
                 AcquireOutcome::Queued
             }
         }
     }
 
-    /// How many ACQs `conn` has queued (O(1)).
-    pub fn queued_by(&self, conn: Session) -> usize {
-        self.conns.get(&conn).map_or(0, |c| c.waits.len())
+    /// How many ACQs `session` has queued (O(1)).
+    pub fn queued_by(&self, session: Session) -> usize {
+        self.sessions.get(&session).map_or(0, |c| c.waits.len())
     }
 
-    /// TRY: a free name is taken (true); a locked one, also by `conn` itself or an orphan, is
+    /// TRY: a free name is taken (true); a locked one, also by `session` itself or an orphan, is
     /// not (false). Never queues.
-    pub fn try_lock(&mut self, conn: Session, name: &[u8], now_ms: u64) -> bool {
+    pub fn try_lock(&mut self, session: Session, name: &[u8], now_ms: u64) -> bool {
         let hash = self.hasher.hash_one(name);
         if self.find_hashed(name, hash).is_some() {
             return false;
         }
-        self.insert_lock(conn, name, hash, now_ms);
+        self.insert_lock(session, name, hash, now_ms);
         true
     }
 
@@ -246,7 +246,7 @@ impl LockdTable {
     /// False if the name is not locked.
     pub fn release(
         &mut self,
-        _conn: Session,
+        _session: Session,
         name: &[u8],
         now_ms: u64,
         grants: &mut Vec<Grant>,
@@ -259,11 +259,11 @@ impl LockdTable {
         true
     }
 
-    /// ADOPT: an orphan becomes `conn`'s (its timer cancelled); true. Anything else (free, held,
+    /// ADOPT: an orphan becomes `session`'s (its timer cancelled); true. Anything else (free, held,
     /// or an orphan whose deadline is at or before `now_ms`, which the next `advance` will
     /// release) is false: an orphan is adoptable only strictly *within* the timeout, whether or
     /// not the caller has advanced the table to `now_ms` yet.
-    pub fn adopt(&mut self, conn: Session, name: &[u8], now_ms: u64) -> bool {
+    pub fn adopt(&mut self, session: Session, name: &[u8], now_ms: u64) -> bool {
         let Some(key) = self.find(name) else {
             return false;
         };
@@ -272,7 +272,7 @@ impl LockdTable {
             _ => return false,
         }
         self.detach_holder(key);
-        self.locks[key].holder = self.index_held(conn, key);
+        self.locks[key].holder = self.index_held(session, key);
         self.locks[key].since = now_ms;
         self.adoptions += 1;
         // A new holder gets a new token, so that anything the vanished holder still has in
@@ -284,8 +284,8 @@ impl LockdTable {
     /// A connection closed: every lock it holds becomes an orphan with its own timer at
     /// `now_ms + orphan_timeout_ms`; every ACQ it has queued leaves its queue. O(its locks + its
     /// waits).
-    pub fn disconnect(&mut self, conn: Session, now_ms: u64) {
-        let Some(state) = self.conns.remove(&conn) else {
+    pub fn disconnect(&mut self, session: Session, now_ms: u64) {
+        let Some(state) = self.sessions.remove(&session) else {
             return;
         };
         let deadline_ms = now_ms.saturating_add(self.config.orphan_timeout_ms);
@@ -307,7 +307,7 @@ impl LockdTable {
                 },
             );
             debug_assert!(
-                matches!(self.locks[key].holder, Holder::Held { conn: c, .. } if c == conn)
+                matches!(self.locks[key].holder, Holder::Held { session: c, .. } if c == session)
             );
             self.locks[key].holder = Holder::Orphan {
                 timer,
@@ -382,7 +382,7 @@ impl LockdTable {
     pub fn for_each_lock(&self, mut f: impl FnMut(&[u8], Option<Session>, Option<u64>, u64)) {
         for (_, lock) in &self.locks {
             match lock.holder {
-                Holder::Held { conn, .. } => f(&lock.name, Some(conn), None, lock.token),
+                Holder::Held { session, .. } => f(&lock.name, Some(session), None, lock.token),
                 Holder::Orphan { deadline_ms, .. } => {
                     f(&lock.name, None, Some(deadline_ms), lock.token)
                 }
@@ -414,11 +414,11 @@ impl LockdTable {
         self
     }
 
-    /// The fencing token of `name`'s lock if `conn` holds it (old's REQ_TOKEN).
-    pub fn token_of(&self, conn: Session, name: &[u8]) -> Option<u64> {
+    /// The fencing token of `name`'s lock if `session` holds it (old's REQ_TOKEN).
+    pub fn token_of(&self, session: Session, name: &[u8]) -> Option<u64> {
         let lock = &self.locks[self.find(name)?];
         match lock.holder {
-            Holder::Held { conn: c, .. } if c == conn => Some(lock.token),
+            Holder::Held { session: c, .. } if c == session => Some(lock.token),
             _ => None,
         }
     }
@@ -427,7 +427,7 @@ impl LockdTable {
     pub fn state(&self, name: &[u8]) -> LockState {
         match self.find(name).map(|k| &self.locks[k].holder) {
             None => LockState::Free,
-            Some(Holder::Held { conn, .. }) => LockState::Held(*conn),
+            Some(Holder::Held { session, .. }) => LockState::Held(*session),
             Some(Holder::Orphan { deadline_ms, .. }) => LockState::Orphaned {
                 deadline_ms: *deadline_ms,
             },
@@ -439,7 +439,7 @@ impl LockdTable {
         let head = self.find(name).and_then(|k| self.locks[k].head.get());
         std::iter::successors(head, move |&w| self.waiters[w].next).map(move |w| {
             let waiter = &self.waiters[w];
-            (waiter.conn, &*waiter.payload)
+            (waiter.session, &*waiter.payload)
         })
     }
 
@@ -456,10 +456,10 @@ impl LockdTable {
             .copied()
     }
 
-    /// Lock a free name for `conn`: an immediate grant.
-    fn insert_lock(&mut self, conn: Session, name: &[u8], hash: u64, now_ms: u64) {
+    /// Lock a free name for `session`: an immediate grant.
+    fn insert_lock(&mut self, session: Session, name: &[u8], hash: u64, now_ms: u64) {
         let key = self.locks.vacant_key();
-        let holder = self.index_held(conn, key);
+        let holder = self.index_held(session, key);
         let inserted = self.locks.insert(Lock {
             name: name.into(),
             hash,
@@ -487,23 +487,23 @@ impl LockdTable {
         }
     }
 
-    /// Record that `conn` holds lock `key`; returns the holder to store in the lock.
-    fn index_held(&mut self, conn: Session, key: usize) -> Holder {
-        let held = &mut self.conns.entry(conn).or_default().held;
+    /// Record that `session` holds lock `key`; returns the holder to store in the lock.
+    fn index_held(&mut self, session: Session, key: usize) -> Holder {
+        let held = &mut self.sessions.entry(session).or_default().held;
         let pos = held.len();
         held.push(key);
         self.held += 1;
-        Holder::Held { conn, pos }
+        Holder::Held { session, pos }
     }
 
     /// Undo the bookkeeping of the lock's current holder (connection index or orphan timer).
     /// The caller then stores a new holder or removes the lock.
     fn detach_holder(&mut self, key: usize) {
         match self.locks[key].holder {
-            Holder::Held { conn, pos } => {
+            Holder::Held { session, pos } => {
                 self.held -= 1;
-                let Some(state) = self.conns.get_mut(&conn) else {
-                    debug_assert!(false, "holder {conn:?} has no index");
+                let Some(state) = self.sessions.get_mut(&session) else {
+                    debug_assert!(false, "holder {session:?} has no index");
                     return;
                 };
                 debug_assert_eq!(state.held.get(pos), Some(&key));
@@ -514,7 +514,7 @@ impl LockdTable {
                     }
                 }
                 if state.is_empty() {
-                    self.conns.remove(&conn);
+                    self.sessions.remove(&session);
                 }
             }
             Holder::Orphan { timer, .. } => {
@@ -536,24 +536,24 @@ impl LockdTable {
         let waiter = self.waiters.remove(w);
         // Index the new holding before removing the wait, so that the connection's entry is
         // never dropped and recreated in between.
-        self.locks[key].holder = self.index_held(waiter.conn, key);
+        self.locks[key].holder = self.index_held(waiter.session, key);
         self.locks[key].since = now_ms;
-        self.unindex_wait(waiter.conn, waiter.pos);
+        self.unindex_wait(waiter.session, waiter.pos);
         self.grants += 1;
         let token = self.fence.next();
         self.locks[key].token = token;
         grants.push(Grant {
-            conn: waiter.conn,
+            session: waiter.session,
             payload: waiter.payload,
             fence: token,
         });
     }
 
-    fn enqueue(&mut self, key: usize, conn: Session, payload: &[u8]) {
-        let waits = &mut self.conns.entry(conn).or_default().waits;
+    fn enqueue(&mut self, key: usize, session: Session, payload: &[u8]) {
+        let waits = &mut self.sessions.entry(session).or_default().waits;
         let tail = self.locks[key].tail.get();
         let w = self.waiters.insert(Waiter {
-            conn,
+            session,
             lock: key,
             payload: payload.into(),
             prev: tail,
@@ -583,10 +583,10 @@ impl LockdTable {
         }
     }
 
-    /// Remove the wait at `pos` from `conn`'s index.
-    fn unindex_wait(&mut self, conn: Session, pos: usize) {
-        let Some(state) = self.conns.get_mut(&conn) else {
-            debug_assert!(false, "waiter {conn:?} has no index");
+    /// Remove the wait at `pos` from `session`'s index.
+    fn unindex_wait(&mut self, session: Session, pos: usize) {
+        let Some(state) = self.sessions.get_mut(&session) else {
+            debug_assert!(false, "waiter {session:?} has no index");
             return;
         };
         state.waits.swap_remove(pos);
@@ -594,7 +594,7 @@ impl LockdTable {
             self.waiters[moved].pos = pos;
         }
         if state.is_empty() {
-            self.conns.remove(&conn);
+            self.sessions.remove(&session);
         }
     }
 
@@ -607,9 +607,9 @@ impl LockdTable {
             assert_eq!(self.find(&lock.name), Some(key));
             assert_eq!(lock.hash, self.hasher.hash_one(&*lock.name));
             match lock.holder {
-                Holder::Held { conn, pos } => {
+                Holder::Held { session, pos } => {
                     held += 1;
-                    assert_eq!(self.conns[&conn].held[pos], key);
+                    assert_eq!(self.sessions[&session].held[pos], key);
                 }
                 Holder::Orphan { .. } => orphaned += 1,
             }
@@ -619,7 +619,7 @@ impl LockdTable {
                 let waiter = &self.waiters[w];
                 assert_eq!(waiter.lock, key);
                 assert_eq!(waiter.prev, prev);
-                assert_eq!(self.conns[&waiter.conn].waits[waiter.pos], w);
+                assert_eq!(self.sessions[&waiter.session].waits[waiter.pos], w);
                 queued += 1;
                 prev = cur;
                 cur = waiter.next;
@@ -630,15 +630,18 @@ impl LockdTable {
         assert_eq!(queued, self.waiters.len());
         assert_eq!(self.orphan_timers.len() as u64, self.orphaned);
         let (mut indexed_held, mut indexed_waits) = (0, 0);
-        for (conn, state) in &self.conns {
-            assert!(!state.is_empty(), "empty index kept for {conn:?}");
+        for (session, state) in &self.sessions {
+            assert!(!state.is_empty(), "empty index kept for {session:?}");
             for (pos, &key) in state.held.iter().enumerate() {
                 assert!(
-                    matches!(self.locks[key].holder, Holder::Held { conn: c, pos: p } if c == *conn && p == pos)
+                    matches!(self.locks[key].holder, Holder::Held { session: c, pos: p } if c == *session && p == pos)
                 );
             }
             for (pos, &w) in state.waits.iter().enumerate() {
-                assert_eq!((self.waiters[w].conn, self.waiters[w].pos), (*conn, pos));
+                assert_eq!(
+                    (self.waiters[w].session, self.waiters[w].pos),
+                    (*session, pos)
+                );
             }
             indexed_held += state.held.len() as u64;
             indexed_waits += state.waits.len();
@@ -677,9 +680,9 @@ impl Snapshot for LockdTable {
             codec::put_u64(out, lock.token);
             codec::put_u64(out, lock.since);
             match lock.holder {
-                Holder::Held { conn, .. } => {
+                Holder::Held { session, .. } => {
                     codec::put_u8(out, 0);
-                    conn.encode(out);
+                    session.encode(out);
                 }
                 Holder::Orphan {
                     seq, deadline_ms, ..
@@ -691,8 +694,8 @@ impl Snapshot for LockdTable {
             }
             let waiters: Vec<_> = self.waiters(&lock.name).collect();
             codec::put_u64(out, waiters.len() as u64);
-            for (conn, payload) in waiters {
-                conn.encode(out);
+            for (session, payload) in waiters {
+                session.encode(out);
                 codec::put_bytes(out, payload);
             }
         }
@@ -763,9 +766,9 @@ impl Snapshot for LockdTable {
             t.by_name.insert_unique(hash, key, |&k| locks[k].hash);
             let waiters = r.count(2)?;
             for _ in 0..waiters {
-                let conn = Session::decode(r)?;
+                let session = Session::decode(r)?;
                 let payload = r.bytes(MAX_PAYLOAD)?;
-                t.enqueue(key, conn, payload);
+                t.enqueue(key, session, payload);
             }
         }
         t.grants = grants;

@@ -28,34 +28,34 @@ struct Model {
 }
 
 impl Model {
-    fn acquire(&mut self, conn: Session, name: &[u8], payload: &[u8]) -> AcquireOutcome {
+    fn acquire(&mut self, session: Session, name: &[u8], payload: &[u8]) -> AcquireOutcome {
         match self.locks.get_mut(name) {
             Some(lock) => {
-                lock.queue.push((conn, payload.to_vec()));
+                lock.queue.push((session, payload.to_vec()));
                 AcquireOutcome::Queued
             }
             None => {
-                self.take(conn, name);
+                self.take(session, name);
                 AcquireOutcome::Acquired
             }
         }
     }
-    fn take(&mut self, conn: Session, name: &[u8]) {
+    fn take(&mut self, session: Session, name: &[u8]) {
         self.locks.insert(
             name.to_vec(),
             MLock {
-                holder: MHolder::Held(conn),
+                holder: MHolder::Held(session),
                 queue: Vec::new(),
             },
         );
         self.grants += 1;
         self.fence += 1;
     }
-    fn try_lock(&mut self, conn: Session, name: &[u8]) -> bool {
+    fn try_lock(&mut self, session: Session, name: &[u8]) -> bool {
         if self.locks.contains_key(name) {
             return false;
         }
-        self.take(conn, name);
+        self.take(session, name);
         true
     }
     fn pass_on(&mut self, name: &[u8], out: &mut Vec<(Session, Vec<u8>)>) {
@@ -66,11 +66,11 @@ impl Model {
             self.locks.remove(name);
             return;
         }
-        let (conn, payload) = lock.queue.remove(0);
-        lock.holder = MHolder::Held(conn);
+        let (session, payload) = lock.queue.remove(0);
+        lock.holder = MHolder::Held(session);
         self.grants += 1;
         self.fence += 1;
-        out.push((conn, payload));
+        out.push((session, payload));
     }
     fn release(&mut self, name: &[u8], out: &mut Vec<(Session, Vec<u8>)>) -> bool {
         if !self.locks.contains_key(name) {
@@ -79,10 +79,10 @@ impl Model {
         self.pass_on(name, out);
         true
     }
-    fn adopt(&mut self, conn: Session, name: &[u8], now: u64) -> bool {
+    fn adopt(&mut self, session: Session, name: &[u8], now: u64) -> bool {
         match self.locks.get_mut(name) {
             Some(lock) if matches!(lock.holder, MHolder::Orphan(d) if now < d) => {
-                lock.holder = MHolder::Held(conn);
+                lock.holder = MHolder::Held(session);
                 self.adoptions += 1;
                 self.fence += 1;
                 true
@@ -90,12 +90,12 @@ impl Model {
             _ => false,
         }
     }
-    fn disconnect(&mut self, conn: Session, now: u64) {
+    fn disconnect(&mut self, session: Session, now: u64) {
         for lock in self.locks.values_mut() {
-            if lock.holder == MHolder::Held(conn) {
+            if lock.holder == MHolder::Held(session) {
                 lock.holder = MHolder::Orphan(now + TIMEOUT);
             }
-            lock.queue.retain(|(c, _)| *c != conn);
+            lock.queue.retain(|(c, _)| *c != session);
         }
     }
     fn advance(&mut self, now: u64, out: &mut Vec<(Session, Vec<u8>)>) {
@@ -169,7 +169,7 @@ fn compare(t: &LockdTable, m: &Model, step: u64) {
 }
 
 /// The connections alive now (one per slot), and every queued ACQ's payload (unique: it
-/// carries a serial number) with its connection, until it is granted or its conn leaves.
+/// carries a serial number) with its connection, until it is granted or its session leaves.
 struct Clients {
     live: Vec<Session>,
     outstanding: StdHashMap<Vec<u8>, Session>,
@@ -192,10 +192,13 @@ fn check_grants(
     for g in got.iter() {
         assert!(g.fence > fence, "step {step}: fence not increasing");
         fence = g.fence;
-        assert!(live.contains(&g.conn), "step {step}: grant to a dead conn");
+        assert!(
+            live.contains(&g.session),
+            "step {step}: grant to a dead session"
+        );
         assert_eq!(
             outstanding.remove(&*g.payload),
-            Some(g.conn),
+            Some(g.session),
             "step {step}: granted an ACQ that was not waiting"
         );
     }
@@ -205,7 +208,7 @@ fn check_grants(
     }
     let mut got_set: Vec<(Session, Vec<u8>)> = got
         .drain(..)
-        .map(|g| (g.conn, g.payload.to_vec()))
+        .map(|g| (g.session, g.payload.to_vec()))
         .collect();
     got_set.sort();
     want.sort();
@@ -238,7 +241,7 @@ fn run_restoring(seed: u64, steps: u64, cov: &mut Coverage, restore_every: Optio
     let mut got = Vec::new();
     let mut want = Vec::new();
     for step in 0..steps {
-        let conn = clients.live[rng.below(u64::from(SLOTS)) as usize];
+        let session = clients.live[rng.below(u64::from(SLOTS)) as usize];
         let name = NAMES[rng.below(NAMES.len() as u64) as usize];
         let fence_before = m.fence;
         match rng.below(100) {
@@ -247,47 +250,55 @@ fn run_restoring(seed: u64, steps: u64, cov: &mut Coverage, restore_every: Optio
                 let mut payload = name.to_vec();
                 payload.push(0);
                 payload.extend_from_slice(serial.to_string().as_bytes());
-                let out = t.acquire(conn, name, &payload, now);
-                assert_eq!(out, m.acquire(conn, name, &payload), "step {step}: acquire");
+                let out = t.acquire(session, name, &payload, now);
+                assert_eq!(
+                    out,
+                    m.acquire(session, name, &payload),
+                    "step {step}: acquire"
+                );
                 if out == AcquireOutcome::Queued {
-                    clients.outstanding.insert(payload, conn);
+                    clients.outstanding.insert(payload, session);
                 }
             }
             30..=39 => {
                 assert_eq!(
-                    t.try_lock(conn, name, now),
-                    m.try_lock(conn, name),
+                    t.try_lock(session, name, now),
+                    m.try_lock(session, name),
                     "step {step}: try"
                 );
             }
             40..=57 => {
                 let before = t.state(name);
-                let ok = t.release(conn, name, now, &mut got);
+                let ok = t.release(session, name, now, &mut got);
                 assert_eq!(ok, m.release(name, &mut want), "step {step}: release");
                 assert!(
                     got.len() <= 1,
                     "step {step}: more than one grant per release"
                 );
                 if let (LockState::Held(h), Some(g)) = (before, got.first()) {
-                    if g.conn == h {
+                    if g.session == h {
                         cov.self_grants += 1;
                     }
                 }
             }
             58..=65 => {
-                let ok = t.adopt(conn, name, now);
-                assert_eq!(ok, m.adopt(conn, name, now), "step {step}: adopt");
+                let ok = t.adopt(session, name, now);
+                assert_eq!(ok, m.adopt(session, name, now), "step {step}: adopt");
                 cov.adoptions += u64::from(ok);
             }
             66..=71 => {
-                let waits = t.conns.get(&conn).map_or(0, |s| s.waits.len());
+                let waits = t.sessions.get(&session).map_or(0, |s| s.waits.len());
                 cov.queued_leaving_on_disconnect += waits as u64;
-                t.disconnect(conn, now);
-                m.disconnect(conn, now);
-                clients.outstanding.retain(|_, c| *c != conn);
+                t.disconnect(session, now);
+                m.disconnect(session, now);
+                clients.outstanding.retain(|_, c| *c != session);
                 // Reconnect in the same slot as a new generation.
-                let slot = clients.live.iter().position(|c| *c == conn).expect("live");
-                clients.live[slot] = Session(conn.0 + u64::from(SLOTS));
+                let slot = clients
+                    .live
+                    .iter()
+                    .position(|c| *c == session)
+                    .expect("live");
+                clients.live[slot] = Session(session.0 + u64::from(SLOTS));
             }
             72..=89 => {
                 now += rng.below(TIMEOUT / 2);

@@ -29,9 +29,9 @@ fn queue(t: &LockdTable, name: &[u8]) -> Vec<(Session, Vec<u8>)> {
     t.waiters(name).map(|(c, p)| (c, p.to_vec())).collect()
 }
 
-fn grant(conn: Session, payload: &[u8], fence: u64) -> Grant {
+fn grant(session: Session, payload: &[u8], fence: u64) -> Grant {
     Grant {
-        conn,
+        session,
         payload: payload.into(),
         fence,
     }
@@ -471,15 +471,15 @@ fn thousand_waiters_on_one_name_are_each_granted_once_in_order() {
         assert!(t.release(holder, b"hot", 0, &mut g));
         assert_eq!(g.len(), 1, "exactly one grant per release");
         let got = g.pop().expect("one grant");
-        assert_eq!(got.conn, c(i));
+        assert_eq!(got.session, c(i));
         assert_eq!(&*got.payload, format!("hot\0{i}").as_bytes());
-        holder = got.conn;
+        holder = got.session;
     }
     assert!(t.release(holder, b"hot", 0, &mut g));
     assert!(g.is_empty());
     let s = t.stats();
     assert_eq!((s.held, s.waiting, s.grants), (0, 0, u64::from(N) + 1));
-    assert!(t.conns.is_empty() && t.locks.is_empty() && t.waiters.is_empty());
+    assert!(t.sessions.is_empty() && t.locks.is_empty() && t.waiters.is_empty());
     t.check_invariants();
 }
 

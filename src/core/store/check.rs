@@ -50,11 +50,11 @@ impl Store {
         }
         let mut locked_bytes = 0;
         let mut via_conns = 0;
-        for (conn, list) in &self.conns {
+        for (session, list) in &self.sessions {
             let (mut prev, mut i, mut n) = (NIL, list.head, 0);
             while i != NIL {
                 let e = &self.locks[&i];
-                assert_eq!(e.holder, *conn);
+                assert_eq!(e.holder, *session);
                 assert_eq!(e.prev, prev);
                 let item = &self.slots[i as usize];
                 assert!(item.is_locked() && item.state & OCCUPIED != 0);

@@ -1,13 +1,13 @@
 //! yrmcds's server-side locks on items, and the fencing token of every grant.
 //!
 //! Owns: the lock table (`locks`: slot to holder, grant time, fencing token and neighbours in the
-//! holder's list), the per-holder lists (`conns`), the lock commands (lock, unlock, unlock_all,
+//! holder's list), the per-holder lists (`sessions`), the lock commands (lock, unlock, unlock_all,
 //! lock_and_get, replace_and_unlock, disconnect) and the lock queries (holder, token, since).
 //! Must not: keep a locked item in the LRU, let a locked item expire or be evicted, or issue a
 //! token other than from the shared [`Fence`].
 //!
 //! Locks live beside the items, not in them (few items are locked): `locks` maps a slot to its
-//! holder and to its neighbours in the holder's intrusive list of locks, `conns` maps a holder to
+//! holder and to its neighbours in the holder's intrusive list of locks, `sessions` maps a holder to
 //! the ends of that list. Lock, unlock and the release of one lock are O(1); a disconnect is
 //! O(locks of that connection); neither allocates beyond hash-table growth.
 
@@ -44,8 +44,8 @@ pub(super) struct ConnLocks {
 }
 
 impl Store {
-    pub fn lock(&mut self, conn: Session, key: &[u8], now: Now) -> LockOutcome {
-        match self.lock_for_token(conn, key, now) {
+    pub fn lock(&mut self, session: Session, key: &[u8], now: Now) -> LockOutcome {
+        match self.lock_for_token(session, key, now) {
             Ok(_) => LockOutcome::Ok,
             Err(e) => e,
         }
@@ -55,7 +55,7 @@ impl Store {
     /// without a second lookup.
     pub fn lock_for_token(
         &mut self,
-        conn: Session,
+        session: Session,
         key: &[u8],
         now: Now,
     ) -> Result<u64, LockOutcome> {
@@ -67,26 +67,26 @@ impl Store {
             self.stats.lock_conflicts += 1;
             return Err(LockOutcome::Locked);
         }
-        self.acquire(i, conn, now);
+        self.acquire(i, session, now);
         Ok(self.fence.last())
     }
 
-    pub fn unlock(&mut self, conn: Session, key: &[u8], now: Now) -> UnlockOutcome {
+    pub fn unlock(&mut self, session: Session, key: &[u8], now: Now) -> UnlockOutcome {
         self.sync(now);
         let Some(i) = self.lookup(key, now, false) else {
             return UnlockOutcome::NotFound;
         };
-        if self.holder(i) != Some(conn) {
+        if self.holder(i) != Some(session) {
             return UnlockOutcome::NotLocked;
         }
         self.release(i, now);
         UnlockOutcome::Ok
     }
 
-    pub fn unlock_all(&mut self, conn: Session, now: Now) -> usize {
+    pub fn unlock_all(&mut self, session: Session, now: Now) -> usize {
         self.sync(now);
         let mut released = 0;
-        while let Some(head) = self.conns.get(&conn).map(|c| c.head) {
+        while let Some(head) = self.sessions.get(&session).map(|c| c.head) {
             self.release(head, now);
             released += 1;
         }
@@ -95,7 +95,7 @@ impl Store {
 
     pub fn lock_and_get(
         &mut self,
-        conn: Session,
+        session: Session,
         key: &[u8],
         exptime: Option<i64>,
         now: Now,
@@ -109,7 +109,7 @@ impl Store {
             self.stats.lock_conflicts += 1;
             return Err(LockOutcome::Locked);
         }
-        self.acquire(i, conn, now);
+        self.acquire(i, session, now);
         if let Some(exptime) = exptime {
             self.set_deadline(i, deadline_of(exptime, now), now);
         }
@@ -121,7 +121,7 @@ impl Store {
     #[allow(clippy::too_many_arguments)]
     pub fn replace_and_unlock(
         &mut self,
-        conn: Session,
+        session: Session,
         key: &[u8],
         flags: u32,
         exptime: i64,
@@ -136,7 +136,7 @@ impl Store {
         let Some(i) = self.lookup(key, now, false) else {
             return RauOutcome::NotFound;
         };
-        if self.holder(i) != Some(conn) {
+        if self.holder(i) != Some(session) {
             return RauOutcome::NotLocked;
         }
         if cas.is_some_and(|c| c != self.slots[i as usize].cas) {
@@ -157,17 +157,17 @@ impl Store {
         RauOutcome::Stored { cas: new_cas }
     }
 
-    /// Releases every lock `conn` holds (its connection closed); returns how many.
-    pub fn disconnect(&mut self, conn: Session, now: Now) -> usize {
-        self.unlock_all(conn, now)
+    /// Releases every lock `session` holds (its connection closed); returns how many.
+    pub fn disconnect(&mut self, session: Session, now: Now) -> usize {
+        self.unlock_all(session, now)
     }
 
-    /// The fencing token of `key`'s lock if `conn` holds it (text `lock_token`; the binary Lock
+    /// The fencing token of `key`'s lock if `session` holds it (text `lock_token`; the binary Lock
     /// reply's CAS field).
-    pub fn lock_token(&self, conn: Session, key: &[u8], now: Now) -> Option<u64> {
+    pub fn lock_token(&self, session: Session, key: &[u8], now: Now) -> Option<u64> {
         let i = self.find(key)?;
         let e = self.locks.get(&i)?;
-        (self.visible(i, now) && e.holder == conn).then_some(e.token())
+        (self.visible(i, now) && e.holder == session).then_some(e.token())
     }
 
     /// Share the service's fencing counter (see [`Fence`]).
@@ -196,22 +196,22 @@ impl Store {
         }
     }
 
-    pub(super) fn locked_by_other(&self, i: u32, conn: Session) -> bool {
-        self.holder(i).is_some_and(|h| h != conn)
+    pub(super) fn locked_by_other(&self, i: u32, session: Session) -> bool {
+        self.holder(i).is_some_and(|h| h != session)
     }
 
-    /// Gives slot `i` (live, unlocked, in the LRU) to `conn` with a new fencing token.
-    fn acquire(&mut self, i: u32, conn: Session, now: Now) {
+    /// Gives slot `i` (live, unlocked, in the LRU) to `session` with a new fencing token.
+    fn acquire(&mut self, i: u32, session: Session, now: Now) {
         let token = self.fence.next();
-        self.acquire_with(i, conn, token, (now.ms / 1000) as u32);
+        self.acquire_with(i, session, token, (now.ms / 1000) as u32);
     }
 
-    pub(super) fn acquire_with(&mut self, i: u32, conn: Session, token: u64, since_s: u32) {
+    pub(super) fn acquire_with(&mut self, i: u32, session: Session, token: u64, since_s: u32) {
         self.unlink(LRU, i);
         let item = &mut self.slots[i as usize];
         item.state |= LOCKED;
         self.locked_bytes += item.charge();
-        let list = self.conns.entry(conn).or_insert(ConnLocks {
+        let list = self.sessions.entry(session).or_insert(ConnLocks {
             head: NIL,
             tail: NIL,
             count: 0,
@@ -227,7 +227,7 @@ impl Store {
         self.locks.insert(
             i,
             LockEntry {
-                holder: conn,
+                holder: session,
                 since_s,
                 token: [(token >> 32) as u32, token as u32],
                 prev,
@@ -253,7 +253,7 @@ impl Store {
                 n.prev = e.prev;
             }
         }
-        if let Some(list) = self.conns.get_mut(&e.holder) {
+        if let Some(list) = self.sessions.get_mut(&e.holder) {
             if e.prev == NIL {
                 list.head = e.next;
             }
@@ -262,7 +262,7 @@ impl Store {
             }
             list.count -= 1;
             if list.count == 0 {
-                self.conns.remove(&e.holder);
+                self.sessions.remove(&e.holder);
             }
         }
         let item = &mut self.slots[i as usize];

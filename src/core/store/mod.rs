@@ -179,7 +179,7 @@ pub struct Store {
     lists: [Ends; 2],
     epoch: u32,
     locks: HashMap<u32, LockEntry>,
-    conns: HashMap<Session, ConnLocks>,
+    sessions: HashMap<Session, ConnLocks>,
     wheel: Wheel<Timer>,
     /// Scratch for `advance`, reused so that ticking does not allocate.
     fired: Vec<Timer>,
@@ -244,7 +244,7 @@ impl Store {
             lists: [EMPTY; 2],
             epoch: 0,
             locks: HashMap::default(),
-            conns: HashMap::default(),
+            sessions: HashMap::default(),
             wheel: Wheel::new(now.ms),
             fired: Vec::new(),
             pending_flush: None,
@@ -316,7 +316,7 @@ impl Store {
     #[allow(clippy::too_many_arguments)]
     pub fn store(
         &mut self,
-        conn: Session,
+        session: Session,
         mode: StoreMode,
         key: &[u8],
         flags: u32,
@@ -331,7 +331,7 @@ impl Store {
         }
         let found = self.lookup(key, now, false);
         if let Some(i) = found {
-            if self.locked_by_other(i, conn) {
+            if self.locked_by_other(i, session) {
                 return StoreOutcome::Locked;
             }
         }
@@ -405,7 +405,7 @@ impl Store {
 
     pub fn delete(
         &mut self,
-        conn: Session,
+        session: Session,
         key: &[u8],
         cas: Option<u64>,
         now: Now,
@@ -415,7 +415,7 @@ impl Store {
             self.stats.delete_misses += 1;
             return DeleteOutcome::NotFound;
         };
-        if self.locked_by_other(i, conn) {
+        if self.locked_by_other(i, session) {
             return DeleteOutcome::Locked;
         }
         if cas.is_some_and(|c| c != self.slots[i as usize].cas) {
@@ -429,7 +429,7 @@ impl Store {
     #[allow(clippy::too_many_arguments)]
     pub fn incr_decr(
         &mut self,
-        conn: Session,
+        session: Session,
         key: &[u8],
         incr: bool,
         delta: u64,
@@ -462,7 +462,7 @@ impl Store {
                 cas: new_cas,
             };
         };
-        if self.locked_by_other(i, conn) {
+        if self.locked_by_other(i, session) {
             return ArithOutcome::Locked;
         }
         if cas.is_some_and(|c| c != self.slots[i as usize].cas) {

@@ -47,11 +47,11 @@ impl Snapshot for Store {
                 i = self.slots[i as usize].prev;
             }
         }
-        let mut holders: Vec<(&Session, &ConnLocks)> = self.conns.iter().collect();
+        let mut holders: Vec<(&Session, &ConnLocks)> = self.sessions.iter().collect();
         holders.sort_unstable_by_key(|(c, _)| **c);
         codec::put_u64(out, holders.len() as u64);
-        for (conn, list) in holders {
-            conn.encode(out);
+        for (session, list) in holders {
+            session.encode(out);
             codec::put_u64(out, u64::from(list.count));
             let mut i = list.head;
             while let Some(e) = self.locks.get(&i) {
@@ -170,11 +170,11 @@ impl Store {
         let holders = r.count(2)?;
         let mut last: Option<Session> = None;
         for _ in 0..holders {
-            let conn = Session::decode(r)?;
-            if last.is_some_and(|l| l >= conn) {
+            let session = Session::decode(r)?;
+            if last.is_some_and(|l| l >= session) {
                 return Err(DecodeError::Invalid("store lock holders out of order"));
             }
-            last = Some(conn);
+            last = Some(session);
             let n = r.count(6)?;
             if n == 0 {
                 return Err(DecodeError::Invalid("store lock holder with no locks"));
@@ -186,7 +186,7 @@ impl Store {
                 }
                 let since_s = r.u32()?;
                 let i = s.restore_item(r, now)?;
-                s.acquire_with(i, conn, token, since_s);
+                s.acquire_with(i, session, token, since_s);
             }
         }
         // Restoring replays no grants.

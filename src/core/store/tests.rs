@@ -39,13 +39,13 @@ fn big() -> Store {
 
 fn set(
     s: &mut Store,
-    conn: Session,
+    session: Session,
     key: &[u8],
     value: &[u8],
     exptime: i64,
     now: Now,
 ) -> StoreOutcome {
-    s.store(conn, StoreMode::Set, key, 0, exptime, value, None, now)
+    s.store(session, StoreMode::Set, key, 0, exptime, value, None, now)
 }
 
 fn put(s: &mut Store, mode: StoreMode, key: &[u8], value: &[u8], now: Now) -> StoreOutcome {
@@ -1145,7 +1145,7 @@ impl Model {
     #[allow(clippy::too_many_arguments)]
     fn store(
         &mut self,
-        conn: Session,
+        session: Session,
         mode: StoreMode,
         key: &[u8],
         flags: u32,
@@ -1159,7 +1159,7 @@ impl Model {
             return StoreOutcome::TooLarge;
         }
         let present = self.present(key, now);
-        if present && self.holder(key).is_some_and(|h| h != conn) {
+        if present && self.holder(key).is_some_and(|h| h != session) {
             return StoreOutcome::Locked;
         }
         if let Some(c) = cas {
@@ -1224,12 +1224,18 @@ impl Model {
         Some(self.view(key))
     }
 
-    fn delete(&mut self, conn: Session, key: &[u8], cas: Option<u64>, now: Now) -> DeleteOutcome {
+    fn delete(
+        &mut self,
+        session: Session,
+        key: &[u8],
+        cas: Option<u64>,
+        now: Now,
+    ) -> DeleteOutcome {
         self.sync(now);
         if !self.present(key, now) {
             return DeleteOutcome::NotFound;
         }
-        if self.holder(key).is_some_and(|h| h != conn) {
+        if self.holder(key).is_some_and(|h| h != session) {
             return DeleteOutcome::Locked;
         }
         if cas.is_some_and(|c| c != self.items[key].cas) {
@@ -1242,7 +1248,7 @@ impl Model {
     #[allow(clippy::too_many_arguments)]
     fn arith(
         &mut self,
-        conn: Session,
+        session: Session,
         key: &[u8],
         incr: bool,
         delta: u64,
@@ -1271,7 +1277,7 @@ impl Model {
             self.lru.push(key.to_vec());
             return ArithOutcome::Value { value, cas };
         }
-        if self.holder(key).is_some_and(|h| h != conn) {
+        if self.holder(key).is_some_and(|h| h != session) {
             return ArithOutcome::Locked;
         }
         if cas.is_some_and(|c| c != self.items[key].cas) {
@@ -1297,7 +1303,7 @@ impl Model {
         ArithOutcome::Value { value, cas }
     }
 
-    fn lock(&mut self, conn: Session, key: &[u8], now: Now) -> LockOutcome {
+    fn lock(&mut self, session: Session, key: &[u8], now: Now) -> LockOutcome {
         self.sync(now);
         if !self.present(key, now) {
             return LockOutcome::NotFound;
@@ -1305,9 +1311,9 @@ impl Model {
         if self.holder(key).is_some() {
             return LockOutcome::Locked;
         }
-        self.items.get_mut(key).expect("present").holder = Some(conn);
+        self.items.get_mut(key).expect("present").holder = Some(session);
         self.lru.retain(|k| k != key);
-        self.held.entry(conn).or_default().push(key.to_vec());
+        self.held.entry(session).or_default().push(key.to_vec());
         LockOutcome::Ok
     }
 
@@ -1326,21 +1332,21 @@ impl Model {
         }
     }
 
-    fn unlock(&mut self, conn: Session, key: &[u8], now: Now) -> UnlockOutcome {
+    fn unlock(&mut self, session: Session, key: &[u8], now: Now) -> UnlockOutcome {
         self.sync(now);
         if !self.present(key, now) {
             return UnlockOutcome::NotFound;
         }
-        if self.holder(key) != Some(conn) {
+        if self.holder(key) != Some(session) {
             return UnlockOutcome::NotLocked;
         }
         self.release(key, now);
         UnlockOutcome::Ok
     }
 
-    fn unlock_all(&mut self, conn: Session, now: Now) -> usize {
+    fn unlock_all(&mut self, session: Session, now: Now) -> usize {
         self.sync(now);
-        let keys = self.held.get(&conn).cloned().unwrap_or_default();
+        let keys = self.held.get(&session).cloned().unwrap_or_default();
         for k in &keys {
             self.release(k, now);
         }
@@ -1350,7 +1356,7 @@ impl Model {
     #[allow(clippy::too_many_arguments)]
     fn rau(
         &mut self,
-        conn: Session,
+        session: Session,
         key: &[u8],
         flags: u32,
         exptime: i64,
@@ -1365,7 +1371,7 @@ impl Model {
         if !self.present(key, now) {
             return RauOutcome::NotFound;
         }
-        if self.holder(key) != Some(conn) {
+        if self.holder(key) != Some(session) {
             return RauOutcome::NotLocked;
         }
         if cas.is_some_and(|c| c != self.items[key].cas) {
@@ -1462,10 +1468,10 @@ fn run_model_restoring(seed: u64, steps: usize, restore_every: Option<usize>) {
     let mut now = at(0);
     for step in 0..steps {
         let key = MODEL_KEYS[rng.below(MODEL_KEYS.len() as u64) as usize];
-        let conn = MODEL_CONNS[rng.below(3) as usize];
+        let session = MODEL_CONNS[rng.below(3) as usize];
         let ctx = || {
             format!(
-                "seed {seed} step {step} key {:?} conn {conn:?}",
+                "seed {seed} step {step} key {:?} session {session:?}",
                 String::from_utf8_lossy(key)
             )
         };
@@ -1482,8 +1488,8 @@ fn run_model_restoring(seed: u64, steps: usize, restore_every: Option<usize>) {
                 let flags = rng.below(4) as u32;
                 let exptime = random_exptime(&mut rng, now);
                 let cas = random_cas(&mut rng, &m, key);
-                let want = m.store(conn, mode, key, flags, exptime, &value, cas, now);
-                let got = s.store(conn, mode, key, flags, exptime, &value, cas, now);
+                let want = m.store(session, mode, key, flags, exptime, &value, cas, now);
+                let got = s.store(session, mode, key, flags, exptime, &value, cas, now);
                 assert_eq!(got, want, "store {mode:?} {cas:?}: {}", ctx());
             }
             6 | 7 => {
@@ -1504,8 +1510,8 @@ fn run_model_restoring(seed: u64, steps: usize, restore_every: Option<usize>) {
             9 => {
                 let cas = random_cas(&mut rng, &m, key);
                 assert_eq!(
-                    s.delete(conn, key, cas, now),
-                    m.delete(conn, key, cas, now),
+                    s.delete(session, key, cas, now),
+                    m.delete(session, key, cas, now),
                     "delete: {}",
                     ctx()
                 );
@@ -1521,21 +1527,21 @@ fn run_model_restoring(seed: u64, steps: usize, restore_every: Option<usize>) {
                     .chance(30)
                     .then(|| (rng.below(200), random_exptime(&mut rng, now)));
                 let cas = random_cas(&mut rng, &m, key);
-                let want = m.arith(conn, key, incr, delta, initial, cas, now);
-                let got = s.incr_decr(conn, key, incr, delta, initial, cas, now);
+                let want = m.arith(session, key, incr, delta, initial, cas, now);
+                let got = s.incr_decr(session, key, incr, delta, initial, cas, now);
                 assert_eq!(got, want, "incr_decr: {}", ctx());
             }
             12 | 13 => {
                 if rng.chance(70) {
                     assert_eq!(
-                        s.lock(conn, key, now),
-                        m.lock(conn, key, now),
+                        s.lock(session, key, now),
+                        m.lock(session, key, now),
                         "lock: {}",
                         ctx()
                     );
                 } else {
                     let e = rng.chance(50).then(|| random_exptime(&mut rng, now));
-                    let want = match m.lock(conn, key, now) {
+                    let want = match m.lock(session, key, now) {
                         LockOutcome::Ok => {
                             if let Some(e) = e {
                                 m.items.get_mut(key).expect("locked").deadline = m_deadline(e, now);
@@ -1545,15 +1551,15 @@ fn run_model_restoring(seed: u64, steps: usize, restore_every: Option<usize>) {
                         other => Err(other),
                     };
                     let got = s
-                        .lock_and_get(conn, key, e, now)
+                        .lock_and_get(session, key, e, now)
                         .map(|v| (v.value.to_vec(), v.flags, v.cas));
                     assert_eq!(got, want, "lock_and_get: {}", ctx());
                 }
             }
             14 => {
                 assert_eq!(
-                    s.unlock(conn, key, now),
-                    m.unlock(conn, key, now),
+                    s.unlock(session, key, now),
+                    m.unlock(session, key, now),
                     "unlock: {}",
                     ctx()
                 );
@@ -1562,16 +1568,16 @@ fn run_model_restoring(seed: u64, steps: usize, restore_every: Option<usize>) {
                 let value = random_value(&mut rng, max);
                 let exptime = random_exptime(&mut rng, now);
                 let cas = random_cas(&mut rng, &m, key);
-                let want = m.rau(conn, key, 5, exptime, &value, cas, now);
-                let got = s.replace_and_unlock(conn, key, 5, exptime, &value, cas, now);
+                let want = m.rau(session, key, 5, exptime, &value, cas, now);
+                let got = s.replace_and_unlock(session, key, 5, exptime, &value, cas, now);
                 assert_eq!(got, want, "replace_and_unlock: {}", ctx());
             }
             16 => {
-                let want = m.unlock_all(conn, now);
+                let want = m.unlock_all(session, now);
                 let got = if rng.chance(50) {
-                    s.unlock_all(conn, now)
+                    s.unlock_all(session, now)
                 } else {
-                    s.disconnect(conn, now)
+                    s.disconnect(session, now)
                 };
                 assert_eq!(got, want, "unlock_all/disconnect: {}", ctx());
             }

@@ -190,7 +190,7 @@ pub fn deliver_events(t: &mut Tables, out: &mut Outbox, now: Now) {
         for ev in events {
             let (session, backlog) = match ev {
                 DlockEvent::Granted {
-                    conn: session,
+                    session,
                     token,
                     fence,
                 } => {
@@ -206,7 +206,7 @@ pub fn deliver_events(t: &mut Tables, out: &mut Outbox, now: Now) {
                     (Who { conn, session }, w.backlog)
                 }
                 DlockEvent::TimedOut {
-                    conn: session,
+                    session,
                     token,
                     busy,
                 } => {
@@ -228,7 +228,7 @@ pub fn deliver_events(t: &mut Tables, out: &mut Outbox, now: Now) {
                     );
                     (Who { conn, session }, w.backlog)
                 }
-                DlockEvent::Idle { conn: session } => {
+                DlockEvent::Idle { session } => {
                     t.dlock_sessions.remove(session);
                     if let Some(conn) = t.sessions.conn(session) {
                         out.record(conn, 0, true, |_| {});

@@ -76,7 +76,7 @@ pub fn apply(t: &mut Tables, out: &mut Outbox, who: Who, o: LockdOp, arena: &[u8
 /// session: a session's queued ACQs leave the queues when it closes).
 pub fn deliver_grants(t: &mut Tables, out: &mut Outbox) {
     for g in t.grants.drain(..) {
-        if let Some(conn) = t.sessions.conn(g.conn) {
+        if let Some(conn) = t.sessions.conn(g.session) {
             out.record(conn, 0, false, |w| ld::encode(w, op::ACQUIRED, &g.payload));
         }
     }
