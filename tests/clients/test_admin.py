@@ -7,6 +7,7 @@ is kept at target/admin-status.png for a human to look at.
 
 import json
 import os
+import re
 import shutil
 import socket
 import struct
@@ -162,3 +163,33 @@ def test_status_json_matches_the_lock_listing(daemon):
     assert [w["address"] for w in lock["waiters"]] == ["%s:%d" % s.getsockname() for s in socks[2:]]
     for s in socks:
         s.close()
+
+
+OPERATIONS_GUIDE = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "operations.md")
+
+
+def shape(value):
+    """The structure of a JSON value: its keys (recursively) and the types of its leaves."""
+    if isinstance(value, dict):
+        return {k: shape(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [shape(value[0])] if value else []
+    return type(value).__name__
+
+
+def test_the_locks_example_in_the_operations_guide_has_the_shape_the_daemon_answers(daemon):
+    """docs/operations.md shows a /locks answer for a held old-protocol lock with one waiter:
+    the daemon's own answer for that situation must have exactly its keys and value types (a
+    held lock's fencing token is a number, its expiry null; a node is null on a single node)."""
+    text = open(OPERATIONS_GUIDE).read()
+    example = json.loads(re.search(r"^```json\n(.*?)^```", text, re.S | re.M).group(1))
+    holder, waiter = connect(daemon.addresses["lockd"]), connect(daemon.addresses["lockd"])
+    assert lockd(holder, ACQ, b"nightly-backup") == ACQUIRED
+    assert lockd(waiter, ACQ, b"nightly-backup") == ACK
+    _, _, body = fetch(daemon, "/locks?table=lockd")
+    live = json.loads(body)
+    assert shape(live) == shape(example)
+    assert live["locks"][0]["holder"]["session"].isdigit()
+    assert live["locks"][0]["name"] == example["locks"][0]["name"]
+    holder.close()
+    waiter.close()
