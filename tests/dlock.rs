@@ -444,3 +444,38 @@ fn a_waiter_that_closes_its_socket_leaves_the_queue_at_once() {
     // The key stays with a, untouched.
     assert_eq!(stat(&d, "dlock_held_keys"), 1);
 }
+
+/// The sequence behind the soak's one "DOUBLE GRANT" (a lease released ~100 ms early), end to
+/// end: `a` holds `k` as a lease and sends a Lock of `k` and a busy key without a lease; that
+/// Lock is granted (its answer left unread) and `a` closes. The re-lock replaced `k`'s record
+/// ("a re-lock replaces the old record"), so `k` was connection-bound and the close releases it
+/// at once, long before the lease would have ended.
+#[test]
+fn a_lease_relocked_without_lease_ends_when_its_connection_closes() {
+    let d = Daemon::start(&[]);
+    let (mut a, mut b, mut c) = (d.dlock(), d.dlock(), d.dlock());
+    let lease_us = 30_000_000; // 30 s: far beyond the clients' read deadline
+    assert_eq!(
+        lock(&mut a, 1, &[b"k"], None, Some(lease_us)).status,
+        Some(status::OK)
+    );
+    assert_eq!(
+        lock(&mut b, 2, &[b"busy"], None, None).status,
+        Some(status::OK)
+    );
+    a.send(&lock_frame(3, &[b"k", b"busy"], None, None));
+    a.expect_silence(Duration::from_millis(100));
+    c.send(&lock_frame(4, &[b"k"], None, None));
+    c.expect_silence(Duration::from_millis(100));
+    // The Unlock's answer comes after the grant of a's Lock, which the same release decided.
+    b.send(&unlock_frame(5, &[b"busy"]));
+    expect_status(&mut b, 5, status::OK);
+    c.expect_silence(Duration::from_millis(100));
+    let closed = Instant::now();
+    drop(a);
+    expect_status(&mut c, 4, status::OK);
+    assert!(
+        closed.elapsed() < Duration::from_secs(5),
+        "k was released by the close, not by the lease"
+    );
+}

@@ -156,6 +156,64 @@ fn relock_by_holder_replaces_lease_with_connection_bound_and_back() {
     assert_eq!(t.stats().held_keys, 0);
 }
 
+/// The sequence behind the soak's one "DOUBLE GRANT" (a lease released ~100 ms before its
+/// deadline): the holder of a lease re-locks the key together with a busy one, without a
+/// lease, and closes while that Lock waits; granted just before the close, the re-lock made
+/// the key connection-bound, so the close releases it at once. Contract: "a re-lock replaces
+/// the old record"; "Absent or 0: held until the connection closes or Unlock".
+#[test]
+fn waiting_relock_granted_before_a_close_ends_the_lease_with_the_connection() {
+    let mut t = table(0);
+    lock(&mut t, c(1), &[b"k"], None, Some(200_000), 0);
+    lock(&mut t, c(2), &[b"busy"], None, None, 0);
+    assert_eq!(
+        lock(&mut t, c(1), &[b"k", b"busy"], None, None, 10),
+        LockResult::Waiting
+    );
+    assert_eq!(
+        lock(&mut t, c(3), &[b"k"], None, None, 20),
+        LockResult::Waiting
+    );
+    assert_eq!(
+        unfenced(&unlock(&mut t, c(2), &[b"busy"], 50)),
+        [granted(c(1))]
+    );
+    assert_eq!(t.holder(b"k"), Some((c(1), None)), "no longer a lease");
+    let mut ev = Vec::new();
+    t.disconnect(c(1), 60, &mut ev);
+    t.check_invariants();
+    assert_eq!(
+        unfenced(&ev),
+        [granted(c(3))],
+        "140 ms before the old deadline"
+    );
+    assert_eq!(t.holder(b"k"), Some((c(3), None)));
+}
+
+/// The same with a shorter lease on the re-lock: the new lease counts from its grant and
+/// replaces the longer one.
+#[test]
+fn waiting_relock_with_a_shorter_lease_replaces_the_longer_one() {
+    let mut t = table(0);
+    lock(&mut t, c(1), &[b"k"], None, Some(500_000), 0);
+    lock(&mut t, c(2), &[b"busy"], None, None, 0);
+    assert_eq!(
+        lock(&mut t, c(1), &[b"k", b"busy"], None, Some(50_000), 10),
+        LockResult::Waiting
+    );
+    lock(&mut t, c(3), &[b"k"], None, None, 20);
+    assert_eq!(
+        unfenced(&unlock(&mut t, c(2), &[b"busy"], 30)),
+        [granted(c(1))]
+    );
+    assert_eq!(t.holder(b"k"), Some((c(1), Some(80))));
+    let mut ev = Vec::new();
+    t.disconnect(c(1), 31, &mut ev);
+    assert_eq!(ev, [], "a lease survives the close");
+    assert_eq!(advance(&mut t, 79), []);
+    assert_eq!(unfenced(&advance(&mut t, 80)), [granted(c(3))]);
+}
+
 #[test]
 fn relock_replaces_only_the_records_of_the_keys_it_names() {
     let mut t = table(0);

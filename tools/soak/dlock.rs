@@ -140,7 +140,8 @@ impl DlockClient {
             0..=5 => 1,
             6..=8 => 2,
             _ => 3,
-        };
+        }
+        .min(self.b.ctx.names); // `--names 2` must not look for a third distinct key forever
         let mut keys: Vec<String> = Vec::new();
         while keys.len() < n {
             let k = self.b.pick("dk:");
@@ -166,10 +167,24 @@ impl DlockClient {
         };
         let sent = Instant::now();
         let id = self.request(req_type::LOCK, Some(fields))?;
+        let owner = self.b.owner();
+        for k in &keys {
+            self.b.ctx.model.note(
+                Proto::Dlock,
+                k,
+                owner,
+                format!(
+                    "Lock {keys:?} sent, wait {:?} ms, lease {:?} ms",
+                    wait.map(|w| w.as_millis()),
+                    lease.map(|l| l.as_millis())
+                ),
+            );
+        }
         let deadline = match wait {
             // Waiting forever: the client gives up by closing (while queued, or as it is
             // granted: a grant the soak does not see is released by the close, or is a lease
-            // that runs out; neither can make the rules report a false double grant).
+            // that runs out; `give_up` corrects the marks of keys it held already, whose
+            // records such a grant replaced).
             None if self.b.rng.chance(20) => sent + Duration::from_millis(self.b.rng.range(5, 100)),
             None => sent + Duration::from_millis(self.b.rng.range(200, 2500)),
             Some(w) => sent + w + REPLY_DEADLINE,
@@ -179,6 +194,7 @@ impl DlockClient {
                 self.b.ctx.report.count(&self.b.ctx.report.c.gave_up);
                 self.b.what = "Lock waiting, gave up";
                 self.held.clear();
+                self.give_up(&keys, lease.map(|l| sent + l));
                 self.b.disconnect();
                 return Ok(());
             }
@@ -249,6 +265,25 @@ impl DlockClient {
                 self.held = keys;
                 self.bound_end()
             }
+        }
+    }
+
+    /// The waiting Lock of `keys` is given up by closing the connection: it may have been
+    /// granted just before the close, replacing the records of keys this connection already
+    /// held as leases (`Model::dlock_relock_given_up`). `lease_end`: send time + the Lock's lease.
+    fn give_up(&mut self, keys: &[String], lease_end: Option<Instant>) {
+        let owner = self.b.owner();
+        let model = &self.b.ctx.model;
+        let mut over_lease = false;
+        for k in keys {
+            model.note(Proto::Dlock, k, owner, "gave up waiting, closing".into());
+            over_lease |= model.dlock_relock_given_up(k, owner, lease_end);
+        }
+        if over_lease {
+            self.b
+                .ctx
+                .report
+                .count(&self.b.ctx.report.c.dlock_gave_up_over_lease);
         }
     }
 

@@ -60,7 +60,11 @@
 //!    the lock becomes an orphan (lockd), is released by the close (dlock), or is a lease that
 //!    runs out. Missing marks only weaken the checks, never cause a false report; and that is
 //!    why an ADOPT's ACK is a double grant only when the name's holder is *connected* (a plain
-//!    mark), not when there is no mark.
+//!    mark), not when there is no mark. One unseen grant does change a mark: a dlock Lock that
+//!    names a key its connection already holds as a lease replaces that key's record ("a
+//!    re-lock replaces the old record"), so before giving such a Lock up by closing, the client
+//!    clears the key's mark (no lease: the key became connection-bound, the close releases it)
+//!    or moves its bound to the earlier of the old one and send time + the new lease.
 //! 6. dlock is re-entrant: a grant to the connection that owns the mark is not a conflict.
 //! 7. Data checks (memcache): a holder writes a unique value and reads it back (another
 //!    value means someone else modified a locked item); a non-holder's set or delete that

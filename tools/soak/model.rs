@@ -1,7 +1,7 @@
 //! The soak's own picture of who holds what, and the mutual-exclusion checks made against it.
 //! The rules are documented at the top of `main.rs`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -57,8 +57,22 @@ struct Mark {
     active: bool,
 }
 
+/// How many of a name's latest mark transitions and client notes are kept to explain a double
+/// grant.
+const TRAIL_LEN: usize = 10;
+
+/// One step of a name's trail: when, who, what.
+struct Step {
+    at: Instant,
+    owner: Owner,
+    what: String,
+}
+
 pub struct Model {
     marks: Mutex<HashMap<(Proto, String), Mark>>,
+    /// The latest steps of every name (grants, releases, notes of the clients), printed with a
+    /// double grant of that name.
+    trails: Mutex<HashMap<(Proto, String), VecDeque<Step>>>,
     epoch: AtomicU64,
     /// How much earlier than its bound a lock may be granted again without being a double
     /// grant (the server's millisecond clock truncates; see main.rs).
@@ -70,6 +84,7 @@ impl Model {
     pub fn new(tolerance: Duration, report: Arc<Report>) -> Model {
         Model {
             marks: Mutex::new(HashMap::new()),
+            trails: Mutex::new(HashMap::new()),
             epoch: AtomicU64::new(1),
             tolerance,
             report,
@@ -79,6 +94,41 @@ impl Model {
     fn lock(&self) -> MutexGuard<'_, HashMap<(Proto, String), Mark>> {
         // A poisoned map only means another client thread panicked; the data is still usable.
         self.marks.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Add a step to the trail of `name`.
+    pub fn note(&self, p: Proto, name: &str, who: Owner, what: String) {
+        let mut t = self.trails.lock().unwrap_or_else(|e| e.into_inner());
+        let trail = t.entry((p, name.to_string())).or_default();
+        if trail.len() == TRAIL_LEN {
+            trail.pop_front();
+        }
+        trail.push_back(Step {
+            at: Instant::now(),
+            owner: who,
+            what,
+        });
+    }
+
+    /// The trail of `name`, one step per line, times in seconds since the soak started.
+    fn trail(&self, p: Proto, name: &str) -> String {
+        let t = self.trails.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(trail) = t.get(&(p, name.to_string())) else {
+            return String::new();
+        };
+        let start = self.report.started;
+        trail
+            .iter()
+            .map(|s| {
+                format!(
+                    "\n    [{:.3}s] client {} conn {}: {}",
+                    s.at.duration_since(start).as_secs_f64(),
+                    s.owner.client,
+                    s.owner.conn,
+                    s.what
+                )
+            })
+            .collect()
     }
 
     /// Why a new grant of a name that carries mark `m` breaks mutual exclusion, if it does.
@@ -143,13 +193,27 @@ impl Model {
         let problem = m.get(&key).and_then(|old| self.conflict(p, old, who, now));
         self.put(&mut m, key, who, bound);
         drop(m);
+        self.note(
+            p,
+            name,
+            who,
+            match bound {
+                Some(b) => format!(
+                    "granted ({how}), {} until +{} ms",
+                    b.why,
+                    b.at.saturating_duration_since(now).as_millis()
+                ),
+                None => format!("granted ({how})"),
+            },
+        );
         match problem {
             Some(why) => {
                 self.report.double_grant(format!(
-                    "{} {name:?} granted to client {} conn {} ({how}) {why}",
+                    "{} {name:?} granted to client {} conn {} ({how}) {why}; trail:{}",
                     p.name(),
                     who.client,
-                    who.conn
+                    who.conn,
+                    self.trail(p, name)
                 ));
                 false
             }
@@ -177,9 +241,11 @@ impl Model {
         };
         self.put(&mut m, key, who, None);
         drop(m);
+        self.note(Proto::Lockd, name, who, "adopted".into());
         match problem {
             Some(text) => {
-                self.report.double_grant(text);
+                self.report
+                    .double_grant(format!("{text}; trail:{}", self.trail(Proto::Lockd, name)));
                 false
             }
             None => true,
@@ -195,6 +261,43 @@ impl Model {
         if m.get(&key).is_some_and(|old| old.owner == who) {
             m.remove(&key);
         }
+        drop(m);
+        self.note(p, name, who, "releasing".into());
+    }
+
+    /// `who` gives up a waiting dlock Lock naming `name` by closing its connection (rule 5):
+    /// the server may have granted that Lock just before the close. If `who` already held
+    /// `name` (a lease left to run out), that grant replaced its record (contract: "a re-lock
+    /// replaces the old record"): without a lease (`lease_end` None) the key became
+    /// connection-bound and the close releases it at once; with one, the new lease runs from
+    /// that grant, so from `lease_end` (send time + lease) at the earliest, and may end before
+    /// the old one. So the mark goes, or its bound becomes the earlier of the two, before the
+    /// close. Returns whether `who` had a mark on `name`.
+    pub fn dlock_relock_given_up(
+        &self,
+        name: &str,
+        who: Owner,
+        lease_end: Option<Instant>,
+    ) -> bool {
+        let owned = self
+            .lock()
+            .get(&(Proto::Dlock, name.to_string()))
+            .is_some_and(|m| m.owner == who);
+        if owned {
+            match lease_end {
+                None => self.releasing(Proto::Dlock, name, who),
+                Some(at) => self.leaving(
+                    Proto::Dlock,
+                    name,
+                    who,
+                    Bound {
+                        at,
+                        why: "lease of a given-up re-lock",
+                    },
+                ),
+            }
+        }
+        owned
     }
 
     /// `who` lets go in a way the server completes only later: it may keep the lock until
@@ -210,6 +313,14 @@ impl Model {
                 });
             }
         }
+        drop(m);
+        let left = bound.at.saturating_duration_since(Instant::now());
+        self.note(
+            p,
+            name,
+            who,
+            format!("leaving, {} until +{} ms", bound.why, left.as_millis()),
+        );
     }
 
     /// `who` still holds `name` and moved its bound (a dlock request restarted the idle clock).
@@ -269,5 +380,89 @@ impl Model {
             .filter(|k| !k.active && k.bound.is_some_and(|b| b.at > now))
             .count();
         (active, left)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: Owner = Owner { client: 1, conn: 1 };
+    const B: Owner = Owner { client: 2, conn: 2 };
+
+    fn model() -> (Model, Arc<Report>) {
+        let report = Arc::new(Report::new());
+        (Model::new(Duration::from_millis(5), report.clone()), report)
+    }
+
+    fn lease(from_now_ms: i64) -> Option<Bound> {
+        let now = Instant::now();
+        let d = Duration::from_millis(from_now_ms.unsigned_abs());
+        Some(Bound {
+            at: if from_now_ms < 0 { now - d } else { now + d },
+            why: "lease",
+        })
+    }
+
+    #[test]
+    fn grant_over_a_running_lease_of_another_connection_is_a_double_grant() {
+        let (m, report) = model();
+        assert!(m.granted(Proto::Dlock, "k", A, "Lock with lease", lease(10_000)));
+        assert!(!m.granted(Proto::Dlock, "k", B, "Lock", None));
+        assert_eq!(report.double_grants.load(Ordering::Relaxed), 1);
+    }
+
+    /// The soak's one false DOUBLE GRANT: A holds a lease on k, re-locks k (with a busy key)
+    /// without a lease and gives up waiting by closing; the server had granted that Lock, so
+    /// k was connection-bound and the close released it, long before the old lease's end.
+    #[test]
+    fn given_up_relock_without_lease_lets_the_close_release_a_lease() {
+        let (m, report) = model();
+        assert!(m.granted(Proto::Dlock, "k", A, "Lock with lease", lease(10_000)));
+        assert!(m.dlock_relock_given_up("k", A, None));
+        assert!(m.granted(Proto::Dlock, "k", B, "Lock", None));
+        assert_eq!(report.failures(), 0);
+    }
+
+    #[test]
+    fn given_up_relock_with_a_shorter_lease_moves_the_bound_earlier() {
+        let (m, report) = model();
+        assert!(m.granted(Proto::Dlock, "k", A, "Lock with lease", lease(10_000)));
+        // Sent 60 ms ago with a 50 ms lease: the new lease may have ended already.
+        let end = Instant::now() - Duration::from_millis(10);
+        assert!(m.dlock_relock_given_up("k", A, Some(end)));
+        assert!(m.granted(Proto::Dlock, "k", B, "Lock", None));
+        assert_eq!(report.failures(), 0);
+    }
+
+    #[test]
+    fn given_up_relock_with_a_longer_lease_keeps_the_earlier_bound() {
+        let (m, report) = model();
+        assert!(m.granted(Proto::Dlock, "k", A, "Lock with lease", lease(10_000)));
+        let end = Instant::now() + Duration::from_secs(20);
+        assert!(m.dlock_relock_given_up("k", A, Some(end)));
+        assert!(
+            !m.granted(Proto::Dlock, "k", B, "Lock", None),
+            "10 s still to go"
+        );
+        assert_eq!(report.double_grants.load(Ordering::Relaxed), 1);
+
+        let (m, report) = model();
+        assert!(m.granted(Proto::Dlock, "k", A, "Lock with lease", lease(-1)));
+        assert!(m.dlock_relock_given_up("k", A, Some(end)));
+        assert!(
+            m.granted(Proto::Dlock, "k", B, "Lock", None),
+            "the old lease may have run out: an unseen grant of a new one need not have happened"
+        );
+        assert_eq!(report.failures(), 0);
+    }
+
+    #[test]
+    fn given_up_lock_leaves_the_marks_of_other_owners_alone() {
+        let (m, report) = model();
+        assert!(m.granted(Proto::Dlock, "k", B, "Lock with lease", lease(10_000)));
+        assert!(!m.dlock_relock_given_up("k", A, None));
+        assert!(!m.granted(Proto::Dlock, "k", A, "Lock", None));
+        assert_eq!(report.double_grants.load(Ordering::Relaxed), 1);
     }
 }

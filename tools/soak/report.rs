@@ -35,6 +35,7 @@ counters!(
     reconnects,
     resets,
     gave_up,
+    dlock_gave_up_over_lease,
     slow_sends,
     hostile,
 );
