@@ -560,7 +560,7 @@ fn a_listing_over_the_cap_is_cut_at_ten_thousand_and_grants_go_on() {
 }
 
 #[test]
-fn locks_lists_counter_holders_with_the_resources_each_holds() {
+fn locks_lists_counter_holders_with_the_resources_each_holds_and_their_tokens() {
     use holdfast::proto::counter;
     let d = Daemon::start(&[]);
     let addr = admin(&d);
@@ -583,6 +583,17 @@ fn locks_lists_counter_holders_with_the_resources_each_holds() {
     assert_eq!(locks[0]["name"], "jobs");
     assert_eq!(locks[0]["resources"], 3);
     assert_eq!(locks[0]["holder"]["address"], local(&c));
+    // Each acquire is a grant with a fencing token; the listing shows the holder's latest (the
+    // counter protocol has no field to carry it).
+    let jobs = locks[0]["fence"]
+        .as_u64()
+        .expect("a counter holding has a fencing token");
+    let v = get_json(addr, "/locks?table=counter&prefix=ot");
+    let other = v["locks"][0]["fence"].as_u64().expect("fence");
+    assert!(
+        other > jobs,
+        "the later acquire has the larger token: {jobs} {other}"
+    );
     drop(c);
     let v = wait_json(addr, "/locks?table=counter", |v| {
         v["locks"].as_array().is_some_and(|l| l.is_empty())

@@ -10,6 +10,7 @@
 //! accepts (docs/counter.md).
 
 use super::codec::{self, DecodeError, Reader, Snapshot};
+use super::fence::Fence;
 use super::hash::HashMap;
 use super::Session;
 
@@ -68,9 +69,20 @@ impl CounterStats {
     }
 }
 
+/// What one session holds of one counter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Holding {
+    resources: u32,
+    /// The fencing token of the session's latest acquire of this counter (contract: "Fencing
+    /// tokens"). The counter protocol has no field for it, so only the admin listing shows it.
+    token: u64,
+}
+
 pub struct CounterTable {
     counters: HashMap<Box<[u8]>, Counter>,
-    held: HashMap<Session, HashMap<Box<[u8]>, u32>>,
+    held: HashMap<Session, HashMap<Box<[u8]>, Holding>>,
+    /// The state's one fencing counter: every successful acquire is a grant.
+    fence: Fence,
     /// Length of a stats interval in ms (yrmcds `counter.stats_interval`), at least 1.
     interval_ms: u64,
     /// The interval start at which [`CounterTable::collect_due`] last collected.
@@ -79,12 +91,13 @@ pub struct CounterTable {
 }
 
 impl CounterTable {
-    const SNAPSHOT_MAGIC: &'static [u8] = b"HFcount1";
+    const SNAPSHOT_MAGIC: &'static [u8] = b"HFcount2";
 
     pub fn new(interval_ms: u64) -> CounterTable {
         CounterTable {
             counters: HashMap::default(),
             held: HashMap::default(),
+            fence: Fence::default(),
             interval_ms: interval_ms.max(1),
             collected_at: 0,
             stats: CounterStats::default(),
@@ -93,6 +106,17 @@ impl CounterTable {
 
     pub fn interval_ms(&self) -> u64 {
         self.interval_ms
+    }
+
+    /// Share the state's fencing counter (see [`crate::core::fence`]).
+    pub fn with_fence(mut self, fence: &Fence) -> Self {
+        self.fence.join(fence);
+        self
+    }
+
+    /// The fencing token of the most recent grant in any table of the state.
+    pub fn last_fence(&self) -> u64 {
+        self.fence.last()
     }
 
     fn boundary(&self, now_ms: u64) -> u64 {
@@ -147,12 +171,16 @@ impl CounterTable {
                 self.stats.total_objects += 1;
             }
         }
+        let token = self.fence.next();
         let mine = self.held.entry(session).or_default();
         match mine.get_mut(name) {
             // Held amounts sum to the consumption, which stays within a u32.
-            Some(n) => *n = n.saturating_add(resources),
+            Some(h) => {
+                h.resources = h.resources.saturating_add(resources);
+                h.token = token;
+            }
             None => {
-                mine.insert(name.into(), resources);
+                mine.insert(name.into(), Holding { resources, token });
             }
         }
         self.stats.acquired += 1;
@@ -175,11 +203,11 @@ impl CounterTable {
             .get_mut(&session)
             .ok_or(CounterError::NotAcquired)?;
         let have = mine.get_mut(name).ok_or(CounterError::NotAcquired)?;
-        if *have < resources {
+        if have.resources < resources {
             return Err(CounterError::NotAcquired);
         }
-        *have -= resources;
-        if *have == 0 {
+        have.resources -= resources;
+        if have.resources == 0 {
             mine.remove(name);
             if mine.is_empty() {
                 self.held.remove(&session);
@@ -209,8 +237,8 @@ impl CounterTable {
             return 0;
         };
         let n = mine.len();
-        for (name, resources) in &mine {
-            self.take_back(name, *resources, now_ms);
+        for (name, h) in &mine {
+            self.take_back(name, h.resources, now_ms);
         }
         self.stats.released_on_close += n as u64;
         n
@@ -262,22 +290,30 @@ impl CounterTable {
         self.counters.is_empty()
     }
 
-    /// What `session` holds of `name`.
-    /// Every (counter, holder, resources held) — for the admin port's listing; no order.
-    pub fn for_each_holding(&self, mut f: impl FnMut(&[u8], Session, u32)) {
+    /// Every (counter, holder, resources held, fencing token of its latest acquire), for the
+    /// admin port's listing; no order.
+    pub fn for_each_holding(&self, mut f: impl FnMut(&[u8], Session, u32, u64)) {
         for (session, mine) in &self.held {
-            for (name, &n) in mine {
-                f(name, *session, n);
+            for (name, h) in mine {
+                f(name, *session, h.resources, h.token);
             }
         }
     }
 
+    /// What `session` holds of `name`.
     pub fn held_by(&self, session: Session, name: &[u8]) -> u32 {
         self.held
             .get(&session)
             .and_then(|m| m.get(name))
-            .copied()
-            .unwrap_or(0)
+            .map_or(0, |h| h.resources)
+    }
+
+    /// The fencing token of `session`'s latest acquire of `name`, while it holds some.
+    pub fn token_of(&self, session: Session, name: &[u8]) -> Option<u64> {
+        self.held
+            .get(&session)
+            .and_then(|m| m.get(name))
+            .map(|h| h.token)
     }
 
     /// The table's invariants: every consumption is the sum of what connections hold of it, no
@@ -288,14 +324,17 @@ impl CounterTable {
             if mine.is_empty() {
                 return Err("a holder with nothing held");
             }
-            for (name, n) in mine {
-                if *n == 0 {
+            for (name, h) in mine {
+                if h.resources == 0 {
                     return Err("zero held");
                 }
                 if !self.counters.contains_key(name) {
                     return Err("held counter does not exist");
                 }
-                *sums.entry(name).or_default() += u64::from(*n);
+                if h.token == 0 || h.token > self.fence.last() {
+                    return Err("holding token not handed out");
+                }
+                *sums.entry(name).or_default() += u64::from(h.resources);
             }
         }
         for (name, c) in &self.counters {
@@ -320,6 +359,7 @@ impl Snapshot for CounterTable {
     fn snapshot(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(Self::SNAPSHOT_MAGIC);
         codec::put_u64(out, self.collected_at);
+        codec::put_u64(out, self.fence.last());
         let mut stats = self.stats;
         for v in stats.fields() {
             codec::put_u64(out, *v);
@@ -339,23 +379,25 @@ impl Snapshot for CounterTable {
         codec::put_u64(out, holders.len() as u64);
         for (session, mine) in holders {
             session.encode(out);
-            let mut names: Vec<_> = mine.iter().map(|(n, v)| (&n[..], *v)).collect();
-            names.sort_unstable();
+            let mut names: Vec<_> = mine.iter().map(|(n, h)| (&n[..], *h)).collect();
+            names.sort_unstable_by(|a, b| a.0.cmp(b.0));
             codec::put_u64(out, names.len() as u64);
-            for (name, n) in names {
+            for (name, h) in names {
                 codec::put_bytes(out, name);
-                codec::put_u64(out, u64::from(n));
+                codec::put_u64(out, u64::from(h.resources));
+                codec::put_u64(out, h.token);
             }
         }
     }
 
     /// A table from bytes written by [`CounterTable::snapshot`]; untrusted (names out of order
-    /// or twice, holders out of order, held amounts that do not add up to the consumption are
-    /// errors).
+    /// or twice, holders out of order, held amounts that do not add up to the consumption, a
+    /// holding's token above the fencing counter are errors). Rejoin the state's fence after.
     fn restore(interval_ms: u64, r: &mut Reader<'_>) -> Result<CounterTable, DecodeError> {
         r.expect(Self::SNAPSHOT_MAGIC, "counter snapshot magic")?;
         let mut t = CounterTable::new(interval_ms);
         t.collected_at = r.u64()?;
+        t.fence.raise_to(r.u64()?);
         for v in t.stats.fields() {
             *v = r.u64()?;
         }
@@ -382,8 +424,8 @@ impl Snapshot for CounterTable {
                 return Err(DecodeError::Invalid("counter holders out of order"));
             }
             last = Some(session);
-            let k = r.count(2)?;
-            let mut mine: HashMap<Box<[u8]>, u32> = HashMap::default();
+            let k = r.count(3)?;
+            let mut mine: HashMap<Box<[u8]>, Holding> = HashMap::default();
             let mut last_name: Option<&[u8]> = None;
             for _ in 0..k {
                 let name = r.bytes(MAX_NAME)?;
@@ -391,7 +433,11 @@ impl Snapshot for CounterTable {
                     return Err(DecodeError::Invalid("held names out of order"));
                 }
                 last_name = Some(name);
-                mine.insert(name.into(), r.u32()?);
+                let h = Holding {
+                    resources: r.u32()?,
+                    token: r.u64()?,
+                };
+                mine.insert(name.into(), h);
             }
             t.held.insert(session, mine);
         }

@@ -137,7 +137,13 @@ fn inconsistent_snapshots_are_refused() {
     // A consumption that holders do not account for.
     let mut t = CounterTable::new(10);
     t.acquire(c(1), b"x", 2, 5, 0).unwrap();
-    t.held.get_mut(&c(1)).unwrap().insert(b"x"[..].into(), 1);
+    t.held.get_mut(&c(1)).unwrap().insert(
+        b"x"[..].into(),
+        Holding {
+            resources: 1,
+            token: 1,
+        },
+    );
     let mut bytes = Vec::new();
     t.snapshot(&mut bytes);
     assert!(CounterTable::restore(10, &mut Reader::new(&bytes)).is_err());
@@ -241,4 +247,33 @@ fn run(seed: u64, restore_every: Option<u64>) {
             t = round_trip(&t, t.interval_ms(), seed ^ step, valid);
         }
     }
+}
+
+#[test]
+fn every_acquire_is_a_grant_with_a_fencing_token_from_the_shared_counter() {
+    let fence = crate::core::fence::Fence::default();
+    fence.raise_to(40);
+    let mut t = CounterTable::new(10).with_fence(&fence);
+    t.acquire(c(1), b"sem", 1, 3, 0).unwrap();
+    assert_eq!(t.token_of(c(1), b"sem"), Some(41));
+    t.acquire(c(2), b"sem", 1, 3, 0).unwrap();
+    assert_eq!(t.token_of(c(2), b"sem"), Some(42));
+    // A refused acquire is no grant; a later one by the same holder takes a new token.
+    assert_eq!(
+        t.acquire(c(3), b"sem", 2, 3, 0),
+        Err(CounterError::NotAvailable)
+    );
+    assert_eq!(fence.last(), 42);
+    t.acquire(c(1), b"sem", 1, 3, 0).unwrap();
+    assert_eq!(t.token_of(c(1), b"sem"), Some(43));
+    // Releasing all of it ends the holding and its token.
+    t.release(c(2), b"sem", 1, 0).unwrap();
+    assert_eq!(t.token_of(c(2), b"sem"), None);
+    let mut seen = Vec::new();
+    t.for_each_holding(|name, holder, n, token| seen.push((name.to_vec(), holder, n, token)));
+    assert_eq!(seen, [(b"sem".to_vec(), c(1), 2, 43)]);
+    // The token survives a snapshot, and the restored table never hands out a lower one.
+    let copy = round_trip(&t, t.interval_ms(), 7, valid);
+    assert_eq!(copy.token_of(c(1), b"sem"), Some(43));
+    assert_eq!(copy.last_fence(), 43);
 }

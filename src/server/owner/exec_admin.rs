@@ -164,12 +164,12 @@ fn list(t: &Tables, now: Now, table: Table, prefix: &[u8], limit: usize) -> Lock
                 }
             }
         }),
-        Table::Counter => t.counter.for_each_holding(|name, holder, n| {
+        Table::Counter => t.counter.for_each_holding(|name, holder, n, token| {
             if matches(name, prefix) {
                 matched += 1;
                 if matched <= limit {
                     let none = &mut std::iter::empty();
-                    add(name, Some(holder), None, None, None, Some(n), none);
+                    add(name, Some(holder), None, Some(token), None, Some(n), none);
                 }
             }
         }),

@@ -56,6 +56,7 @@ impl Tables {
             idle_timeout_ms: c.dlock_idle_timeout_ms,
         };
         let fence = Fence::default();
+        let counter = CounterTable::new(COUNTER_STATS_INTERVAL_MS).with_fence(&fence);
         Tables {
             store: Store::new(store, now).with_fence(&fence),
             lockd: LockdTable::new(lockd, now.ms).with_fence(&fence),
@@ -64,7 +65,7 @@ impl Tables {
             counters: Counters::default(),
             fence,
             mc: McState::default(),
-            counter: CounterTable::new(COUNTER_STATS_INTERVAL_MS),
+            counter,
             grants: Vec::new(),
             dlock_events: Vec::new(),
             admin: Default::default(),
@@ -116,7 +117,7 @@ impl Tables {
             ..Default::default()
         };
         t.dlock_sessions = DlockSessions::restore(r, limits)?;
-        t.counter = CounterTable::restore(COUNTER_STATS_INTERVAL_MS, r)?;
+        t.counter = CounterTable::restore(COUNTER_STATS_INTERVAL_MS, r)?.with_fence(&fence);
         t.counters = Counters {
             cmd_get: r.u64()?,
             cmd_set: r.u64()?,
