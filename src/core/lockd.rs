@@ -32,6 +32,7 @@ use slab::Slab;
 
 use super::codec::{self, DecodeError, Reader, Snapshot};
 use super::fence::Fence;
+use super::small::SmallBytes;
 use super::wheel::{TimerKey, Wheel};
 use super::Session;
 
@@ -100,7 +101,8 @@ pub struct LockdTable {
 }
 
 struct Lock {
-    name: Box<[u8]>,
+    /// Inline when short: taking and releasing a short name allocates nothing.
+    name: SmallBytes,
     /// `hasher.hash_one(name)`, cached so that growing `by_name` never rehashes long names.
     hash: u64,
     holder: Holder,
@@ -162,17 +164,13 @@ struct Waiter {
     pos: usize,
 }
 
-/// What one connection is involved in. Present only while non-empty.
+/// What one session is involved in. Kept while the session lives once it has locked or queued
+/// (emptied, not removed, when its last lock goes), so that a session that takes and releases
+/// one lock after another allocates nothing; removed when it disconnects.
 #[derive(Default)]
 struct ConnLocks {
     held: Vec<usize>,
     waits: Vec<usize>,
-}
-
-impl ConnLocks {
-    fn is_empty(&self) -> bool {
-        self.held.is_empty() && self.waits.is_empty()
-    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -513,9 +511,6 @@ impl LockdTable {
                         *p = pos;
                     }
                 }
-                if state.is_empty() {
-                    self.sessions.remove(&session);
-                }
             }
             Holder::Orphan { timer, .. } => {
                 self.orphaned -= 1;
@@ -593,9 +588,6 @@ impl LockdTable {
         if let Some(&moved) = state.waits.get(pos) {
             self.waiters[moved].pos = pos;
         }
-        if state.is_empty() {
-            self.sessions.remove(&session);
-        }
     }
 
     /// Check every index against the data it indexes; panics on a mismatch. O(table): for
@@ -631,7 +623,6 @@ impl LockdTable {
         assert_eq!(self.orphan_timers.len() as u64, self.orphaned);
         let (mut indexed_held, mut indexed_waits) = (0, 0);
         for (session, state) in &self.sessions {
-            assert!(!state.is_empty(), "empty index kept for {session:?}");
             for (pos, &key) in state.held.iter().enumerate() {
                 assert!(
                     matches!(self.locks[key].holder, Holder::Held { session: c, pos: p } if c == *session && p == pos)

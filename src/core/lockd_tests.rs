@@ -479,7 +479,18 @@ fn thousand_waiters_on_one_name_are_each_granted_once_in_order() {
     assert!(g.is_empty());
     let s = t.stats();
     assert_eq!((s.held, s.waiting, s.grants), (0, 0, u64::from(N) + 1));
-    assert!(t.sessions.is_empty() && t.locks.is_empty() && t.waiters.is_empty());
+    assert!(t.locks.is_empty() && t.waiters.is_empty());
+    // Sessions keep their (empty) index while they live, so that the next lock allocates
+    // nothing; their disconnects take it away.
+    assert!(t
+        .sessions
+        .values()
+        .all(|s| s.held.is_empty() && s.waits.is_empty()));
+    t.check_invariants();
+    for i in 0..=N {
+        t.disconnect(c(i), 0);
+    }
+    assert!(t.sessions.is_empty());
     t.check_invariants();
 }
 

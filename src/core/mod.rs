@@ -11,6 +11,7 @@ pub mod dlock;
 pub mod fence;
 pub mod hash;
 pub mod lockd;
+pub mod small;
 pub mod store;
 pub mod wheel;
 
