@@ -46,12 +46,12 @@
 use super::codec::{self, DecodeError, Reader, Snapshot};
 use super::fence::Fence;
 use super::hash::{HashMap, HashSet};
+use super::small::SmallBytes;
 use super::wheel::{TimerKey, Wheel};
 use super::Session;
 use hashbrown::hash_map::EntryRef;
 use std::borrow::Cow;
 use std::collections::BTreeSet;
-use std::sync::Arc;
 
 /// Dedupe a request's keys with a quadratic scan up to this many keys (no allocation for a hash
 /// set); above it a hash set keeps the cost linear.
@@ -102,10 +102,9 @@ pub struct DlockStats {
     pub idle_disconnects: u64,
 }
 
-/// A held key's name, stored once and shared by the key table, its holder's index and its lease
-/// timer (one allocation per held key). Arc rather than Rc only so the table may move to the
-/// owner thread; it is never shared across threads.
-type Key = Arc<[u8]>;
+/// A held key's name, in the key table, its holder's index and its lease timer: inline when short
+/// (no allocation per held key), else stored once and shared.
+type Key = SmallBytes;
 
 /// A pending timer: what to do when it fires.
 enum Timer {

@@ -1,11 +1,15 @@
 //! Short byte strings stored inline: a lock name of up to [`SmallBytes::INLINE`] bytes lives in
-//! the record that owns it, so taking and releasing such a lock allocates nothing; longer names
-//! go to the heap as before.
+//! the record that owns it, so taking and releasing such a lock allocates nothing, and a copy is
+//! a 24-byte copy; longer names go to the heap once and copies share them.
 //!
-//! Owns: the representation only. Must not: be compared or hashed by representation (equal
-//! bytes are equal whether inline or not: everything goes through `Deref<Target = [u8]>`).
+//! Owns: the representation only. Must not: be compared, hashed or ordered by representation
+//! (equal bytes are equal whether inline or not: everything goes through the `[u8]` they hold,
+//! so a map keyed by `SmallBytes` is looked up with a `&[u8]`).
 
+use std::borrow::Borrow;
+use std::hash::{Hash, Hasher};
 use std::ops::Deref;
+use std::sync::Arc;
 
 #[derive(Clone)]
 pub enum SmallBytes {
@@ -13,12 +17,15 @@ pub enum SmallBytes {
         len: u8,
         bytes: [u8; SmallBytes::INLINE],
     },
-    Heap(Box<[u8]>),
+    /// Arc rather than Rc only so that a table may move to the owner thread; never shared
+    /// across threads.
+    Heap(Arc<[u8]>),
 }
 
 impl SmallBytes {
     /// Inline capacity: with the length byte and the tag the value is 24 bytes, 8 more than a
-    /// `Box<[u8]>`, and saves the allocation (16+ bytes of malloc overhead) of every short name.
+    /// pointer to the heap, and saves the allocation (16+ bytes of malloc overhead) of every
+    /// short name.
     pub const INLINE: usize = 22;
 }
 
@@ -47,6 +54,49 @@ impl Deref for SmallBytes {
             SmallBytes::Inline { len, bytes } => &bytes[..usize::from(*len)],
             SmallBytes::Heap(b) => b,
         }
+    }
+}
+
+impl AsRef<[u8]> for SmallBytes {
+    #[inline]
+    fn as_ref(&self) -> &[u8] {
+        self
+    }
+}
+
+impl Borrow<[u8]> for SmallBytes {
+    #[inline]
+    fn borrow(&self) -> &[u8] {
+        self
+    }
+}
+
+impl PartialEq for SmallBytes {
+    #[inline]
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for SmallBytes {}
+
+impl Hash for SmallBytes {
+    /// As the `[u8]` hashes (`Borrow` requires it).
+    #[inline]
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        (**self).hash(h)
+    }
+}
+
+impl PartialOrd for SmallBytes {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for SmallBytes {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (**self).cmp(&**other)
     }
 }
 
@@ -79,5 +129,28 @@ mod tests {
             );
         }
         assert_eq!(std::mem::size_of::<SmallBytes>(), 24);
+    }
+
+    #[test]
+    fn equal_bytes_are_equal_and_hash_alike_whatever_the_representation() {
+        use std::hash::BuildHasher;
+        let long = [7u8; 40];
+        let a = SmallBytes::from(&long[..]);
+        let b = a.clone();
+        assert!(
+            matches!((&a, &b), (SmallBytes::Heap(x), SmallBytes::Heap(y)) if Arc::ptr_eq(x, y))
+        );
+        let s = std::collections::hash_map::RandomState::new();
+        for bytes in [&b"k"[..], &long[..]] {
+            let x = SmallBytes::from(bytes);
+            assert_eq!(s.hash_one(&x), s.hash_one(bytes), "hashes as its bytes");
+            assert_eq!(x, SmallBytes::from(bytes));
+        }
+        // Byte order, inline against heap both ways.
+        assert!(SmallBytes::from(&b"\x01"[..]) < SmallBytes::from(&long[..]));
+        assert!(SmallBytes::from(&long[..]) < SmallBytes::from(&b"\x08"[..]));
+        let mut m: std::collections::HashMap<SmallBytes, u8> = Default::default();
+        m.insert(SmallBytes::from(&b"name"[..]), 1);
+        assert_eq!(m.get(&b"name"[..]), Some(&1));
     }
 }
