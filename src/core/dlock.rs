@@ -102,6 +102,18 @@ pub struct DlockStats {
     pub idle_disconnects: u64,
 }
 
+/// A Lock as the table takes it: the caller's tag for its answer (`token`, echoed by the
+/// `Granted` or `TimedOut` event of a Lock that waits), its keys, how long it may wait (`None`:
+/// until granted or the session ends; `Some(0)`: not at all) and its lease (`None`: held until
+/// Unlock or the session ends), in microseconds as dlock sends them.
+#[derive(Clone, Copy, Debug)]
+pub struct LockRequest<'k> {
+    pub token: u64,
+    pub keys: &'k [&'k [u8]],
+    pub wait_us: Option<u64>,
+    pub lease_us: Option<u64>,
+}
+
 /// A held key's name, in the key table, its holder's index and its lease timer: inline when short
 /// (no allocation per held key), else stored once and shared.
 type Key = SmallBytes;
@@ -272,17 +284,19 @@ impl DlockTable {
 
     /// Lock `keys` for `session` (see the module docs for the rule). `Waiting`: the answer comes
     /// later as a `Granted` or `TimedOut` event tagged `token`.
-    #[allow(clippy::too_many_arguments)]
     pub fn lock(
         &mut self,
         session: Session,
-        token: u64,
-        keys: &[&[u8]],
-        wait_us: Option<u64>,
-        lease_us: Option<u64>,
+        req: LockRequest<'_>,
         now_ms: u64,
         events: &mut Vec<DlockEvent>,
     ) -> LockResult {
+        let LockRequest {
+            token,
+            keys,
+            wait_us,
+            lease_us,
+        } = req;
         self.touch(session, now_ms);
         self.advance(now_ms, events);
         let old = self.sessions.get(&session).and_then(|c| c.pending);

@@ -32,7 +32,17 @@ fn lock(
     now: u64,
 ) -> LockResult {
     let mut ev = Vec::new();
-    let r = t.lock(session, 0, keys, wait_us, lease_us, now, &mut ev);
+    let r = t.lock(
+        session,
+        LockRequest {
+            token: 0,
+            keys,
+            wait_us,
+            lease_us,
+        },
+        now,
+        &mut ev,
+    );
     assert_eq!(ev, []);
     t.check_invariants();
     r
@@ -300,7 +310,17 @@ fn wait_deadline_fires_exactly_at_deadline_not_before() {
     lock(&mut t, c(1), &[b"a"], None, None, 0);
     let mut ev = Vec::new();
     assert_eq!(
-        t.lock(c(2), 7, &[b"a", b"b"], Some(2500), None, 10, &mut ev),
+        t.lock(
+            c(2),
+            LockRequest {
+                token: 7,
+                keys: &[b"a", b"b"],
+                wait_us: Some(2500),
+                lease_us: None
+            },
+            10,
+            &mut ev
+        ),
         LockResult::Waiting
     );
     assert_next_deadline_by(t.next_deadline(), 13);
@@ -986,7 +1006,17 @@ fn run_model_restoring(seed: u64, steps: usize, idle: u64, restore_every: Option
                 _ => Some(1 + rng.below(40_000)),
             };
             next_token += 1;
-            let rt = t.lock(session, next_token, &keys, wait, lease, now, &mut ev_t);
+            let rt = t.lock(
+                session,
+                LockRequest {
+                    token: next_token,
+                    keys: &keys,
+                    wait_us: wait,
+                    lease_us: lease,
+                },
+                now,
+                &mut ev_t,
+            );
             let rm = m.lock(session, next_token, &keys, wait, lease, now, &mut ev_m);
             assert_eq!(rt, rm, "lock {keys:?} {wait:?} {lease:?}; {ctx}");
             if rt == LockResult::Waiting {
@@ -1117,10 +1147,30 @@ fn grants_after_a_disconnect_go_out_in_arrival_order_whatever_the_hash_seed() {
             let c = |n: u32| Session(u64::from(n));
             let mut ev = Vec::new();
             let all: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
-            t.lock(c(0), 0, &all, None, None, 0, &mut ev);
+            t.lock(
+                c(0),
+                LockRequest {
+                    token: 0,
+                    keys: &all,
+                    wait_us: None,
+                    lease_us: None,
+                },
+                0,
+                &mut ev,
+            );
             // Waiters arrive in reverse key order, so arrival order is not key order.
             for (i, k) in keys.iter().enumerate().rev() {
-                let w = t.lock(c(1 + i as u32), i as u64, &[k], None, None, 1, &mut ev);
+                let w = t.lock(
+                    c(1 + i as u32),
+                    LockRequest {
+                        token: i as u64,
+                        keys: &[k],
+                        wait_us: None,
+                        lease_us: None,
+                    },
+                    1,
+                    &mut ev,
+                );
                 assert_eq!(w, LockResult::Waiting);
             }
             t.disconnect(c(0), 2, &mut ev);
@@ -1148,14 +1198,36 @@ fn truncated_or_corrupt_dlock_snapshots_are_errors_not_panics() {
     let mut ev = Vec::new();
     t.connect(c(1), 0);
     t.connect(c(2), 0);
-    t.lock(c(1), 1, &[b"a", b"b"], None, None, 0, &mut ev);
-    t.lock(c(1), 2, &[b"l"], None, Some(900_000), 0, &mut ev);
+    t.lock(
+        c(1),
+        LockRequest {
+            token: 1,
+            keys: &[b"a", b"b"],
+            wait_us: None,
+            lease_us: None,
+        },
+        0,
+        &mut ev,
+    );
+    t.lock(
+        c(1),
+        LockRequest {
+            token: 2,
+            keys: &[b"l"],
+            wait_us: None,
+            lease_us: Some(900_000),
+        },
+        0,
+        &mut ev,
+    );
     t.lock(
         c(2),
-        3,
-        &[b"b", b"c"],
-        Some(40_000),
-        Some(5_000),
+        LockRequest {
+            token: 3,
+            keys: &[b"b", b"c"],
+            wait_us: Some(40_000),
+            lease_us: Some(5_000),
+        },
         1,
         &mut ev,
     );

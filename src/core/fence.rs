@@ -62,9 +62,9 @@ mod tests {
 
     #[test]
     fn tokens_strictly_increase_across_all_tables_sharing_one_counter() {
-        use crate::core::dlock::{DlockConfig, DlockEvent, DlockTable, LockResult};
+        use crate::core::dlock::{DlockConfig, DlockEvent, DlockTable, LockRequest, LockResult};
         use crate::core::lockd::{LockdConfig, LockdTable};
-        use crate::core::store::{LockOutcome, Store, StoreConfig, StoreMode};
+        use crate::core::store::{LockOutcome, Store, StoreConfig, StoreMode, Write};
         use crate::core::{Now, Session};
         let fence = Fence::default();
         let now = Now::from_unix_ms(1_700_000_000_000);
@@ -81,7 +81,18 @@ mod tests {
         let dlock_config = DlockConfig { idle_timeout_ms: 0 };
         let mut dlock = DlockTable::new(dlock_config, now.ms).with_fence(&fence);
         let mut seen = Vec::new();
-        store.store(c(1), StoreMode::Set, b"k", 0, 0, b"v", None, now);
+        store.store(
+            c(1),
+            StoreMode::Set,
+            Write {
+                key: b"k",
+                flags: 0,
+                exptime: 0,
+                value: b"v",
+            },
+            None,
+            now,
+        );
         assert_eq!(store.lock(c(1), b"k", now), LockOutcome::Ok);
         seen.push(store.lock_token(c(1), b"k", now).expect("holder's token"));
         assert_eq!(store.lock_token(c(2), b"k", now), None, "not the holder");
@@ -89,12 +100,32 @@ mod tests {
         seen.push(lockd.token_of(c(2), b"n").expect("lockd holder's token"));
         lockd.acquire(c(3), b"n", b"n\0", now.ms);
         let mut ev = Vec::new();
-        let r = dlock.lock(c(4), 0, &[b"a", b"b"], None, None, now.ms, &mut ev);
+        let r = dlock.lock(
+            c(4),
+            LockRequest {
+                token: 0,
+                keys: &[b"a", b"b"],
+                wait_us: None,
+                lease_us: None,
+            },
+            now.ms,
+            &mut ev,
+        );
         assert_eq!(r, LockResult::Granted);
         seen.push(dlock.last_fence());
         assert_eq!(dlock.token_of(c(4), b"a"), dlock.token_of(c(4), b"b"));
         assert_eq!(
-            dlock.lock(c(5), 7, &[b"a"], None, None, now.ms, &mut ev),
+            dlock.lock(
+                c(5),
+                LockRequest {
+                    token: 7,
+                    keys: &[b"a"],
+                    wait_us: None,
+                    lease_us: None
+                },
+                now.ms,
+                &mut ev
+            ),
             LockResult::Waiting
         );
         // A queued lockd ACQ granted on release, an orphan adopted, a dlock waiter granted.
@@ -115,7 +146,17 @@ mod tests {
             other => panic!("{other:?}"),
         }
         // A re-lock by the same session is a new grant.
-        dlock.lock(c(5), 8, &[b"a"], None, None, now.ms, &mut ev);
+        dlock.lock(
+            c(5),
+            LockRequest {
+                token: 8,
+                keys: &[b"a"],
+                wait_us: None,
+                lease_us: None,
+            },
+            now.ms,
+            &mut ev,
+        );
         seen.push(dlock.token_of(c(5), b"a").expect("re-locked"));
         assert!(seen.windows(2).all(|w| w[0] < w[1]), "{seen:?}");
         assert_eq!(fence.last(), *seen.last().expect("tokens"));

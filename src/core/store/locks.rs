@@ -13,7 +13,7 @@
 
 use super::expiry::{deadline_of, Timer, NEVER};
 use super::slab::{make_data, FETCHED, LOCKED, LRU, NIL};
-use super::{ItemView, LockOutcome, RauOutcome, Store, UnlockOutcome, ITEM_OVERHEAD};
+use super::{ItemView, LockOutcome, RauOutcome, Store, UnlockOutcome, Write, ITEM_OVERHEAD};
 use crate::core::fence::Fence;
 use crate::core::{Now, Session};
 
@@ -118,17 +118,19 @@ impl Store {
         Ok(self.view(i))
     }
 
-    #[allow(clippy::too_many_arguments)]
     pub fn replace_and_unlock(
         &mut self,
         session: Session,
-        key: &[u8],
-        flags: u32,
-        exptime: i64,
-        value: &[u8],
+        w: Write<'_>,
         cas: Option<u64>,
         now: Now,
     ) -> RauOutcome {
+        let Write {
+            key,
+            flags,
+            exptime,
+            value,
+        } = w;
         self.sync(now);
         if value.len() > self.config.max_item_size {
             return RauOutcome::TooLarge;

@@ -76,6 +76,26 @@ pub struct ItemView<'a> {
     pub cas: u64,
 }
 
+/// What a storage command writes: the item's key, client flags, expiry (memcached's exptime
+/// rules) and value.
+#[derive(Clone, Copy, Debug)]
+pub struct Write<'a> {
+    pub key: &'a [u8],
+    pub flags: u32,
+    pub exptime: i64,
+    pub value: &'a [u8],
+}
+
+/// An incr or decr: its direction and amount, the item to create when it is missing (initial
+/// value and expiry; binary only), and the CAS the item must have (binary only).
+#[derive(Clone, Copy, Debug)]
+pub struct Arith {
+    pub incr: bool,
+    pub delta: u64,
+    pub create: Option<(u64, i64)>,
+    pub cas: Option<u64>,
+}
+
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum StoreMode {
     Set,
@@ -313,18 +333,20 @@ impl Store {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
     pub fn store(
         &mut self,
         session: Session,
         mode: StoreMode,
-        key: &[u8],
-        flags: u32,
-        exptime: i64,
-        value: &[u8],
+        w: Write<'_>,
         cas: Option<u64>,
         now: Now,
     ) -> StoreOutcome {
+        let Write {
+            key,
+            flags,
+            exptime,
+            value,
+        } = w;
         self.sync(now);
         if value.len() > self.config.max_item_size {
             return StoreOutcome::TooLarge;
@@ -426,17 +448,13 @@ impl Store {
         DeleteOutcome::Deleted
     }
 
-    #[allow(clippy::too_many_arguments)]
-    pub fn incr_decr(
-        &mut self,
-        session: Session,
-        key: &[u8],
-        incr: bool,
-        delta: u64,
-        initial: Option<(u64, i64)>,
-        cas: Option<u64>,
-        now: Now,
-    ) -> ArithOutcome {
+    pub fn incr_decr(&mut self, session: Session, key: &[u8], a: Arith, now: Now) -> ArithOutcome {
+        let Arith {
+            incr,
+            delta,
+            create: initial,
+            cas,
+        } = a;
         self.sync(now);
         let found = self.lookup(key, now, false);
         let Some(i) = found else {

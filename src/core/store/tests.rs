@@ -45,11 +45,33 @@ fn set(
     exptime: i64,
     now: Now,
 ) -> StoreOutcome {
-    s.store(session, StoreMode::Set, key, 0, exptime, value, None, now)
+    s.store(
+        session,
+        StoreMode::Set,
+        Write {
+            key,
+            flags: 0,
+            exptime,
+            value,
+        },
+        None,
+        now,
+    )
 }
 
 fn put(s: &mut Store, mode: StoreMode, key: &[u8], value: &[u8], now: Now) -> StoreOutcome {
-    s.store(A, mode, key, 0, 0, value, None, now)
+    s.store(
+        A,
+        mode,
+        Write {
+            key,
+            flags: 0,
+            exptime: 0,
+            value,
+        },
+        None,
+        now,
+    )
 }
 
 fn val(s: &mut Store, key: &[u8], now: Now) -> Option<Vec<u8>> {
@@ -83,7 +105,18 @@ fn per_item_overhead_is_88_bytes_on_64_bit() {
 #[test]
 fn set_then_get_returns_value_flags_and_cas() {
     let mut s = big();
-    let cas = stored(s.store(A, StoreMode::Set, b"k", 42, 0, b"hello", None, at(0)));
+    let cas = stored(s.store(
+        A,
+        StoreMode::Set,
+        Write {
+            key: b"k",
+            flags: 42,
+            exptime: 0,
+            value: b"hello",
+        },
+        None,
+        at(0),
+    ));
     let v = s.get(b"k", at(1)).expect("hit");
     assert_eq!(
         (v.key, v.value, v.flags, v.cas),
@@ -104,9 +137,17 @@ fn every_modification_gets_a_new_cas_unique() {
     let mut s = big();
     let c1 = stored(set(&mut s, A, b"k", b"1", 0, at(0)));
     let c2 = stored(put(&mut s, StoreMode::Append, b"k", b"2", at(0)));
-    let ArithOutcome::Value { cas: c3, value: 13 } =
-        s.incr_decr(A, b"k", true, 1, None, None, at(0))
-    else {
+    let ArithOutcome::Value { cas: c3, value: 13 } = s.incr_decr(
+        A,
+        b"k",
+        Arith {
+            incr: true,
+            delta: 1,
+            create: None,
+            cas: None,
+        },
+        at(0),
+    ) else {
         panic!("incr")
     };
     let c4 = stored(set(&mut s, A, b"other", b"x", 0, at(0)));
@@ -158,9 +199,42 @@ fn replace_append_prepend_on_missing_key_are_not_stored() {
 #[test]
 fn append_and_prepend_keep_flags_and_expiry() {
     let mut s = big();
-    stored(s.store(A, StoreMode::Set, b"k", 7, 10, b"mid", None, at(0)));
-    stored(s.store(A, StoreMode::Append, b"k", 99, 0, b">", None, at(1000)));
-    stored(s.store(A, StoreMode::Prepend, b"k", 98, 0, b"<", None, at(2000)));
+    stored(s.store(
+        A,
+        StoreMode::Set,
+        Write {
+            key: b"k",
+            flags: 7,
+            exptime: 10,
+            value: b"mid",
+        },
+        None,
+        at(0),
+    ));
+    stored(s.store(
+        A,
+        StoreMode::Append,
+        Write {
+            key: b"k",
+            flags: 99,
+            exptime: 0,
+            value: b">",
+        },
+        None,
+        at(1000),
+    ));
+    stored(s.store(
+        A,
+        StoreMode::Prepend,
+        Write {
+            key: b"k",
+            flags: 98,
+            exptime: 0,
+            value: b"<",
+        },
+        None,
+        at(2000),
+    ));
     let v = s.get(b"k", at(9999)).expect("hit");
     assert_eq!((v.value, v.flags), (&b"<mid>"[..], 7));
     assert_eq!(s.get(b"k", at(10_000)), None, "original 10 s expiry kept");
@@ -170,21 +244,76 @@ fn append_and_prepend_keep_flags_and_expiry() {
 fn cas_on_missing_mismatching_and_matching_item() {
     let mut s = big();
     assert_eq!(
-        s.store(A, StoreMode::Set, b"k", 0, 0, b"v", Some(1), at(0)),
+        s.store(
+            A,
+            StoreMode::Set,
+            Write {
+                key: b"k",
+                flags: 0,
+                exptime: 0,
+                value: b"v"
+            },
+            Some(1),
+            at(0)
+        ),
         StoreOutcome::NotFound
     );
     let c = stored(set(&mut s, A, b"k", b"v", 0, at(0)));
     assert_eq!(
-        s.store(A, StoreMode::Set, b"k", 0, 0, b"w", Some(c + 1), at(0)),
+        s.store(
+            A,
+            StoreMode::Set,
+            Write {
+                key: b"k",
+                flags: 0,
+                exptime: 0,
+                value: b"w"
+            },
+            Some(c + 1),
+            at(0)
+        ),
         StoreOutcome::Exists
     );
-    let c2 = stored(s.store(A, StoreMode::Set, b"k", 0, 0, b"w", Some(c), at(0)));
+    let c2 = stored(s.store(
+        A,
+        StoreMode::Set,
+        Write {
+            key: b"k",
+            flags: 0,
+            exptime: 0,
+            value: b"w",
+        },
+        Some(c),
+        at(0),
+    ));
     // CAS checks apply with every mode: a stale unique fails an append too.
     assert_eq!(
-        s.store(A, StoreMode::Append, b"k", 0, 0, b"!", Some(c), at(0)),
+        s.store(
+            A,
+            StoreMode::Append,
+            Write {
+                key: b"k",
+                flags: 0,
+                exptime: 0,
+                value: b"!"
+            },
+            Some(c),
+            at(0)
+        ),
         StoreOutcome::Exists
     );
-    stored(s.store(A, StoreMode::Append, b"k", 0, 0, b"!", Some(c2), at(0)));
+    stored(s.store(
+        A,
+        StoreMode::Append,
+        Write {
+            key: b"k",
+            flags: 0,
+            exptime: 0,
+            value: b"!",
+        },
+        Some(c2),
+        at(0),
+    ));
     assert_eq!(val(&mut s, b"k", at(0)).as_deref(), Some(&b"w!"[..]));
     let st = s.stats();
     assert_eq!((st.cas_misses, st.cas_badval, st.cas_hits), (1, 2, 2));
@@ -219,7 +348,17 @@ fn too_large_values_are_refused() {
         StoreOutcome::TooLarge
     );
     assert_eq!(
-        s.replace_and_unlock(A, b"k", 0, 0, b"12345", None, at(0)),
+        s.replace_and_unlock(
+            A,
+            Write {
+                key: b"k",
+                flags: 0,
+                exptime: 0,
+                value: b"12345"
+            },
+            None,
+            at(0)
+        ),
         RauOutcome::TooLarge
     );
     assert_eq!(val(&mut s, b"k", at(0)).as_deref(), Some(&b"1234"[..]));
@@ -229,7 +368,17 @@ fn too_large_values_are_refused() {
 fn incr_wraps_at_2_pow_64() {
     let mut s = big();
     stored(set(&mut s, A, b"n", b"18446744073709551615", 0, at(0)));
-    let r = s.incr_decr(A, b"n", true, 2, None, None, at(0));
+    let r = s.incr_decr(
+        A,
+        b"n",
+        Arith {
+            incr: true,
+            delta: 2,
+            create: None,
+            cas: None,
+        },
+        at(0),
+    );
     assert!(matches!(r, ArithOutcome::Value { value: 1, .. }), "{r:?}");
     assert_eq!(val(&mut s, b"n", at(0)).as_deref(), Some(&b"1"[..]));
     assert_eq!(s.stats().bytes as usize, charge(b"n", 1));
@@ -240,11 +389,31 @@ fn decr_floors_at_zero() {
     let mut s = big();
     stored(set(&mut s, A, b"n", b"10", 0, at(0)));
     assert!(matches!(
-        s.incr_decr(A, b"n", false, 3, None, None, at(0)),
+        s.incr_decr(
+            A,
+            b"n",
+            Arith {
+                incr: false,
+                delta: 3,
+                create: None,
+                cas: None
+            },
+            at(0)
+        ),
         ArithOutcome::Value { value: 7, .. }
     ));
     assert!(matches!(
-        s.incr_decr(A, b"n", false, 100, None, None, at(0)),
+        s.incr_decr(
+            A,
+            b"n",
+            Arith {
+                incr: false,
+                delta: 100,
+                create: None,
+                cas: None
+            },
+            at(0)
+        ),
         ArithOutcome::Value { value: 0, .. }
     ));
     assert_eq!(val(&mut s, b"n", at(0)).as_deref(), Some(&b"0"[..]));
@@ -267,7 +436,17 @@ fn incr_on_non_numeric_values_answers_non_numeric() {
     ] {
         stored(set(&mut s, A, b"n", bad, 0, at(0)));
         assert_eq!(
-            s.incr_decr(A, b"n", true, 1, None, None, at(0)),
+            s.incr_decr(
+                A,
+                b"n",
+                Arith {
+                    incr: true,
+                    delta: 1,
+                    create: None,
+                    cas: None
+                },
+                at(0)
+            ),
             ArithOutcome::NonNumeric,
             "{bad:?}"
         );
@@ -280,13 +459,33 @@ fn incr_accepts_trailing_spaces_and_leading_zeros() {
     let mut s = big();
     stored(set(&mut s, A, b"n", b"41  ", 0, at(0)));
     assert!(matches!(
-        s.incr_decr(A, b"n", true, 1, None, None, at(0)),
+        s.incr_decr(
+            A,
+            b"n",
+            Arith {
+                incr: true,
+                delta: 1,
+                create: None,
+                cas: None
+            },
+            at(0)
+        ),
         ArithOutcome::Value { value: 42, .. }
     ));
     assert_eq!(val(&mut s, b"n", at(0)).as_deref(), Some(&b"42"[..]));
     stored(set(&mut s, A, b"n", b"0009", 0, at(0)));
     assert!(matches!(
-        s.incr_decr(A, b"n", true, 1, None, None, at(0)),
+        s.incr_decr(
+            A,
+            b"n",
+            Arith {
+                incr: true,
+                delta: 1,
+                create: None,
+                cas: None
+            },
+            at(0)
+        ),
         ArithOutcome::Value { value: 10, .. }
     ));
 }
@@ -294,13 +493,44 @@ fn incr_accepts_trailing_spaces_and_leading_zeros() {
 #[test]
 fn incr_keeps_flags_and_expiry_and_checks_cas() {
     let mut s = big();
-    let c = stored(s.store(A, StoreMode::Set, b"n", 5, 2, b"1", None, at(0)));
+    let c = stored(s.store(
+        A,
+        StoreMode::Set,
+        Write {
+            key: b"n",
+            flags: 5,
+            exptime: 2,
+            value: b"1",
+        },
+        None,
+        at(0),
+    ));
     assert_eq!(
-        s.incr_decr(A, b"n", true, 1, None, Some(c + 1), at(0)),
+        s.incr_decr(
+            A,
+            b"n",
+            Arith {
+                incr: true,
+                delta: 1,
+                create: None,
+                cas: Some(c + 1)
+            },
+            at(0)
+        ),
         ArithOutcome::Exists
     );
     assert!(matches!(
-        s.incr_decr(A, b"n", true, 1, None, Some(c), at(0)),
+        s.incr_decr(
+            A,
+            b"n",
+            Arith {
+                incr: true,
+                delta: 1,
+                create: None,
+                cas: Some(c)
+            },
+            at(0)
+        ),
         ArithOutcome::Value { value: 2, .. }
     ));
     assert_eq!(s.peek(b"n", at(1999)).map(|v| v.flags), Some(5));
@@ -311,14 +541,44 @@ fn incr_keeps_flags_and_expiry_and_checks_cas() {
 fn incr_on_missing_key_creates_it_only_with_an_initial_value() {
     let mut s = big();
     assert_eq!(
-        s.incr_decr(A, b"n", true, 1, None, None, at(0)),
+        s.incr_decr(
+            A,
+            b"n",
+            Arith {
+                incr: true,
+                delta: 1,
+                create: None,
+                cas: None
+            },
+            at(0)
+        ),
         ArithOutcome::NotFound
     );
     assert_eq!(
-        s.incr_decr(A, b"n", true, 1, Some((10, 0)), Some(3), at(0)),
+        s.incr_decr(
+            A,
+            b"n",
+            Arith {
+                incr: true,
+                delta: 1,
+                create: Some((10, 0)),
+                cas: Some(3)
+            },
+            at(0)
+        ),
         ArithOutcome::NotFound
     );
-    let r = s.incr_decr(A, b"n", false, 1, Some((10, 1)), None, at(0));
+    let r = s.incr_decr(
+        A,
+        b"n",
+        Arith {
+            incr: false,
+            delta: 1,
+            create: Some((10, 1)),
+            cas: None,
+        },
+        at(0),
+    );
     assert!(matches!(r, ArithOutcome::Value { value: 10, .. }), "{r:?}");
     let v = s.get(b"n", at(999)).expect("created");
     assert_eq!((v.value, v.flags), (&b"10"[..], 0));
@@ -599,7 +859,17 @@ fn keys_over_250_bytes_are_never_stored() {
         StoreOutcome::NotStored
     );
     assert_eq!(
-        s.incr_decr(A, &long, true, 1, Some((1, 0)), None, at(0)),
+        s.incr_decr(
+            A,
+            &long,
+            Arith {
+                incr: true,
+                delta: 1,
+                create: Some((1, 0)),
+                cas: None
+            },
+            at(0)
+        ),
         ArithOutcome::NotFound
     );
     stored(set(&mut s, A, &long[..MAX_KEY_LEN], b"v", 0, at(0)));
@@ -703,7 +973,17 @@ fn out_of_memory_when_every_item_is_locked() {
         StoreOutcome::OutOfMemory
     );
     assert_eq!(
-        s.incr_decr(B, b"n", true, 1, Some((1, 0)), None, at(0)),
+        s.incr_decr(
+            B,
+            b"n",
+            Arith {
+                incr: true,
+                delta: 1,
+                create: Some((1, 0)),
+                cas: None
+            },
+            at(0)
+        ),
         ArithOutcome::OutOfMemory
     );
     // The holder may rewrite at the same size, not grow.
@@ -713,7 +993,17 @@ fn out_of_memory_when_every_item_is_locked() {
         StoreOutcome::OutOfMemory
     );
     assert_eq!(
-        s.replace_and_unlock(A, b"k1", 0, 0, b"ww", None, at(0)),
+        s.replace_and_unlock(
+            A,
+            Write {
+                key: b"k1",
+                flags: 0,
+                exptime: 0,
+                value: b"ww"
+            },
+            None,
+            at(0)
+        ),
         RauOutcome::OutOfMemory
     );
     assert_eq!(s.stats().evictions, 0);
@@ -796,28 +1086,80 @@ fn every_modification_by_another_connection_answers_locked() {
         StoreMode::Prepend,
     ] {
         assert_eq!(
-            s.store(B, mode, b"k", 0, 0, b"x", None, at(0)),
+            s.store(
+                B,
+                mode,
+                Write {
+                    key: b"k",
+                    flags: 0,
+                    exptime: 0,
+                    value: b"x"
+                },
+                None,
+                at(0)
+            ),
             StoreOutcome::Locked,
             "{mode:?}"
         );
         // The lock is checked before the CAS.
         assert_eq!(
-            s.store(B, mode, b"k", 0, 0, b"x", Some(c + 9), at(0)),
+            s.store(
+                B,
+                mode,
+                Write {
+                    key: b"k",
+                    flags: 0,
+                    exptime: 0,
+                    value: b"x"
+                },
+                Some(c + 9),
+                at(0)
+            ),
             StoreOutcome::Locked
         );
     }
     assert_eq!(s.delete(B, b"k", None, at(0)), DeleteOutcome::Locked);
     assert_eq!(s.delete(B, b"k", Some(c + 9), at(0)), DeleteOutcome::Locked);
     assert_eq!(
-        s.incr_decr(B, b"k", true, 1, None, None, at(0)),
+        s.incr_decr(
+            B,
+            b"k",
+            Arith {
+                incr: true,
+                delta: 1,
+                create: None,
+                cas: None
+            },
+            at(0)
+        ),
         ArithOutcome::Locked
     );
     assert_eq!(
-        s.incr_decr(B, b"k", false, 1, None, Some(c + 9), at(0)),
+        s.incr_decr(
+            B,
+            b"k",
+            Arith {
+                incr: false,
+                delta: 1,
+                create: None,
+                cas: Some(c + 9)
+            },
+            at(0)
+        ),
         ArithOutcome::Locked
     );
     assert_eq!(
-        s.replace_and_unlock(B, b"k", 0, 0, b"x", None, at(0)),
+        s.replace_and_unlock(
+            B,
+            Write {
+                key: b"k",
+                flags: 0,
+                exptime: 0,
+                value: b"x"
+            },
+            None,
+            at(0)
+        ),
         RauOutcome::NotLocked
     );
     assert_eq!(s.unlock(B, b"k", at(0)), UnlockOutcome::NotLocked);
@@ -835,7 +1177,17 @@ fn holder_may_modify_and_keeps_the_lock() {
     stored(set(&mut s, A, b"k", b"2", 0, at(0)));
     stored(put(&mut s, StoreMode::Append, b"k", b"0", at(0)));
     assert!(matches!(
-        s.incr_decr(A, b"k", true, 1, None, None, at(0)),
+        s.incr_decr(
+            A,
+            b"k",
+            Arith {
+                incr: true,
+                delta: 1,
+                create: None,
+                cas: None
+            },
+            at(0)
+        ),
         ArithOutcome::Value { value: 21, .. }
     ));
     assert_eq!(
@@ -899,7 +1251,18 @@ fn unlock_all_releases_only_the_callers_locks() {
 #[test]
 fn lock_and_get_locks_returns_the_item_and_renews_expiry() {
     let mut s = big();
-    let c = stored(s.store(A, StoreMode::Set, b"k", 3, 1, b"v", None, at(0)));
+    let c = stored(s.store(
+        A,
+        StoreMode::Set,
+        Write {
+            key: b"k",
+            flags: 3,
+            exptime: 1,
+            value: b"v",
+        },
+        None,
+        at(0),
+    ));
     let v = s.lock_and_get(A, b"k", Some(10), at(0)).expect("locked");
     assert_eq!((v.value, v.flags, v.cas), (&b"v"[..], 3, c));
     assert_eq!(s.unlock(A, b"k", at(5_000)), UnlockOutcome::Ok);
@@ -913,25 +1276,74 @@ fn lock_and_get_locks_returns_the_item_and_renews_expiry() {
 fn replace_and_unlock_answers_like_replace_for_the_holder_only() {
     let mut s = big();
     assert_eq!(
-        s.replace_and_unlock(A, b"k", 0, 0, b"x", None, at(0)),
+        s.replace_and_unlock(
+            A,
+            Write {
+                key: b"k",
+                flags: 0,
+                exptime: 0,
+                value: b"x"
+            },
+            None,
+            at(0)
+        ),
         RauOutcome::NotFound
     );
     let c = stored(set(&mut s, A, b"k", b"v", 0, at(0)));
     assert_eq!(
-        s.replace_and_unlock(A, b"k", 0, 0, b"x", None, at(0)),
+        s.replace_and_unlock(
+            A,
+            Write {
+                key: b"k",
+                flags: 0,
+                exptime: 0,
+                value: b"x"
+            },
+            None,
+            at(0)
+        ),
         RauOutcome::NotLocked
     );
     assert_eq!(s.lock(A, b"k", at(0)), LockOutcome::Ok);
     assert_eq!(
-        s.replace_and_unlock(B, b"k", 0, 0, b"x", None, at(0)),
+        s.replace_and_unlock(
+            B,
+            Write {
+                key: b"k",
+                flags: 0,
+                exptime: 0,
+                value: b"x"
+            },
+            None,
+            at(0)
+        ),
         RauOutcome::NotLocked
     );
     assert_eq!(
-        s.replace_and_unlock(A, b"k", 0, 0, b"x", Some(c + 1), at(0)),
+        s.replace_and_unlock(
+            A,
+            Write {
+                key: b"k",
+                flags: 0,
+                exptime: 0,
+                value: b"x"
+            },
+            Some(c + 1),
+            at(0)
+        ),
         RauOutcome::Exists
     );
-    let RauOutcome::Stored { cas } = s.replace_and_unlock(A, b"k", 9, 2, b"x", Some(c), at(0))
-    else {
+    let RauOutcome::Stored { cas } = s.replace_and_unlock(
+        A,
+        Write {
+            key: b"k",
+            flags: 9,
+            exptime: 2,
+            value: b"x",
+        },
+        Some(c),
+        at(0),
+    ) else {
         panic!("rau")
     };
     let v = s.peek(b"k", at(0)).expect("replaced");
@@ -1489,7 +1901,18 @@ fn run_model_restoring(seed: u64, steps: usize, restore_every: Option<usize>) {
                 let exptime = random_exptime(&mut rng, now);
                 let cas = random_cas(&mut rng, &m, key);
                 let want = m.store(session, mode, key, flags, exptime, &value, cas, now);
-                let got = s.store(session, mode, key, flags, exptime, &value, cas, now);
+                let got = s.store(
+                    session,
+                    mode,
+                    Write {
+                        key,
+                        flags,
+                        exptime,
+                        value: &value,
+                    },
+                    cas,
+                    now,
+                );
                 assert_eq!(got, want, "store {mode:?} {cas:?}: {}", ctx());
             }
             6 | 7 => {
@@ -1528,7 +1951,17 @@ fn run_model_restoring(seed: u64, steps: usize, restore_every: Option<usize>) {
                     .then(|| (rng.below(200), random_exptime(&mut rng, now)));
                 let cas = random_cas(&mut rng, &m, key);
                 let want = m.arith(session, key, incr, delta, initial, cas, now);
-                let got = s.incr_decr(session, key, incr, delta, initial, cas, now);
+                let got = s.incr_decr(
+                    session,
+                    key,
+                    Arith {
+                        incr,
+                        delta,
+                        create: initial,
+                        cas,
+                    },
+                    now,
+                );
                 assert_eq!(got, want, "incr_decr: {}", ctx());
             }
             12 | 13 => {
@@ -1569,7 +2002,17 @@ fn run_model_restoring(seed: u64, steps: usize, restore_every: Option<usize>) {
                 let exptime = random_exptime(&mut rng, now);
                 let cas = random_cas(&mut rng, &m, key);
                 let want = m.rau(session, key, 5, exptime, &value, cas, now);
-                let got = s.replace_and_unlock(session, key, 5, exptime, &value, cas, now);
+                let got = s.replace_and_unlock(
+                    session,
+                    Write {
+                        key,
+                        flags: 5,
+                        exptime,
+                        value: &value,
+                    },
+                    cas,
+                    now,
+                );
                 assert_eq!(got, want, "replace_and_unlock: {}", ctx());
             }
             16 => {
@@ -1648,11 +2091,44 @@ fn a_store_restored_from_its_snapshot_goes_on_exactly_like_the_original() {
 fn truncated_or_corrupt_store_snapshots_are_errors_not_panics() {
     let mut s = store_with(1 << 20, 64);
     let now = at(0);
-    s.store(A, StoreMode::Set, b"k1", 1, 100, b"v1", None, now);
-    s.store(A, StoreMode::Set, b"k2", 2, 0, b"v2", None, now);
+    s.store(
+        A,
+        StoreMode::Set,
+        Write {
+            key: b"k1",
+            flags: 1,
+            exptime: 100,
+            value: b"v1",
+        },
+        None,
+        now,
+    );
+    s.store(
+        A,
+        StoreMode::Set,
+        Write {
+            key: b"k2",
+            flags: 2,
+            exptime: 0,
+            value: b"v2",
+        },
+        None,
+        now,
+    );
     assert_eq!(s.lock(A, b"k2", now), LockOutcome::Ok);
     s.flush_all(0, now);
-    s.store(B, StoreMode::Set, b"k3", 0, 0, b"v3", None, now);
+    s.store(
+        B,
+        StoreMode::Set,
+        Write {
+            key: b"k3",
+            flags: 0,
+            exptime: 0,
+            value: b"v3",
+        },
+        None,
+        now,
+    );
     crate::core::codec::testing::damage_is_refused(&s, s.config(), 2000, |c| c.check_invariants());
 }
 

@@ -10,7 +10,7 @@ use std::collections::VecDeque;
 use super::dlock_sessions::{Deferred, Waiting};
 use super::outbox::Outbox;
 use super::tables::{Tables, Who};
-use crate::core::dlock::{DlockEvent, LockResult};
+use crate::core::dlock::{DlockEvent, LockRequest, LockResult};
 use crate::core::{Now, Session};
 use crate::proto::dlock::{self as dl, status, Keys};
 use crate::server::msg::ConnId;
@@ -134,8 +134,17 @@ fn run(t: &mut Tables, out: &mut Outbox, who: Who, op: DlockOp, arena: &[u8], no
             t.dlock_sessions.next_token += 1;
             let result = with_keys(t, keys.get(arena), |t, keys| {
                 let events = &mut t.dlock_events;
-                t.dlock
-                    .lock(session, token, keys, wait_us, lease_us, now.ms, events)
+                t.dlock.lock(
+                    session,
+                    LockRequest {
+                        token,
+                        keys,
+                        wait_us,
+                        lease_us,
+                    },
+                    now.ms,
+                    events,
+                )
             });
             match result {
                 LockResult::Granted => granted(out, to, t.dlock.last_fence(), now),

@@ -11,8 +11,8 @@ use super::outbox::{push_u64, Outbox};
 use super::tables::{Tables, Who};
 use crate::config::Compat;
 use crate::core::store::{
-    ArithOutcome, DeleteOutcome, ItemView, LockOutcome, RauOutcome, StoreMode, StoreOutcome,
-    UnlockOutcome,
+    Arith, ArithOutcome, DeleteOutcome, ItemView, LockOutcome, RauOutcome, StoreMode, StoreOutcome,
+    UnlockOutcome, Write,
 };
 use crate::core::Now;
 use crate::proto::memcache::binary::{self, opcode as opc, status as st};
@@ -207,10 +207,12 @@ pub fn apply(
             let res = s.store(
                 session,
                 mode,
-                key.get(arena),
-                flags,
-                exptime,
-                value.get(arena),
+                Write {
+                    key: key.get(arena),
+                    flags,
+                    exptime,
+                    value: value.get(arena),
+                },
                 cas,
                 now,
             );
@@ -251,7 +253,17 @@ pub fn apply(
             create,
             cas,
         } => {
-            let res = s.incr_decr(session, key.get(arena), incr, delta, create, cas, now);
+            let res = s.incr_decr(
+                session,
+                key.get(arena),
+                Arith {
+                    incr,
+                    delta,
+                    create,
+                    cas,
+                },
+                now,
+            );
             if let ArithOutcome::Value { value, cas } = res {
                 return r.number(value, cas);
             }
@@ -343,7 +355,17 @@ pub fn apply(
         } => {
             t.counters.cmd_set += 1;
             let (key, value) = (key.get(arena), value.get(arena));
-            let status = match s.replace_and_unlock(session, key, flags, exptime, value, cas, now) {
+            let status = match s.replace_and_unlock(
+                session,
+                Write {
+                    key,
+                    flags,
+                    exptime,
+                    value,
+                },
+                cas,
+                now,
+            ) {
                 RauOutcome::Stored { cas } => return r.answer(b"STORED\r\n", Ok(cas)),
                 RauOutcome::NotFound => st::KEY_NOT_FOUND,
                 RauOutcome::NotLocked => st::NOT_LOCKED,
