@@ -7,6 +7,7 @@
 #   make scale  memory per idle connection and per held lock, lease expiry accuracy, at 10k/1M
 #   make soak   mixed hostile traffic on all three protocols for SOAK_SECONDS (CI: 60)
 #   make owner-ceiling  ops/s of one owner thread at 100% and its instructions per op
+#   make determinism  the replay/determinism check over REPLAY_SEEDS seeds (release)
 #   make install  the daemon, holdfast-lock, the systemd unit and the man page under DESTDIR/PREFIX
 #   make verify-service  systemd-analyze verify of dist/holdfast.service (and an install test)
 
@@ -184,6 +185,15 @@ SIM_FIRST ?= 1000
 cluster-sim:
 	HOLDFAST_SIM_FIRST=$(SIM_FIRST) HOLDFAST_SIM_SEEDS=$(SIM_SEEDS) $(CARGO) test --release --lib \
 		cluster::sim::tests::replicas_of_holdfast_agree_under_faults_100k_seeds -- --ignored --nocapture
+
+# The determinism replay (tests/invariants.rs) over many seeds in release mode: each schedule's
+# command entries replayed under another hash seed with snapshot restores midway.
+REPLAY_SEEDS ?= 2000
+REPLAY_FIRST ?= 10000
+.PHONY: determinism
+determinism:
+	HOLDFAST_REPLAY_FIRST=$(REPLAY_FIRST) HOLDFAST_REPLAY_SEEDS=$(REPLAY_SEEDS) $(CARGO) test --release \
+		--test invariants replays_agree_over_many_seeds -- --ignored --nocapture
 
 clean:
 	$(CARGO) clean
