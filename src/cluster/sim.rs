@@ -31,11 +31,9 @@ use std::collections::{BTreeMap, BinaryHeap};
 use raft::prelude::{
     ConfState, Entry, EntryType, HardState, Message, MessageType, Snapshot, SnapshotMetadata,
 };
-use raft::{
-    Config, GetEntriesContext, RaftState, RawNode, SnapshotStatus, StateRole, Storage, StorageError,
-};
+use raft::{Config, RawNode, SnapshotStatus, StateRole, Storage, StorageError};
 
-use super::storage::LogState;
+use super::storage::{log_state_reads, LogState};
 use crate::rng::Rng;
 
 /// A replicated state machine: deterministic, fed committed commands in log order.
@@ -198,34 +196,7 @@ impl MemLog {
 }
 
 impl Storage for MemLog {
-    fn initial_state(&self) -> raft::Result<RaftState> {
-        Ok(RaftState::new(
-            self.state.hard_state.clone(),
-            self.state.conf_state.clone(),
-        ))
-    }
-
-    fn entries(
-        &self,
-        low: u64,
-        high: u64,
-        max_size: impl Into<Option<u64>>,
-        _context: GetEntriesContext,
-    ) -> raft::Result<Vec<Entry>> {
-        self.state.read_entries(low, high, max_size.into())
-    }
-
-    fn term(&self, idx: u64) -> raft::Result<u64> {
-        self.state.read_term(idx)
-    }
-
-    fn first_index(&self) -> raft::Result<u64> {
-        Ok(self.state.base_index() + 1)
-    }
-
-    fn last_index(&self) -> raft::Result<u64> {
-        Ok(self.state.last_index())
-    }
+    log_state_reads!();
 
     fn snapshot(&self, request_index: u64, _to: u64) -> raft::Result<Snapshot> {
         match &self.state.snapshot {

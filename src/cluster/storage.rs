@@ -46,7 +46,7 @@ use std::path::{Path, PathBuf};
 
 use protobuf::Message as PbMessage;
 use raft::prelude::{ConfState, Entry, HardState, Snapshot, SnapshotMetadata};
-use raft::{GetEntriesContext, RaftState, Storage, StorageError};
+use raft::{Storage, StorageError};
 
 use super::crc32c;
 
@@ -836,35 +836,45 @@ impl LogState {
     }
 }
 
+/// The methods of raft's `Storage` that read only the log state (`self.state`, a
+/// [`LogState`]): the same for the disk storage and the simulator's in-memory one, which differ
+/// only in where a snapshot's data lives.
+macro_rules! log_state_reads {
+    () => {
+        fn initial_state(&self) -> raft::Result<raft::RaftState> {
+            Ok(raft::RaftState::new(
+                self.state.hard_state.clone(),
+                self.state.conf_state.clone(),
+            ))
+        }
+
+        fn entries(
+            &self,
+            low: u64,
+            high: u64,
+            max_size: impl Into<Option<u64>>,
+            _context: raft::GetEntriesContext,
+        ) -> raft::Result<Vec<raft::prelude::Entry>> {
+            self.state.read_entries(low, high, max_size.into())
+        }
+
+        fn term(&self, idx: u64) -> raft::Result<u64> {
+            self.state.read_term(idx)
+        }
+
+        fn first_index(&self) -> raft::Result<u64> {
+            Ok(self.state.base_index() + 1)
+        }
+
+        fn last_index(&self) -> raft::Result<u64> {
+            Ok(self.state.last_index())
+        }
+    };
+}
+pub(crate) use log_state_reads;
+
 impl Storage for DiskStorage {
-    fn initial_state(&self) -> raft::Result<RaftState> {
-        Ok(RaftState::new(
-            self.state.hard_state.clone(),
-            self.state.conf_state.clone(),
-        ))
-    }
-
-    fn entries(
-        &self,
-        low: u64,
-        high: u64,
-        max_size: impl Into<Option<u64>>,
-        _context: GetEntriesContext,
-    ) -> raft::Result<Vec<Entry>> {
-        self.state.read_entries(low, high, max_size.into())
-    }
-
-    fn term(&self, idx: u64) -> raft::Result<u64> {
-        self.state.read_term(idx)
-    }
-
-    fn first_index(&self) -> raft::Result<u64> {
-        Ok(self.state.base_index + 1)
-    }
-
-    fn last_index(&self) -> raft::Result<u64> {
-        Ok(self.state.last_index())
-    }
+    log_state_reads!();
 
     fn snapshot(&self, request_index: u64, _to: u64) -> raft::Result<Snapshot> {
         match &self.state.snapshot {
