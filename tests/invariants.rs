@@ -1031,6 +1031,8 @@ fn replays_agree_over_many_seeds() {
     let first = var("HOLDFAST_REPLAY_FIRST", 10_000);
     let seeds = var("HOLDFAST_REPLAY_SEEDS", 200);
     for seed in first..first + seeds {
+        // Named before it runs: a model check inside the schedule panics without the seed.
+        eprintln!("replay seed {seed}");
         let (rec, snap) = recorded(seed, 600);
         let mut pick = Rng::mixed(seed);
         let n = rec.entries.len().max(1) as u64;
@@ -1127,4 +1129,19 @@ fn decode_log(mut bytes: &[u8]) -> Recording {
         bytes = &rest[len..];
     }
     rec
+}
+
+/// Found by `make determinism` (seed 10018 of 10000..12000, 600 steps), and failing the same way
+/// on the code before this change: the schedule checker sees a dlock Lock by slot 12 (lease
+/// 3 ms) answered OK while its model has slot 14 holding k2 connection-bound. The fencing tokens
+/// say slot 12 was granted first (21), then slot 14 twice (22, 23), but the replies reached the
+/// checker as 22, 23, 21. The daemon's tables never held two holders at once (their invariants
+/// are checked after every step); what is unknown yet is whether slot 12's reply left the daemon
+/// after slot 14's (a daemon bug: a grant answered late) or the checker orders them wrongly.
+/// Ignored until that is settled; run it with `cargo test --test invariants -- --ignored
+/// seed_10018`.
+#[test]
+#[ignore]
+fn seed_10018_dlock_grants_reach_the_checker_out_of_token_order() {
+    run(10018, 600);
 }
