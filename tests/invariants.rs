@@ -1145,3 +1145,13 @@ fn decode_log(mut bytes: &[u8]) -> Recording {
 fn seed_10018_dlock_grants_reach_the_checker_out_of_token_order() {
     run(10018, 600);
 }
+
+/// The second such seed of `make determinism` (11210, 600 steps), also failing before this
+/// session's changes: the checker's model has slot 51 holding k2 connection-bound (granted with
+/// k3, then k3 alone re-locked, nothing released, the connection open) when slot 52's Lock of
+/// k3 and k2 is answered OK. Ignored until its cause is found.
+#[test]
+#[ignore]
+fn seed_11210_dlock_grant_while_the_model_has_another_holder() {
+    run(11210, 600);
+}
