@@ -8,9 +8,10 @@
 //! daemon produced them ([`Sim::log_replies`]): a lockd client that reads ACQUIRED holds the name,
 //! RELEASED frees it, a disconnect orphans it; a dlock Ok for a Lock holds its keys; a memcached
 //! `OK` to `lock` holds the item. A reply that gives a lock somebody else already holds in the
-//! model fails the test ("two holders"). After every step the model must equal the tables (holders,
-//! orphans, queues, stats), and no dlock waiter may outlive its wait deadline. At the end every
-//! client leaves, the clock passes every timer, and nothing is left locked.
+//! model fails the test ("two holders"), and so does a dlock grant whose fencing token is not
+//! above every token the clients saw before it. After every step the model must equal the tables
+//! (holders, orphans, queues, stats), and no dlock waiter may outlive its wait deadline. At the
+//! end every client leaves, the clock passes every timer, and nothing is left locked.
 //!
 //! Timers that fire within one clock advance happen at instants the clients cannot see, so the
 //! model lets a lease or an orphan go as soon as its deadline is at or before the current time
@@ -122,6 +123,11 @@ struct World {
     ld: HashMap<&'static str, LdHold>,
     ld_queue: HashMap<&'static str, VecDeque<ConnId>>,
     dl: HashMap<&'static str, DlHold>,
+    /// The fencing token of the last dlock grant the clients saw, in the daemon's reply order:
+    /// grants must reach the clients in token order.
+    dl_fence: u64,
+    /// The same for memcached binary Lock grants (the token is in the reply's CAS field).
+    mc_fence: u64,
     /// memcached reply bytes of the current step, per client.
     mc_reply: Vec<u8>,
     filler: u64,
@@ -158,6 +164,8 @@ impl World {
             ld: HashMap::new(),
             ld_queue: HashMap::new(),
             dl: HashMap::new(),
+            dl_fence: 0,
+            mc_fence: 0,
             mc_reply: Vec::new(),
             filler: 0,
         }
@@ -340,6 +348,11 @@ impl World {
                     Mc::Ok => {
                         assert!(h.is_none(), "two holders: {ctx}, model {h:?}");
                         self.mc.insert(k, me);
+                        if let McReq::BinLock(_) = req {
+                            let fence = u64::from_be_bytes(reply[16..24].try_into().expect("8"));
+                            assert!(fence > self.mc_fence, "fence {fence}: {ctx}");
+                            self.mc_fence = fence;
+                        }
                     }
                     Mc::Locked => assert!(h.is_some(), "{ctx}"),
                     Mc::NotFound => assert!(h.is_none(), "a locked item vanished: {ctx}"),
@@ -626,6 +639,15 @@ impl World {
         match (req, r.status) {
             (DlReq::Ping, Some(dl::status::OK)) => {}
             (DlReq::Lock { keys, lease_ms, .. }, Some(dl::status::OK)) => {
+                let fence = r
+                    .fence
+                    .unwrap_or_else(|| panic!("a grant without a fence: {ctx}"));
+                assert!(
+                    fence > self.dl_fence,
+                    "fence {fence} after {}: grants out of token order: {ctx}",
+                    self.dl_fence
+                );
+                self.dl_fence = fence;
                 for k in keys {
                     assert!(
                         self.dl_free_for(k, me),
@@ -1131,27 +1153,22 @@ fn decode_log(mut bytes: &[u8]) -> Recording {
     rec
 }
 
-/// Found by `make determinism` (seed 10018 of 10000..12000, 600 steps), and failing the same way
-/// on the code before this change: the schedule checker sees a dlock Lock by slot 12 (lease
-/// 3 ms) answered OK while its model has slot 14 holding k2 connection-bound. The fencing tokens
-/// say slot 12 was granted first (21), then slot 14 twice (22, 23), but the replies reached the
-/// checker as 22, 23, 21. The daemon's tables never held two holders at once (their invariants
-/// are checked after every step); what is unknown yet is whether slot 12's reply left the daemon
-/// after slot 14's (a daemon bug: a grant answered late) or the checker orders them wrongly.
-/// Ignored until that is settled; run it with `cargo test --test invariants -- --ignored
-/// seed_10018`.
+/// Found by `make determinism` (seed 10018, 600 steps). One clock advance fired several timers
+/// in turn: slot 12's waiting Lock was granted a 3 ms lease (fence 21), the lease ran out at a
+/// later instant of the same advance, and slot 14, answered for an earlier wait in that batch,
+/// ran its backlog, whose Lock took the same keys (fences 22, 23). The daemon ran that backlog
+/// between the answers of the batch, so slot 12's answer left after slot 14's: replies out of
+/// token order, and a client history with two holders. Now every resolved wait is answered
+/// before any backlog runs (`exec_dlock::deliver_events`).
 #[test]
-#[ignore]
 fn seed_10018_dlock_grants_reach_the_checker_out_of_token_order() {
     run(10018, 600);
 }
 
-/// The second such seed of `make determinism` (11210, 600 steps), also failing before this
-/// session's changes: the checker's model has slot 51 holding k2 connection-bound (granted with
-/// k3, then k3 alone re-locked, nothing released, the connection open) when slot 52's Lock of
-/// k3 and k2 is answered OK. Ignored until its cause is found.
+/// The second seed of `make determinism` with the same cause (11210, 600 steps): slot 52's wait
+/// timed out and its backlog's Lock (fence 55) was answered before the grant (fence 54) of the
+/// 1 ms lease that slot 51 had been given earlier in the same clock advance.
 #[test]
-#[ignore]
 fn seed_11210_dlock_grant_while_the_model_has_another_holder() {
     run(11210, 600);
 }

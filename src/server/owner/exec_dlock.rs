@@ -193,11 +193,19 @@ pub fn eof(t: &mut Tables, out: &mut Outbox, who: Who, now: Now) {
 
 /// Answer the waiting Locks that the table resolved, then run what waited behind them; repeat
 /// until nothing more happens (a backlog may release keys that grant other waiters).
+///
+/// Replies leave in the order the table decided things, hence in fencing-token order: every
+/// resolved wait is answered before the next request of any backlog runs, and a backlog runs
+/// one request at a time with the waits that request resolved answered right after it. (Run
+/// whole, a backlog's Unlock could grant a waiter whose answer would follow the backlog's later
+/// grants; run in between the answers of one batch, a backlog's Lock of a key whose lease ended
+/// later in that batch would be answered before the grant of that lease.)
 pub fn deliver_events(t: &mut Tables, out: &mut Outbox, now: Now) {
-    while !t.dlock_events.is_empty() {
-        let events = std::mem::take(&mut t.dlock_events);
-        for ev in events {
-            let (session, backlog) = match ev {
+    let mut unblocked: VecDeque<(Who, VecDeque<Deferred>)> = VecDeque::new();
+    loop {
+        let mut events = std::mem::take(&mut t.dlock_events);
+        for ev in events.drain(..) {
+            let (who, backlog) = match ev {
                 DlockEvent::Granted {
                     session,
                     token,
@@ -245,7 +253,31 @@ pub fn deliver_events(t: &mut Tables, out: &mut Outbox, now: Now) {
                     continue;
                 }
             };
-            run_backlog(t, out, session, backlog, now);
+            if !backlog.is_empty() {
+                unblocked.push_back((who, backlog));
+            }
+        }
+        // Keep the events vector's allocation for the next turn (nothing was added meanwhile:
+        // answering a wait does not touch the table).
+        debug_assert!(t.dlock_events.is_empty());
+        t.dlock_events = events;
+        let Some((who, mut backlog)) = unblocked.pop_front() else {
+            return;
+        };
+        if let Some(d) = backlog.pop_front() {
+            match d {
+                Deferred::Literal(bytes, close) => {
+                    out.record(who.conn, 1, close, |w| w.extend_from_slice(&bytes))
+                }
+                Deferred::Request(op, bytes) => run(t, out, who, op, &bytes, now),
+            }
+        }
+        if let Some(w) = t.dlock_sessions.waiting.get_mut(&who.session) {
+            // Blocked again: the rest waits behind this new Lock.
+            w.backlog.extend(backlog);
+        } else if !backlog.is_empty() {
+            // The same backlog goes on next, once what its request resolved is answered.
+            unblocked.push_front((who, backlog));
         }
     }
 }
@@ -259,27 +291,5 @@ fn take_waiting(t: &mut Tables, session: Session, token: u64) -> Option<(ConnId,
             Some((t.sessions.conn(session)?, w))
         }
         _ => None,
-    }
-}
-
-fn run_backlog(
-    t: &mut Tables,
-    out: &mut Outbox,
-    who: Who,
-    mut backlog: VecDeque<Deferred>,
-    now: Now,
-) {
-    while let Some(d) = backlog.pop_front() {
-        match d {
-            Deferred::Literal(bytes, close) => {
-                out.record(who.conn, 1, close, |w| w.extend_from_slice(&bytes))
-            }
-            Deferred::Request(op, bytes) => run(t, out, who, op, &bytes, now),
-        }
-        if let Some(w) = t.dlock_sessions.waiting.get_mut(&who.session) {
-            // Blocked again: the rest waits behind this new Lock.
-            w.backlog.extend(backlog);
-            return;
-        }
     }
 }
