@@ -35,10 +35,14 @@ BINDIR  := $(PREFIX)/bin
 MANDIR  := $(PREFIX)/share/man/man1
 UNITDIR ?= $(PREFIX)/lib/systemd/system
 
-.PHONY: run build release test test-rust test-clients conformance deps deps-apt deps-browser deps-go deps-systemd deps-python install verify-service lint fmt bench owner-ceiling scale soak fuzz fuzz-smoke fuzz-deps clean
+.PHONY: run run-cluster build release test test-rust test-clients conformance deps deps-apt deps-browser deps-go deps-systemd deps-python install verify-service lint fmt bench owner-ceiling scale soak fuzz fuzz-smoke fuzz-deps clean
 
 run: release
 	./target/release/holdfast
+
+# A three-node cluster on loopback (ports printed; Ctrl-C stops it and removes its data).
+run-cluster: release
+	tools/run_cluster.sh
 
 build:
 	$(CARGO) build --workspace --all-targets

@@ -2,7 +2,9 @@
 //!
 //! The flags and their defaults are the contract's (`shared/specs/README.md`, "The daemon").
 
+use std::collections::BTreeMap;
 use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
 
 /// Everything the daemon needs to start, validated.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -36,6 +38,23 @@ pub struct Config {
     /// Which server the memcached port answers like where memcached and yrmcds differ
     /// (`docs/compat.md`).
     pub compat: Compat,
+    /// Cluster mode (`--peers`); `None`: the single-node daemon.
+    pub cluster: Option<ClusterConfig>,
+}
+
+/// The contract's cluster flags, validated.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterConfig {
+    /// This node's id, one of `peers`' (1 to 65535).
+    pub node_id: u16,
+    /// Every node of the initial cluster, this one included, and where it listens for peers.
+    pub peers: BTreeMap<u64, SocketAddr>,
+    pub data_dir: PathBuf,
+    pub election_timeout_ms: u64,
+    pub session_timeout_ms: u64,
+    /// Start as a node that `cluster add` will add (not yet supported: refused at start).
+    pub join: bool,
+    pub on_quorum_loss: Option<String>,
 }
 
 /// `--compat`: whose answers the memcached port gives where memcached and yrmcds differ.
@@ -168,6 +187,47 @@ fn options() -> getopts::Options {
         "answer like memcached or yrmcds where they differ (default memcached)",
         "memcached|yrmcds",
     )
+    .optopt(
+        "",
+        "node-id",
+        "cluster mode: this node's id, one of --peers' (1 to 65535)",
+        "N",
+    )
+    .optopt(
+        "",
+        "peers",
+        "cluster mode: every node, this one included: 1=HOST:PORT,2=HOST:PORT,3=HOST:PORT",
+        "LIST",
+    )
+    .optopt(
+        "",
+        "data-dir",
+        "cluster mode: this node's Raft log and snapshots (required with --peers)",
+        "DIR",
+    )
+    .optopt(
+        "",
+        "election-timeout",
+        "cluster mode: Raft election timeout (default 1000)",
+        "MS",
+    )
+    .optopt(
+        "",
+        "session-timeout",
+        "cluster mode: how long the majority waits for an unreachable node's sessions (default 3 x election timeout)",
+        "MS",
+    )
+    .optflag(
+        "",
+        "join",
+        "cluster mode: start as a node that `cluster add` will add",
+    )
+    .optopt(
+        "",
+        "on-quorum-loss",
+        "cluster mode: program run when this node loses and regains the quorum",
+        "PROGRAM",
+    )
     .optflag("h", "help", "print this help")
     .optflag("V", "version", "print the version");
     o
@@ -266,6 +326,7 @@ where
             Some("yrmcds") => Compat::Yrmcds,
             Some(other) => return Err(format!("--compat {other}: must be memcached or yrmcds")),
         },
+        cluster: cluster(&m)?,
     };
     if config.memcache.is_none()
         && config.lockd.is_none()
@@ -275,6 +336,91 @@ where
         return Err("every listener is off: nothing to serve".into());
     }
     Ok(Command::Run(config))
+}
+
+/// Default `--election-timeout`, the contract's.
+const DEFAULT_ELECTION_TIMEOUT_MS: u64 = 1000;
+
+/// The cluster flags: all or none (without `--peers` every other cluster flag is an error, so
+/// that a typo cannot start a single node that the operator believes replicated).
+fn cluster(m: &getopts::Matches) -> Result<Option<ClusterConfig>, String> {
+    let Some(list) = m.opt_str("peers") else {
+        for flag in [
+            "node-id",
+            "data-dir",
+            "election-timeout",
+            "session-timeout",
+            "join",
+            "on-quorum-loss",
+        ] {
+            if m.opt_present(flag) {
+                return Err(format!("--{flag} needs --peers (cluster mode)"));
+            }
+        }
+        return Ok(None);
+    };
+    let peers = parse_peers(&list)?;
+    let node_id: u16 = number(m, "node-id", 0, 1, u16::MAX)?;
+    if node_id == 0 {
+        return Err("--peers needs --node-id".into());
+    }
+    if !peers.contains_key(&u64::from(node_id)) {
+        return Err(format!("--node-id {node_id} is not one of --peers"));
+    }
+    let data_dir = m
+        .opt_str("data-dir")
+        .map(PathBuf::from)
+        .ok_or("--peers needs --data-dir")?;
+    let election_timeout_ms = number(
+        m,
+        "election-timeout",
+        DEFAULT_ELECTION_TIMEOUT_MS,
+        10,
+        600_000,
+    )?;
+    let session_timeout_ms = number(
+        m,
+        "session-timeout",
+        3 * election_timeout_ms,
+        election_timeout_ms,
+        u32::MAX as u64,
+    )?;
+    Ok(Some(ClusterConfig {
+        node_id,
+        peers,
+        data_dir,
+        election_timeout_ms,
+        session_timeout_ms,
+        join: m.opt_present("join"),
+        on_quorum_loss: m.opt_str("on-quorum-loss"),
+    }))
+}
+
+/// `1=HOST:PORT,2=HOST:PORT,...`: ids 1 to 65535, each once, each with an address.
+pub fn parse_peers(list: &str) -> Result<BTreeMap<u64, SocketAddr>, String> {
+    let mut peers = BTreeMap::new();
+    for item in list.split(',').filter(|s| !s.is_empty()) {
+        let (id, addr) = item
+            .split_once('=')
+            .ok_or_else(|| format!("--peers {item}: expected ID=HOST:PORT"))?;
+        let id: u16 = id
+            .parse()
+            .ok()
+            .filter(|&n| n >= 1)
+            .ok_or_else(|| format!("--peers {item}: the id must be 1 to 65535"))?;
+        let addr = addr
+            .to_socket_addrs()
+            .ok()
+            .and_then(|mut a| a.next())
+            .ok_or_else(|| format!("--peers {item}: not an address"))?;
+        if peers.insert(u64::from(id), addr).is_some() {
+            return Err(format!("--peers: id {id} given twice"));
+        }
+    }
+    if peers.is_empty() {
+        return Err("--peers: no nodes".into());
+    }
+    Ok(peers)
 }
 
 fn address(m: &getopts::Matches, name: &str, default: &str) -> Result<Option<SocketAddr>, String> {
@@ -338,6 +484,40 @@ mod tests {
         assert_eq!(c.admin, Some("127.0.0.1:2629".parse().unwrap()));
         assert!(!c.admin_explicit);
         assert_eq!(c.log_level, crate::log::Level::Info);
+        assert_eq!(c.cluster, None);
+    }
+
+    #[test]
+    fn cluster_flags_and_their_defaults() {
+        let c = run(&[
+            "--peers",
+            "1=127.0.0.1:2628,2=127.0.0.1:3628,3=127.0.0.1:4628",
+            "--node-id",
+            "2",
+            "--data-dir",
+            "/var/lib/holdfast",
+        ])
+        .unwrap();
+        let k = c.cluster.unwrap();
+        assert_eq!(k.node_id, 2);
+        assert_eq!(k.peers.len(), 3);
+        assert_eq!(k.peers[&3], "127.0.0.1:4628".parse().unwrap());
+        assert_eq!(k.data_dir, PathBuf::from("/var/lib/holdfast"));
+        assert_eq!(k.election_timeout_ms, 1000);
+        assert_eq!(k.session_timeout_ms, 3000, "3 x the election timeout");
+        assert!(!k.join);
+        let c = run(&[
+            "--peers",
+            "1=127.0.0.1:2628",
+            "--node-id",
+            "1",
+            "--data-dir",
+            "d",
+            "--election-timeout",
+            "200",
+        ])
+        .unwrap();
+        assert_eq!(c.cluster.unwrap().session_timeout_ms, 600);
     }
 
     #[test]
@@ -384,6 +564,38 @@ mod tests {
             "off"
         ])
         .is_err());
+        // Cluster flags come all together or not at all.
+        assert!(run(&["--node-id", "1"]).is_err());
+        assert!(run(&["--peers", "1=127.0.0.1:2628", "--data-dir", "/tmp/x"]).is_err());
+        assert!(run(&["--peers", "1=127.0.0.1:2628", "--node-id", "1"]).is_err());
+        assert!(run(&[
+            "--peers",
+            "1=127.0.0.1:2628",
+            "--node-id",
+            "2",
+            "--data-dir",
+            "d"
+        ])
+        .is_err());
+        assert!(run(&[
+            "--peers",
+            "1=127.0.0.1:2628,1=127.0.0.1:2629",
+            "--node-id",
+            "1",
+            "--data-dir",
+            "d"
+        ])
+        .is_err());
+        assert!(run(&[
+            "--peers",
+            "0=127.0.0.1:2628",
+            "--node-id",
+            "1",
+            "--data-dir",
+            "d"
+        ])
+        .is_err());
+        assert!(run(&["--peers", "1=nowhere", "--node-id", "1", "--data-dir", "d"]).is_err());
         // The counter listener alone is something to serve.
         assert!(run(&["--memcache", "off", "--lockd", "off", "--dlock", "off"]).is_ok());
     }

@@ -8,6 +8,9 @@ use holdfast::config::{self, Command};
 use holdfast::server::Server;
 
 fn main() -> ExitCode {
+    if std::env::args_os().nth(1).is_some_and(|a| a == "cluster") {
+        return cluster_command(std::env::args().skip(2).collect());
+    }
     let config = match config::parse(std::env::args_os().skip(1)) {
         Ok(Command::Run(c)) => c,
         Ok(Command::Help(text)) => {
@@ -106,4 +109,87 @@ fn stop_signals() -> libc::sigset_t {
         libc::sigaddset(&mut set, libc::SIGTERM);
         set
     }
+}
+
+/// `holdfast cluster status [--admin ADDR]`: a node's view of its cluster, from its admin port.
+fn cluster_command(args: Vec<String>) -> ExitCode {
+    let usage = "usage: holdfast cluster status [--admin HOST:PORT]";
+    let mut admin = "127.0.0.1:2629".to_string();
+    let mut verb = None;
+    let mut it = args.into_iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--admin" => match it.next() {
+                Some(v) => admin = v,
+                None => {
+                    eprintln!("{usage}");
+                    return ExitCode::from(2);
+                }
+            },
+            v if verb.is_none() => verb = Some(v.to_string()),
+            _ => {
+                eprintln!("{usage}");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    match verb.as_deref() {
+        Some("status") => match http_get(&admin, "/cluster") {
+            Ok((200, body)) => {
+                print!("{body}");
+                ExitCode::SUCCESS
+            }
+            Ok((code, body)) => {
+                eprintln!(
+                    "holdfast cluster status: {admin} answered {code}: {}",
+                    body.trim()
+                );
+                ExitCode::FAILURE
+            }
+            Err(e) => {
+                eprintln!("holdfast cluster status: {admin}: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Some("add") | Some("remove") => {
+            eprintln!("holdfast cluster: membership changes are not supported yet");
+            ExitCode::from(2)
+        }
+        _ => {
+            eprintln!("{usage}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// A GET of `path` on the admin port (HTTP/1.1, Connection: close), with deadlines.
+fn http_get(addr: &str, path: &str) -> Result<(u16, String), String> {
+    use std::io::Read;
+    use std::net::ToSocketAddrs;
+    let deadline = std::time::Duration::from_secs(5);
+    let sa = addr
+        .to_socket_addrs()
+        .map_err(|e| e.to_string())?
+        .next()
+        .ok_or("no address")?;
+    let mut s = std::net::TcpStream::connect_timeout(&sa, deadline).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(deadline))
+        .map_err(|e| e.to_string())?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .map_err(|e| e.to_string())?;
+    let mut raw = Vec::new();
+    s.take(16 << 20)
+        .read_to_end(&mut raw)
+        .map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").ok_or("no HTTP header")?;
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or("no HTTP status")?;
+    Ok((code, body.to_string()))
 }

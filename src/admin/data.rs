@@ -67,6 +67,27 @@ pub enum Query {
     Status { limit: usize },
     /// Is the owner turning? (`/healthz`)
     Ping,
+    /// This node's view of its cluster (`/cluster`).
+    Cluster,
+}
+
+/// One cluster node's view, for `/cluster` and `holdfast cluster status`.
+#[derive(Clone, Debug)]
+pub struct ClusterStatus {
+    pub node: u64,
+    /// leader, follower, candidate or precandidate.
+    pub role: String,
+    /// The leader this node knows (0: none).
+    pub leader: u64,
+    pub term: u64,
+    /// The last log index applied here.
+    pub applied: u64,
+    /// The log's clock (Unix ms).
+    pub log_time_ms: u64,
+    /// Whether this node has fenced itself (cut off from a quorum).
+    pub fenced: bool,
+    /// Every member: id, peer address, milliseconds since this node last heard from it.
+    pub peers: Vec<(u64, String, Option<u64>)>,
 }
 
 #[derive(Debug)]
@@ -75,6 +96,8 @@ pub enum Answer {
     Locks(LockList),
     Status(Snapshot, Vec<LockList>),
     Pong,
+    /// `None` on a single node.
+    Cluster(Option<ClusterStatus>),
 }
 
 /// Latency buckets (upper bounds, seconds) of the lock-request histograms: from a fast

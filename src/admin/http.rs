@@ -174,7 +174,17 @@ fn route(req: &httparse::Request<'_, '_>, ctx: &Ctx) -> Response {
                 _ => owner_busy(),
             },
         },
-        _ => Response::text(404, "not found: try /, /metrics, /locks?table=T, /healthz"),
+        "/cluster" => match ctx.ask(Query::Cluster) {
+            Some(Answer::Cluster(Some(c))) => {
+                Response::new(200, "application/json", render::cluster(&c))
+            }
+            Some(Answer::Cluster(None)) => Response::text(404, "not a cluster node (no --peers)"),
+            _ => owner_busy(),
+        },
+        _ => Response::text(
+            404,
+            "not found: try /, /metrics, /locks?table=T, /healthz, /cluster",
+        ),
     }
 }
 

@@ -396,3 +396,25 @@ pub fn status(s: &Snapshot, lists: &[LockList], ctx: &Ctx) -> Vec<u8> {
     });
     serde_json::to_vec(&v).unwrap_or_default()
 }
+
+/// `/cluster`: this node's view of its cluster, as JSON.
+pub fn cluster(c: &super::data::ClusterStatus) -> Vec<u8> {
+    let peers: Vec<Value> = c
+        .peers
+        .iter()
+        .map(|(id, addr, heard)| json!({"id": id, "address": addr, "last_heard_ms": heard}))
+        .collect();
+    let v = json!({
+        "node": c.node,
+        "role": c.role,
+        "leader": c.leader,
+        "term": c.term,
+        "applied": c.applied,
+        "log_time_ms": c.log_time_ms,
+        "fenced": c.fenced,
+        "peers": peers,
+    });
+    let mut out = serde_json::to_vec_pretty(&v).unwrap_or_default();
+    out.push(b'\n');
+    out
+}

@@ -140,7 +140,9 @@ impl Server {
         }
         // One I/O thread: it runs the owner itself (run to completion; see `Owner::step_inline`),
         // and whoever else talks to the owner (the admin port) must wake that thread.
-        let inline_waker = (workers.len() == 1).then(|| wakers[0].clone());
+        // A cluster node's owner drives raft on a thread of its own.
+        let inline_waker =
+            (workers.len() == 1 && config.cluster.is_none()).then(|| wakers[0].clone());
         let mut owner_rx = Some(owner_rx);
         if let (Some(w), Some(link), Some(rx)) = (
             workers.first_mut(),
@@ -149,6 +151,22 @@ impl Server {
         ) {
             w.run_owner_inline(owner::Owner::new_inline(shared.clone(), rx, link.clone()));
         }
+        // Opened before any thread starts: a data directory that cannot be used stops the start.
+        let cluster_owner = match (
+            &config.cluster,
+            owner_rx.take_if(|_| config.cluster.is_some()),
+        ) {
+            (Some(cluster), Some(rx)) => Some(
+                owner::cluster::ClusterOwner::start(
+                    shared.clone(),
+                    rx,
+                    std::mem::take(&mut worker_links),
+                    cluster,
+                )
+                .map_err(io::Error::other)?,
+            ),
+            _ => None,
+        };
         let mut threads = Vec::new();
         for (i, w) in workers.into_iter().enumerate() {
             threads.push(
@@ -157,7 +175,13 @@ impl Server {
                     .spawn(move || w.run())?,
             );
         }
-        if let Some(rx) = owner_rx {
+        if let Some(owner) = cluster_owner {
+            threads.push(
+                std::thread::Builder::new()
+                    .name("holdfast-owner".into())
+                    .spawn(move || owner.run())?,
+            );
+        } else if let Some(rx) = owner_rx {
             let owner = owner::Owner::new(shared.clone(), rx, worker_links);
             threads.push(
                 std::thread::Builder::new()

@@ -86,6 +86,24 @@ pub fn encode_entry(now_ms: u64, ops: &[OpMsg], arena: &[u8], out: &mut Vec<u8>)
     }
 }
 
+/// Append one entry made of several workers' batches, in order: the same bytes as one batch
+/// holding all their operations (each operation's bytes are read from its own batch's arena).
+pub fn encode_entry_of_batches<'a>(
+    now_ms: u64,
+    batches: impl Iterator<Item = &'a Batch> + Clone,
+    out: &mut Vec<u8>,
+) {
+    out.extend_from_slice(MAGIC);
+    codec::put_u64(out, now_ms);
+    let n: usize = batches.clone().map(|b| b.ops.len()).sum();
+    codec::put_u64(out, n as u64);
+    for b in batches {
+        for m in &b.ops {
+            encode_op(m, &b.arena.bytes, out);
+        }
+    }
+}
+
 /// Decode one entry into `batch` (cleared first; its buffers are reused); returns the time.
 pub fn decode_entry(bytes: &[u8], limits: Limits, batch: &mut Batch) -> Result<u64, DecodeError> {
     batch.ops.clear();

@@ -41,6 +41,7 @@ pub fn count_lock_requests<'a>(ops: impl Iterator<Item = &'a Op>) -> [u32; PROTO
 pub fn answer(t: &Tables, shared: &Shared, now: Now, q: Query) -> Answer {
     match q {
         Query::Ping => Answer::Pong,
+        Query::Cluster => Answer::Cluster(None),
         Query::Metrics => Answer::Metrics(snapshot(t, shared, now)),
         Query::Locks {
             table,

@@ -18,6 +18,7 @@ use crate::server::Shared;
 
 mod admin_state;
 mod apply;
+pub mod cluster;
 pub mod command;
 mod dlock_sessions;
 mod exec_admin;
@@ -198,15 +199,7 @@ impl Owner {
     }
 
     fn next_deadline(&self) -> Option<u64> {
-        let t = &self.tables;
-        [
-            t.store.next_deadline(),
-            t.lockd.next_deadline(),
-            t.dlock.next_deadline(),
-        ]
-        .into_iter()
-        .flatten()
-        .min()
+        self.tables.next_deadline()
     }
 
     fn apply(&mut self, batch: Batch, now: Now) {
@@ -232,20 +225,7 @@ impl Owner {
                 self.send_replies();
             }
         }
-        let Batch {
-            worker,
-            ops,
-            arena,
-            spare_records,
-            spare_reply_arena,
-            ..
-        } = batch;
-        if let Some(p) = self.pools.get_mut(worker as usize) {
-            p.ops.give(ops);
-            p.batch_arena.give(arena.bytes);
-            p.records.give(spare_records);
-            p.reply_arena.give(spare_reply_arena);
-        }
+        recycle(&mut self.pools, batch);
     }
 
     /// Fire what is due; most turns nothing is, and the check is one look at each wheel.
@@ -256,30 +236,60 @@ impl Owner {
     }
 
     fn send_replies(&mut self) {
-        self.outbox.bytes_this_turn = 0;
-        let links = self
-            .outbox
-            .per_worker
-            .iter_mut()
-            .zip(&self.workers)
-            .zip(&mut self.pools);
-        for ((replies, (tx, waker)), pool) in links {
-            if replies.records.is_empty() {
-                continue;
-            }
-            let next = Replies {
-                records: pool.records.take(),
-                arena: Arena {
-                    bytes: pool.reply_arena.take(),
-                },
-                ..Replies::default()
-            };
-            let mut full = std::mem::replace(replies, next);
-            full.spare_ops = pool.ops.take();
-            full.spare_batch_arena = pool.batch_arena.take();
-            if tx.send(full).is_ok() && !self.inline {
-                let _ = waker.wake();
-            }
+        send_replies(
+            &mut self.outbox,
+            &self.workers,
+            &mut self.pools,
+            self.inline,
+        );
+    }
+}
+
+/// Keep an applied batch's buffers for its worker's next replies.
+fn recycle(pools: &mut [Pools], batch: Batch) {
+    let Batch {
+        worker,
+        ops,
+        arena,
+        spare_records,
+        spare_reply_arena,
+        ..
+    } = batch;
+    if let Some(p) = pools.get_mut(worker as usize) {
+        p.ops.give(ops);
+        p.batch_arena.give(arena.bytes);
+        p.records.give(spare_records);
+        p.reply_arena.give(spare_reply_arena);
+    }
+}
+
+/// Send each worker its replies gathered so far (one message and one wake-up per worker with
+/// anything to send), with buffers from its pool to fill next. `inline`: the one worker runs
+/// the owner itself and reads its channel next, so it is not woken.
+fn send_replies(
+    outbox: &mut Outbox,
+    workers: &[(Sender<Replies>, Arc<Waker>)],
+    pools: &mut [Pools],
+    inline: bool,
+) {
+    outbox.bytes_this_turn = 0;
+    let links = outbox.per_worker.iter_mut().zip(workers).zip(pools);
+    for ((replies, (tx, waker)), pool) in links {
+        if replies.records.is_empty() {
+            continue;
+        }
+        let next = Replies {
+            records: pool.records.take(),
+            arena: Arena {
+                bytes: pool.reply_arena.take(),
+            },
+            ..Replies::default()
+        };
+        let mut full = std::mem::replace(replies, next);
+        full.spare_ops = pool.ops.take();
+        full.spare_batch_arena = pool.batch_arena.take();
+        if tx.send(full).is_ok() && !inline {
+            let _ = waker.wake();
         }
     }
 }

@@ -8,6 +8,9 @@ use crate::server::msg::{ConnId, Record, Replies, Span};
 /// Replies being gathered this turn, one batch per worker.
 pub struct Outbox {
     pub per_worker: Vec<Replies>,
+    /// The cluster node whose connections these workers own (0 on a single node): replies to
+    /// another node's connections are that node's to send, and are dropped here unwritten.
+    pub node: u16,
     /// The largest reply arena of this turn so far.
     pub bytes_this_turn: usize,
 }
@@ -18,8 +21,14 @@ const SEND_EARLY_BYTES: usize = 64 * 1024 * 1024;
 
 impl Outbox {
     pub fn new(workers: usize) -> Outbox {
+        Outbox::for_node(workers, 0)
+    }
+
+    /// The outbox of cluster node `node`, whose `workers` own the node's connections.
+    pub fn for_node(workers: usize, node: u16) -> Outbox {
         Outbox {
             per_worker: (0..workers).map(|_| Replies::default()).collect(),
+            node,
             bytes_this_turn: 0,
         }
     }
@@ -47,6 +56,9 @@ impl Outbox {
         done: u32,
         write: impl FnOnce(&mut Vec<u8>) -> bool,
     ) {
+        if conn.node != self.node {
+            return;
+        }
         let Some(replies) = self.per_worker.get_mut(conn.worker as usize) else {
             return;
         };

@@ -25,8 +25,10 @@ const DIRECT_SLACK: usize = 4096;
 pub struct Sessions {
     /// The last id handed out (0: none yet).
     last: u64,
-    /// `[worker][slot]`: (generation, session id), id 0 for none.
-    direct: Vec<Vec<(u32, u64)>>,
+    /// `[worker][slot]`: (node, generation, session id), id 0 for none. In a cluster the first
+    /// node to use a worker's slot gets the entry; a connection of another node with the same
+    /// worker and slot goes to `other` while it is taken.
+    direct: Vec<Vec<(u16, u32, u64)>>,
     /// Connections outside `direct`.
     other: HashMap<ConnId, Session>,
     conn_of: HashMap<Session, ConnId>,
@@ -47,15 +49,19 @@ impl Sessions {
 
     fn insert(&mut self, conn: ConnId, s: Session) {
         let (w, slot) = (usize::from(conn.worker), conn.slot as usize);
-        if w < DIRECT_WORKERS && slot < self.conn_of.len() + DIRECT_SLACK {
+        let free = |row: &Vec<(u16, u32, u64)>| row.get(slot).is_none_or(|e| e.2 == 0);
+        if w < DIRECT_WORKERS
+            && slot < self.conn_of.len() + DIRECT_SLACK
+            && self.direct.get(w).is_none_or(free)
+        {
             if self.direct.len() <= w {
                 self.direct.resize_with(w + 1, Vec::new);
             }
             let row = &mut self.direct[w];
             if row.len() <= slot {
-                row.resize(slot + 1, (0, 0));
+                row.resize(slot + 1, (0, 0, 0));
             }
-            row[slot] = (conn.gen, s.0);
+            row[slot] = (conn.node, conn.gen, s.0);
         } else {
             self.other.insert(conn, s);
         }
@@ -69,9 +75,9 @@ impl Sessions {
             .direct
             .get(usize::from(conn.worker))
             .and_then(|row| row.get(conn.slot as usize))
-            .filter(|&&(gen, id)| id != 0 && gen == conn.gen);
+            .filter(|&&(node, gen, id)| id != 0 && gen == conn.gen && node == conn.node);
         match direct {
-            Some(&(_, id)) => Some(Session(id)),
+            Some(&(_, _, id)) => Some(Session(id)),
             None if self.other.is_empty() => None,
             None => self.other.get(&conn).copied(),
         }
@@ -90,15 +96,28 @@ impl Sessions {
             .direct
             .get_mut(usize::from(conn.worker))
             .and_then(|row| row.get_mut(conn.slot as usize))
-            .filter(|e| e.1 == s.0);
+            .filter(|e| e.2 == s.0);
         match entry {
-            Some(e) => *e = (0, 0),
+            Some(e) => *e = (0, 0, 0),
             None => {
                 self.other.remove(&conn);
             }
         }
         self.conn_of.remove(&s);
         Some(s)
+    }
+
+    /// The live connections of cluster node `node`, in connection order (the same on every
+    /// replica: a restarted node's old sessions end in this order).
+    pub fn conns_of_node(&self, node: u16) -> Vec<ConnId> {
+        let mut v: Vec<ConnId> = self
+            .conn_of
+            .values()
+            .copied()
+            .filter(|c| c.node == node)
+            .collect();
+        v.sort_unstable();
+        v
     }
 
     pub fn len(&self) -> usize {
@@ -182,6 +201,32 @@ mod tests {
         let mut again = Vec::new();
         s.snapshot(&mut again);
         assert_eq!(again, bytes);
+    }
+
+    #[test]
+    fn connections_of_different_nodes_with_the_same_slot_are_different_sessions() {
+        let mut s = Sessions::default();
+        let a = ConnId::on_node(1, 0, 7, 0);
+        let b = ConnId::on_node(2, 0, 7, 0);
+        assert_eq!(s.session(a), Session(1));
+        assert_eq!(s.session(b), Session(2));
+        assert_eq!(s.find(a), Some(Session(1)));
+        assert_eq!(s.find(b), Some(Session(2)));
+        assert_eq!(s.conn(Session(2)), Some(b));
+        assert_eq!(s.close(a), Some(Session(1)));
+        assert_eq!(s.find(a), None);
+        assert_eq!(s.find(b), Some(Session(2)));
+        // The freed direct entry goes to the next connection; b still answers from the map.
+        let c = ConnId::on_node(3, 0, 7, 0);
+        assert_eq!(s.session(c), Session(3));
+        assert_eq!(s.close(b), Some(Session(2)));
+        assert_eq!(s.find(c), Some(Session(3)));
+        assert_eq!(s.find(b), None);
+        let mut bytes = Vec::new();
+        s.snapshot(&mut bytes);
+        let t = Sessions::restore(&mut Reader::new(&bytes)).unwrap();
+        assert_eq!(t.find(c), Some(Session(3)));
+        assert_eq!(t.find(ConnId::on_node(1, 0, 7, 0)), None);
     }
 
     #[test]

@@ -94,6 +94,18 @@ impl Tables {
         self.sessions.snapshot(out);
     }
 
+    /// When the next timer of any table is due (Unix ms), if one is set.
+    pub fn next_deadline(&self) -> Option<u64> {
+        [
+            self.store.next_deadline(),
+            self.lockd.next_deadline(),
+            self.dlock.next_deadline(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
     /// The state from bytes written by [`Tables::snapshot`], with this daemon's configuration.
     /// Untrusted input: truncated or corrupt bytes are an error, never a panic.
     pub fn restore(c: &crate::config::Config, bytes: &[u8]) -> Result<Tables, DecodeError> {

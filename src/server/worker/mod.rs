@@ -92,6 +92,8 @@ struct Stall {
 
 pub struct Worker {
     id: u16,
+    /// The cluster node this worker belongs to (0 on a single node), part of every [`ConnId`].
+    node: u16,
     shared: Arc<Shared>,
     poll: Poll,
     listeners: Vec<(TcpListener, Proto)>,
@@ -141,6 +143,7 @@ impl Worker {
     ) -> io::Result<Worker> {
         let mut worker = Worker {
             id,
+            node: shared.config.cluster.as_ref().map_or(0, |c| c.node_id),
             shared,
             poll,
             listeners,
@@ -348,7 +351,7 @@ impl Worker {
             sent: 0,
             stall: None,
         });
-        let conn = ConnId::new(self.id, slot as u32, gen);
+        let conn = ConnId::on_node(self.node, self.id, slot as u32, gen);
         self.batch.ops.push(OpMsg {
             conn,
             op: Op::Open { proto, peer },
@@ -384,14 +387,14 @@ impl Worker {
                     // Lock that waits forever would never let that happen: tell the owner.
                     s.conn.closing = true;
                     if s.conn.proto == Proto::Dlock && s.conn.inflight > 0 {
-                        let conn = ConnId::new(self.id, slot as u32, s.gen);
+                        let conn = ConnId::on_node(self.node, self.id, slot as u32, s.gen);
                         self.batch.ops.push(OpMsg { conn, op: Op::Eof });
                     }
                     self.recheck.push(slot);
                     break;
                 }
                 Ok(n) => {
-                    let id = ConnId::new(self.id, slot as u32, s.gen);
+                    let id = ConnId::on_node(self.node, self.id, slot as u32, s.gen);
                     let fatal =
                         s.conn
                             .receive(&scratch[..n], id, &self.shared.config, &mut self.batch);
@@ -427,7 +430,7 @@ impl Worker {
             return;
         };
         if !s.conn.rbuf.is_empty() && s.conn.can_parse() {
-            let id = ConnId::new(self.id, slot as u32, s.gen);
+            let id = ConnId::on_node(self.node, self.id, slot as u32, s.gen);
             s.conn
                 .parse_buffered(id, &self.shared.config, &mut self.batch);
             self.dirty.push(slot);
@@ -490,7 +493,7 @@ impl Worker {
             let Some(s) = self.sockets.get_mut(slot) else {
                 continue;
             };
-            let id = ConnId::new(self.id, slot as u32, s.gen);
+            let id = ConnId::on_node(self.node, self.id, slot as u32, s.gen);
             s.conn.continue_dump(id, &mut self.batch);
             if s.conn.closing {
                 if s.conn.finished() {
@@ -638,7 +641,7 @@ impl Worker {
         let _ = self.poll.registry().deregister(&mut s.stream);
         self.gens[slot] = s.gen.wrapping_add(1);
         self.shared.curr_connections.fetch_sub(1, Ordering::Relaxed);
-        let conn = ConnId::new(self.id, slot as u32, s.gen);
+        let conn = ConnId::on_node(self.node, self.id, slot as u32, s.gen);
         self.batch.ops.push(OpMsg {
             conn,
             op: Op::Close,

@@ -1,0 +1,793 @@
+//! The owner of a cluster node (`--peers`): the same state machine as a single node's, fed by
+//! the Raft log instead of by the workers directly.
+//!
+//! Owns: turning the workers' batches into proposals, proposing them (through the leader),
+//! applying committed entries to the [`Tables`] with the log's time, delivering the replies
+//! addressed to this node's connections, and answering "no quorum" when a proposal cannot be
+//! committed in time. Must not: apply anything that did not come out of the log.
+//!
+//! **Proposals.** A proposal is one owner turn's worth of this node's batches, as one command
+//! entry (`command.rs`) behind a header naming the node, this run of it (its *incarnation*, the
+//! Unix time in microseconds at start) and a sequence number:
+//!
+//! ```text
+//! proposal = 1 node(u64 LE) incarnation(u64 LE) seq(u64 LE) entry   commands
+//!          | 2 node(u64 LE) time_ms(u64 LE)                            a node's sessions expire
+//! ```
+//!
+//! A node keeps at most one proposal in flight; what its workers send meanwhile waits for the
+//! next one (so one entry, one sync and one round trip carry many requests: group commit). A
+//! proposal not applied within half an election timeout is proposed again (raft-rs drops
+//! proposals silently when the leader changes); the state machine applies each (node,
+//! incarnation, seq) once, and ignores a proposal of an older incarnation. One not applied
+//! within two election timeouts is given up: its requests are answered with the contract's
+//! no-quorum replies and their connections closed (the proposal may still be committed later;
+//! closing makes sure the client never acts on a lock it was told it did not get, and the
+//! close itself ends the session and whatever it held once the log takes it).
+//!
+//! **Time.** Each entry carries the proposer's clock; the state's clock is the largest seen, so
+//! it never runs backwards. Timers fire only when an entry is applied: the leader proposes an
+//! empty entry when one is due and nothing else is in flight.
+//!
+//! **Sessions.** Every node applies every node's commands; [`Outbox`] writes only the replies
+//! to this node's connections. The first proposal of a new incarnation of a node ends every
+//! session of its earlier one (that process is gone, and its connections with it).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crossbeam_channel::{select, Receiver, Sender};
+use mio::Waker;
+
+use super::{apply_op, apply_turn, clock, command, exec_admin, Outbox, Pools, Tables};
+use crate::cluster::node::{Machine, NodeConfig, RaftNode};
+use crate::config::ClusterConfig;
+use crate::core::codec::{self, DecodeError, Reader};
+use crate::core::Now;
+use crate::proto::dlock as dl;
+use crate::proto::lockd as ld;
+use crate::proto::memcache::binary;
+use crate::server::msg::{Arena, Batch, ConnId, McForm, Op, OpMsg, Replies, ToOwner};
+use crate::server::Shared;
+
+/// A proposal's first byte: what it is.
+const KIND_COMMANDS: u8 = 1;
+const KIND_EXPIRE: u8 = 2;
+/// Header of a commands proposal: kind, node, incarnation, sequence number.
+const HEADER_LEN: usize = 25;
+/// An expiry: kind, node, the leader's time.
+const EXPIRE_LEN: usize = 17;
+/// Worker batches gathered into one proposal at most (bounds an entry like a single node's
+/// turn: the caps on each batch's requests apply before proposal).
+const MAX_BATCHES_PER_PROPOSAL: usize = 64;
+/// Batches waiting for the next proposal before the owner stops taking more from the workers
+/// (they queue in the channel, whose requests are each bounded by the workers' caps).
+const MAX_QUEUED_BATCHES: usize = 4096;
+/// binary protocol status "temporary failure" (memcached's PROTOCOL_BINARY_RESPONSE_ETMPFAIL).
+const BINARY_TEMPORARY_FAILURE: u16 = 0x0086;
+const NO_QUORUM: &str = "no quorum";
+
+/// The replicated state: what every node has the same of, plus where this node's replies go.
+pub struct Replicated {
+    shared: Arc<Shared>,
+    pub tables: Tables,
+    pub outbox: Outbox,
+    /// The log's clock: the largest time any applied entry carried.
+    clock_ms: u64,
+    /// Per node: its latest incarnation and the last sequence number applied from it.
+    nodes: BTreeMap<u64, (u64, u64)>,
+    /// Scratch for decoding entries.
+    batch: Batch,
+    me: u64,
+    incarnation: u64,
+    /// The last of this node's own sequence numbers applied (this incarnation).
+    pub mine_applied: u64,
+    /// Entries that did not decode (hostile or from a newer version): ignored on every replica.
+    pub refused: u64,
+    /// Expiries of a node's sessions applied.
+    pub expired: u64,
+}
+
+const SNAPSHOT_MAGIC: &[u8] = b"HFcl1";
+
+impl Replicated {
+    pub fn new(shared: Arc<Shared>, workers: usize, me: u64, incarnation: u64) -> Replicated {
+        // Every replica starts from the same state: its clocks at 0 until the first entry.
+        let tables = Tables::new(&shared.config, Now::from_unix_ms(0));
+        Replicated {
+            outbox: Outbox::for_node(workers, me as u16),
+            tables,
+            shared,
+            clock_ms: 0,
+            nodes: BTreeMap::new(),
+            batch: Batch::default(),
+            me,
+            incarnation,
+            mine_applied: 0,
+            refused: 0,
+            expired: 0,
+        }
+    }
+
+    fn apply_proposal(&mut self, data: &[u8]) -> Result<(), DecodeError> {
+        let word = |i: usize| -> Result<u64, DecodeError> {
+            let b = data
+                .get(i..i + 8)
+                .ok_or(DecodeError::Invalid("proposal header truncated"))?;
+            let mut a = [0u8; 8];
+            a.copy_from_slice(b);
+            Ok(u64::from_le_bytes(a))
+        };
+        match data.first() {
+            Some(&KIND_COMMANDS) => {}
+            Some(&KIND_EXPIRE) => {
+                // The leader has not heard from `node` for the session timeout: its sessions
+                // end (the node has fenced itself by now).
+                let (node, time) = (word(1)?, word(9)?);
+                if data.len() != EXPIRE_LEN {
+                    return Err(DecodeError::Invalid("expiry entry length"));
+                }
+                let node16 = u16::try_from(node).map_err(|_| DecodeError::Invalid("node id"))?;
+                self.clock_ms = self.clock_ms.max(time);
+                self.end_sessions_of(node16);
+                self.expired += 1;
+                return Ok(());
+            }
+            _ => return Err(DecodeError::Invalid("unknown proposal kind")),
+        }
+        let (node, incarnation, seq) = (word(1)?, word(9)?, word(17)?);
+        let node16 = u16::try_from(node).map_err(|_| DecodeError::Invalid("node id"))?;
+        let limits = command::Limits::default();
+        let time = command::decode_entry(&data[HEADER_LEN..], limits, &mut self.batch)?;
+        match self.nodes.get(&node).copied() {
+            Some((inc, _)) if incarnation < inc => return Ok(()),
+            Some((inc, last)) if incarnation == inc && seq <= last => return Ok(()),
+            Some((inc, _)) if incarnation == inc => {}
+            earlier => {
+                // A new run of that node: its earlier run's connections are gone.
+                self.clock_ms = self.clock_ms.max(time);
+                if earlier.is_some() {
+                    self.end_sessions_of(node16);
+                }
+            }
+        }
+        self.nodes.insert(node, (incarnation, seq));
+        // A proposal names only its own node's connections.
+        if self.batch.ops.iter().any(|m| m.conn.node != node16) {
+            return Err(DecodeError::Invalid(
+                "a proposal names another node's connection",
+            ));
+        }
+        self.clock_ms = self.clock_ms.max(time);
+        apply_turn(
+            &mut self.tables,
+            &mut self.outbox,
+            &self.shared,
+            Now::from_unix_ms(self.clock_ms),
+            &self.batch.ops,
+            &self.batch.arena.bytes,
+        );
+        if node == self.me && incarnation == self.incarnation {
+            self.mine_applied = seq;
+        }
+        Ok(())
+    }
+
+    /// End every session of `node`'s connections, in connection order, at the log's time:
+    /// connection-bound locks are released, old-protocol locks become orphans, waits end.
+    fn end_sessions_of(&mut self, node: u16) {
+        let now = Now::from_unix_ms(self.clock_ms);
+        for conn in self.tables.sessions.conns_of_node(node) {
+            // The connection closes too, on the node that has it (the others write nothing):
+            // its client must not go on believing in locks it no longer has.
+            self.outbox.record(conn, 0, true, |_| {});
+            apply_op(
+                &mut self.tables,
+                &mut self.outbox,
+                &self.shared,
+                conn,
+                Op::Close,
+                &[],
+                now,
+            );
+        }
+    }
+
+    /// Whether any session of `node` is live.
+    pub fn has_sessions_of(&self, node: u16) -> bool {
+        !self.tables.sessions.conns_of_node(node).is_empty()
+    }
+
+    /// The log's clock.
+    pub fn clock_ms(&self) -> u64 {
+        self.clock_ms
+    }
+}
+
+impl Machine for Replicated {
+    fn apply(&mut self, _index: u64, data: &[u8]) {
+        if self.apply_proposal(data).is_err() {
+            // Every replica refuses the same bytes the same way.
+            self.refused += 1;
+        }
+    }
+
+    fn snapshot(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        out.extend_from_slice(SNAPSHOT_MAGIC);
+        codec::put_u64(&mut out, self.clock_ms);
+        codec::put_u64(&mut out, self.nodes.len() as u64);
+        for (&node, &(inc, seq)) in &self.nodes {
+            codec::put_u64(&mut out, node);
+            codec::put_u64(&mut out, inc);
+            codec::put_u64(&mut out, seq);
+        }
+        codec::put_u64(&mut out, self.refused);
+        codec::put_u64(&mut out, self.expired);
+        self.tables.snapshot(&mut out);
+        out
+    }
+
+    fn restore(&mut self, data: &[u8]) -> Result<(), String> {
+        let mut r = Reader::new(data);
+        type Head = (u64, BTreeMap<u64, (u64, u64)>, u64, u64);
+        let head = (|| -> Result<Head, DecodeError> {
+            r.expect(SNAPSHOT_MAGIC, "cluster snapshot magic")?;
+            let clock_ms = r.u64()?;
+            let n = r.count(3)?;
+            let mut nodes = BTreeMap::new();
+            for _ in 0..n {
+                let node = r.u64()?;
+                let v = (r.u64()?, r.u64()?);
+                if nodes.insert(node, v).is_some() {
+                    return Err(DecodeError::Invalid("a node named twice"));
+                }
+            }
+            Ok((clock_ms, nodes, r.u64()?, r.u64()?))
+        })()
+        .map_err(|e| e.to_string())?;
+        let used = data.len() - r.remaining();
+        let tables =
+            Tables::restore(&self.shared.config, &data[used..]).map_err(|e| e.to_string())?;
+        (self.clock_ms, self.nodes, self.refused, self.expired) = head;
+        self.tables = tables;
+        self.mine_applied = self
+            .nodes
+            .get(&self.me)
+            .filter(|(inc, _)| *inc == self.incarnation)
+            .map_or(0, |&(_, seq)| seq);
+        Ok(())
+    }
+}
+
+/// A proposal of this node not yet seen applied.
+struct InFlight {
+    seq: u64,
+    data: Vec<u8>,
+    batches: Vec<Batch>,
+    first: Instant,
+    /// The last attempt, and whether it reached a leader (as far as this node can tell).
+    tried: Instant,
+    sent: bool,
+}
+
+pub struct ClusterOwner {
+    shared: Arc<Shared>,
+    rx: Receiver<ToOwner>,
+    workers: Vec<(Sender<Replies>, Arc<Waker>)>,
+    pools: Vec<Pools>,
+    state: Replicated,
+    node: RaftNode,
+    incarnation: u64,
+    seq: u64,
+    queued: Vec<Batch>,
+    inflight: Option<InFlight>,
+    election: Duration,
+    liveness: Liveness,
+    peers: BTreeMap<u64, std::net::SocketAddr>,
+}
+
+/// What this node knows of who is reachable: for the leader's expiry of unreachable nodes'
+/// sessions, for fencing itself when it is cut off, and for the Great Poncio.
+struct Liveness {
+    me: u64,
+    peers: Vec<u64>,
+    session_timeout: Duration,
+    /// Cut off this long (no leader heard from, or as leader no quorum), the node fences itself:
+    /// comfortably before the majority's session timeout runs out for it.
+    fence_after: Duration,
+    /// When each peer was last heard from.
+    heard: BTreeMap<u64, Instant>,
+    /// When this node last had contact with a quorum (through the leader, or as leader).
+    contact: Instant,
+    /// When this node became leader (a new leader waits a whole session timeout before it
+    /// expires anybody: it cannot know when the others last heard from a node).
+    leader_since: Option<Instant>,
+    /// Expiries proposed and when (proposed again after an election timeout if not applied).
+    expiring: BTreeMap<u64, Instant>,
+    fenced: bool,
+    on_quorum_loss: Option<String>,
+}
+
+impl Liveness {
+    fn new(cfg: &ClusterConfig, now: Instant) -> Liveness {
+        let election = Duration::from_millis(cfg.election_timeout_ms);
+        let session_timeout = Duration::from_millis(cfg.session_timeout_ms);
+        Liveness {
+            me: u64::from(cfg.node_id),
+            peers: cfg.peers.keys().copied().collect(),
+            session_timeout,
+            fence_after: fence_after(session_timeout, election),
+            heard: BTreeMap::new(),
+            contact: now,
+            leader_since: None,
+            expiring: BTreeMap::new(),
+            fenced: false,
+            on_quorum_loss: cfg.on_quorum_loss.clone(),
+        }
+    }
+
+    /// A message from `from`; `leader` is the leader this node knows.
+    fn heard(&mut self, from: u64, leader: u64, now: Instant) {
+        self.heard.insert(from, now);
+        if from == leader {
+            self.contact = now;
+        }
+    }
+
+    /// As leader: the latest instant by which a quorum (this node and enough others) had been
+    /// heard from.
+    fn quorum_contact(&self, since: Instant) -> Instant {
+        let mut times: Vec<Instant> = self
+            .peers
+            .iter()
+            .filter(|&&p| p != self.me)
+            .map(|p| self.heard.get(p).copied().unwrap_or(since).max(since))
+            .collect();
+        times.sort_unstable_by(|a, b| b.cmp(a));
+        let others = self.peers.len() / 2;
+        match others.checked_sub(1) {
+            None => Instant::now(),
+            Some(i) => times.get(i).copied().unwrap_or(since),
+        }
+    }
+
+    fn reachable(&self, now: Instant, within: Duration) -> String {
+        let mut ids: Vec<String> = self
+            .heard
+            .iter()
+            .filter(|(_, &t)| now.duration_since(t) <= within)
+            .map(|(id, _)| id.to_string())
+            .collect();
+        ids.push(self.me.to_string());
+        ids.sort();
+        ids.join(",")
+    }
+}
+
+/// How long a node may be cut off before it fences itself: the session timeout less one
+/// election timeout of margin (for the time the leader's last message took, and the leader's
+/// own tick), or half the session timeout when that is shorter.
+fn fence_after(session_timeout: Duration, election: Duration) -> Duration {
+    if session_timeout >= 2 * election {
+        session_timeout - election
+    } else {
+        session_timeout / 2
+    }
+}
+
+impl ClusterOwner {
+    pub fn start(
+        shared: Arc<Shared>,
+        rx: Receiver<ToOwner>,
+        workers: Vec<(Sender<Replies>, Arc<Waker>)>,
+        cfg: &ClusterConfig,
+    ) -> Result<ClusterOwner, String> {
+        let incarnation = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(1, |d| d.as_micros() as u64);
+        let me = u64::from(cfg.node_id);
+        let mut state = Replicated::new(shared.clone(), workers.len(), me, incarnation);
+        let node_cfg = NodeConfig {
+            id: me,
+            peers: cfg.peers.clone(),
+            data_dir: cfg.data_dir.clone(),
+            election_timeout: Duration::from_millis(cfg.election_timeout_ms),
+        };
+        let node = RaftNode::start(&node_cfg, &mut state, Instant::now())?;
+        crate::log_info!(
+            "cluster node {} of {} (peers on {}), data in {}",
+            me,
+            cfg.peers.len(),
+            node.peer_addr(),
+            cfg.data_dir.display()
+        );
+        Ok(ClusterOwner {
+            pools: workers.iter().map(|_| Pools::default()).collect(),
+            shared,
+            rx,
+            workers,
+            state,
+            node,
+            incarnation,
+            seq: 0,
+            // The first proposal, empty, announces this run (ending the sessions of the last).
+            queued: vec![Batch::default()],
+            inflight: None,
+            election: Duration::from_millis(cfg.election_timeout_ms),
+            liveness: Liveness::new(cfg, Instant::now()),
+            peers: cfg.peers.clone(),
+        })
+    }
+
+    pub fn run(mut self) {
+        let mut was_leader = false;
+        loop {
+            let wait = self.wait();
+            let inbound = self.node.inbound().clone();
+            let take_more = self.queued.len() < MAX_QUEUED_BATCHES;
+            let never = crossbeam_channel::never();
+            let rx = if take_more { &self.rx } else { &never };
+            select! {
+                recv(rx) -> msg => match msg {
+                    Ok(msg) => if !self.take(msg) { return },
+                    Err(_) => return,
+                },
+                recv(inbound) -> m => if let Ok(m) = m { self.step(m) },
+                default(wait) => {}
+            }
+            while self.queued.len() < MAX_QUEUED_BATCHES {
+                match self.rx.try_recv() {
+                    Ok(msg) => {
+                        if !self.take(msg) {
+                            return;
+                        }
+                    }
+                    Err(_) => break,
+                }
+            }
+            while let Ok(m) = inbound.try_recv() {
+                self.step(m);
+            }
+            self.node.tick(Instant::now());
+            self.propose();
+            if let Err(e) = self.node.ready(&mut self.state) {
+                crate::log_error!("cluster node stops: {e}");
+                return;
+            }
+            if let Some(f) = &self.inflight {
+                if self.state.mine_applied >= f.seq {
+                    let f = self.inflight.take().expect("checked");
+                    self.recycle(f.batches);
+                }
+            }
+            self.watch();
+            let leader = self.node.is_leader();
+            if leader != was_leader {
+                crate::log_info!(
+                    "cluster node {}: {} in term {}",
+                    self.node.id(),
+                    if leader { "leader" } else { "follower" },
+                    self.node.term()
+                );
+                was_leader = leader;
+            }
+            self.send_replies();
+        }
+    }
+
+    fn step(&mut self, m: raft::prelude::Message) {
+        // Messages that waited while this process was stopped must not hide that it was cut
+        // off meanwhile: look first, then count them.
+        self.fence_check(Instant::now());
+        self.liveness
+            .heard(m.from, self.node.leader(), Instant::now());
+        self.node.step(m);
+    }
+
+    /// After each round: as leader, expire the sessions of nodes unheard from for the session
+    /// timeout; on every node, fence or unfence on losing or regaining contact with a quorum.
+    fn watch(&mut self) {
+        let now = Instant::now();
+        let l = &mut self.liveness;
+        if self.node.is_leader() {
+            let since = *l.leader_since.get_or_insert(now);
+            l.contact = l.quorum_contact(since);
+            for &p in &l.peers {
+                if p == l.me {
+                    continue;
+                }
+                let heard = l.heard.get(&p).copied().unwrap_or(since).max(since);
+                let again = l
+                    .expiring
+                    .get(&p)
+                    .is_none_or(|&t| now.duration_since(t) >= self.election);
+                if now.duration_since(heard) >= l.session_timeout
+                    && again
+                    && self.state.has_sessions_of(p as u16)
+                {
+                    let mut data = Vec::with_capacity(EXPIRE_LEN);
+                    data.push(KIND_EXPIRE);
+                    data.extend_from_slice(&p.to_le_bytes());
+                    let time = clock(&self.shared).ms.max(self.state.clock_ms());
+                    data.extend_from_slice(&time.to_le_bytes());
+                    if self.node.propose(data) {
+                        crate::log_warn!(
+                            "cluster: node {p} unheard from for {} ms: expiring its sessions",
+                            now.duration_since(heard).as_millis()
+                        );
+                        l.expiring.insert(p, now);
+                    }
+                }
+            }
+        } else {
+            l.leader_since = None;
+        }
+        self.fence_check(now);
+    }
+
+    /// Fence this node on losing contact with a quorum, unfence it on regaining it.
+    fn fence_check(&mut self, now: Instant) {
+        let l = &mut self.liveness;
+        let cut_off = now.duration_since(l.contact) >= l.fence_after;
+        if cut_off != l.fenced {
+            l.fenced = cut_off;
+            let event = if cut_off {
+                "quorum-lost"
+            } else {
+                "quorum-regained"
+            };
+            if cut_off {
+                crate::log_warn!(
+                    "cluster node {}: no quorum for {} ms: closing this node's client connections",
+                    l.me,
+                    now.duration_since(l.contact).as_millis()
+                );
+                for conn in self.state.tables.sessions.conns_of_node(l.me as u16) {
+                    self.state.outbox.record(conn, 0, true, |_| {});
+                }
+            } else {
+                crate::log_info!("cluster node {}: quorum regained", l.me);
+            }
+            if let Some(program) = l.on_quorum_loss.clone() {
+                let role = format!("{:?}", self.node.role()).to_lowercase();
+                let reachable = l.reachable(now, self.election);
+                poncio(program, l.me, event, role, reachable);
+            }
+        }
+    }
+
+    /// How long to wait for a message: until the next tick, a retry, or a due timer.
+    fn wait(&self) -> Duration {
+        let now = Instant::now();
+        let mut until = self.node.next_tick();
+        if let Some(f) = &self.inflight {
+            until = until.min(f.tried + self.retry_after(f.sent));
+        } else if !self.queued.is_empty() {
+            until = now;
+        }
+        until.saturating_duration_since(now)
+    }
+
+    fn status(&self) -> crate::admin::data::ClusterStatus {
+        let now = Instant::now();
+        let l = &self.liveness;
+        crate::admin::data::ClusterStatus {
+            node: l.me,
+            role: format!("{:?}", self.node.role()).to_lowercase(),
+            leader: self.node.leader(),
+            term: self.node.term(),
+            applied: self.node.applied(),
+            log_time_ms: self.state.clock_ms(),
+            fenced: l.fenced,
+            peers: self
+                .peers
+                .iter()
+                .map(|(&id, addr)| {
+                    let heard = l
+                        .heard
+                        .get(&id)
+                        .map(|&t| now.duration_since(t).as_millis() as u64);
+                    (id, addr.to_string(), heard)
+                })
+                .collect(),
+        }
+    }
+
+    fn retry_after(&self, sent: bool) -> Duration {
+        retry_after(self.election, sent)
+    }
+
+    /// One message from the workers or the admin port; false on shutdown.
+    fn take(&mut self, msg: ToOwner) -> bool {
+        match msg {
+            ToOwner::Shutdown => return false,
+            ToOwner::Batch(b) => self.queued.push(b),
+            ToOwner::Admin(crate::admin::data::Query::Cluster, reply) => {
+                let _ = reply.send(crate::admin::data::Answer::Cluster(Some(self.status())));
+            }
+            ToOwner::Admin(query, reply) => {
+                let now = Now::from_unix_ms(self.state.clock_ms().max(clock(&self.shared).ms));
+                let answer = exec_admin::answer(&self.state.tables, &self.shared, now, query);
+                let _ = reply.send(answer);
+            }
+        }
+        true
+    }
+
+    /// Propose the queued batches (or a tick) when nothing is in flight; propose the one in
+    /// flight again when it is overdue; give it up past two election timeouts.
+    fn propose(&mut self) {
+        let now = Instant::now();
+        if let Some(f) = &mut self.inflight {
+            if now.duration_since(f.first) >= 2 * self.election {
+                let f = self.inflight.take().expect("checked");
+                self.give_up(f);
+            } else if now.duration_since(f.tried) >= retry_after(self.election, f.sent) {
+                f.sent = self.node.propose(f.data.clone());
+                f.tried = now;
+                return;
+            } else {
+                return;
+            }
+        }
+        let time = clock(&self.shared).ms.max(self.state.clock_ms());
+        let due =
+            self.node.is_leader() && self.state.tables.next_deadline().is_some_and(|d| d <= time);
+        if self.queued.is_empty() && !due {
+            return;
+        }
+        let take = self.queued.len().min(MAX_BATCHES_PER_PROPOSAL);
+        let batches: Vec<Batch> = self.queued.drain(..take).collect();
+        self.seq += 1;
+        let mut data = Vec::with_capacity(HEADER_LEN + 64);
+        data.push(KIND_COMMANDS);
+        data.extend_from_slice(&self.node.id().to_le_bytes());
+        data.extend_from_slice(&self.incarnation.to_le_bytes());
+        data.extend_from_slice(&self.seq.to_le_bytes());
+        command::encode_entry_of_batches(time, batches.iter(), &mut data);
+        let sent = self.node.propose(data.clone());
+        self.inflight = Some(InFlight {
+            seq: self.seq,
+            data,
+            batches,
+            first: now,
+            tried: now,
+            sent,
+        });
+    }
+
+    /// No quorum in time: answer the proposal's requests as the contract says and close their
+    /// connections; its opens and closes go into the next proposal.
+    fn give_up(&mut self, f: InFlight) {
+        crate::log_warn!(
+            "cluster node {}: no quorum for {} ms, answering requests with no-quorum errors",
+            self.node.id(),
+            (2 * self.election).as_millis()
+        );
+        let mut keep = Batch::default();
+        for b in &f.batches {
+            for m in &b.ops {
+                match m.op {
+                    Op::Open { .. } | Op::Close | Op::DlockOpen | Op::Eof => {
+                        keep.ops.push(OpMsg {
+                            conn: m.conn,
+                            op: m.op,
+                        });
+                    }
+                    _ => no_quorum(&mut self.state.outbox, m, &b.arena),
+                }
+            }
+        }
+        if !keep.ops.is_empty() {
+            self.queued.insert(0, keep);
+        }
+        self.recycle(f.batches);
+    }
+
+    fn recycle(&mut self, batches: Vec<Batch>) {
+        for batch in batches {
+            super::recycle(&mut self.pools, batch);
+        }
+    }
+
+    fn send_replies(&mut self) {
+        super::send_replies(
+            &mut self.state.outbox,
+            &self.workers,
+            &mut self.pools,
+            false,
+        );
+    }
+}
+
+/// The Great Poncio (`--on-quorum-loss`): the operator's program, run on a thread of its own
+/// (never on the lock path) with what happened in its environment; its exit is logged.
+fn poncio(program: String, node: u64, event: &'static str, role: String, reachable: String) {
+    let spawned = std::thread::Builder::new()
+        .name("holdfast-poncio".into())
+        .spawn(move || {
+            let status = std::process::Command::new("/bin/sh")
+                .arg("-c")
+                .arg(&program)
+                .env("HOLDFAST_NODE_ID", node.to_string())
+                .env("HOLDFAST_EVENT", event)
+                .env("HOLDFAST_ROLE", role)
+                .env("HOLDFAST_REACHABLE", reachable)
+                .stdin(std::process::Stdio::null())
+                .status();
+            match status {
+                Ok(s) => crate::log_info!("on-quorum-loss ({event}): {program} exited {s}"),
+                Err(e) => crate::log_error!("on-quorum-loss ({event}): cannot run {program}: {e}"),
+            }
+        });
+    if let Err(e) = spawned {
+        crate::log_error!("on-quorum-loss: cannot start a thread: {e}");
+    }
+}
+
+/// When to propose again a proposal not yet seen applied: one that reached a leader was
+/// perhaps dropped by a leader change (half an election timeout gives the log time to commit
+/// it first); one that found no leader, at the next tick.
+fn retry_after(election: Duration, sent: bool) -> Duration {
+    if sent {
+        election / 2
+    } else {
+        election / crate::cluster::node::TICKS_PER_ELECTION as u32
+    }
+}
+
+/// The no-quorum answer to one request (the contract's cluster section), closing its
+/// connection after it.
+fn no_quorum(out: &mut Outbox, m: &OpMsg, arena: &Arena) {
+    let conn: ConnId = m.conn;
+    match m.op {
+        Op::Mc(op) => match op.form {
+            McForm::Text { noreply } => out.record(conn, 1, true, |w| {
+                if !noreply {
+                    w.extend_from_slice(b"SERVER_ERROR no quorum\r\n");
+                }
+            }),
+            McForm::Binary { opcode, opaque } => out.record(conn, 1, true, |w| {
+                binary::encode_response(
+                    w,
+                    opcode,
+                    BINARY_TEMPORARY_FAILURE,
+                    opaque,
+                    0,
+                    &[],
+                    &[],
+                    NO_QUORUM.as_bytes(),
+                )
+            }),
+        },
+        Op::Lockd(op) => out.record(conn, 1, true, |w| {
+            ld::encode(w, ld::op::ERR, op.payload.get(&arena.bytes))
+        }),
+        Op::Dlock(op) => out.record(conn, 1, true, |w| {
+            let no_keys: [&[u8]; 0] = [];
+            dl::encode_response(
+                w,
+                op.id,
+                dl::status::GENERAL,
+                Some(NO_QUORUM),
+                no_keys,
+                (now_unix_ms() / 1000) as i64,
+            )
+        }),
+        // The counter protocol has no status for it: the connection closes unanswered.
+        Op::Counter(_) => out.record(conn, 1, true, |_| {}),
+        // The worker's own answer, kept in order behind the others.
+        Op::Literal { bytes, close } => out.record(conn, 1, close, |w| {
+            w.extend_from_slice(bytes.get(&arena.bytes))
+        }),
+        Op::Open { .. } | Op::Close | Op::DlockOpen | Op::Eof => {}
+    }
+}
+
+fn now_unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}

@@ -1,0 +1,337 @@
+//! Cluster mode with real processes on loopback: three daemons started with `--peers`, clients
+//! on every node, a node stopped and restarted with its data directory.
+//!
+//! Each test picks its own peer ports and data directories (under the system's temporary
+//! directory, removed at the end) and stops only the daemons it started.
+
+mod common;
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use common::{Client, Daemon};
+use holdfast::proto::lockd as ld;
+
+/// Short, so that the tests elect quickly; long enough for a loaded 2-core machine.
+const ELECTION_MS: &str = "300";
+
+struct Cluster {
+    peers: String,
+    dirs: Vec<PathBuf>,
+    nodes: Vec<Option<Daemon>>,
+    extra: Vec<String>,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+impl Cluster {
+    fn start(n: usize, name: &str, extra: &[&str]) -> Cluster {
+        let peers: Vec<String> = (1..=n)
+            .map(|i| format!("{i}=127.0.0.1:{}", free_port()))
+            .collect();
+        let base = std::env::temp_dir().join(format!("holdfast-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        let dirs = (1..=n).map(|i| base.join(format!("node{i}"))).collect();
+        let mut c = Cluster {
+            peers: peers.join(","),
+            dirs,
+            nodes: Vec::new(),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+        };
+        for i in 1..=n {
+            let d = c.spawn(i);
+            c.nodes.push(Some(d));
+        }
+        c
+    }
+
+    /// Started, and committing through every node.
+    fn start_ready(n: usize, name: &str, extra: &[&str]) -> Cluster {
+        let c = Cluster::start(n, name, extra);
+        for id in 1..=n {
+            wait_for_quorum(c.node(id).memcache.expect("memcache"));
+        }
+        c
+    }
+
+    fn spawn(&self, id: usize) -> Daemon {
+        let id_s = id.to_string();
+        let dir = self.dirs[id - 1].to_string_lossy().into_owned();
+        let mut args = vec![
+            "--peers",
+            &self.peers,
+            "--node-id",
+            &id_s,
+            "--data-dir",
+            &dir,
+            "--election-timeout",
+            ELECTION_MS,
+        ];
+        args.extend(self.extra.iter().map(String::as_str));
+        Daemon::start(&args)
+    }
+
+    fn node(&self, id: usize) -> &Daemon {
+        self.nodes[id - 1].as_ref().expect("node running")
+    }
+
+    fn stop(&mut self, id: usize) {
+        if let Some(d) = self.nodes[id - 1].take() {
+            d.terminate();
+        }
+    }
+
+    fn restart(&mut self, id: usize) {
+        self.stop(id);
+        let d = self.spawn(id);
+        self.nodes[id - 1] = Some(d);
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for d in self.nodes.iter_mut().filter_map(Option::take) {
+            d.terminate();
+        }
+        if let Some(base) = self.dirs.first().and_then(|d| d.parent()) {
+            let _ = std::fs::remove_dir_all(base);
+        }
+    }
+}
+
+fn frame(opcode: u8, payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    ld::encode(&mut out, opcode, payload);
+    out
+}
+
+/// One old-protocol reply: (opcode, payload).
+fn lockd_reply(c: &mut Client) -> (u8, Vec<u8>) {
+    let h = c.take(ld::HEADER_LEN);
+    let len = (u32::from_be_bytes([h[0], h[1], h[2], h[3]]) & 0xf_ffff) as usize;
+    let mut whole = h.clone();
+    whole.extend_from_slice(&c.take(len));
+    let (f, n) = ld::parse(&whole).expect("an old-protocol frame");
+    assert_eq!(n, whole.len());
+    (f.opcode, f.payload.to_vec())
+}
+
+/// Send an old-protocol request about `name` and return the reply's opcode (checking that the
+/// reply echoes the name).
+fn ask(c: &mut Client, opcode: u8, name: &[u8]) -> u8 {
+    c.send(&frame(opcode, name));
+    reply_to(c, name)
+}
+
+/// The next old-protocol reply, which must be about `name`: its opcode.
+fn reply_to(c: &mut Client, name: &[u8]) -> u8 {
+    let (op, payload) = lockd_reply(c);
+    assert_eq!(payload, name, "reply {op} about another name");
+    op
+}
+
+/// Wait until the cluster commits: a `set` through `addr` answered STORED (a no-quorum answer
+/// closes the connection; the next try opens another).
+fn wait_for_quorum(addr: SocketAddr) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut c = Client::connect(addr);
+        c.send(b"set warmup 0 0 1\r\nx\r\n");
+        let line = c.line();
+        if line == "STORED\r\n" {
+            return;
+        }
+        assert_eq!(line, "SERVER_ERROR no quorum\r\n");
+        assert!(Instant::now() < deadline, "no quorum within 30 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_lock_taken_through_one_node_is_held_on_every_node_and_tokens_grow_across_nodes() {
+    let cluster = Cluster::start_ready(3, "one-lock", &[]);
+    // old protocol: node 1 holds "job"; nodes 2 and 3 see it taken.
+    let mut a = cluster.node(1).lockd();
+    assert_eq!(ask(&mut a, ld::op::ACQ, b"job\0"), ld::op::ACQUIRED);
+    let mut b = cluster.node(2).lockd();
+    assert_eq!(ask(&mut b, ld::op::TRY, b"job\0"), ld::op::WBLOCK);
+    // A blocking ACQ through node 3 waits, and is granted when node 1's holder releases.
+    let mut c = cluster.node(3).lockd();
+    assert_eq!(ask(&mut c, ld::op::ACQ, b"job\0"), ld::op::ACK);
+    assert_eq!(ask(&mut a, ld::op::REL, b"job\0"), ld::op::RELEASED);
+    assert_eq!(reply_to(&mut c, b"job\0"), ld::op::ACQUIRED);
+    // Fencing tokens: one counter for the whole cluster, growing whichever node grants.
+    let mut tokens = Vec::new();
+    for id in [3, 1, 2] {
+        let mut m = cluster.node(id).memcache();
+        let key = format!("item{id}");
+        m.expect(
+            format!("set {key} 0 0 1\r\nv\r\n").as_bytes(),
+            b"STORED\r\n",
+        );
+        m.expect(format!("lock {key}\r\n").as_bytes(), b"OK\r\n");
+        m.send(format!("lock_token {key}\r\n").as_bytes());
+        let line = m.line();
+        let token: u64 = line
+            .strip_prefix("TOKEN ")
+            .and_then(|t| t.trim_end().parse().ok())
+            .unwrap_or_else(|| panic!("lock_token answered {line:?}"));
+        tokens.push(token);
+        // Another node sees the item locked.
+        let other = if id == 1 { 2 } else { 1 };
+        let mut o = cluster.node(other).memcache();
+        o.expect(format!("lock {key}\r\n").as_bytes(), b"LOCKED\r\n");
+    }
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "tokens {tokens:?} must grow"
+    );
+    // `holdfast cluster status`: one leader, whom every node names.
+    let mut leaders = Vec::new();
+    let mut roles = Vec::new();
+    for id in 1..=3 {
+        let admin = cluster.node(id).admin.expect("admin").to_string();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_holdfast"))
+            .args(["cluster", "status", "--admin", &admin])
+            .output()
+            .expect("run holdfast cluster status");
+        assert!(out.status.success(), "{out:?}");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        assert_eq!(v["node"], id as u64);
+        assert_eq!(v["peers"].as_array().map(Vec::len), Some(3));
+        assert_eq!(v["fenced"], false);
+        leaders.push(v["leader"].as_u64().expect("leader"));
+        roles.push(v["role"].as_str().expect("role").to_string());
+    }
+    assert!(
+        leaders.iter().all(|&l| l == leaders[0] && l != 0),
+        "{leaders:?}"
+    );
+    assert_eq!(roles[leaders[0] as usize - 1], "leader", "{roles:?}");
+    assert_eq!(
+        roles.iter().filter(|r| *r == "leader").count(),
+        1,
+        "{roles:?}"
+    );
+}
+
+#[test]
+fn a_restarted_node_rejoins_and_its_old_connections_locks_become_orphans() {
+    // Orphans wait 1 s for an ADOPT, then go to the next in the queue.
+    let mut cluster = Cluster::start_ready(3, "restart", &["--orphan-timeout", "1000"]);
+    let mut a = cluster.node(1).lockd();
+    assert_eq!(ask(&mut a, ld::op::ACQ, b"job\0"), ld::op::ACQUIRED);
+    let mut b = cluster.node(2).lockd();
+    assert_eq!(ask(&mut b, ld::op::ACQ, b"job\0"), ld::op::ACK);
+    // Node 1 goes away and comes back with its data directory: its earlier run's connection
+    // is gone, so "job" becomes an orphan, and after the orphan timeout node 2's waiter has it.
+    cluster.restart(1);
+    let started = Instant::now();
+    assert_eq!(reply_to(&mut b, b"job\0"), ld::op::ACQUIRED);
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "granted {:?} after the restart: before the orphan timeout",
+        started.elapsed()
+    );
+    // The restarted node serves again, and sees the lock held.
+    wait_for_quorum(cluster.node(1).memcache.expect("memcache"));
+    let mut c = cluster.node(1).lockd();
+    assert_eq!(ask(&mut c, ld::op::TRY, b"job\0"), ld::op::WBLOCK);
+}
+
+#[test]
+fn two_nodes_of_three_keep_serving_and_one_alone_answers_no_quorum() {
+    let base = std::env::temp_dir().join(format!("holdfast-poncio-{}", std::process::id()));
+    let _ = std::fs::remove_file(&base);
+    let program = format!(
+        "echo \"$HOLDFAST_EVENT $HOLDFAST_NODE_ID\" >> {}",
+        base.display()
+    );
+    let mut cluster = Cluster::start_ready(
+        3,
+        "minority",
+        &["--session-timeout", "900", "--on-quorum-loss", &program],
+    );
+    // A client of node 1 that will be fenced off when node 1 is alone.
+    let mut idle = cluster.node(1).memcache();
+    idle.expect(b"set idle 0 0 1\r\nv\r\n", b"STORED\r\n");
+    cluster.stop(3);
+    // Two of three: a quorum, whoever led before.
+    wait_for_quorum(cluster.node(1).memcache.expect("memcache"));
+    let mut m = cluster.node(2).memcache();
+    m.expect(b"set k 0 0 1\r\nv\r\n", b"STORED\r\n");
+    m.expect(b"lock k\r\n", b"OK\r\n");
+    cluster.stop(2);
+    // One of three: no grant; the contract's answers, within 2 x the election timeout (plus
+    // slack for a loaded machine), and the connection closed.
+    let node = cluster.node(1);
+    let mut m = node.memcache();
+    let asked = Instant::now();
+    m.send(b"lock k\r\n");
+    assert_eq!(m.line(), "SERVER_ERROR no quorum\r\n");
+    assert!(
+        asked.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        asked.elapsed()
+    );
+    m.expect_closed();
+    let mut l = node.lockd();
+    assert_eq!(ask(&mut l, ld::op::TRY, b"other\0"), ld::op::ERR);
+    // Cut off for the session timeout less an election timeout, node 1 has fenced itself:
+    // its earlier client's connection is closed, and the operator's program was told.
+    idle.expect_closed();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let told = std::fs::read_to_string(&base).unwrap_or_default();
+        if told.lines().any(|l| l == "quorum-lost 1") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "on-quorum-loss not run: {told:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = std::fs::remove_file(&base);
+}
+
+#[test]
+fn a_paused_nodes_sessions_expire_on_the_majority_and_it_fences_itself_on_waking() {
+    let cluster = Cluster::start_ready(3, "pause", &["--session-timeout", "900"]);
+    let mut holder = cluster.node(3).memcache();
+    holder.expect(b"set job 0 0 1\r\nv\r\n", b"STORED\r\n");
+    holder.expect(b"lock job\r\n", b"OK\r\n");
+    let mut other = cluster.node(1).memcache();
+    other.expect(b"lock job\r\n", b"LOCKED\r\n");
+    let pid = cluster.node(3).pid() as libc::pid_t;
+    // SAFETY: signalling a child process this test started and has not reaped.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    let paused = Instant::now();
+    // The majority expires node 3's sessions after the session timeout: the lock is free.
+    loop {
+        other.send(b"lock job\r\n");
+        let line = other.line();
+        if line == "OK\r\n" {
+            break;
+        }
+        assert_eq!(line, "LOCKED\r\n");
+        assert!(paused.elapsed() < Duration::from_secs(15), "never expired");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let took = paused.elapsed();
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+    assert!(
+        took >= Duration::from_millis(850),
+        "node 3's lock was given away {took:?} after it stopped: before the session timeout"
+    );
+    // Node 3 wakes, finds it has been cut off, and closes its client: the client learns it
+    // lost the lock.
+    holder.expect_closed();
+}
