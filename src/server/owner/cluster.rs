@@ -791,3 +791,7 @@ fn now_unix_ms() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
 }
+
+#[cfg(test)]
+#[path = "cluster_tests.rs"]
+mod tests;

@@ -1,0 +1,218 @@
+use std::sync::atomic::{AtomicBool, AtomicU64};
+
+use super::*;
+use crate::config::{self, Command};
+use crate::core::lockd::LockState;
+use crate::server::msg::LockdOp;
+
+const T0: u64 = 1_700_000_000_000;
+
+fn shared() -> Arc<Shared> {
+    let config = match config::parse(["--orphan-timeout", "100"]) {
+        Ok(Command::Run(c)) => c,
+        other => panic!("{other:?}"),
+    };
+    Arc::new(Shared {
+        config,
+        shutdown: AtomicBool::new(false),
+        curr_connections: AtomicU64::new(0),
+        total_connections: AtomicU64::new(0),
+        rejected_connections: AtomicU64::new(0),
+        started: Instant::now(),
+        started_unix_ms: T0,
+        pid: 1,
+    })
+}
+
+fn replica(me: u64) -> Replicated {
+    Replicated::new(shared(), 1, me, 1)
+}
+
+/// A commands proposal of `node` (run `inc`, number `seq`) at `time`: old-protocol requests.
+fn proposal(node: u64, inc: u64, seq: u64, time: u64, reqs: &[(ConnId, u8, &[u8])]) -> Vec<u8> {
+    let mut batch = Batch::default();
+    for &(conn, opcode, name) in reqs {
+        let payload = batch.arena.push(name);
+        batch.ops.push(OpMsg {
+            conn,
+            op: Op::Lockd(LockdOp { opcode, payload }),
+        });
+    }
+    let mut data = vec![KIND_COMMANDS];
+    for v in [node, inc, seq] {
+        data.extend_from_slice(&v.to_le_bytes());
+    }
+    command::encode_entry_of_batches(time, std::iter::once(&batch), &mut data);
+    data
+}
+
+fn expiry(node: u64, time: u64) -> Vec<u8> {
+    let mut data = vec![KIND_EXPIRE];
+    data.extend_from_slice(&node.to_le_bytes());
+    data.extend_from_slice(&time.to_le_bytes());
+    data
+}
+
+/// What this replica would send its own connections: (connection, opcode, close).
+fn replies(r: &mut Replicated) -> Vec<(ConnId, u8, bool)> {
+    let out = std::mem::take(&mut r.outbox.per_worker[0]);
+    out.records
+        .iter()
+        .map(|rec| {
+            let bytes = rec.bytes.get(&out.arena.bytes);
+            let opcode = ld::parse(bytes).map_or(0, |(f, _)| f.opcode);
+            (rec.conn, opcode, rec.close)
+        })
+        .collect()
+}
+
+fn state(r: &Replicated) -> Vec<u8> {
+    r.snapshot()
+}
+
+const JOB: &[u8] = b"job\0";
+
+#[test]
+fn replicas_of_every_node_reach_the_same_state_and_each_answers_only_its_own_connections() {
+    let (a, b) = (ConnId::on_node(1, 0, 5, 0), ConnId::on_node(2, 0, 5, 0));
+    let log = [
+        proposal(1, 1, 1, T0, &[(a, ld::op::ACQ, JOB)]),
+        proposal(2, 1, 1, T0 + 1, &[(b, ld::op::ACQ, JOB)]),
+        proposal(1, 1, 2, T0 + 2, &[(a, ld::op::REL, JOB)]),
+    ];
+    let (mut one, mut two) = (replica(1), replica(2));
+    for e in &log {
+        one.apply(0, e);
+        two.apply(0, e);
+    }
+    assert_eq!(state(&one), state(&two));
+    assert_eq!(
+        replies(&mut one),
+        [(a, ld::op::ACQUIRED, false), (a, ld::op::RELEASED, false)]
+    );
+    assert_eq!(
+        replies(&mut two),
+        [(b, ld::op::ACK, false), (b, ld::op::ACQUIRED, false)]
+    );
+    assert_eq!(one.mine_applied, 2);
+    assert_eq!(two.mine_applied, 1);
+    let s = one.tables.sessions.find(b).expect("b's session");
+    assert_eq!(one.tables.lockd.state(b"job"), LockState::Held(s));
+}
+
+#[test]
+fn a_proposal_is_applied_once_and_an_earlier_run_of_its_node_not_at_all() {
+    let a = ConnId::on_node(1, 0, 5, 0);
+    let mut r = replica(1);
+    let acq = proposal(1, 7, 1, T0, &[(a, ld::op::ACQ, JOB)]);
+    r.apply(0, &acq);
+    // Proposed again after a leader change, and committed twice: applied once.
+    r.apply(0, &acq);
+    assert_eq!(replies(&mut r).len(), 1);
+    // A late proposal of the node's earlier run (incarnation 6) does nothing.
+    let stale = proposal(1, 6, 9, T0, &[(a, ld::op::REL, JOB)]);
+    let before = state(&r);
+    r.apply(0, &stale);
+    assert_eq!(state(&r), before);
+    assert!(replies(&mut r).is_empty());
+}
+
+#[test]
+fn a_new_run_of_a_node_ends_the_sessions_of_its_last_and_their_old_locks_become_orphans() {
+    let a = ConnId::on_node(1, 0, 5, 0);
+    let mut r = replica(2);
+    r.apply(0, &proposal(1, 1, 1, T0, &[(a, ld::op::ACQ, JOB)]));
+    assert!(matches!(r.tables.lockd.state(b"job"), LockState::Held(_)));
+    // Node 1 restarts: its first proposal (empty) comes from run 2.
+    r.apply(0, &proposal(1, 2, 1, T0 + 10, &[]));
+    assert_eq!(
+        r.tables.lockd.state(b"job"),
+        LockState::Orphaned {
+            deadline_ms: T0 + 10 + 100
+        }
+    );
+    assert!(!r.has_sessions_of(1));
+    // The orphan times out when the log's clock passes its deadline.
+    r.apply(0, &proposal(3, 1, 1, T0 + 110, &[]));
+    assert_eq!(r.tables.lockd.state(b"job"), LockState::Free);
+}
+
+#[test]
+fn an_expiry_ends_a_nodes_sessions_and_closes_the_connections_on_that_node() {
+    let (a, b) = (ConnId::on_node(1, 0, 5, 0), ConnId::on_node(2, 0, 5, 0));
+    let (mut one, mut two) = (replica(1), replica(2));
+    for e in [
+        proposal(1, 1, 1, T0, &[(a, ld::op::ACQ, JOB)]),
+        proposal(2, 1, 1, T0, &[(b, ld::op::ACQ, b"other\0")]),
+        expiry(1, T0 + 50),
+    ] {
+        one.apply(0, &e);
+        two.apply(0, &e);
+    }
+    assert_eq!(state(&one), state(&two));
+    assert_eq!(
+        replies(&mut one),
+        [(a, ld::op::ACQUIRED, false), (a, 0, true)],
+        "node 1 closes its own connection"
+    );
+    assert_eq!(replies(&mut two), [(b, ld::op::ACQUIRED, false)]);
+    assert!(matches!(
+        two.tables.lockd.state(b"job"),
+        LockState::Orphaned { .. }
+    ));
+    assert!(two.has_sessions_of(2), "only node 1's sessions end");
+    assert_eq!(one.expired, 1);
+    assert!(one.clock_ms() >= T0 + 50);
+}
+
+#[test]
+fn hostile_proposals_are_refused_the_same_way_on_every_replica_and_never_panic() {
+    let a = ConnId::on_node(1, 0, 5, 0);
+    let good = proposal(1, 1, 1, T0, &[(a, ld::op::ACQ, JOB)]);
+    let mut bad: Vec<Vec<u8>> = (0..good.len()).map(|n| good[..n].to_vec()).collect();
+    for i in 0..good.len() {
+        let mut flipped = good.clone();
+        flipped[i] ^= 0x80;
+        bad.push(flipped);
+    }
+    bad.push(vec![KIND_EXPIRE; 40]);
+    bad.push(vec![9; 30]);
+    // A proposal of node 2 naming node 1's connection.
+    bad.push(proposal(2, 1, 1, T0, &[(a, ld::op::ACQ, JOB)]));
+    let (mut one, mut two) = (replica(1), replica(2));
+    for e in &bad {
+        one.apply(0, e);
+        two.apply(0, e);
+    }
+    assert_eq!(state(&one), state(&two));
+    assert!(one.refused as usize >= good.len(), "{}", one.refused);
+    // Every strict prefix alone is refused and changes nothing.
+    let mut fresh = replica(1);
+    for e in &bad[..good.len()] {
+        fresh.apply(0, e);
+    }
+    assert_eq!(fresh.refused as usize, good.len());
+    assert_eq!(fresh.tables.sessions.len(), 0);
+    assert_eq!(fresh.tables.lockd.state(b"job"), LockState::Free);
+    assert!(replies(&mut fresh).is_empty());
+}
+
+#[test]
+fn a_snapshot_restores_to_the_same_bytes_and_a_damaged_one_is_an_error() {
+    let a = ConnId::on_node(1, 0, 5, 0);
+    let mut r = replica(1);
+    r.apply(0, &proposal(1, 1, 1, T0, &[(a, ld::op::ACQ, JOB)]));
+    r.apply(0, &proposal(2, 3, 4, T0 + 5, &[]));
+    let snap = state(&r);
+    let mut s = replica(3);
+    s.restore(&snap).expect("restore");
+    assert_eq!(state(&s), snap);
+    // The restored replica goes on exactly as the original.
+    let next = proposal(1, 1, 2, T0 + 6, &[(a, ld::op::REL, JOB)]);
+    r.apply(0, &next);
+    s.apply(0, &next);
+    assert_eq!(state(&s), state(&r));
+    for cut in 0..snap.len() {
+        assert!(replica(3).restore(&snap[..cut]).is_err(), "cut at {cut}");
+    }
+}
