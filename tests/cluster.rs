@@ -122,6 +122,43 @@ fn lockd_reply(c: &mut Client) -> (u8, Vec<u8>) {
     (f.opcode, f.payload.to_vec())
 }
 
+/// A node's view of the cluster (`holdfast cluster status`).
+fn status(d: &Daemon) -> serde_json::Value {
+    let admin = d.admin.expect("admin").to_string();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_holdfast"))
+        .args(["cluster", "status", "--admin", &admin])
+        .output()
+        .expect("run holdfast cluster status");
+    assert!(out.status.success(), "{out:?}");
+    serde_json::from_slice(&out.stdout).expect("JSON")
+}
+
+/// The leader every running node names (waiting until they agree on one).
+fn leader(c: &Cluster) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let named: Vec<u64> = c
+            .nodes
+            .iter()
+            .flatten()
+            .map(|d| status(d)["leader"].as_u64().unwrap_or(0))
+            .collect();
+        if named[0] != 0 && named.iter().all(|&l| l == named[0]) {
+            return named[0] as usize;
+        }
+        assert!(Instant::now() < deadline, "no agreed leader: {named:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn kill9(d: &Daemon) {
+    // SAFETY: signalling a child process this test started and has not reaped.
+    assert_eq!(
+        unsafe { libc::kill(d.pid() as libc::pid_t, libc::SIGKILL) },
+        0
+    );
+}
+
 /// Send an old-protocol request about `name` and return the reply's opcode (checking that the
 /// reply echoes the name).
 fn ask(c: &mut Client, opcode: u8, name: &[u8]) -> u8 {
@@ -196,13 +233,7 @@ fn a_lock_taken_through_one_node_is_held_on_every_node_and_tokens_grow_across_no
     let mut leaders = Vec::new();
     let mut roles = Vec::new();
     for id in 1..=3 {
-        let admin = cluster.node(id).admin.expect("admin").to_string();
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_holdfast"))
-            .args(["cluster", "status", "--admin", &admin])
-            .output()
-            .expect("run holdfast cluster status");
-        assert!(out.status.success(), "{out:?}");
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        let v = status(cluster.node(id));
         assert_eq!(v["node"], id as u64);
         assert_eq!(v["peers"].as_array().map(Vec::len), Some(3));
         assert_eq!(v["fenced"], false);
@@ -334,4 +365,50 @@ fn a_paused_nodes_sessions_expire_on_the_majority_and_it_fences_itself_on_waking
     // Node 3 wakes, finds it has been cut off, and closes its client: the client learns it
     // lost the lock.
     holder.expect_closed();
+}
+
+#[test]
+fn the_leader_killed_with_sigkill_leaves_its_locks_and_the_service_to_the_survivors() {
+    let mut cluster = Cluster::start_ready(3, "kill-leader", &[]);
+    let dead = leader(&cluster);
+    let (f1, f2) = match dead {
+        1 => (2, 3),
+        2 => (1, 3),
+        _ => (1, 2),
+    };
+    // A lock held through a follower, a waiter queued through the other.
+    let mut holder = cluster.node(f1).lockd();
+    assert_eq!(ask(&mut holder, ld::op::ACQ, b"job\0"), ld::op::ACQUIRED);
+    let mut waiter = cluster.node(f2).lockd();
+    assert_eq!(ask(&mut waiter, ld::op::ACQ, b"job\0"), ld::op::ACK);
+    kill9(cluster.node(dead));
+    // The survivors elect a leader and go on: the lock is still held, the queue kept.
+    wait_for_quorum(cluster.node(f2).memcache.expect("memcache"));
+    let mut probe = cluster.node(f2).lockd();
+    assert_eq!(ask(&mut probe, ld::op::TRY, b"job\0"), ld::op::WBLOCK);
+    assert_eq!(ask(&mut holder, ld::op::REL, b"job\0"), ld::op::RELEASED);
+    assert_eq!(reply_to(&mut waiter, b"job\0"), ld::op::ACQUIRED);
+    // The killed node restarts with its data directory and catches up.
+    cluster.restart(dead);
+    wait_for_quorum(cluster.node(dead).memcache.expect("memcache"));
+    let mut late = cluster.node(dead).lockd();
+    assert_eq!(ask(&mut late, ld::op::TRY, b"job\0"), ld::op::WBLOCK);
+}
+
+#[test]
+fn five_nodes_keep_serving_with_two_killed_and_stop_granting_with_three() {
+    let cluster = Cluster::start_ready(5, "five", &[]);
+    kill9(cluster.node(4));
+    kill9(cluster.node(5));
+    for id in 1..=3 {
+        wait_for_quorum(cluster.node(id).memcache.expect("memcache"));
+    }
+    let mut a = cluster.node(1).lockd();
+    assert_eq!(ask(&mut a, ld::op::ACQ, b"job\0"), ld::op::ACQUIRED);
+    let mut b = cluster.node(3).lockd();
+    assert_eq!(ask(&mut b, ld::op::TRY, b"job\0"), ld::op::WBLOCK);
+    kill9(cluster.node(3));
+    // Two of five: no quorum, nothing granted.
+    let mut c = cluster.node(2).lockd();
+    assert_eq!(ask(&mut c, ld::op::TRY, b"free\0"), ld::op::ERR);
 }

@@ -33,7 +33,7 @@
 //! to this node's connections. The first proposal of a new incarnation of a node ends every
 //! session of its earlier one (that process is gone, and its connections with it).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -286,6 +286,10 @@ pub struct ClusterOwner {
     election: Duration,
     liveness: Liveness,
     peers: BTreeMap<u64, std::net::SocketAddr>,
+    /// Connections whose requests were answered "no quorum" (and which close after that):
+    /// their later requests get the same answer, replies the log makes for them are dropped,
+    /// until their close comes through.
+    poisoned: HashSet<ConnId>,
 }
 
 /// What this node knows of who is reachable: for the leader's expiry of unreachable nodes'
@@ -418,6 +422,7 @@ impl ClusterOwner {
             election: Duration::from_millis(cfg.election_timeout_ms),
             liveness: Liveness::new(cfg, Instant::now()),
             peers: cfg.peers.clone(),
+            poisoned: HashSet::new(),
         })
     }
 
@@ -452,7 +457,7 @@ impl ClusterOwner {
             }
             self.node.tick(Instant::now());
             self.propose();
-            if let Err(e) = self.node.ready(&mut self.state) {
+            if let Err(e) = self.ready() {
                 crate::log_error!("cluster node stops: {e}");
                 return;
             }
@@ -603,7 +608,7 @@ impl ClusterOwner {
     fn take(&mut self, msg: ToOwner) -> bool {
         match msg {
             ToOwner::Shutdown => return false,
-            ToOwner::Batch(b) => self.queued.push(b),
+            ToOwner::Batch(b) => self.admit(b),
             ToOwner::Admin(crate::admin::data::Query::Cluster, reply) => {
                 let _ = reply.send(crate::admin::data::Answer::Cluster(Some(self.status())));
             }
@@ -669,14 +674,11 @@ impl ClusterOwner {
         let mut keep = Batch::default();
         for b in &f.batches {
             for m in &b.ops {
-                match m.op {
-                    Op::Open { .. } | Op::Close | Op::DlockOpen | Op::Eof => {
-                        keep.ops.push(OpMsg {
-                            conn: m.conn,
-                            op: m.op,
-                        });
-                    }
-                    _ => no_quorum(&mut self.state.outbox, m, &b.arena),
+                if is_request(&m.op) {
+                    no_quorum(&mut self.state.outbox, m, &b.arena);
+                    self.poisoned.insert(m.conn);
+                } else {
+                    keep.ops.push(*m);
                 }
             }
         }
@@ -684,6 +686,45 @@ impl ClusterOwner {
             self.queued.insert(0, keep);
         }
         self.recycle(f.batches);
+        // What those connections sent after it goes the same way.
+        for b in &mut self.queued {
+            refuse_poisoned(&mut self.poisoned, &mut self.state.outbox, b);
+        }
+    }
+
+    /// A worker's batch, queued for the next proposal; requests of connections given up on
+    /// are answered at once instead.
+    fn admit(&mut self, mut b: Batch) {
+        if !self.poisoned.is_empty() {
+            refuse_poisoned(&mut self.poisoned, &mut self.state.outbox, &mut b);
+        }
+        self.queued.push(b);
+    }
+
+    /// Handle every `Ready`. Replies that the log produces for connections given up on are
+    /// dropped: they answer a proposal that was abandoned and committed after all, and the
+    /// client has had its no-quorum answer.
+    fn ready(&mut self) -> Result<(), String> {
+        if self.poisoned.is_empty() {
+            return self.node.ready(&mut self.state);
+        }
+        let marks: Vec<usize> = self
+            .state
+            .outbox
+            .per_worker
+            .iter()
+            .map(|r| r.records.len())
+            .collect();
+        let result = self.node.ready(&mut self.state);
+        for (r, &mark) in self.state.outbox.per_worker.iter_mut().zip(&marks) {
+            let fresh: Vec<_> = r.records.drain(mark..).collect();
+            r.records.extend(
+                fresh
+                    .into_iter()
+                    .filter(|rec| !self.poisoned.contains(&rec.conn)),
+            );
+        }
+        result
     }
 
     fn recycle(&mut self, batches: Vec<Batch>) {
@@ -736,6 +777,30 @@ fn retry_after(election: Duration, sent: bool) -> Duration {
     } else {
         election / crate::cluster::node::TICKS_PER_ELECTION as u32
     }
+}
+
+/// Whether a worker's op is a client's request (answered), not a connection event.
+fn is_request(op: &Op) -> bool {
+    !matches!(op, Op::Open { .. } | Op::Close | Op::DlockOpen | Op::Eof)
+}
+
+/// Answer the requests of given-up connections in `b` with no quorum and take them out; a
+/// connection's close ends its poisoning (its slot's next connection is another one).
+fn refuse_poisoned(poisoned: &mut HashSet<ConnId>, out: &mut Outbox, b: &mut Batch) {
+    let arena = &b.arena;
+    b.ops.retain(|m| {
+        if !poisoned.contains(&m.conn) {
+            return true;
+        }
+        if is_request(&m.op) {
+            no_quorum(out, m, arena);
+            return false;
+        }
+        if matches!(m.op, Op::Close) {
+            poisoned.remove(&m.conn);
+        }
+        true
+    });
 }
 
 /// The no-quorum answer to one request (the contract's cluster section), closing its
