@@ -439,6 +439,28 @@ impl DlockTable {
     }
 
     /// When `advance` should next be called (`None`: no timer pending).
+    /// Restart every running lease with its remaining time plus `extra_ms` (a new cluster
+    /// leader does, so that no lease ends early because of a failover).
+    pub fn extend_leases(&mut self, extra_ms: u64) {
+        for (key, state) in self.keys.iter_mut() {
+            let Some(lease) = state.holder.as_mut().and_then(|h| h.lease.as_mut()) else {
+                continue;
+            };
+            self.wheel.cancel(lease.timer);
+            lease.deadline = lease.deadline.saturating_add(extra_ms);
+            lease.timer = self.wheel.insert(
+                lease.deadline,
+                (
+                    lease.deadline,
+                    Timer::Lease {
+                        key: key.clone(),
+                        gen: lease.gen,
+                    },
+                ),
+            );
+        }
+    }
+
     pub fn next_deadline(&self) -> Option<u64> {
         self.wheel.next_deadline()
     }

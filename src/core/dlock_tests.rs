@@ -1241,3 +1241,25 @@ fn random_operations_match_the_naive_model() {
         run_model(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15), 15_000, idle);
     }
 }
+
+#[test]
+fn a_new_cluster_leader_restarts_every_running_lease_with_its_remaining_time_and_more() {
+    let mut t = table(0);
+    lock(&mut t, c(1), &[b"a"], None, Some(10_000), 0);
+    lock(&mut t, c(2), &[b"b"], None, None, 0);
+    assert_eq!(
+        lock(&mut t, c(3), &[b"a"], None, None, 1),
+        LockResult::Waiting
+    );
+    t.extend_leases(300);
+    t.check_invariants();
+    assert_eq!(t.holder(b"a"), Some((c(1), Some(310))));
+    assert_eq!(
+        t.holder(b"b"),
+        Some((c(2), None)),
+        "connection-bound: untouched"
+    );
+    assert_eq!(advance(&mut t, 309), [], "the old deadline no longer fires");
+    assert_eq!(unfenced(&advance(&mut t, 310)), [granted(c(3))]);
+    assert_eq!(t.stats().lease_expiries, 1);
+}

@@ -351,6 +351,31 @@ impl LockdTable {
     }
 
     /// When `advance` should next be called (never later than the earliest orphan deadline).
+    /// Restart every orphan window with its remaining time plus `extra_ms` (a new cluster
+    /// leader does, so that no window ends early because of a failover).
+    pub fn extend_orphans(&mut self, extra_ms: u64) {
+        for (key, lock) in self.locks.iter_mut() {
+            if let Holder::Orphan {
+                timer,
+                seq,
+                deadline_ms,
+            } = &mut lock.holder
+            {
+                let cancelled = self.orphan_timers.cancel(*timer);
+                debug_assert!(cancelled.is_some(), "orphan timer already gone");
+                *deadline_ms = deadline_ms.saturating_add(extra_ms);
+                *timer = self.orphan_timers.insert(
+                    *deadline_ms,
+                    OrphanTimer {
+                        deadline_ms: *deadline_ms,
+                        seq: *seq,
+                        lock: key,
+                    },
+                );
+            }
+        }
+    }
+
     pub fn next_deadline(&self) -> Option<u64> {
         self.orphan_timers.next_deadline()
     }

@@ -13,7 +13,12 @@
 //! ```text
 //! proposal = 1 node(u64 LE) incarnation(u64 LE) seq(u64 LE) entry   commands
 //!          | 2 node(u64 LE) time_ms(u64 LE)                            a node's sessions expire
+//!          | 3 term(u64 LE) node(u64 LE) extend_ms(u64 LE) time_ms(u64 LE)  a new leader
 //! ```
+//!
+//! A new leader's first entry restarts every running lease and orphan window with its
+//! remaining time plus one election timeout (the contract's "no lease ends early because of a
+//! failover"); applied once per term.
 //!
 //! A node keeps at most one proposal in flight; what its workers send meanwhile waits for the
 //! next one (so one entry, one sync and one round trip carry many requests: group commit). A
@@ -54,10 +59,13 @@ use crate::server::Shared;
 /// A proposal's first byte: what it is.
 const KIND_COMMANDS: u8 = 1;
 const KIND_EXPIRE: u8 = 2;
+const KIND_LEADER: u8 = 3;
 /// Header of a commands proposal: kind, node, incarnation, sequence number.
 const HEADER_LEN: usize = 25;
 /// An expiry: kind, node, the leader's time.
 const EXPIRE_LEN: usize = 17;
+/// A new leader: kind, term, node, extension, time.
+const LEADER_LEN: usize = 33;
 /// Worker batches gathered into one proposal at most (bounds an entry like a single node's
 /// turn: the caps on each batch's requests apply before proposal).
 const MAX_BATCHES_PER_PROPOSAL: usize = 64;
@@ -87,6 +95,8 @@ pub struct Replicated {
     pub refused: u64,
     /// Expiries of a node's sessions applied.
     pub expired: u64,
+    /// The term of the last new-leader entry applied.
+    leader_term: u64,
 }
 
 const SNAPSHOT_MAGIC: &[u8] = b"HFcl1";
@@ -107,6 +117,7 @@ impl Replicated {
             mine_applied: 0,
             refused: 0,
             expired: 0,
+            leader_term: 0,
         }
     }
 
@@ -132,6 +143,19 @@ impl Replicated {
                 self.clock_ms = self.clock_ms.max(time);
                 self.end_sessions_of(node16);
                 self.expired += 1;
+                return Ok(());
+            }
+            Some(&KIND_LEADER) => {
+                if data.len() != LEADER_LEN {
+                    return Err(DecodeError::Invalid("leader entry length"));
+                }
+                let (term, _node, extend_ms, time) = (word(1)?, word(9)?, word(17)?, word(25)?);
+                if term > self.leader_term {
+                    self.leader_term = term;
+                    self.clock_ms = self.clock_ms.max(time);
+                    self.tables.lockd.extend_orphans(extend_ms);
+                    self.tables.dlock.extend_leases(extend_ms);
+                }
                 return Ok(());
             }
             _ => return Err(DecodeError::Invalid("unknown proposal kind")),
@@ -225,13 +249,14 @@ impl Machine for Replicated {
         }
         codec::put_u64(&mut out, self.refused);
         codec::put_u64(&mut out, self.expired);
+        codec::put_u64(&mut out, self.leader_term);
         self.tables.snapshot(&mut out);
         out
     }
 
     fn restore(&mut self, data: &[u8]) -> Result<(), String> {
         let mut r = Reader::new(data);
-        type Head = (u64, BTreeMap<u64, (u64, u64)>, u64, u64);
+        type Head = (u64, BTreeMap<u64, (u64, u64)>, u64, u64, u64);
         let head = (|| -> Result<Head, DecodeError> {
             r.expect(SNAPSHOT_MAGIC, "cluster snapshot magic")?;
             let clock_ms = r.u64()?;
@@ -244,13 +269,19 @@ impl Machine for Replicated {
                     return Err(DecodeError::Invalid("a node named twice"));
                 }
             }
-            Ok((clock_ms, nodes, r.u64()?, r.u64()?))
+            Ok((clock_ms, nodes, r.u64()?, r.u64()?, r.u64()?))
         })()
         .map_err(|e| e.to_string())?;
         let used = data.len() - r.remaining();
         let tables =
             Tables::restore(&self.shared.config, &data[used..]).map_err(|e| e.to_string())?;
-        (self.clock_ms, self.nodes, self.refused, self.expired) = head;
+        (
+            self.clock_ms,
+            self.nodes,
+            self.refused,
+            self.expired,
+            self.leader_term,
+        ) = head;
         self.tables = tables;
         self.mine_applied = self
             .nodes
@@ -469,6 +500,9 @@ impl ClusterOwner {
             }
             self.watch();
             let leader = self.node.is_leader();
+            if leader && !was_leader {
+                self.announce_leadership();
+            }
             if leader != was_leader {
                 crate::log_info!(
                     "cluster node {}: {} in term {}",
@@ -479,6 +513,22 @@ impl ClusterOwner {
                 was_leader = leader;
             }
             self.send_replies();
+        }
+    }
+
+    /// This node has just been elected: restart every running lease and orphan window with
+    /// its remaining time plus an election timeout (the old leader's clock and this one's may
+    /// differ, and the time the election took must not eat into anybody's lease).
+    fn announce_leadership(&mut self) {
+        let mut data = Vec::with_capacity(LEADER_LEN);
+        data.push(KIND_LEADER);
+        let time = clock(&self.shared).ms.max(self.state.clock_ms());
+        let extend = self.election.as_millis() as u64;
+        for v in [self.node.term(), self.node.id(), extend, time] {
+            data.extend_from_slice(&v.to_le_bytes());
+        }
+        if !self.node.propose(data) {
+            crate::log_warn!("cluster: a new leader's lease extension was not proposed");
         }
     }
 

@@ -216,3 +216,48 @@ fn a_snapshot_restores_to_the_same_bytes_and_a_damaged_one_is_an_error() {
         assert!(replica(3).restore(&snap[..cut]).is_err(), "cut at {cut}");
     }
 }
+
+fn leader(term: u64, extend: u64, time: u64) -> Vec<u8> {
+    let mut data = vec![KIND_LEADER];
+    for v in [term, 1, extend, time] {
+        data.extend_from_slice(&v.to_le_bytes());
+    }
+    data
+}
+
+#[test]
+fn a_new_leader_restarts_orphan_windows_with_an_election_timeout_more_once_per_term() {
+    let a = ConnId::on_node(1, 0, 5, 0);
+    let mut r = replica(2);
+    r.apply(0, &proposal(1, 1, 1, T0, &[(a, ld::op::ACQ, JOB)]));
+    // Node 1 restarts at T0 + 10: the orphan would end at T0 + 110.
+    r.apply(0, &proposal(1, 2, 1, T0 + 10, &[]));
+    r.apply(0, &leader(2, 300, T0 + 20));
+    // The same term again (a re-proposal) changes nothing.
+    r.apply(0, &leader(2, 300, T0 + 20));
+    assert_eq!(
+        r.tables.lockd.state(b"job"),
+        LockState::Orphaned {
+            deadline_ms: T0 + 410
+        }
+    );
+    r.apply(0, &proposal(3, 1, 1, T0 + 409, &[]));
+    assert!(matches!(
+        r.tables.lockd.state(b"job"),
+        LockState::Orphaned { .. }
+    ));
+    r.apply(0, &proposal(3, 1, 2, T0 + 410, &[]));
+    assert_eq!(r.tables.lockd.state(b"job"), LockState::Free);
+    // An older term's entry, committed late, extends nothing.
+    let mut s = replica(2);
+    s.apply(0, &leader(5, 0, T0));
+    s.apply(0, &proposal(1, 1, 1, T0, &[(a, ld::op::ACQ, JOB)]));
+    s.apply(0, &proposal(1, 2, 1, T0 + 10, &[]));
+    s.apply(0, &leader(4, 300, T0 + 20));
+    assert_eq!(
+        s.tables.lockd.state(b"job"),
+        LockState::Orphaned {
+            deadline_ms: T0 + 110
+        }
+    );
+}
