@@ -28,6 +28,7 @@ use holdfast::proto::memcache::binary;
 use holdfast::rng::Rng;
 use holdfast::server::msg::ConnId;
 use holdfast::server::sim::{Sim, SIM_UNIX_START};
+use holdfast::server::LEASE_CLOCK_SLACK_MS;
 
 /// The tables' clock is Unix milliseconds; the sim's (and this model's) counts from its start.
 const EPOCH_MS: u64 = SIM_UNIX_START * 1000;
@@ -660,8 +661,10 @@ impl World {
                         k,
                         DlHold {
                             conn: me,
-                            lease: lease_ms.map(|l| self.step_start + l),
-                            lease_hi: lease_ms.map(|l| now + l),
+                            // The daemon adds one tick of its clock to every lease, so
+                            // that none ends early (`LEASE_CLOCK_SLACK_MS`).
+                            lease: lease_ms.map(|l| self.step_start + l + LEASE_CLOCK_SLACK_MS),
+                            lease_hi: lease_ms.map(|l| now + l + LEASE_CLOCK_SLACK_MS),
                         },
                     );
                 }

@@ -112,6 +112,19 @@ fn respond<'k>(
     });
 }
 
+/// A lease's duration as the table runs it: rounded up to whole milliseconds, plus one. The
+/// state machine's clock counts whole milliseconds and a grant can happen up to a millisecond
+/// after the current one began, so a lease of exactly its duration on that clock could end up
+/// to a millisecond before its duration has passed; the contract says a lease never ends early.
+fn lease_on_the_table_clock(lease_us: Option<u64>) -> Option<u64> {
+    lease_us
+        .filter(|&us| us > 0)
+        .map(|us| us.div_ceil(1000).saturating_add(LEASE_CLOCK_SLACK_MS) * 1000)
+}
+
+/// What [`lease_on_the_table_clock`] adds: one tick of the state machine's clock.
+pub const LEASE_CLOCK_SLACK_MS: u64 = 1;
+
 /// Run one request of a connection that has no Lock waiting.
 fn run(t: &mut Tables, out: &mut Outbox, who: Who, op: DlockOp, arena: &[u8], now: Now) {
     let Who { conn, session } = who;
@@ -140,7 +153,7 @@ fn run(t: &mut Tables, out: &mut Outbox, who: Who, op: DlockOp, arena: &[u8], no
                         token,
                         keys,
                         wait_us,
-                        lease_us,
+                        lease_us: lease_on_the_table_clock(lease_us),
                     },
                     now.ms,
                     events,

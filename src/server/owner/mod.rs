@@ -33,6 +33,7 @@ mod stats;
 mod tables;
 
 pub use apply::{apply_op, apply_turn, fire_timers};
+pub use exec_dlock::LEASE_CLOCK_SLACK_MS;
 pub use exec_lockd::MAX_QUEUED_PER_CONN as LOCKD_MAX_QUEUED_PER_CONN;
 #[cfg(test)]
 pub use exec_mc::KEYS_SLOTS_PER_STEP;
