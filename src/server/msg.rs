@@ -3,8 +3,9 @@
 //! A worker parses requests zero-copy from its read buffer and copies each one exactly once, into
 //! the arena of the batch it is filling; the batch is sent to the owner once per loop turn. The
 //! owner answers with one [`Record`] per operation (plus unsolicited ones: lock grants, timeouts,
-//! idle closes), the reply bytes written into the arena of a per-worker [`Replies`] batch that is
-//! sent, and the worker woken, once per owner turn.
+//! idle closes): a typed effect routed to its connection, its variable bytes in the arena of a
+//! per-worker [`Replies`] batch that is sent, and the worker woken, once per owner turn. The
+//! worker encodes the wire bytes.
 
 use crate::core::codec;
 use crate::core::store::StoreMode;
@@ -295,15 +296,17 @@ pub struct Batch {
     pub stamp: Option<std::time::Instant>,
 }
 
-/// One answer for one connection.
+/// One effect routed to one connection: the worker encodes its body into the connection's
+/// write buffer (`worker::encode`).
 #[derive(Clone, Copy, Debug)]
 pub struct Record {
     pub conn: ConnId,
-    pub bytes: Span,
+    /// What to write; its spans are in the [`Replies`] arena.
+    pub body: crate::server::effect::Body,
     /// How many operations the worker sent this completes (its in-flight count drops by that):
     /// 1 for an answer, 0 for an unsolicited message, more when the owner drops several at once.
     pub done: u32,
-    /// Close the connection once these bytes are written.
+    /// Close the connection once this is written.
     pub close: bool,
 }
 

@@ -13,6 +13,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use mio::Waker;
 
 use crate::core::Now;
+use crate::server::effect::Effects;
 use crate::server::msg::{Arena, Batch, OpMsg, Pool, Record, Replies, ToOwner};
 use crate::server::Shared;
 
@@ -58,6 +59,8 @@ pub struct Owner {
     rx: Receiver<ToOwner>,
     workers: Vec<(Sender<Replies>, Arc<Waker>)>,
     tables: Tables,
+    /// This turn's effects, routed into `outbox` when the turn's replies go out.
+    fx: Effects,
     outbox: Outbox,
     pools: Vec<Pools>,
     /// This turn's messages, taken from the channel before the turn's time is read.
@@ -83,6 +86,7 @@ impl Owner {
             rx,
             workers,
             tables,
+            fx: Effects::default(),
             outbox,
             pools,
             turn: Vec::with_capacity(MAX_BATCHES_PER_TURN),
@@ -221,14 +225,14 @@ impl Owner {
         for msg in &batch.ops {
             apply_op(
                 &mut self.tables,
-                &mut self.outbox,
+                &mut self.fx,
                 &self.shared,
                 msg.conn,
                 msg.op,
                 arena,
                 now,
             );
-            if self.outbox.should_send_early() {
+            if Outbox::should_send_early(&self.fx) {
                 self.send_replies();
             }
         }
@@ -251,12 +255,12 @@ impl Owner {
     /// Fire what is due; most turns nothing is, and the check is one look at each wheel.
     fn fire_timers(&mut self, now: Now) {
         if self.next_deadline().is_some_and(|d| d <= now.ms) {
-            fire_timers(&mut self.tables, &mut self.outbox, now);
+            fire_timers(&mut self.tables, &mut self.fx, now);
         }
     }
 
     fn send_replies(&mut self) {
-        self.outbox.bytes_this_turn = 0;
+        self.outbox.route(&mut self.fx, &self.tables.sessions);
         let links = self
             .outbox
             .per_worker

@@ -1,94 +1,93 @@
-//! Replies gathered during a turn, one batch per worker, and the small encoders they share.
+//! Routing: a turn's typed effects, addressed to sessions, sorted into one batch per worker,
+//! addressed to connections.
 //!
-//! Owns: where each reply's bytes go and when a turn's replies must go out early. Must not:
-//! decide what a reply says (the `exec_*` files do).
+//! Owns: which connection each effect goes to (the session map's answer at the end of the
+//! turn), dropping effects for sessions with no connection in this process, moving their bytes
+//! into the worker's arena, and when a turn's effects must go out early. Must not: decide what
+//! an effect says (the `exec_*` files do) nor encode it (the worker does).
 
-use crate::server::msg::{ConnId, Record, Replies, Span};
+use super::sessions::Sessions;
+use crate::core::Session;
+use crate::server::effect::Effects;
+use crate::server::msg::{ConnId, Record, Replies};
 
 /// Replies being gathered this turn, one batch per worker.
 pub struct Outbox {
     pub per_worker: Vec<Replies>,
-    /// The largest reply arena of this turn so far.
-    pub bytes_this_turn: usize,
 }
 
-/// Reply bytes for one worker after which the owner sends them at once instead of at the end of
-/// its turn.
+/// Effect bytes after which the owner routes and sends a turn's effects at once instead of at
+/// the end of its turn: keeps every arena far below the 4 GiB its 32-bit spans can address.
 const SEND_EARLY_BYTES: usize = 64 * 1024 * 1024;
 
 impl Outbox {
     pub fn new(workers: usize) -> Outbox {
         Outbox {
             per_worker: (0..workers).map(|_| Replies::default()).collect(),
-            bytes_this_turn: 0,
         }
     }
 
-    /// Write one reply record for `conn`: `done` is 1 when it answers an operation the worker
-    /// sent, 0 for an unsolicited message.
-    #[inline]
-    pub fn record(
-        &mut self,
-        conn: ConnId,
-        done: u32,
-        close: bool,
-        write: impl FnOnce(&mut Vec<u8>),
-    ) {
-        self.record_then(conn, done, |o| {
-            write(o);
-            close
-        });
-    }
-
-    /// Like [`Outbox::record`], with the writer deciding whether the connection closes after it.
-    pub fn record_then(
-        &mut self,
-        conn: ConnId,
-        done: u32,
-        write: impl FnOnce(&mut Vec<u8>) -> bool,
-    ) {
-        let Some(replies) = self.per_worker.get_mut(conn.worker as usize) else {
-            return;
-        };
-        let start = replies.arena.bytes.len();
-        let close = write(&mut replies.arena.bytes);
-        let len = replies.arena.bytes.len() - start;
-        debug_assert!(
-            replies.arena.bytes.len() <= u32::MAX as usize,
-            "reply arena over 4 GiB"
-        );
-        let bytes = Span {
-            start: start as u32,
-            len: len as u32,
-        };
-        replies.records.push(Record {
-            conn,
-            bytes,
-            done,
-            close,
-        });
-        self.bytes_this_turn = self.bytes_this_turn.max(replies.arena.bytes.len());
-    }
-
-    /// Whether some worker's replies are large enough to be sent before the turn ends (keeps
-    /// every reply arena far below the 4 GiB its 32-bit spans can address).
-    pub fn should_send_early(&self) -> bool {
-        self.bytes_this_turn >= SEND_EARLY_BYTES
-    }
-}
-
-/// Append a decimal number without going through `fmt`.
-#[inline]
-pub fn push_u64(out: &mut Vec<u8>, mut n: u64) {
-    let mut buf = [0u8; 20];
-    let mut i = buf.len();
-    loop {
-        i -= 1;
-        buf[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
+    /// Route every effect of `fx` (which is left empty, its buffers kept): each goes to the
+    /// connection its session has here, into that worker's batch; an effect for a session
+    /// with no connection (ended, or another process's) or on a worker this process does not
+    /// have is dropped. Consecutive effects of one session (a pipeline's replies) look the
+    /// session up once.
+    pub fn route(&mut self, fx: &mut Effects, sessions: &Sessions) {
+        for replies in &mut self.per_worker {
+            if replies.records.is_empty() {
+                // Bytes of effects that were all dropped: nothing names them.
+                replies.arena.bytes.clear();
+            }
         }
+        let single = self.per_worker.len() == 1;
+        // One worker: its batch takes the whole arena (swapped, not copied) and the spans stay
+        // valid, or, when an early send this turn already left bytes there, they move by `base`.
+        let base = match self.per_worker.first() {
+            Some(r) if single => r.arena.bytes.len() as u32,
+            _ => 0,
+        };
+        let mut last: Option<(Session, Option<ConnId>)> = None;
+        for e in fx.list.drain(..) {
+            let conn = match last {
+                Some((s, c)) if s == e.to => c,
+                _ => {
+                    let c = sessions.conn(e.to);
+                    last = Some((e.to, c));
+                    c
+                }
+            };
+            let Some(conn) = conn else { continue };
+            let Some(replies) = self.per_worker.get_mut(usize::from(conn.worker)) else {
+                continue;
+            };
+            let mut body = e.body;
+            if !single {
+                // Several workers: each batch has an arena of its own, so the bytes move.
+                let (from, to) = (&fx.arena.bytes, &mut replies.arena);
+                body.spans_mut(|s| *s = to.push(s.get(from)));
+            } else if base != 0 {
+                body.spans_mut(|s| s.start += base);
+            }
+            replies.records.push(Record {
+                conn,
+                body,
+                done: e.done,
+                close: e.close,
+            });
+        }
+        if single {
+            let replies = &mut self.per_worker[0];
+            if base == 0 {
+                std::mem::swap(&mut replies.arena.bytes, &mut fx.arena.bytes);
+            } else {
+                replies.arena.bytes.extend_from_slice(&fx.arena.bytes);
+            }
+        }
+        fx.arena.bytes.clear();
     }
-    out.extend_from_slice(&buf[i..]);
+
+    /// Whether a turn's effects are large enough to be routed and sent before the turn ends.
+    pub fn should_send_early(fx: &Effects) -> bool {
+        fx.arena.bytes.len() >= SEND_EARLY_BYTES
+    }
 }

@@ -31,6 +31,7 @@ use slab::Slab;
 
 mod conn;
 mod decode;
+pub(crate) mod encode;
 
 pub use conn::{MAX_INFLIGHT, REPLY_BUDGET, WBUF_HIGH, WBUF_MAX};
 pub use decode::VERSION_REPLY;
@@ -448,7 +449,7 @@ impl Worker {
                 if s.gen != rec.conn.gen {
                     continue; // the connection this was for is gone; its slot was reused
                 }
-                s.conn.deliver(rec.bytes.get(arena), rec.done, rec.close);
+                s.conn.deliver_effect(rec, arena);
                 if s.conn.pending_output() > WBUF_MAX {
                     // Its client reads far slower than its requests produce replies (or not at
                     // all): holding more would let one connection take the daemon's memory.
