@@ -132,7 +132,7 @@ impl Replayer {
 }
 
 /// The process-wide values a sim or a replayer reports (`stats`): fixed, so that runs compare.
-fn sim_shared(config: Config) -> Shared {
+pub(crate) fn sim_shared(config: Config) -> Shared {
     Shared {
         config,
         shutdown: AtomicBool::new(false),

@@ -84,3 +84,7 @@ pub fn apply_op(
         }
     }
 }
+
+#[cfg(test)]
+#[path = "effects_tests.rs"]
+mod tests;
