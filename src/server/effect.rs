@@ -642,3 +642,20 @@ mod tests {
         assert_ne!(x, z, "the payload's bytes are compared, not its span");
     }
 }
+#[cfg(test)]
+mod size_probe {
+    #[test]
+    fn print_sizes() {
+        use super::*;
+        eprintln!(
+            "Body {} Mc {} Lockd {} Dlock {} Counter {} Effect {} Record {}",
+            std::mem::size_of::<Body>(),
+            std::mem::size_of::<McReply>(),
+            std::mem::size_of::<LockdReply>(),
+            std::mem::size_of::<DlockReply>(),
+            std::mem::size_of::<CounterReply>(),
+            std::mem::size_of::<Effect>(),
+            std::mem::size_of::<crate::server::msg::Record>()
+        );
+    }
+}

@@ -338,12 +338,15 @@ impl Sim {
             let replies = &mut self.outbox.per_worker[0];
             for rec in &replies.records {
                 if let Some(conn) = self.conns.get_mut(&rec.conn) {
-                    let from = conn.wbuf.len();
-                    conn.deliver_effect(rec, &replies.arena.bytes);
-                    Self::note(&mut self.log, rec.conn, conn, from);
+                    for effect in rec.effects(&replies.effects) {
+                        let from = conn.wbuf.len();
+                        conn.deliver_effect(effect, &replies.arena.bytes);
+                        Self::note(&mut self.log, rec.conn, conn, from);
+                    }
                 }
             }
             replies.records.clear();
+            replies.effects.clear();
             replies.arena.bytes.clear();
             // Resume parsing where backpressure cleared; close what is finished (its output stays
             // readable through `output`).

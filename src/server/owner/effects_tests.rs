@@ -460,13 +460,17 @@ fn effects_for_sessions_without_a_connection_here_are_produced_then_dropped_by_r
             .iter()
             .filter(|(e, _)| e.to == Session(1))
             .count();
-        let here_records = &out_here.per_worker[0].records;
-        assert!(here_records.iter().all(|r| r.conn.worker == 0));
-        assert_eq!(here_records.len(), live(0));
-        let all = out_everywhere.per_worker.iter().map(|r| r.records.len());
+        // Effects named by a worker's records.
+        let named = |r: &crate::server::msg::Replies| {
+            r.records.iter().map(|x| x.count as usize).sum::<usize>()
+        };
+        let here = &out_here.per_worker[0];
+        assert!(here.records.iter().all(|r| r.conn.worker == 0));
+        assert_eq!(named(here), live(0));
+        let all = out_everywhere.per_worker.iter().map(named);
         assert_eq!(all.sum::<usize>(), live(0) + live(3));
         assert_eq!(
-            out_everywhere.per_worker[3].records.len(),
+            named(&out_everywhere.per_worker[3]),
             live(3),
             "delivered where the connection is"
         );
@@ -475,9 +479,11 @@ fn effects_for_sessions_without_a_connection_here_are_produced_then_dropped_by_r
             let r = &out.per_worker[0];
             let mut w = Vec::new();
             for rec in &r.records {
-                let mut bytes = Vec::new();
-                crate::server::worker::encode::write(&mut bytes, &rec.body, &r.arena.bytes);
-                w.push((rec.conn, rec.done, rec.close, bytes));
+                for e in rec.effects(&r.effects) {
+                    let mut bytes = Vec::new();
+                    crate::server::worker::encode::write(&mut bytes, &e.body, &r.arena.bytes);
+                    w.push((rec.conn, e.done, e.close, bytes));
+                }
             }
             w
         };
@@ -488,6 +494,7 @@ fn effects_for_sessions_without_a_connection_here_are_produced_then_dropped_by_r
         for out in [&mut out_here, &mut out_everywhere] {
             for r in &mut out.per_worker {
                 r.records.clear();
+                r.effects.clear();
                 r.arena.bytes.clear();
             }
         }

@@ -51,6 +51,7 @@ struct Pools {
     ops: Pool<OpMsg>,
     batch_arena: Pool<u8>,
     records: Pool<Record>,
+    effects: Pool<crate::server::effect::Effect>,
     reply_arena: Pool<u8>,
 }
 
@@ -241,6 +242,7 @@ impl Owner {
             ops,
             arena,
             spare_records,
+            spare_effects,
             spare_reply_arena,
             ..
         } = batch;
@@ -248,6 +250,7 @@ impl Owner {
             p.ops.give(ops);
             p.batch_arena.give(arena.bytes);
             p.records.give(spare_records);
+            p.effects.give(spare_effects);
             p.reply_arena.give(spare_reply_arena);
         }
     }
@@ -273,6 +276,7 @@ impl Owner {
             }
             let next = Replies {
                 records: pool.records.take(),
+                effects: pool.effects.take(),
                 arena: Arena {
                     bytes: pool.reply_arena.take(),
                 },

@@ -9,7 +9,7 @@
 use super::sessions::Sessions;
 use crate::core::Session;
 use crate::server::effect::Effects;
-use crate::server::msg::{ConnId, Record, Replies};
+use crate::server::msg::{Record, Replies};
 
 /// Replies being gathered this turn, one batch per worker.
 pub struct Outbox {
@@ -35,55 +35,80 @@ impl Outbox {
     pub fn route(&mut self, fx: &mut Effects, sessions: &Sessions) {
         for replies in &mut self.per_worker {
             if replies.records.is_empty() {
-                // Bytes of effects that were all dropped: nothing names them.
+                // Effects that were all dropped: nothing names them.
+                replies.effects.clear();
                 replies.arena.bytes.clear();
             }
         }
-        let single = self.per_worker.len() == 1;
-        // One worker: its batch takes the whole arena (swapped, not copied) and the spans stay
-        // valid, or, when an early send this turn already left bytes there, they move by `base`.
-        let base = match self.per_worker.first() {
-            Some(r) if single => r.arena.bytes.len() as u32,
-            _ => 0,
-        };
-        let mut last: Option<(Session, Option<ConnId>)> = None;
-        for e in fx.list.drain(..) {
-            let conn = match last {
-                Some((s, c)) if s == e.to => c,
-                _ => {
-                    let c = sessions.conn(e.to);
-                    last = Some((e.to, c));
-                    c
+        // The session of the run of effects being routed, and whether it has a record (its
+        // connection is here).
+        let mut run: Option<(Session, bool)> = None;
+        if let [replies] = &mut self.per_worker[..] {
+            // One worker: its batch takes the effects and their bytes whole (swapped, not
+            // copied), and the records name runs of them. Only when an early send this turn
+            // left some behind do they move, after those.
+            let (base, shift) = (replies.effects.len(), replies.arena.bytes.len() as u32);
+            for (i, e) in fx.list.iter_mut().enumerate() {
+                if shift != 0 {
+                    e.body.spans_mut(|s| s.start += shift);
                 }
-            };
-            let Some(conn) = conn else { continue };
-            let Some(replies) = self.per_worker.get_mut(usize::from(conn.worker)) else {
-                continue;
-            };
-            let mut body = e.body;
-            if !single {
-                // Several workers: each batch has an arena of its own, so the bytes move.
-                let (from, to) = (&fx.arena.bytes, &mut replies.arena);
-                body.spans_mut(|s| *s = to.push(s.get(from)));
-            } else if base != 0 {
-                body.spans_mut(|s| s.start += base);
+                match run {
+                    Some((s, open)) if s == e.to => {
+                        if let (true, Some(r)) = (open, replies.records.last_mut()) {
+                            r.count += 1;
+                        }
+                    }
+                    _ => {
+                        let conn = sessions.conn(e.to).filter(|c| c.worker == 0);
+                        run = Some((e.to, conn.is_some()));
+                        if let Some(conn) = conn {
+                            let first = (base + i) as u32;
+                            replies.records.push(Record {
+                                conn,
+                                first,
+                                count: 1,
+                            });
+                        }
+                    }
+                }
             }
-            replies.records.push(Record {
-                conn,
-                body,
-                done: e.done,
-                close: e.close,
-            });
-        }
-        if single {
-            let replies = &mut self.per_worker[0];
-            if base == 0 {
+            if base == 0 && shift == 0 {
+                std::mem::swap(&mut replies.effects, &mut fx.list);
                 std::mem::swap(&mut replies.arena.bytes, &mut fx.arena.bytes);
             } else {
+                replies.effects.append(&mut fx.list);
                 replies.arena.bytes.extend_from_slice(&fx.arena.bytes);
             }
+        } else {
+            // Several workers: each batch has its own arena, so the effects and bytes move.
+            let mut conn = None;
+            for e in &fx.list {
+                let same = matches!(run, Some((s, _)) if s == e.to);
+                if !same {
+                    conn = sessions.conn(e.to);
+                }
+                run = Some((e.to, true));
+                let Some(conn) = conn else { continue };
+                let Some(replies) = self.per_worker.get_mut(usize::from(conn.worker)) else {
+                    continue;
+                };
+                let mut e = *e;
+                let (from, to) = (&fx.arena.bytes, &mut replies.arena);
+                e.body.spans_mut(|s| *s = to.push(s.get(from)));
+                let first = replies.effects.len() as u32;
+                replies.effects.push(e);
+                match replies.records.last_mut() {
+                    // The run goes on: this worker's last record is its own.
+                    Some(r) if same => r.count += 1,
+                    _ => replies.records.push(Record {
+                        conn,
+                        first,
+                        count: 1,
+                    }),
+                }
+            }
         }
-        fx.arena.bytes.clear();
+        fx.clear();
     }
 
     /// Whether a turn's effects are large enough to be routed and sent before the turn ends.

@@ -5,8 +5,9 @@
 
 use super::decode;
 use crate::config::Config;
+use crate::server::effect::Effect;
 use crate::server::msg::ConnId;
-use crate::server::msg::{Batch, Op, OpMsg, Record};
+use crate::server::msg::{Batch, Op, OpMsg};
 use crate::server::Proto;
 
 /// Operations of one connection that may be at the owner at once before it is parsed no further
@@ -162,9 +163,9 @@ impl Conn {
 
     /// Take one effect from the owner: its body encoded straight into the write buffer.
     #[inline]
-    pub fn deliver_effect(&mut self, rec: &Record, arena: &[u8]) {
-        super::encode::write(&mut self.wbuf, &rec.body, arena);
-        self.delivered(rec.done, rec.close);
+    pub fn deliver_effect(&mut self, e: &Effect, arena: &[u8]) {
+        super::encode::write(&mut self.wbuf, &e.body, arena);
+        self.delivered(e.done, e.close);
     }
 
     /// `done` requests were answered (their replies are in the write buffer).

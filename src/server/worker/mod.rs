@@ -36,6 +36,7 @@ pub(crate) mod encode;
 pub use conn::{MAX_INFLIGHT, REPLY_BUDGET, WBUF_HIGH, WBUF_MAX};
 pub use decode::VERSION_REPLY;
 
+use super::effect::Effect;
 use super::msg::{Arena, Batch, Op, OpMsg, Pool, Record, Replies, ToOwner};
 use super::owner::Owner;
 use super::{Proto, Shared};
@@ -109,6 +110,7 @@ pub struct Worker {
     pool_ops: Pool<OpMsg>,
     pool_batch_arena: Pool<u8>,
     pool_records: Pool<Record>,
+    pool_effects: Pool<Effect>,
     pool_reply_arena: Pool<u8>,
     scratch: Vec<u8>,
     /// Connections written to this turn (flushed once at its end).
@@ -157,6 +159,7 @@ impl Worker {
             pool_ops: Pool::default(),
             pool_batch_arena: Pool::default(),
             pool_records: Pool::default(),
+            pool_effects: Pool::default(),
             pool_reply_arena: Pool::default(),
             scratch: vec![0; READ_CHUNK],
             dirty: Vec::new(),
@@ -449,7 +452,9 @@ impl Worker {
                 if s.gen != rec.conn.gen {
                     continue; // the connection this was for is gone; its slot was reused
                 }
-                s.conn.deliver_effect(rec, arena);
+                for effect in rec.effects(&replies.effects) {
+                    s.conn.deliver_effect(effect, arena);
+                }
                 if s.conn.pending_output() > WBUF_MAX {
                     // Its client reads far slower than its requests produce replies (or not at
                     // all): holding more would let one connection take the daemon's memory.
@@ -461,11 +466,13 @@ impl Worker {
             }
             let Replies {
                 records,
+                effects,
                 arena,
                 spare_ops,
                 spare_batch_arena,
             } = replies;
             self.pool_records.give(records);
+            self.pool_effects.give(effects);
             self.pool_reply_arena.give(arena.bytes);
             self.pool_ops.give(spare_ops);
             self.pool_batch_arena.give(spare_batch_arena);
@@ -519,6 +526,7 @@ impl Worker {
             };
             let mut full = std::mem::replace(&mut self.batch, next);
             full.spare_records = self.pool_records.take();
+            full.spare_effects = self.pool_effects.take();
             full.spare_reply_arena = self.pool_reply_arena.take();
             let delivered = match self.inline.as_mut() {
                 Some(owner) => owner.step_inline(Some(full)),
