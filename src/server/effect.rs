@@ -13,7 +13,7 @@
 
 use crate::core::codec;
 use crate::core::Session;
-use crate::server::msg::{Arena, McForm, Span};
+use crate::server::msg::{Arena, ConnId, McForm, Span};
 
 /// One effect of a turn, for one session.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,6 +25,9 @@ pub struct Effect {
     /// Close the session's connection once this is written.
     pub close: bool,
     pub body: Body,
+    /// Where routing sent it: the connection its session has in this process (None until
+    /// routed, and for an effect routing dropped). Never set by apply.
+    pub conn: Option<ConnId>,
 }
 
 /// What to write, if anything.
@@ -155,6 +158,7 @@ impl Effects {
             done,
             close,
             body,
+            conn: None,
         });
     }
 
@@ -201,11 +205,7 @@ impl Effects {
     /// Every effect in canonical bytes: its session, the connection `route` gives it (None:
     /// nowhere), how many requests it completes, whether it closes, and its body with every
     /// span resolved to its bytes. Equal effects give equal bytes whatever their arena layout.
-    pub fn encode_canonical(
-        &self,
-        route: impl Fn(Session) -> Option<crate::server::msg::ConnId>,
-        out: &mut Vec<u8>,
-    ) {
+    pub fn encode_canonical(&self, route: impl Fn(Session) -> Option<ConnId>, out: &mut Vec<u8>) {
         let a = &self.arena.bytes[..];
         for e in &self.list {
             e.to.encode(out);
@@ -640,22 +640,5 @@ mod tests {
         let mut z = Vec::new();
         c.encode_canonical(|_| None, &mut z);
         assert_ne!(x, z, "the payload's bytes are compared, not its span");
-    }
-}
-#[cfg(test)]
-mod size_probe {
-    #[test]
-    fn print_sizes() {
-        use super::*;
-        eprintln!(
-            "Body {} Mc {} Lockd {} Dlock {} Counter {} Effect {} Record {}",
-            std::mem::size_of::<Body>(),
-            std::mem::size_of::<McReply>(),
-            std::mem::size_of::<LockdReply>(),
-            std::mem::size_of::<DlockReply>(),
-            std::mem::size_of::<CounterReply>(),
-            std::mem::size_of::<Effect>(),
-            std::mem::size_of::<crate::server::msg::Record>()
-        );
     }
 }

@@ -289,7 +289,6 @@ pub struct Batch {
     pub arena: Arena,
     /// Emptied reply buffers the worker is done with, going back to be filled again (empty when
     /// it has none): with [`Replies::spare_ops`], no buffer is allocated per turn in steady state.
-    pub spare_records: Vec<Record>,
     pub spare_effects: Vec<crate::server::effect::Effect>,
     pub spare_reply_arena: Vec<u8>,
     /// When the worker's loop turn that read these requests began (one clock read per turn, not
@@ -297,36 +296,12 @@ pub struct Batch {
     pub stamp: Option<std::time::Instant>,
 }
 
-/// Effects routed to one connection: the worker encodes them, in order, into the connection's
-/// write buffer (`worker::encode`). The effects themselves (what to write, how many operations
-/// each completes, whether the connection closes after it) are `Replies::effects[first..]`,
-/// `count` of them: routing names a run of one session's effects rather than moving each (a
-/// pipeline's replies are one record).
-#[derive(Clone, Copy, Debug)]
-pub struct Record {
-    pub conn: ConnId,
-    pub first: u32,
-    pub count: u32,
-}
-
-impl Record {
-    /// The effects this record names (empty if it names none of `effects`).
-    #[inline]
-    pub fn effects<'a>(
-        &self,
-        effects: &'a [crate::server::effect::Effect],
-    ) -> &'a [crate::server::effect::Effect] {
-        let (first, count) = (self.first as usize, self.count as usize);
-        effects.get(first..first + count).unwrap_or_default()
-    }
-}
-
 /// What the owner sends one worker once per turn.
 #[derive(Debug, Default)]
 pub struct Replies {
-    pub records: Vec<Record>,
-    /// The effects the records name, their spans in `arena`; some may be named by no record
-    /// (their sessions have no connection on this worker).
+    /// Effects for this worker's connections, in order, each with the connection routing gave
+    /// it (`Effect::conn`; one without was dropped), their spans in `arena`. The worker encodes
+    /// each into its connection's write buffer (`worker::encode`).
     pub effects: Vec<crate::server::effect::Effect>,
     pub arena: Arena,
     /// Emptied batch buffers the owner is done with, going back to the worker.

@@ -336,16 +336,14 @@ impl Sim {
             // each encoded into its connection's write buffer.
             self.outbox.route(&mut self.fx, &self.tables.sessions);
             let replies = &mut self.outbox.per_worker[0];
-            for rec in &replies.records {
-                if let Some(conn) = self.conns.get_mut(&rec.conn) {
-                    for effect in rec.effects(&replies.effects) {
-                        let from = conn.wbuf.len();
-                        conn.deliver_effect(effect, &replies.arena.bytes);
-                        Self::note(&mut self.log, rec.conn, conn, from);
-                    }
+            for effect in &replies.effects {
+                let Some(id) = effect.conn else { continue };
+                if let Some(conn) = self.conns.get_mut(&id) {
+                    let from = conn.wbuf.len();
+                    conn.deliver_effect(effect, &replies.arena.bytes);
+                    Self::note(&mut self.log, id, conn, from);
                 }
             }
-            replies.records.clear();
             replies.effects.clear();
             replies.arena.bytes.clear();
             // Resume parsing where backpressure cleared; close what is finished (its output stays

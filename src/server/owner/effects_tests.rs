@@ -99,6 +99,7 @@ fn reply(to: Session, body: Body) -> Effect {
         done: 1,
         close: false,
         body,
+        conn: None,
     }
 }
 
@@ -239,6 +240,7 @@ fn a_lockd_release_answers_its_sender_and_grants_the_waiter_unsolicited() {
         done: 0,
         close: false,
         body: frame(ld_op::ACQUIRED),
+        conn: None,
     };
     let sync = Body::Lockd(LockdReply::Sync { names: E });
     assert_eq!(
@@ -460,12 +462,15 @@ fn effects_for_sessions_without_a_connection_here_are_produced_then_dropped_by_r
             .iter()
             .filter(|(e, _)| e.to == Session(1))
             .count();
-        // Effects named by a worker's records.
-        let named = |r: &crate::server::msg::Replies| {
-            r.records.iter().map(|x| x.count as usize).sum::<usize>()
-        };
+        // Effects routed to a worker's connections.
+        let named =
+            |r: &crate::server::msg::Replies| r.effects.iter().filter(|e| e.conn.is_some()).count();
         let here = &out_here.per_worker[0];
-        assert!(here.records.iter().all(|r| r.conn.worker == 0));
+        assert!(here
+            .effects
+            .iter()
+            .flat_map(|e| e.conn)
+            .all(|c| c.worker == 0));
         assert_eq!(named(here), live(0));
         let all = out_everywhere.per_worker.iter().map(named);
         assert_eq!(all.sum::<usize>(), live(0) + live(3));
@@ -478,12 +483,11 @@ fn effects_for_sessions_without_a_connection_here_are_produced_then_dropped_by_r
         let content = |out: &Outbox| {
             let r = &out.per_worker[0];
             let mut w = Vec::new();
-            for rec in &r.records {
-                for e in rec.effects(&r.effects) {
-                    let mut bytes = Vec::new();
-                    crate::server::worker::encode::write(&mut bytes, &e.body, &r.arena.bytes);
-                    w.push((rec.conn, e.done, e.close, bytes));
-                }
+            for e in &r.effects {
+                let Some(conn) = e.conn else { continue };
+                let mut bytes = Vec::new();
+                crate::server::worker::encode::write(&mut bytes, &e.body, &r.arena.bytes);
+                w.push((conn, e.done, e.close, bytes));
             }
             w
         };
@@ -493,7 +497,6 @@ fn effects_for_sessions_without_a_connection_here_are_produced_then_dropped_by_r
         dropped += far_count;
         for out in [&mut out_here, &mut out_everywhere] {
             for r in &mut out.per_worker {
-                r.records.clear();
                 r.effects.clear();
                 r.arena.bytes.clear();
             }

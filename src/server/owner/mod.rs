@@ -14,7 +14,7 @@ use mio::Waker;
 
 use crate::core::Now;
 use crate::server::effect::Effects;
-use crate::server::msg::{Arena, Batch, OpMsg, Pool, Record, Replies, ToOwner};
+use crate::server::msg::{Arena, Batch, OpMsg, Pool, Replies, ToOwner};
 use crate::server::Shared;
 
 mod admin_state;
@@ -45,12 +45,11 @@ const MAX_BATCHES_PER_TURN: usize = 64;
 /// Longest sleep with no timer pending (the owner wakes for messages anyway).
 const IDLE_SLEEP: Duration = Duration::from_secs(1);
 
-/// Buffers that circulate with one worker (see [`Batch::spare_records`]).
+/// Buffers that circulate with one worker (see [`Batch::spare_effects`]).
 #[derive(Default)]
 struct Pools {
     ops: Pool<OpMsg>,
     batch_arena: Pool<u8>,
-    records: Pool<Record>,
     effects: Pool<crate::server::effect::Effect>,
     reply_arena: Pool<u8>,
 }
@@ -241,7 +240,6 @@ impl Owner {
             worker,
             ops,
             arena,
-            spare_records,
             spare_effects,
             spare_reply_arena,
             ..
@@ -249,7 +247,6 @@ impl Owner {
         if let Some(p) = self.pools.get_mut(worker as usize) {
             p.ops.give(ops);
             p.batch_arena.give(arena.bytes);
-            p.records.give(spare_records);
             p.effects.give(spare_effects);
             p.reply_arena.give(spare_reply_arena);
         }
@@ -271,11 +268,10 @@ impl Owner {
             .zip(&self.workers)
             .zip(&mut self.pools);
         for ((replies, (tx, waker)), pool) in links {
-            if replies.records.is_empty() {
+            if replies.effects.is_empty() {
                 continue;
             }
             let next = Replies {
-                records: pool.records.take(),
                 effects: pool.effects.take(),
                 arena: Arena {
                     bytes: pool.reply_arena.take(),

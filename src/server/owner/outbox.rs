@@ -9,7 +9,7 @@
 use super::sessions::Sessions;
 use crate::core::Session;
 use crate::server::effect::Effects;
-use crate::server::msg::{Record, Replies};
+use crate::server::msg::{ConnId, Replies};
 
 /// Replies being gathered this turn, one batch per worker.
 pub struct Outbox {
@@ -33,46 +33,33 @@ impl Outbox {
     /// have is dropped. Consecutive effects of one session (a pipeline's replies) look the
     /// session up once.
     pub fn route(&mut self, fx: &mut Effects, sessions: &Sessions) {
-        for replies in &mut self.per_worker {
-            if replies.records.is_empty() {
-                // Effects that were all dropped: nothing names them.
-                replies.effects.clear();
-                replies.arena.bytes.clear();
+        // The session of the run of effects being routed (a pipeline's replies are one run, so
+        // its session is looked up once), and where it goes.
+        let mut run: Option<(Session, Option<ConnId>)> = None;
+        let mut conn_of = |s: Session| match run {
+            Some((r, c)) if r == s => c,
+            _ => {
+                let c = sessions.conn(s);
+                run = Some((s, c));
+                c
             }
-        }
-        // The session of the run of effects being routed, and whether it has a record (its
-        // connection is here).
-        let mut run: Option<(Session, bool)> = None;
+        };
         if let [replies] = &mut self.per_worker[..] {
             // One worker: its batch takes the effects and their bytes whole (swapped, not
-            // copied), and the records name runs of them. Only when an early send this turn
-            // left some behind do they move, after those.
-            let (base, shift) = (replies.effects.len(), replies.arena.bytes.len() as u32);
-            for (i, e) in fx.list.iter_mut().enumerate() {
+            // copied). Only when an early send this turn left some there do they move, after
+            // those.
+            let shift = match replies.effects.is_empty() {
+                true => 0,
+                false => replies.arena.bytes.len() as u32,
+            };
+            for e in fx.list.iter_mut() {
                 if shift != 0 {
                     e.body.spans_mut(|s| s.start += shift);
                 }
-                match run {
-                    Some((s, open)) if s == e.to => {
-                        if let (true, Some(r)) = (open, replies.records.last_mut()) {
-                            r.count += 1;
-                        }
-                    }
-                    _ => {
-                        let conn = sessions.conn(e.to).filter(|c| c.worker == 0);
-                        run = Some((e.to, conn.is_some()));
-                        if let Some(conn) = conn {
-                            let first = (base + i) as u32;
-                            replies.records.push(Record {
-                                conn,
-                                first,
-                                count: 1,
-                            });
-                        }
-                    }
-                }
+                e.conn = conn_of(e.to).filter(|c| c.worker == 0);
             }
-            if base == 0 && shift == 0 {
+            if replies.effects.is_empty() {
+                // (Bytes left without effects, if any, are dropped with `fx` below.)
                 std::mem::swap(&mut replies.effects, &mut fx.list);
                 std::mem::swap(&mut replies.arena.bytes, &mut fx.arena.bytes);
             } else {
@@ -81,31 +68,19 @@ impl Outbox {
             }
         } else {
             // Several workers: each batch has its own arena, so the effects and bytes move.
-            let mut conn = None;
             for e in &fx.list {
-                let same = matches!(run, Some((s, _)) if s == e.to);
-                if !same {
-                    conn = sessions.conn(e.to);
-                }
-                run = Some((e.to, true));
-                let Some(conn) = conn else { continue };
+                let Some(conn) = conn_of(e.to) else { continue };
                 let Some(replies) = self.per_worker.get_mut(usize::from(conn.worker)) else {
                     continue;
                 };
+                if replies.effects.is_empty() {
+                    replies.arena.bytes.clear();
+                }
                 let mut e = *e;
                 let (from, to) = (&fx.arena.bytes, &mut replies.arena);
                 e.body.spans_mut(|s| *s = to.push(s.get(from)));
-                let first = replies.effects.len() as u32;
+                e.conn = Some(conn);
                 replies.effects.push(e);
-                match replies.records.last_mut() {
-                    // The run goes on: this worker's last record is its own.
-                    Some(r) if same => r.count += 1,
-                    _ => replies.records.push(Record {
-                        conn,
-                        first,
-                        count: 1,
-                    }),
-                }
             }
         }
         fx.clear();
