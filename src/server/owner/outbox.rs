@@ -52,11 +52,14 @@ impl Outbox {
                 true => 0,
                 false => replies.arena.bytes.len() as u32,
             };
-            for e in fx.list.iter_mut() {
-                if shift != 0 {
-                    e.body.spans_mut(|s| s.start += shift);
+            for run in fx.list.chunk_by_mut(|a, b| a.to == b.to) {
+                let conn = conn_of(run[0].to).filter(|c| c.worker == 0);
+                for e in run {
+                    e.conn = conn;
+                    if shift != 0 {
+                        e.body.spans_mut(|s| s.start += shift);
+                    }
                 }
-                e.conn = conn_of(e.to).filter(|c| c.worker == 0);
             }
             if replies.effects.is_empty() {
                 // (Bytes left without effects, if any, are dropped with `fx` below.)

@@ -442,8 +442,9 @@ impl Worker {
     fn apply_replies(&mut self) {
         while let Ok(replies) = self.from_owner.try_recv() {
             let arena = &replies.arena.bytes;
-            // A run of effects for one connection (a pipeline's replies) finds its socket once.
-            let routed = replies.effects.chunk_by(|a, b| a.conn == b.conn);
+            // A run of one session's effects (a pipeline's replies) goes to one connection (or
+            // none) and finds its socket once.
+            let routed = replies.effects.chunk_by(|a, b| a.to == b.to);
             for run in routed {
                 let Some(conn) = run.first().and_then(|e| e.conn) else {
                     continue; // dropped by routing
