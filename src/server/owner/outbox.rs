@@ -28,10 +28,11 @@ impl Outbox {
     }
 
     /// Route every effect of `fx` (which is left empty, its buffers kept): each goes to the
-    /// connection its session has here, into that worker's batch; an effect for a session
-    /// with no connection (ended, or another process's) or on a worker this process does not
-    /// have is dropped. Consecutive effects of one session (a pipeline's replies) look the
-    /// session up once.
+    /// connection its session has here (`Effect::conn`), in that worker's batch; an effect for
+    /// a session with no connection (ended, or another process's) or on a worker this process
+    /// does not have is dropped (with several workers it is not copied anywhere; with one it
+    /// stays in the batch with no connection, and the worker skips it). Consecutive effects of
+    /// one session (a pipeline's replies) look the session up once.
     pub fn route(&mut self, fx: &mut Effects, sessions: &Sessions) {
         // The session of the run of effects being routed (a pipeline's replies are one run, so
         // its session is looked up once), and where it goes.

@@ -442,8 +442,8 @@ impl Worker {
     fn apply_replies(&mut self) {
         while let Ok(replies) = self.from_owner.try_recv() {
             let arena = &replies.arena.bytes;
-            // A run of one session's effects (a pipeline's replies) goes to one connection (or
-            // none) and finds its socket once.
+            // A run of one session's effects (a pipeline's replies) goes to one connection (a
+            // session's connection never changes), or nowhere, and finds its socket once.
             let routed = replies.effects.chunk_by(|a, b| a.to == b.to);
             for run in routed {
                 let Some(conn) = run.first().and_then(|e| e.conn) else {
