@@ -520,3 +520,41 @@ fn effects_for_sessions_without_a_connection_here_are_produced_then_dropped_by_r
         "the state does not depend on where the connections are"
     );
 }
+
+#[test]
+fn routing_again_before_the_batch_goes_out_keeps_every_effects_bytes() {
+    // The owner routes once per send, but an early send's batch may meet a second route before
+    // it leaves: the second turn's effects land after the first's, their spans moved.
+    for workers in [1, 3] {
+        let mut m = Machine::new();
+        let a = ConnId::new(0, 1, 0);
+        m.open(a, Proto::Lockd);
+        let mut out = Outbox::new(workers);
+        let mut want = Vec::new();
+        for name in [&b"first\0"[..], b"second\0", b"third\0"] {
+            let payload = m.span(name);
+            let acq = Op::Lockd(LockdOp {
+                opcode: ld_op::ACQ,
+                payload,
+            });
+            m.op(a, acq);
+            m.turn();
+            let mut frame = crate::proto::lockd::header(ld_op::ACQUIRED, name.len()).to_vec();
+            frame.extend_from_slice(name);
+            want.push(frame);
+            out.route(&mut m.fx, &m.t.sessions);
+        }
+        let r = &out.per_worker[0];
+        let got: Vec<Vec<u8>> = r
+            .effects
+            .iter()
+            .filter(|e| e.conn == Some(a))
+            .map(|e| {
+                let mut bytes = Vec::new();
+                crate::server::worker::encode::write(&mut bytes, &e.body, &r.arena.bytes);
+                bytes
+            })
+            .collect();
+        assert_eq!(got, want, "{workers} workers");
+    }
+}
