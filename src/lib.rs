@@ -27,10 +27,12 @@
 //! are still at the owner, in which case the answer travels through the owner to keep its place.
 //! Everything else is copied once into the turn's [`server::msg::Batch`] and the batch is sent to
 //! the owner when the turn ends. The owner applies the operations in order with the turn's time,
-//! writes each reply into the per-worker reply arena (plus any grants to *other* connections the
-//! operation caused), fires due timers, then sends each worker its replies and wakes it once.
-//! The worker appends each reply to its connection's write buffer (a reply for a closed
-//! connection, recognised by its generation, is dropped) and writes each touched connection once.
+//! which yields typed effects addressed to sessions ([`server::effect`]: the reply, plus any
+//! grants to *other* sessions the operation caused), fires due timers, then routes the effects to
+//! the connections their sessions have (dropping those with none here), sends each worker its
+//! batch and wakes it once. The worker encodes each effect into its connection's write buffer
+//! (one for a closed connection, recognised by its generation, is dropped) and writes each
+//! touched connection once.
 //!
 //! Modules: [`config`] (flags), [`core`] (the tables: pure state machines, time passed in),
 //! [`proto`] (zero-copy parsers and encoders), [`server`] (threads and glue).

@@ -1016,6 +1016,7 @@ pub mod holdfast {
     use crate::proto::lockd::op;
     use crate::rng::Rng;
     use crate::server::command::{self, Limits};
+    use crate::server::effect::tag;
     use crate::server::msg::ConnId;
     use crate::server::msg::{Arena, Batch, LockdOp, Op, OpMsg};
     use crate::server::sim::Replayer;
@@ -1153,41 +1154,44 @@ pub mod holdfast {
         }
 
         fn check(&mut self, _client: u64, _command: &[u8], effects: &[u8]) -> Result<(), String> {
+            // Each effect (`server::effect`, canonical form): session, the connection it
+            // routes to, completions, close, then its body; lockd frames are
+            // `LOCKD_FRAME opcode payload`.
             let mut r = Reader::new(effects);
+            let err = |e| format!("effects: {:?}", e);
             while r.remaining() > 0 {
-                let to = ConnId::decode(&mut r).map_err(|e| format!("effects: {:?}", e))?;
-                let _done = r.u64().map_err(|e| format!("effects: {:?}", e))?;
-                let _close = r.bool().map_err(|e| format!("effects: {:?}", e))?;
-                let mut bytes = r
-                    .bytes(usize::MAX)
-                    .map_err(|e| format!("effects: {:?}", e))?;
-                while bytes.len() >= 4 {
-                    let h = u32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
-                    let (opcode, len) = (((h >> 20) & 0xff) as u8, (h & 0xf_ffff) as usize);
-                    let payload = bytes.get(4..4 + len).ok_or("effects: short lockd frame")?;
-                    let who = u64::from(to.slot);
-                    match opcode {
-                        op::ACQUIRED => {
-                            if let Some(other) = self.holder.get(payload) {
-                                return Err(format!(
-                                    "{} granted to client {} while client {} holds it",
-                                    String::from_utf8_lossy(payload),
-                                    who,
-                                    other
-                                ));
-                            }
-                            self.holder.insert(payload.to_vec(), who);
-                            self.grants += 1;
-                        }
-                        op::RELEASED if self.holder.remove(payload).is_none() => {
+                let _session = r.u64().map_err(err)?;
+                let to = match r.bool().map_err(err)? {
+                    true => Some(ConnId::decode(&mut r).map_err(err)?),
+                    false => None,
+                };
+                let _done = r.u64().map_err(err)?;
+                let _close = r.bool().map_err(err)?;
+                let body = r.bytes(usize::MAX).map_err(err)?;
+                let (Some(to), [tag::LOCKD_FRAME, opcode, payload @ ..]) = (to, body) else {
+                    continue;
+                };
+                let who = u64::from(to.slot);
+                match *opcode {
+                    op::ACQUIRED => {
+                        if let Some(other) = self.holder.get(payload) {
                             return Err(format!(
-                                "{} released but held by nobody",
-                                String::from_utf8_lossy(payload)
+                                "{} granted to client {} while client {} holds it",
+                                String::from_utf8_lossy(payload),
+                                who,
+                                other
                             ));
                         }
-                        _ => {}
+                        self.holder.insert(payload.to_vec(), who);
+                        self.grants += 1;
                     }
-                    bytes = &bytes[4 + len..];
+                    op::RELEASED if self.holder.remove(payload).is_none() => {
+                        return Err(format!(
+                            "{} released but held by nobody",
+                            String::from_utf8_lossy(payload)
+                        ));
+                    }
+                    _ => {}
                 }
             }
             Ok(())

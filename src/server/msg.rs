@@ -3,8 +3,9 @@
 //! A worker parses requests zero-copy from its read buffer and copies each one exactly once, into
 //! the arena of the batch it is filling; the batch is sent to the owner once per loop turn. The
 //! owner answers with one [`Record`] per operation (plus unsolicited ones: lock grants, timeouts,
-//! idle closes), the reply bytes written into the arena of a per-worker [`Replies`] batch that is
-//! sent, and the worker woken, once per owner turn.
+//! idle closes): a typed effect routed to its connection, its variable bytes in the arena of a
+//! per-worker [`Replies`] batch that is sent, and the worker woken, once per owner turn. The
+//! worker encodes the wire bytes.
 
 use crate::core::codec;
 use crate::core::store::StoreMode;
@@ -309,29 +310,20 @@ pub struct Batch {
     pub arena: Arena,
     /// Emptied reply buffers the worker is done with, going back to be filled again (empty when
     /// it has none): with [`Replies::spare_ops`], no buffer is allocated per turn in steady state.
-    pub spare_records: Vec<Record>,
+    pub spare_effects: Vec<crate::server::effect::Effect>,
     pub spare_reply_arena: Vec<u8>,
     /// When the worker's loop turn that read these requests began (one clock read per turn, not
     /// per request): the owner's lock-request latency histograms count from here.
     pub stamp: Option<std::time::Instant>,
 }
 
-/// One answer for one connection.
-#[derive(Clone, Copy, Debug)]
-pub struct Record {
-    pub conn: ConnId,
-    pub bytes: Span,
-    /// How many operations the worker sent this completes (its in-flight count drops by that):
-    /// 1 for an answer, 0 for an unsolicited message, more when the owner drops several at once.
-    pub done: u32,
-    /// Close the connection once these bytes are written.
-    pub close: bool,
-}
-
 /// What the owner sends one worker once per turn.
 #[derive(Debug, Default)]
 pub struct Replies {
-    pub records: Vec<Record>,
+    /// Effects for this worker's connections, in order, each with the connection routing gave
+    /// it (`Effect::conn`; one without was dropped), their spans in `arena`. The worker encodes
+    /// each into its connection's write buffer (`worker::encode`).
+    pub effects: Vec<crate::server::effect::Effect>,
     pub arena: Arena,
     /// Emptied batch buffers the owner is done with, going back to the worker.
     pub spare_ops: Vec<OpMsg>,

@@ -10,7 +10,8 @@ use std::time::Instant;
 use hashbrown::HashMap;
 
 use super::command;
-use super::msg::{Batch, Op, OpMsg, Record, Replies};
+use super::effect::Effects;
+use super::msg::{Batch, Op, OpMsg};
 use super::owner::{apply_turn, Outbox, Tables};
 use super::worker::Conn;
 use super::{Proto, Shared};
@@ -24,6 +25,7 @@ pub const SIM_UNIX_START: u64 = 1_700_000_000;
 pub struct Sim {
     shared: Shared,
     tables: Tables,
+    fx: Effects,
     outbox: Outbox,
     batch: Batch,
     conns: HashMap<ConnId, Conn>,
@@ -45,26 +47,14 @@ pub struct Sim {
 pub struct Recording {
     /// One command entry per owner turn (`server::command`).
     pub entries: Vec<Vec<u8>>,
-    /// The effects of each turn: every reply record, encoded by [`encode_effects`].
+    /// The typed effects of each turn, encoded by [`encode_effects`].
     pub effects: Vec<Vec<u8>>,
 }
 
-/// The reply records of one turn as bytes: for each, the connection, how many operations it
-/// completes, whether it closes, and its bytes.
-pub fn encode_effects(replies: &Replies, out: &mut Vec<u8>) {
-    use crate::core::codec;
-    for Record {
-        conn,
-        bytes,
-        done,
-        close,
-    } in replies.records.iter().copied()
-    {
-        conn.encode(out);
-        codec::put_u64(out, u64::from(done));
-        codec::put_bool(out, close);
-        codec::put_bytes(out, bytes.get(&replies.arena.bytes));
-    }
+/// A turn's typed effects in their canonical bytes ([`Effects::encode_canonical`]), each with
+/// the connection the state's session map gives its session at the end of the turn.
+pub fn encode_effects(tables: &Tables, fx: &Effects, out: &mut Vec<u8>) {
+    fx.encode_canonical(|s| tables.sessions.conn(s), out);
 }
 
 /// The owner side alone, fed command entries: what a replica of the state machine does with a
@@ -72,7 +62,7 @@ pub fn encode_effects(replies: &Replies, out: &mut Vec<u8>) {
 pub struct Replayer {
     shared: Shared,
     tables: Tables,
-    outbox: Outbox,
+    fx: Effects,
     batch: Batch,
 }
 
@@ -83,7 +73,7 @@ impl Replayer {
         Replayer {
             shared,
             tables,
-            outbox: Outbox::new(1),
+            fx: Effects::default(),
             batch: Batch::default(),
         }
     }
@@ -93,37 +83,33 @@ impl Replayer {
         let limits = command::Limits::default();
         let now_ms = command::decode_entry(entry, limits, &mut self.batch)?;
         let now = Now::from_unix_ms(now_ms);
+        self.fx.clear();
         apply_turn(
             &mut self.tables,
-            &mut self.outbox,
+            &mut self.fx,
             &self.shared,
             now,
             &self.batch.ops,
             &self.batch.arena.bytes,
         );
-        let replies = std::mem::take(&mut self.outbox.per_worker[0]);
-        self.outbox.bytes_this_turn = 0;
         let mut effects = Vec::new();
-        encode_effects(&replies, &mut effects);
+        encode_effects(&self.tables, &self.fx, &mut effects);
         Ok(effects)
     }
 
-    /// Apply one turn's operations straight from a batch, the replies dropped as the owner hands
-    /// them off (their buffers kept): the owner thread's own work and nothing else, for
+    /// Apply one turn's operations straight from a batch, the effects dropped as the owner
+    /// hands them off (their buffers kept): the owner thread's own work and nothing else, for
     /// measuring it (examples/owner_ceiling.rs).
     pub fn apply_batch(&mut self, now_ms: u64, batch: &Batch) {
         apply_turn(
             &mut self.tables,
-            &mut self.outbox,
+            &mut self.fx,
             &self.shared,
             Now::from_unix_ms(now_ms),
             &batch.ops,
             &batch.arena.bytes,
         );
-        let replies = &mut self.outbox.per_worker[0];
-        replies.records.clear();
-        replies.arena.bytes.clear();
-        self.outbox.bytes_this_turn = 0;
+        self.fx.clear();
     }
 
     pub fn snapshot(&self) -> Vec<u8> {
@@ -146,7 +132,7 @@ impl Replayer {
 }
 
 /// The process-wide values a sim or a replayer reports (`stats`): fixed, so that runs compare.
-fn sim_shared(config: Config) -> Shared {
+pub(crate) fn sim_shared(config: Config) -> Shared {
     Shared {
         config,
         shutdown: AtomicBool::new(false),
@@ -166,6 +152,7 @@ impl Sim {
         Sim {
             shared,
             tables,
+            fx: Effects::default(),
             outbox: Outbox::new(1),
             batch: Batch::default(),
             conns: HashMap::new(),
@@ -334,26 +321,31 @@ impl Sim {
             }
             apply_turn(
                 &mut self.tables,
-                &mut self.outbox,
+                &mut self.fx,
                 &self.shared,
                 now,
                 &batch.ops,
                 &batch.arena.bytes,
             );
-            let replies = std::mem::take(&mut self.outbox.per_worker[0]);
-            self.outbox.bytes_this_turn = 0;
             if let Some(r) = &mut self.recording {
                 let mut effects = Vec::new();
-                encode_effects(&replies, &mut effects);
+                encode_effects(&self.tables, &self.fx, &mut effects);
                 r.effects.push(effects);
             }
-            for rec in &replies.records {
-                if let Some(conn) = self.conns.get_mut(&rec.conn) {
+            // As the owner hands a turn's effects to the workers: routed to connections, then
+            // each encoded into its connection's write buffer.
+            self.outbox.route(&mut self.fx, &self.tables.sessions);
+            let replies = &mut self.outbox.per_worker[0];
+            for effect in &replies.effects {
+                let Some(id) = effect.conn else { continue };
+                if let Some(conn) = self.conns.get_mut(&id) {
                     let from = conn.wbuf.len();
-                    conn.deliver(rec.bytes.get(&replies.arena.bytes), rec.done, rec.close);
-                    Self::note(&mut self.log, rec.conn, conn, from);
+                    conn.deliver_effect(effect, &replies.arena.bytes);
+                    Self::note(&mut self.log, id, conn, from);
                 }
             }
+            replies.effects.clear();
+            replies.arena.bytes.clear();
             // Resume parsing where backpressure cleared; close what is finished (its output stays
             // readable through `output`).
             // In id order, so that a run is the same every time (hash order is not).

@@ -53,6 +53,7 @@ use crate::core::Now;
 use crate::proto::dlock as dl;
 use crate::proto::lockd as ld;
 use crate::proto::memcache::binary;
+use crate::server::effect::{Body, Effect, Effects};
 use crate::server::msg::{Arena, Batch, ConnId, McForm, Op, OpMsg, Replies, ToOwner};
 use crate::server::Shared;
 
@@ -80,6 +81,8 @@ const NO_QUORUM: &str = "no quorum";
 pub struct Replicated {
     shared: Arc<Shared>,
     pub tables: Tables,
+    /// The effects of the entry being applied (routed to this node's connections after it).
+    fx: Effects,
     pub outbox: Outbox,
     /// The log's clock: the largest time any applied entry carried.
     clock_ms: u64,
@@ -107,6 +110,7 @@ impl Replicated {
         let tables = Tables::new(&shared.config, Now::from_unix_ms(0));
         Replicated {
             outbox: Outbox::for_node(workers, me as u16),
+            fx: Effects::default(),
             tables,
             shared,
             clock_ms: 0,
@@ -141,7 +145,7 @@ impl Replicated {
                 }
                 let node16 = u16::try_from(node).map_err(|_| DecodeError::Invalid("node id"))?;
                 self.clock_ms = self.clock_ms.max(time);
-                self.end_sessions_of(node16);
+                self.end_sessions_of(node16, true);
                 self.expired += 1;
                 return Ok(());
             }
@@ -172,7 +176,7 @@ impl Replicated {
                 // A new run of that node: its earlier run's connections are gone.
                 self.clock_ms = self.clock_ms.max(time);
                 if earlier.is_some() {
-                    self.end_sessions_of(node16);
+                    self.end_sessions_of(node16, false);
                 }
             }
         }
@@ -186,7 +190,7 @@ impl Replicated {
         self.clock_ms = self.clock_ms.max(time);
         apply_turn(
             &mut self.tables,
-            &mut self.outbox,
+            &mut self.fx,
             &self.shared,
             Now::from_unix_ms(self.clock_ms),
             &self.batch.ops,
@@ -200,15 +204,27 @@ impl Replicated {
 
     /// End every session of `node`'s connections, in connection order, at the log's time:
     /// connection-bound locks are released, old-protocol locks become orphans, waits end.
-    fn end_sessions_of(&mut self, node: u16) {
+    /// `close_connections`: the node still runs (an expiry), and its connections close too.
+    /// Not for a node's new run: its earlier run's connections died with that process, and
+    /// the new run's connections may have the same numbers.
+    fn end_sessions_of(&mut self, node: u16, close_connections: bool) {
         let now = Now::from_unix_ms(self.clock_ms);
-        for conn in self.tables.sessions.conns_of_node(node) {
-            // The connection closes too, on the node that has it (the others write nothing):
-            // its client must not go on believing in locks it no longer has.
-            self.outbox.record(conn, 0, true, |_| {});
+        let conns = self.tables.sessions.conns_of_node(node);
+        if close_connections {
+            // On the node that has them (the others route nothing): their clients must not go
+            // on believing in locks they no longer have. Routed before the sessions end, while
+            // they still map to their connections.
+            for &conn in &conns {
+                if let Some(s) = self.tables.sessions.find(conn) {
+                    self.fx.push(s, 0, true, Body::Nothing);
+                }
+            }
+            self.outbox.route(&mut self.fx, &self.tables.sessions);
+        }
+        for conn in conns {
             apply_op(
                 &mut self.tables,
-                &mut self.outbox,
+                &mut self.fx,
                 &self.shared,
                 conn,
                 Op::Close,
@@ -216,6 +232,14 @@ impl Replicated {
                 now,
             );
         }
+    }
+
+    /// Whether this run's first proposal has been applied: from then on, every session of this
+    /// node in the state is one of this run's connections.
+    fn this_run_announced(&self) -> bool {
+        self.nodes
+            .get(&self.me)
+            .is_some_and(|&(inc, _)| inc == self.incarnation)
     }
 
     /// Whether any session of `node` is live.
@@ -234,6 +258,14 @@ impl Machine for Replicated {
         if self.apply_proposal(data).is_err() {
             // Every replica refuses the same bytes the same way.
             self.refused += 1;
+        }
+        if self.this_run_announced() {
+            self.outbox.route(&mut self.fx, &self.tables.sessions);
+        } else {
+            // Entries from before this run's first proposal (a restarted node replaying its log,
+            // or catching up): any session of this node they address belongs to an earlier run,
+            // whose connections died with it, and whose connection numbers this run's may repeat.
+            self.fx.clear();
         }
     }
 
@@ -600,7 +632,7 @@ impl ClusterOwner {
                     now.duration_since(l.contact).as_millis()
                 );
                 for conn in self.state.tables.sessions.conns_of_node(l.me as u16) {
-                    self.state.outbox.record(conn, 0, true, |_| {});
+                    self.state.outbox.direct(conn, 0, true, &[]);
                 }
             } else {
                 crate::log_info!("cluster node {}: quorum regained", l.me);
@@ -763,16 +795,14 @@ impl ClusterOwner {
             .outbox
             .per_worker
             .iter()
-            .map(|r| r.records.len())
+            .map(|r| r.effects.len())
             .collect();
         let result = self.node.ready(&mut self.state);
         for (r, &mark) in self.state.outbox.per_worker.iter_mut().zip(&marks) {
-            let fresh: Vec<_> = r.records.drain(mark..).collect();
-            r.records.extend(
-                fresh
-                    .into_iter()
-                    .filter(|rec| !self.poisoned.contains(&rec.conn)),
-            );
+            let fresh: Vec<Effect> = r.effects.drain(mark..).collect();
+            let poisoned = &self.poisoned;
+            let keep = |e: &Effect| e.conn.is_none_or(|c| !poisoned.contains(&c));
+            r.effects.extend(fresh.into_iter().filter(keep));
         }
         result
     }
@@ -856,17 +886,16 @@ fn refuse_poisoned(poisoned: &mut HashSet<ConnId>, out: &mut Outbox, b: &mut Bat
 /// The no-quorum answer to one request (the contract's cluster section), closing its
 /// connection after it.
 fn no_quorum(out: &mut Outbox, m: &OpMsg, arena: &Arena) {
-    let conn: ConnId = m.conn;
-    match m.op {
-        Op::Mc(op) => match op.form {
-            McForm::Text { noreply } => out.record(conn, 1, true, |w| {
-                if !noreply {
-                    w.extend_from_slice(b"SERVER_ERROR no quorum\r\n");
+    let mut w = Vec::new();
+    let close = match m.op {
+        Op::Mc(op) => {
+            match op.form {
+                McForm::Text { noreply: true } => {}
+                McForm::Text { noreply: false } => {
+                    w.extend_from_slice(b"SERVER_ERROR no quorum\r\n")
                 }
-            }),
-            McForm::Binary { opcode, opaque } => out.record(conn, 1, true, |w| {
-                binary::encode_response(
-                    w,
+                McForm::Binary { opcode, opaque } => binary::encode_response(
+                    &mut w,
                     opcode,
                     BINARY_TEMPORARY_FAILURE,
                     opaque,
@@ -874,31 +903,36 @@ fn no_quorum(out: &mut Outbox, m: &OpMsg, arena: &Arena) {
                     &[],
                     &[],
                     NO_QUORUM.as_bytes(),
-                )
-            }),
-        },
-        Op::Lockd(op) => out.record(conn, 1, true, |w| {
-            ld::encode(w, ld::op::ERR, op.payload.get(&arena.bytes))
-        }),
-        Op::Dlock(op) => out.record(conn, 1, true, |w| {
+                ),
+            }
+            true
+        }
+        Op::Lockd(op) => {
+            ld::encode(&mut w, ld::op::ERR, op.payload.get(&arena.bytes));
+            true
+        }
+        Op::Dlock(op) => {
             let no_keys: [&[u8]; 0] = [];
             dl::encode_response(
-                w,
+                &mut w,
                 op.id,
                 dl::status::GENERAL,
                 Some(NO_QUORUM),
                 no_keys,
                 (now_unix_ms() / 1000) as i64,
-            )
-        }),
+            );
+            true
+        }
         // The counter protocol has no status for it: the connection closes unanswered.
-        Op::Counter(_) => out.record(conn, 1, true, |_| {}),
+        Op::Counter(_) => true,
         // The worker's own answer, kept in order behind the others.
-        Op::Literal { bytes, close } => out.record(conn, 1, close, |w| {
-            w.extend_from_slice(bytes.get(&arena.bytes))
-        }),
-        Op::Open { .. } | Op::Close | Op::DlockOpen | Op::Eof => {}
-    }
+        Op::Literal { bytes, close } => {
+            w.extend_from_slice(bytes.get(&arena.bytes));
+            close
+        }
+        Op::Open { .. } | Op::Close | Op::DlockOpen | Op::Eof => return,
+    };
+    out.direct(m.conn, 1, close, &w);
 }
 
 fn now_unix_ms() -> u64 {

@@ -25,7 +25,12 @@ fn shared() -> Arc<Shared> {
 }
 
 fn replica(me: u64) -> Replicated {
-    Replicated::new(shared(), 1, me, 1)
+    replica_run(me, 1)
+}
+
+/// The replica of node `me` in its run `incarnation`.
+fn replica_run(me: u64, incarnation: u64) -> Replicated {
+    Replicated::new(shared(), 1, me, incarnation)
 }
 
 /// A commands proposal of `node` (run `inc`, number `seq`) at `time`: old-protocol requests.
@@ -53,15 +58,18 @@ fn expiry(node: u64, time: u64) -> Vec<u8> {
     data
 }
 
-/// What this replica would send its own connections: (connection, opcode, close).
+/// What this replica would send its own connections: (connection, opcode, close); opcode 0
+/// for an effect with no frame (a close).
 fn replies(r: &mut Replicated) -> Vec<(ConnId, u8, bool)> {
     let out = std::mem::take(&mut r.outbox.per_worker[0]);
-    out.records
+    out.effects
         .iter()
-        .map(|rec| {
-            let bytes = rec.bytes.get(&out.arena.bytes);
-            let opcode = ld::parse(bytes).map_or(0, |(f, _)| f.opcode);
-            (rec.conn, opcode, rec.close)
+        .filter_map(|e| {
+            let opcode = match e.body {
+                Body::Lockd(crate::server::effect::LockdReply::Frame { opcode, .. }) => opcode,
+                _ => 0,
+            };
+            e.conn.map(|c| (c, opcode, e.close))
         })
         .collect()
 }
@@ -103,7 +111,7 @@ fn replicas_of_every_node_reach_the_same_state_and_each_answers_only_its_own_con
 #[test]
 fn a_proposal_is_applied_once_and_an_earlier_run_of_its_node_not_at_all() {
     let a = ConnId::on_node(1, 0, 5, 0);
-    let mut r = replica(1);
+    let mut r = replica_run(1, 7);
     let acq = proposal(1, 7, 1, T0, &[(a, ld::op::ACQ, JOB)]);
     r.apply(0, &acq);
     // Proposed again after a leader change, and committed twice: applied once.
@@ -259,5 +267,40 @@ fn a_new_leader_restarts_orphan_windows_with_an_election_timeout_more_once_per_t
         LockState::Orphaned {
             deadline_ms: T0 + 110
         }
+    );
+}
+
+#[test]
+fn a_restarted_node_replaying_its_log_sends_nothing_to_its_new_connections_until_its_run_begins() {
+    // The earlier run (1) of node 1 held "job" through connection a; the new run (2) has a
+    // connection with the very same number, and replays the log before its first proposal.
+    let a = ConnId::on_node(1, 0, 5, 0);
+    let b = ConnId::on_node(2, 0, 5, 0);
+    let mut r = replica_run(1, 2);
+    r.apply(0, &proposal(1, 1, 1, T0, &[(a, ld::op::ACQ, JOB)]));
+    r.apply(0, &proposal(2, 1, 1, T0, &[(b, ld::op::ACQ, JOB)]));
+    r.apply(0, &proposal(1, 1, 2, T0, &[(a, ld::op::REL, JOB)]));
+    assert!(replies(&mut r).is_empty(), "an earlier run's answers");
+    // The new run's first proposal ends the earlier run's sessions; its own requests on a
+    // connection numbered like the old one start a new session and are answered.
+    r.apply(0, &proposal(1, 2, 1, T0 + 5, &[]));
+    r.apply(0, &proposal(1, 2, 2, T0 + 6, &[(a, ld::op::TRY, JOB)]));
+    assert_eq!(replies(&mut r), [(a, ld::op::WBLOCK, false)]);
+}
+
+#[test]
+fn an_expiry_of_this_very_node_closes_its_connections_but_a_new_run_closes_none() {
+    let a = ConnId::on_node(1, 0, 5, 0);
+    let mut r = replica_run(1, 1);
+    r.apply(0, &proposal(1, 1, 1, T0, &[(a, ld::op::ACQ, JOB)]));
+    let _ = replies(&mut r);
+    r.apply(0, &expiry(1, T0 + 1));
+    assert_eq!(replies(&mut r), [(a, 0, true)]);
+    let mut s = replica_run(1, 2);
+    s.apply(0, &proposal(1, 1, 1, T0, &[(a, ld::op::ACQ, JOB)]));
+    s.apply(0, &proposal(1, 2, 1, T0 + 5, &[]));
+    assert!(
+        replies(&mut s).is_empty(),
+        "the earlier run's connection is not this run's"
     );
 }

@@ -3,11 +3,11 @@
 //! Owns: the mapping from table outcomes to the protocol's statuses and the Stats and Dump
 //! replies. Must not: keep state of its own (the table and its statistics live in [`Tables`]).
 
-use super::outbox::{push_u64, Outbox};
-use super::tables::{Tables, Who};
+use super::tables::Tables;
 use crate::core::counter::CounterError;
-use crate::core::Now;
-use crate::proto::counter::{self as ct, op, status};
+use crate::core::{Now, Session};
+use crate::proto::counter::{op, status};
+use crate::server::effect::{self, push_u64, Body, CounterReply, Effects};
 use crate::server::msg::{CounterKind, CounterOp};
 
 fn status_of(e: CounterError) -> u8 {
@@ -20,27 +20,33 @@ fn status_of(e: CounterError) -> u8 {
 
 pub fn apply(
     t: &mut Tables,
-    out: &mut Outbox,
+    fx: &mut Effects,
     shared: &super::Shared,
-    who: Who,
+    session: Session,
     o: CounterOp,
     arena: &[u8],
     now: Now,
 ) {
-    let Who { conn, session } = who;
     let table = &mut t.counter;
     table.collect_due(now.ms);
     let opaque = o.opaque;
-    let result = |w: &mut Vec<u8>, opcode: u8, r: Result<Option<u32>, CounterError>| match r {
-        Ok(None) => ct::encode_header(w, opcode, status::OK, opaque, 0),
-        Ok(Some(v)) => ct::encode(w, opcode, status::OK, opaque, &v.to_be_bytes()),
-        Err(e) => ct::encode_error(w, opcode, status_of(e), opaque),
+    let result = |opcode: u8, r: Result<Option<u32>, CounterError>| {
+        let (status, value) = match r {
+            Ok(v) => (status::OK, v),
+            Err(e) => (status_of(e), None),
+        };
+        Body::Counter(CounterReply::Status {
+            opcode,
+            status,
+            opaque,
+            value,
+        })
     };
     match o.kind {
         CounterKind::Get { name } => {
             table.stats.cmd_get += 1;
             let r = table.get(name.get(arena)).map(Some);
-            out.record(conn, 1, false, |w| result(w, op::GET, r));
+            fx.reply(session, result(op::GET, r));
         }
         CounterKind::Acquire {
             resources,
@@ -51,55 +57,63 @@ pub fn apply(
             let r = table
                 .acquire(session, name.get(arena), resources, maximum, now.ms)
                 .map(|()| Some(resources));
-            out.record(conn, 1, false, |w| result(w, op::ACQUIRE, r));
+            fx.reply(session, result(op::ACQUIRE, r));
         }
         CounterKind::Release { resources, name } => {
             table.stats.cmd_release += 1;
             let r = table
                 .release(session, name.get(arena), resources, now.ms)
                 .map(|()| None);
-            out.record(conn, 1, false, |w| result(w, op::RELEASE, r));
+            fx.reply(session, result(op::RELEASE, r));
         }
         CounterKind::Stats => {
             table.stats.cmd_stats += 1;
             let s = table.stats;
             let objects = table.len() as u64;
             let uptime = now.ms.saturating_sub(shared.started_unix_ms) / 1000;
-            out.record(conn, 1, false, |w| {
-                let start = w.len();
-                ct::encode_header(w, op::STATS, status::OK, opaque, 0);
-                let num = |w: &mut Vec<u8>, name: &[u8], v: u64| {
-                    let mut b = Vec::with_capacity(20);
-                    push_u64(&mut b, v);
-                    ct::encode_stat(w, name, &b);
-                };
-                num(w, b"time", now.unix);
-                num(w, b"uptime", uptime);
-                num(w, b"objects", objects);
-                num(w, b"total_objects", s.total_objects);
-                num(w, b"cmd_get", s.cmd_get);
-                num(w, b"cmd_acquire", s.cmd_acquire);
-                num(w, b"cmd_release", s.cmd_release);
-                num(w, b"cmd_stats", s.cmd_stats);
-                num(w, b"cmd_dump", s.cmd_dump);
-                num(w, b"acquired", s.acquired);
-                num(w, b"not_available", s.not_available);
-                num(w, b"released", s.released);
-                num(w, b"released_on_close", s.released_on_close);
-                let v = crate::server::VERSION_REPLY;
-                ct::encode_stat(w, b"version", &v[b"VERSION ".len()..v.len() - 2]);
-                let body = (w.len() - start - ct::HEADER_LEN) as u32;
-                w[start + 4..start + 8].copy_from_slice(&body.to_be_bytes());
-            });
+            let mark = fx.mark();
+            let a = &mut fx.arena;
+            let mut b = Vec::with_capacity(20);
+            let mut num = |name: &[u8], v: u64| {
+                b.clear();
+                push_u64(&mut b, v);
+                effect::put_entry(a, name);
+                effect::put_entry(a, &b);
+            };
+            num(b"time", now.unix);
+            num(b"uptime", uptime);
+            num(b"objects", objects);
+            num(b"total_objects", s.total_objects);
+            num(b"cmd_get", s.cmd_get);
+            num(b"cmd_acquire", s.cmd_acquire);
+            num(b"cmd_release", s.cmd_release);
+            num(b"cmd_stats", s.cmd_stats);
+            num(b"cmd_dump", s.cmd_dump);
+            num(b"acquired", s.acquired);
+            num(b"not_available", s.not_available);
+            num(b"released", s.released);
+            num(b"released_on_close", s.released_on_close);
+            let v = crate::server::VERSION_REPLY;
+            effect::put_entry(a, b"version");
+            effect::put_entry(a, &v[b"VERSION ".len()..v.len() - 2]);
+            let pairs = fx.since(mark);
+            fx.reply(
+                session,
+                Body::Counter(CounterReply::Stats { opaque, pairs }),
+            );
         }
         CounterKind::Dump => {
             table.stats.cmd_dump += 1;
-            out.record(conn, 1, false, |w| {
-                table.dump(now.ms, |name, cur, max| {
-                    ct::encode_dump_entry(w, opaque, cur, max, name)
-                });
-                ct::encode_header(w, op::DUMP, status::OK, opaque, 0);
+            let mark = fx.mark();
+            let a = &mut fx.arena;
+            table.dump(now.ms, |name, cur, max| {
+                effect::put_counter(a, name, cur, max)
             });
+            let entries = fx.since(mark);
+            fx.reply(
+                session,
+                Body::Counter(CounterReply::Dump { opaque, entries }),
+            );
         }
     }
 }

@@ -8,12 +8,11 @@
 use std::collections::VecDeque;
 
 use super::dlock_sessions::{Deferred, Waiting};
-use super::outbox::Outbox;
-use super::tables::{Tables, Who};
+use super::tables::Tables;
 use crate::core::dlock::{DlockEvent, LockRequest, LockResult};
 use crate::core::{Now, Session};
-use crate::proto::dlock::{self as dl, status, Keys};
-use crate::server::msg::ConnId;
+use crate::proto::dlock::{status, Keys};
+use crate::server::effect::{self, Body, DlockReply, Effects};
 use crate::server::msg::{DlockKind, DlockOp, Span};
 
 pub fn open(t: &mut Tables, session: Session, now: Now) {
@@ -21,12 +20,19 @@ pub fn open(t: &mut Tables, session: Session, now: Now) {
 }
 
 /// A request arrives: it resets the idle timer, then runs now or waits behind a pending Lock.
-pub fn receive(t: &mut Tables, out: &mut Outbox, who: Who, op: DlockOp, arena: &[u8], now: Now) {
+pub fn receive(
+    t: &mut Tables,
+    fx: &mut Effects,
+    session: Session,
+    op: DlockOp,
+    arena: &[u8],
+    now: Now,
+) {
     // Any request resets the idle timer; Lock and Unlock do it inside the table.
     if !matches!(op.kind, DlockKind::Lock { .. } | DlockKind::Unlock { .. }) {
-        t.dlock.touch(who.session, now.ms);
+        t.dlock.touch(session, now.ms);
     }
-    if let Some(w) = t.dlock_sessions.waiting.get_mut(&who.session) {
+    if let Some(w) = t.dlock_sessions.waiting.get_mut(&session) {
         let (op, bytes) = match op.kind {
             DlockKind::Lock { keys, .. } | DlockKind::Unlock { keys, .. } => {
                 let bytes: Box<[u8]> = keys.get(arena).into();
@@ -46,8 +52,8 @@ pub fn receive(t: &mut Tables, out: &mut Outbox, who: Who, op: DlockOp, arena: &
         w.backlog.push_back(Deferred::Request(op, bytes));
         return;
     }
-    run(t, out, who, op, arena, now);
-    deliver_events(t, out, now);
+    run(t, fx, session, op, arena, now);
+    deliver_events(t, fx, now);
 }
 
 fn rebase(mut op: DlockOp, to: Span) -> DlockOp {
@@ -74,42 +80,49 @@ fn recycle<'a, 'b>(mut v: Vec<&'a [u8]>) -> Vec<&'b [u8]> {
     v.into_iter().map(|_| -> &'b [u8] { &[] }).collect()
 }
 
-/// Where an answer goes: the connection, whether it answers an operation the worker sent, and
+/// Where an answer goes: the session, whether it answers an operation the worker sent, and
 /// the request id it echoes.
 #[derive(Clone, Copy)]
 struct To {
-    conn: ConnId,
+    session: Session,
     done: u32,
     id: Option<u64>,
 }
 
 /// The Ok answer to a granted Lock, with its fencing token (Response field 7).
-fn granted(out: &mut Outbox, to: To, fence: u64, now: Now) {
-    let no_keys: [&[u8]; 0] = [];
-    out.record(to.conn, to.done, false, |w| {
-        dl::encode_response_fenced(
-            w,
-            to.id,
-            status::OK,
-            None,
-            no_keys,
-            now.unix as i64,
-            Some(fence),
-        )
-    });
+fn granted(fx: &mut Effects, to: To, fence: u64, now: Now) {
+    let reply = DlockReply {
+        id: to.id,
+        status: status::OK,
+        text: None,
+        keys: Span::EMPTY,
+        time: now.unix as i64,
+        fence: Some(fence),
+    };
+    fx.push(to.session, to.done, false, Body::Dlock(reply));
 }
 
 fn respond<'k>(
-    out: &mut Outbox,
+    fx: &mut Effects,
     to: To,
     status: u32,
-    text: Option<&str>,
+    text: Option<&'static str>,
     keys: impl IntoIterator<Item = &'k [u8]>,
     now: Now,
 ) {
-    out.record(to.conn, to.done, false, |w| {
-        dl::encode_response(w, to.id, status, text, keys, now.unix as i64)
-    });
+    let mark = fx.mark();
+    for key in keys {
+        effect::put_entry(&mut fx.arena, key);
+    }
+    let reply = DlockReply {
+        id: to.id,
+        status,
+        text,
+        keys: fx.since(mark),
+        time: now.unix as i64,
+        fence: None,
+    };
+    fx.push(to.session, to.done, false, Body::Dlock(reply));
 }
 
 /// A lease's duration as the table runs it: rounded up to whole milliseconds, plus one. The
@@ -126,17 +139,16 @@ fn lease_on_the_table_clock(lease_us: Option<u64>) -> Option<u64> {
 pub const LEASE_CLOCK_SLACK_MS: u64 = 1;
 
 /// Run one request of a connection that has no Lock waiting.
-fn run(t: &mut Tables, out: &mut Outbox, who: Who, op: DlockOp, arena: &[u8], now: Now) {
-    let Who { conn, session } = who;
+fn run(t: &mut Tables, fx: &mut Effects, session: Session, op: DlockOp, arena: &[u8], now: Now) {
     let to = To {
-        conn,
+        session,
         done: 1,
         id: op.id,
     };
     let no_keys: [&[u8]; 0] = [];
     match op.kind {
-        DlockKind::Ping => respond(out, to, status::OK, None, no_keys, now),
-        DlockKind::Refuse { status, text } => respond(out, to, status, Some(text), no_keys, now),
+        DlockKind::Ping => respond(fx, to, status::OK, None, no_keys, now),
+        DlockKind::Refuse { status, text } => respond(fx, to, status, Some(text), no_keys, now),
         DlockKind::Lock {
             keys,
             wait_us,
@@ -160,10 +172,10 @@ fn run(t: &mut Tables, out: &mut Outbox, who: Who, op: DlockOp, arena: &[u8], no
                 )
             });
             match result {
-                LockResult::Granted => granted(out, to, t.dlock.last_fence(), now),
+                LockResult::Granted => granted(fx, to, t.dlock.last_fence(), now),
                 LockResult::Timeout { busy } => {
                     let busy = busy.iter().map(|k| &k[..]);
-                    respond(out, to, status::ACQUIRE_TIMEOUT, None, busy, now)
+                    respond(fx, to, status::ACQUIRE_TIMEOUT, None, busy, now)
                 }
                 LockResult::Waiting => {
                     let w = Waiting {
@@ -180,10 +192,10 @@ fn run(t: &mut Tables, out: &mut Outbox, who: Who, op: DlockOp, arena: &[u8], no
                 t.dlock.unlock(session, keys, now.ms, &mut t.dlock_events)
             });
             match result {
-                Ok(()) => respond(out, to, status::OK, None, no_keys, now),
+                Ok(()) => respond(fx, to, status::OK, None, no_keys, now),
                 Err(not_held) => {
                     let keys = not_held.iter().map(|k| &k[..]);
-                    respond(out, to, status::GENERAL, Some("not held"), keys, now)
+                    respond(fx, to, status::GENERAL, Some("not held"), keys, now)
                 }
             }
         }
@@ -192,16 +204,16 @@ fn run(t: &mut Tables, out: &mut Outbox, who: Who, op: DlockOp, arena: &[u8], no
 
 /// The client ended its side while requests were in flight. If a Lock of its waits, give the
 /// connection up as a disconnect: the Lock leaves its queues, what waited behind it is dropped
-/// unanswered, its connection-bound locks are released, and one record completes all of them
+/// unanswered, its connection-bound locks are released, and one effect completes all of them
 /// and closes the connection (after the replies already sent).
-pub fn eof(t: &mut Tables, out: &mut Outbox, who: Who, now: Now) {
-    let Some(w) = t.dlock_sessions.waiting.remove(&who.session) else {
+pub fn eof(t: &mut Tables, fx: &mut Effects, session: Session, now: Now) {
+    let Some(w) = t.dlock_sessions.waiting.remove(&session) else {
         return;
     };
     let dropped = 1 + w.backlog.len() as u32;
-    t.dlock.disconnect(who.session, now.ms, &mut t.dlock_events);
-    out.record(who.conn, dropped, true, |_| {});
-    deliver_events(t, out, now);
+    t.dlock.disconnect(session, now.ms, &mut t.dlock_events);
+    fx.push(session, dropped, true, Body::Nothing);
+    deliver_events(t, fx, now);
 }
 
 /// Answer the waiting Locks that the table resolved, then run what waited behind them; repeat
@@ -213,96 +225,85 @@ pub fn eof(t: &mut Tables, out: &mut Outbox, who: Who, now: Now) {
 /// whole, a backlog's Unlock could grant a waiter whose answer would follow the backlog's later
 /// grants; run in between the answers of one batch, a backlog's Lock of a key whose lease ended
 /// later in that batch would be answered before the grant of that lease.)
-pub fn deliver_events(t: &mut Tables, out: &mut Outbox, now: Now) {
-    let mut unblocked: VecDeque<(Who, VecDeque<Deferred>)> = VecDeque::new();
+pub fn deliver_events(t: &mut Tables, fx: &mut Effects, now: Now) {
+    let mut unblocked: VecDeque<(Session, VecDeque<Deferred>)> = VecDeque::new();
     loop {
         let mut events = std::mem::take(&mut t.dlock_events);
         for ev in events.drain(..) {
-            let (who, backlog) = match ev {
+            let (session, backlog) = match ev {
                 DlockEvent::Granted {
                     session,
                     token,
                     fence,
                 } => {
-                    let Some((conn, w)) = take_waiting(t, session, token) else {
+                    let Some(w) = take_waiting(t, session, token) else {
                         continue;
                     };
                     let to = To {
-                        conn,
+                        session,
                         done: 1,
                         id: w.id,
                     };
-                    granted(out, to, fence, now);
-                    (Who { conn, session }, w.backlog)
+                    granted(fx, to, fence, now);
+                    (session, w.backlog)
                 }
                 DlockEvent::TimedOut {
                     session,
                     token,
                     busy,
                 } => {
-                    let Some((conn, w)) = take_waiting(t, session, token) else {
+                    let Some(w) = take_waiting(t, session, token) else {
                         continue;
                     };
                     let keys = busy.iter().map(|k| &k[..]);
-                    respond(
-                        out,
-                        To {
-                            conn,
-                            done: 1,
-                            id: w.id,
-                        },
-                        status::ACQUIRE_TIMEOUT,
-                        None,
-                        keys,
-                        now,
-                    );
-                    (Who { conn, session }, w.backlog)
+                    let to = To {
+                        session,
+                        done: 1,
+                        id: w.id,
+                    };
+                    respond(fx, to, status::ACQUIRE_TIMEOUT, None, keys, now);
+                    (session, w.backlog)
                 }
                 DlockEvent::Idle { session } => {
                     t.dlock_sessions.remove(session);
-                    if let Some(conn) = t.sessions.conn(session) {
-                        out.record(conn, 0, true, |_| {});
-                    }
+                    fx.push(session, 0, true, Body::Nothing);
                     continue;
                 }
             };
             if !backlog.is_empty() {
-                unblocked.push_back((who, backlog));
+                unblocked.push_back((session, backlog));
             }
         }
         // Keep the events vector's allocation for the next turn (nothing was added meanwhile:
         // answering a wait does not touch the table).
         debug_assert!(t.dlock_events.is_empty());
         t.dlock_events = events;
-        let Some((who, mut backlog)) = unblocked.pop_front() else {
+        let Some((session, mut backlog)) = unblocked.pop_front() else {
             return;
         };
         if let Some(d) = backlog.pop_front() {
             match d {
                 Deferred::Literal(bytes, close) => {
-                    out.record(who.conn, 1, close, |w| w.extend_from_slice(&bytes))
+                    let span = fx.bytes(&bytes);
+                    fx.push(session, 1, close, Body::Literal(span))
                 }
-                Deferred::Request(op, bytes) => run(t, out, who, op, &bytes, now),
+                Deferred::Request(op, bytes) => run(t, fx, session, op, &bytes, now),
             }
         }
-        if let Some(w) = t.dlock_sessions.waiting.get_mut(&who.session) {
+        if let Some(w) = t.dlock_sessions.waiting.get_mut(&session) {
             // Blocked again: the rest waits behind this new Lock.
             w.backlog.extend(backlog);
         } else if !backlog.is_empty() {
             // The same backlog goes on next, once what its request resolved is answered.
-            unblocked.push_front((who, backlog));
+            unblocked.push_front((session, backlog));
         }
     }
 }
 
-/// The waiting Lock `token` of `session`, and where its answer goes (a waiting session is a
-/// live one: its wait ends when it closes).
-fn take_waiting(t: &mut Tables, session: Session, token: u64) -> Option<(ConnId, Waiting)> {
+/// The waiting Lock `token` of `session`.
+fn take_waiting(t: &mut Tables, session: Session, token: u64) -> Option<Waiting> {
     match t.dlock_sessions.waiting.get(&session) {
-        Some(w) if w.token == token => {
-            let w = t.dlock_sessions.waiting.remove(&session)?;
-            Some((t.sessions.conn(session)?, w))
-        }
+        Some(w) if w.token == token => t.dlock_sessions.waiting.remove(&session),
         _ => None,
     }
 }

@@ -1,11 +1,10 @@
 //! old lock-daemon requests applied to the lockd table (contract: "old lock-daemon protocol").
 
-use super::outbox::Outbox;
-use super::tables::{Tables, Who};
+use super::tables::Tables;
 use crate::core::lockd::{AcquireOutcome, LockState};
-use crate::core::Now;
+use crate::core::{Now, Session};
 use crate::proto::lockd::{self as ld, op, Frame};
-use crate::server::msg::ConnId;
+use crate::server::effect::{Body, Effects, LockdReply};
 use crate::server::msg::LockdOp;
 
 /// ACQs one connection may have queued at once; one more that would queue gets ERR. Each queued
@@ -14,14 +13,22 @@ use crate::server::msg::LockdOp;
 /// than a handful of locks at once.
 pub const MAX_QUEUED_PER_CONN: usize = 1024;
 
-pub fn apply(t: &mut Tables, out: &mut Outbox, who: Who, o: LockdOp, arena: &[u8], now: Now) {
-    let Who { conn, session } = who;
+pub fn apply(
+    t: &mut Tables,
+    fx: &mut Effects,
+    session: Session,
+    o: LockdOp,
+    arena: &[u8],
+    now: Now,
+) {
     let payload = o.payload.get(arena);
-    let reply = |out: &mut Outbox, opcode: u8, payload: &[u8]| {
-        out.record(conn, 1, false, |w| ld::encode(w, opcode, payload));
+    // Every reply but REQ_TOKEN's echoes the request's payload.
+    let reply = |fx: &mut Effects, opcode: u8| {
+        let payload = fx.bytes(payload);
+        fx.reply(session, Body::Lockd(LockdReply::Frame { opcode, payload }));
     };
     if o.opcode == op::SYNC {
-        return sync(t, out, conn);
+        return sync(t, fx, session);
     }
     // A lock operation needs a name: an empty payload gets ERR with an empty payload, one without
     // a NUL gets ERR echoing it.
@@ -31,7 +38,7 @@ pub fn apply(t: &mut Tables, out: &mut Outbox, who: Who, o: LockdOp, arena: &[u8
         payload,
     };
     let Some(name) = frame.name() else {
-        return reply(out, op::ERR, payload);
+        return reply(fx, op::ERR);
     };
     let lockd = &mut t.lockd;
     match o.opcode {
@@ -39,77 +46,56 @@ pub fn apply(t: &mut Tables, out: &mut Outbox, who: Who, o: LockdOp, arena: &[u8
             if lockd.queued_by(session) >= MAX_QUEUED_PER_CONN
                 && lockd.state(name) != LockState::Free =>
         {
-            reply(out, op::ERR, payload)
+            reply(fx, op::ERR)
         }
         op::ACQ => match lockd.acquire(session, name, payload, now.ms) {
-            AcquireOutcome::Acquired => reply(out, op::ACQUIRED, payload),
-            AcquireOutcome::Queued => reply(out, op::ACK, payload),
+            AcquireOutcome::Acquired => reply(fx, op::ACQUIRED),
+            AcquireOutcome::Queued => reply(fx, op::ACK),
         },
         op::TRY => {
             let got = lockd.try_lock(session, name, now.ms);
-            reply(out, if got { op::ACQUIRED } else { op::WBLOCK }, payload)
+            reply(fx, if got { op::ACQUIRED } else { op::WBLOCK })
         }
         op::REL => {
             let released = lockd.release(session, name, now.ms, &mut t.grants);
-            reply(out, if released { op::RELEASED } else { op::ERR }, payload);
-            deliver_grants(t, out);
+            reply(fx, if released { op::RELEASED } else { op::ERR });
+            deliver_grants(t, fx);
         }
         op::REQ_TOKEN => match lockd.token_of(session, name) {
-            Some(token) => out.record(conn, 1, false, |w| {
-                let mut body = Vec::with_capacity(name.len() + 9);
-                body.extend_from_slice(name);
-                body.push(0);
-                body.extend_from_slice(&token.to_be_bytes());
-                ld::encode(w, op::ACK, &body)
-            }),
-            None => reply(out, op::ERR, payload),
+            Some(token) => {
+                let name = fx.bytes(name);
+                fx.reply(session, Body::Lockd(LockdReply::Token { name, token }))
+            }
+            None => reply(fx, op::ERR),
         },
         op::ADOPT => {
             let adopted = lockd.adopt(session, name, now.ms);
-            reply(out, if adopted { op::ACK } else { op::ERR }, payload)
+            reply(fx, if adopted { op::ACK } else { op::ERR })
         }
-        _ => reply(out, op::ERR, payload),
+        _ => reply(fx, op::ERR),
     }
 }
 
-/// Send ACQUIRED to every session granted a lock it queued for (a grant goes to a live
-/// session: a session's queued ACQs leave the queues when it closes).
-pub fn deliver_grants(t: &mut Tables, out: &mut Outbox) {
+/// Send ACQUIRED to every session granted a lock it queued for.
+pub fn deliver_grants(t: &mut Tables, fx: &mut Effects) {
     for g in t.grants.drain(..) {
-        if let Some(conn) = t.sessions.conn(g.session) {
-            out.record(conn, 0, false, |w| ld::encode(w, op::ACQUIRED, &g.payload));
-        }
+        let payload = fx.bytes(&g.payload);
+        let body = Body::Lockd(LockdReply::Frame {
+            opcode: op::ACQUIRED,
+            payload,
+        });
+        fx.push(g.session, 0, false, body);
     }
 }
 
-/// SYNC: every locked name, NUL-terminated. One reply when it fits in one frame (as the original
-/// daemon answers); otherwise several replies each holding whole names, then an empty one.
-fn sync(t: &mut Tables, out: &mut Outbox, conn: ConnId) {
-    out.record(conn, 1, false, |w| {
-        let mut frame_start = w.len();
-        let mut split = false;
-        ld::encode(w, op::SYNC_REPLY, &[]);
-        t.lockd.for_each_locked(|name| {
-            let used = w.len() - frame_start - 4;
-            if used + name.len() + 1 > ld::MAX_PAYLOAD {
-                patch_length(w, frame_start);
-                frame_start = w.len();
-                split = true;
-                ld::encode(w, op::SYNC_REPLY, &[]);
-            }
-            w.extend_from_slice(name);
-            w.push(0);
-        });
-        patch_length(w, frame_start);
-        if split {
-            ld::encode(w, op::SYNC_REPLY, &[]);
-        }
+/// SYNC: every locked name (the worker frames them, `worker::encode`).
+fn sync(t: &mut Tables, fx: &mut Effects, session: Session) {
+    let mark = fx.mark();
+    let arena = &mut fx.arena.bytes;
+    t.lockd.for_each_locked(|name| {
+        arena.extend_from_slice(name);
+        arena.push(0);
     });
-}
-
-/// Rewrite the header at `start` with the length of the payload that follows it.
-fn patch_length(w: &mut [u8], start: usize) {
-    let len = (w.len() - start - 4) as u32;
-    let header = u32::from(ld::VERSION) << 28 | u32::from(op::SYNC_REPLY) << 20 | len;
-    w[start..start + 4].copy_from_slice(&header.to_be_bytes());
+    let names = fx.since(mark);
+    fx.reply(session, Body::Lockd(LockdReply::Sync { names }));
 }

@@ -1,4 +1,5 @@
-//! memcached text and binary requests applied to the item store, replies encoded in place.
+//! memcached text and binary requests applied to the item store, answered with typed effects
+//! ([`McReply`]; the worker encodes them).
 //!
 //! Reply texts are memcached's (doc/protocol.txt) and yrmcds's (yrmcds-locking.md); the contract
 //! (`shared/specs/README.md`, "memcached + yrmcds locks") settles the rest. With `--compat
@@ -7,18 +8,17 @@
 //! and the `stats ops` counters ([`McState`]).
 
 use super::mc_state::KeyDump;
-use super::outbox::{push_u64, Outbox};
-use super::tables::{Tables, Who};
+use super::tables::Tables;
 use crate::config::Compat;
 use crate::core::store::{
     Arith, ArithOutcome, DeleteOutcome, ItemView, LockOutcome, RauOutcome, StoreMode, StoreOutcome,
     UnlockOutcome, Write,
 };
-use crate::core::Now;
+use crate::core::{Now, Session};
 use crate::proto::memcache::binary::{self, opcode as opc, status as st};
 use crate::proto::memcache::text::Keys;
-use crate::server::msg::ConnId;
-use crate::server::msg::{McCmd, McForm, McOp};
+use crate::server::effect::{self, BinHead, Body, Effects, McReply};
+use crate::server::msg::{McCmd, McForm, McOp, Span};
 use crate::server::Shared;
 
 /// Largest reply to one text get/gets/gat/gats (a 64 KiB line names up to ~32,000 keys, each
@@ -66,68 +66,48 @@ fn text_op_index(cmd: &McCmd) -> Option<usize> {
     })
 }
 
-/// One step of `conn`'s dump: up to [`KEYS_SLOTS_PER_STEP`] slots listed into one record. The
-/// last step ends the listing (`END`, or binary's empty response) and completes the request;
-/// the others complete nothing and the worker asks for the next once this one went out.
-fn dump_step(t: &mut Tables, out: &mut Outbox, who: Who, now: Now) {
-    let Who { conn, session } = who;
+/// One step of `session`'s dump: up to [`KEYS_SLOTS_PER_STEP`] slots listed into one effect.
+/// The last step ends the listing (`END`, or binary's empty response) and completes the
+/// request; the others complete nothing and the worker asks for the next once this one went out.
+fn dump_step(t: &mut Tables, fx: &mut Effects, session: Session, now: Now) {
     let Some(d) = t.mc.dumps.get_mut(&session) else {
         // No dump (a `KeysNext` after the connection's dump ended): nothing to answer.
         return;
     };
-    let store = &t.store;
-    let mut next = None;
-    let binary = d.binary;
-    out.record_then(conn, 0, |o| {
-        next = store.keys_step(
-            d.next,
-            &d.prefix,
-            KEYS_SLOTS_PER_STEP,
-            now,
-            |key| match binary {
-                None => {
-                    o.extend_from_slice(b"VALUE ");
-                    o.extend_from_slice(key);
-                    o.extend_from_slice(b"\r\n");
-                }
-                Some(opaque) => {
-                    binary::encode_response(o, opc::KEYS, st::NO_ERROR, opaque, 0, &[], key, &[])
-                }
-            },
-        );
-        if next.is_none() {
-            match binary {
-                None => o.extend_from_slice(b"END\r\n"),
-                Some(opaque) => {
-                    binary::encode_response(o, opc::KEYS, st::NO_ERROR, opaque, 0, &[], &[], &[])
-                }
-            }
-        }
-        false
-    });
+    let mark = fx.mark();
+    let arena = &mut fx.arena;
+    let next = t
+        .store
+        .keys_step(d.next, &d.prefix, KEYS_SLOTS_PER_STEP, now, |key| {
+            effect::put_entry(arena, key)
+        });
+    let keys = fx.since(mark);
+    let body = |end| {
+        Body::Mc(McReply::Keys {
+            binary: d.binary,
+            keys,
+            end,
+        })
+    };
     match next {
-        Some(slot) => d.next = slot,
+        Some(slot) => {
+            fx.push(session, 0, false, body(false));
+            d.next = slot;
+        }
         None => {
-            // The record above ends the request: it completes it.
-            if let Some(rec) = out
-                .per_worker
-                .get_mut(conn.worker as usize)
-                .and_then(|r| r.records.last_mut())
-                .filter(|rec| rec.conn == conn)
-            {
-                rec.done = 1;
-            }
+            // The last step ends the request: it completes it.
+            fx.push(session, 1, false, body(true));
             t.mc.dumps.remove(&session);
         }
     }
 }
 
-/// Start a key dump for `conn` (a second one replaces a stale first; the worker sends none
+/// Start a key dump for `session` (a second one replaces a stale first; the worker sends none
 /// while one runs).
 fn dump_start(
     t: &mut Tables,
-    out: &mut Outbox,
-    who: Who,
+    fx: &mut Effects,
+    session: Session,
     prefix: &[u8],
     binary: Option<u32>,
     now: Now,
@@ -137,25 +117,24 @@ fn dump_start(
         next: 0,
         binary,
     };
-    t.mc.dumps.insert(who.session, d);
-    dump_step(t, out, who, now);
+    t.mc.dumps.insert(session, d);
+    dump_step(t, fx, session, now);
 }
 
 /// Apply one memcached command and answer it in the form it came in.
 pub fn apply(
     t: &mut Tables,
-    out: &mut Outbox,
+    fx: &mut Effects,
     shared: &Shared,
-    who: Who,
+    session: Session,
     op: McOp,
     arena: &[u8],
     now: Now,
 ) {
     let McOp { cmd, form } = op;
     if let McCmd::KeysNext = cmd {
-        return dump_step(t, out, who, now);
+        return dump_step(t, fx, session, now);
     }
-    let Who { conn, session } = who;
     match form {
         McForm::Text { .. } => {
             if let Some(i) = text_op_index(&cmd) {
@@ -167,8 +146,8 @@ pub fn apply(
     }
     let yrmcds = shared.config.compat == Compat::Yrmcds;
     let r = Reply {
-        out,
-        conn,
+        fx,
+        session,
         form,
         yrmcds,
     };
@@ -178,7 +157,7 @@ pub fn apply(
         // yrmcds has no gat/gats.
         McCmd::Get { touch: Some(_), .. } if text && yrmcds => r.text(b"ERROR\r\n"),
         McCmd::Get { keys, cas, touch } if text => {
-            text_get(t, r.out, conn, keys.get(arena), cas, touch, now)
+            text_get(t, r.fx, session, keys.get(arena), cas, touch, now)
         }
         McCmd::Get { keys, touch, .. } => {
             let key = keys.get(arena);
@@ -241,7 +220,7 @@ pub fn apply(
         McCmd::Delete { key, cas } => match s.delete(session, key.get(arena), cas, now) {
             DeleteOutcome::Deleted => r.answer(b"DELETED\r\n", Ok(0)),
             // yrmcds: a DeleteQ of a missing key is silent.
-            DeleteOutcome::NotFound if yrmcds && r.quiet() => r.out.record(conn, 1, false, |_| {}),
+            DeleteOutcome::NotFound if yrmcds && r.quiet() => r.fx.reply(session, Body::Nothing),
             DeleteOutcome::NotFound => r.answer(b"NOT_FOUND\r\n", Err(st::KEY_NOT_FOUND)),
             DeleteOutcome::Exists => r.answer(b"EXISTS\r\n", Err(st::KEY_EXISTS)),
             DeleteOutcome::Locked => r.answer(b"LOCKED\r\n", Err(st::LOCKED)),
@@ -327,15 +306,11 @@ pub fn apply(
             r.answer(b"OK\r\n", Ok(0));
         }
         McCmd::LockToken { key } => {
-            let token = s.lock_token(session, key.get(arena), now);
-            r.out.record(conn, 1, false, |o| match token {
-                Some(token) => {
-                    o.extend_from_slice(b"TOKEN ");
-                    push_u64(o, token);
-                    o.extend_from_slice(b"\r\n");
-                }
-                None => o.extend_from_slice(b"CLIENT_ERROR object is not locked by you\r\n"),
-            });
+            let reply = match s.lock_token(session, key.get(arena), now) {
+                Some(token) => McReply::Token(token),
+                None => McReply::Words(b"CLIENT_ERROR object is not locked by you\r\n"),
+            };
+            r.fx.reply(session, Body::Mc(reply));
         }
         McCmd::LockAndGet { key, touch } => {
             let key = key.get(arena);
@@ -380,33 +355,31 @@ pub fn apply(
                 McForm::Text { .. } => None,
                 McForm::Binary { opaque, .. } => Some(opaque),
             };
-            dump_start(t, r.out, who, prefix.get(arena), binary, now)
+            dump_start(t, r.fx, session, prefix.get(arena), binary, now)
         }
         McCmd::Noop | McCmd::Verbosity => r.answer(b"OK\r\n", Ok(0)),
         McCmd::Version => {
             let v = crate::server::VERSION_REPLY;
-            r.ok(0, &[], &[], &v[b"VERSION ".len()..v.len() - 2]);
+            r.ok(0, &v[b"VERSION ".len()..v.len() - 2]);
         }
         McCmd::Quit => {
-            let quiet = r.quiet();
-            let Reply {
-                out, conn, form, ..
-            } = r;
-            out.record(conn, 1, true, |o| {
-                if let (McForm::Binary { opcode, opaque }, false) = (form, quiet) {
-                    binary::encode_response(o, opcode, st::NO_ERROR, opaque, 0, &[], &[], &[])
+            let body = match (r.form, r.quiet()) {
+                (McForm::Binary { opcode, opaque }, false) => {
+                    bin(opcode, st::NO_ERROR, opaque, 0, &[])
                 }
-            });
+                _ => Body::Nothing,
+            };
+            r.fx.push(session, 1, true, body);
         }
         McCmd::KeysNext => unreachable!("continued above"),
     }
 }
 
-/// get/gets/gat/gats in text: every key's item, then `END` (one record for the whole request).
+/// get/gets/gat/gats in text: every key's item, then `END` (one effect for the whole request).
 fn text_get(
     t: &mut Tables,
-    out: &mut Outbox,
-    conn: ConnId,
+    fx: &mut Effects,
+    session: Session,
     keys: &[u8],
     cas: bool,
     touch: Option<i64>,
@@ -414,95 +387,54 @@ fn text_get(
 ) {
     let s = &mut t.store;
     let counters = &mut t.counters;
-    out.record_then(conn, 1, |o| {
-        let start = o.len();
-        for key in (Keys { raw: keys }) {
-            counters.cmd_get += 1;
-            let item = match touch {
-                Some(e) => {
-                    counters.cmd_touch += 1;
-                    s.get_and_touch(key, e, now)
-                }
-                None => s.get(key, now),
-            };
-            if let Some(item) = item {
-                text_value(o, &item, cas);
+    let mark = fx.mark();
+    // The reply's size on the wire, counted as the items are listed.
+    let mut wire = 0;
+    for key in (Keys { raw: keys }) {
+        counters.cmd_get += 1;
+        let item = match touch {
+            Some(e) => {
+                counters.cmd_touch += 1;
+                s.get_and_touch(key, e, now)
             }
-            if o.len() - start > GET_REPLY_CAP {
-                // As memcached does when a multi-get outgrows its buffers: say so and close,
-                // rather than build a reply of unbounded size.
-                o.truncate(start);
-                o.extend_from_slice(b"SERVER_ERROR out of memory writing get response\r\n");
-                return true;
-            }
+            None => s.get(key, now),
+        };
+        if let Some(item) = item {
+            let c = cas.then_some(item.cas);
+            wire += crate::server::worker::encode::text_value_len(
+                item.key.len(),
+                item.flags,
+                item.value.len(),
+                c,
+            );
+            effect::put_item(&mut fx.arena, item.key, item.flags, item.cas, item.value);
         }
-        o.extend_from_slice(b"END\r\n");
-        false
-    });
+        if wire > GET_REPLY_CAP {
+            // As memcached does when a multi-get outgrows its buffers: say so and close,
+            // rather than build a reply of unbounded size.
+            fx.arena.bytes.truncate(mark);
+            let words = b"SERVER_ERROR out of memory writing get response\r\n";
+            return fx.push(session, 1, true, Body::Mc(McReply::Words(words)));
+        }
+    }
+    let items = fx.since(mark);
+    fx.reply(session, Body::Mc(McReply::Items { items, cas }));
 }
 
 /// `stats [group]` and binary Stat: one `STAT` line or one response per statistic, then the end
 /// (or the error for an unknown group).
 fn stats(t: &Tables, r: Reply<'_>, shared: &Shared, arg: Option<&[u8]>, now: Now) {
     let Reply {
-        out, conn, form, ..
+        fx, session, form, ..
     } = r;
-    out.record(conn, 1, false, |o| {
-        let mut line = |name: &str, value: &[u8]| match form {
-            McForm::Text { .. } => {
-                o.extend_from_slice(b"STAT ");
-                o.extend_from_slice(name.as_bytes());
-                o.push(b' ');
-                o.extend_from_slice(value);
-                o.extend_from_slice(b"\r\n");
-            }
-            McForm::Binary { opcode, opaque } => binary::encode_response(
-                o,
-                opcode,
-                st::NO_ERROR,
-                opaque,
-                0,
-                &[],
-                name.as_bytes(),
-                value,
-            ),
-        };
-        let known = super::stats::write(t, shared, now, arg, &mut line);
-        match (form, known) {
-            (McForm::Text { .. }, true) => o.extend_from_slice(b"END\r\n"),
-            (McForm::Text { .. }, false) => o.extend_from_slice(b"ERROR\r\n"),
-            (McForm::Binary { opcode, opaque }, true) => {
-                binary::encode_response(o, opcode, st::NO_ERROR, opaque, 0, &[], &[], &[])
-            }
-            (McForm::Binary { opcode, opaque }, false) => binary::encode_response(
-                o,
-                opcode,
-                st::KEY_NOT_FOUND,
-                opaque,
-                0,
-                &[],
-                &[],
-                b"Not found",
-            ),
-        }
+    let mark = fx.mark();
+    let arena = &mut fx.arena;
+    let known = super::stats::write(t, shared, now, arg, &mut |name, value| {
+        effect::put_entry(arena, name.as_bytes());
+        effect::put_entry(arena, value);
     });
-}
-
-/// `VALUE <key> <flags> <bytes> [<cas>]\r\n<data>\r\n`
-fn text_value(o: &mut Vec<u8>, item: &ItemView<'_>, cas: bool) {
-    o.extend_from_slice(b"VALUE ");
-    o.extend_from_slice(item.key);
-    o.push(b' ');
-    push_u64(o, item.flags as u64);
-    o.push(b' ');
-    push_u64(o, item.value.len() as u64);
-    if cas {
-        o.push(b' ');
-        push_u64(o, item.cas);
-    }
-    o.extend_from_slice(b"\r\n");
-    o.extend_from_slice(item.value);
-    o.extend_from_slice(b"\r\n");
+    let pairs = fx.since(mark);
+    fx.reply(session, Body::Mc(McReply::Stats { form, pairs, known }));
 }
 
 fn store_status(r: StoreOutcome) -> Result<u64, u16> {
@@ -517,10 +449,21 @@ fn store_status(r: StoreOutcome) -> Result<u64, u16> {
     }
 }
 
+/// A binary response without key or extras.
+#[inline(always)]
+fn bin(opcode: u8, status: u16, opaque: u32, cas: u64, value: &'static [u8]) -> Body {
+    let head = BinHead {
+        opcode,
+        status,
+        opaque,
+    };
+    Body::Mc(McReply::Bin { head, cas, value })
+}
+
 /// The answer to one request, in its form: text words or a binary response.
 struct Reply<'o> {
-    out: &'o mut Outbox,
-    conn: ConnId,
+    fx: &'o mut Effects,
+    session: Session,
     form: McForm,
     yrmcds: bool,
 }
@@ -532,23 +475,28 @@ impl Reply<'_> {
         matches!(self.form, McForm::Binary { opcode, .. } if opc::is_quiet(opcode))
     }
 
+    #[inline(always)]
+    fn send(self, body: Body) {
+        self.fx.reply(self.session, body);
+    }
+
     /// Text words (nothing with noreply); only for commands that exist in text alone.
     #[inline(always)]
-    fn text(self, words: &[u8]) {
+    fn text(self, words: &'static [u8]) {
         let noreply = matches!(self.form, McForm::Text { noreply: true });
-        self.out.record(self.conn, 1, false, |o| {
-            if !noreply {
-                o.extend_from_slice(words)
-            }
-        });
+        if noreply {
+            self.send(Body::Nothing)
+        } else {
+            self.send(Body::Mc(McReply::Words(words)))
+        }
     }
 
     /// `words` in text; in binary, success with a CAS (silent when quiet) or an error status.
     #[inline(always)]
-    fn answer(self, words: &[u8], bin: Result<u64, u16>) {
+    fn answer(self, words: &'static [u8], bin: Result<u64, u16>) {
         match (self.form, bin) {
             (McForm::Text { .. }, _) => self.text(words),
-            (McForm::Binary { .. }, Ok(cas)) => self.ok(cas, &[], &[], &[]),
+            (McForm::Binary { .. }, Ok(cas)) => self.ok(cas, &[]),
             (McForm::Binary { .. }, Err(status)) => self.err(status),
         }
     }
@@ -556,28 +504,61 @@ impl Reply<'_> {
     /// incr/decr's new value: a line in text, 8 bytes big-endian in binary.
     fn number(self, value: u64, cas: u64) {
         match self.form {
-            McForm::Text { noreply } => self.out.record(self.conn, 1, false, |o| {
-                if !noreply {
-                    push_u64(o, value);
-                    o.extend_from_slice(b"\r\n");
-                }
-            }),
-            McForm::Binary { .. } => self.ok(cas, &[], &[], &value.to_be_bytes()),
+            McForm::Text { noreply: true } => self.send(Body::Nothing),
+            McForm::Text { noreply: false } => self.send(Body::Mc(McReply::Number(value))),
+            McForm::Binary { opcode, opaque } => {
+                let body = if self.quiet() {
+                    Body::Nothing
+                } else {
+                    let head = BinHead {
+                        opcode,
+                        status: st::NO_ERROR,
+                        opaque,
+                    };
+                    Body::Mc(McReply::BinNumber { head, cas, value })
+                };
+                self.send(body)
+            }
         }
     }
 
     /// A binary success that a quiet variant suppresses.
-    #[inline]
-    fn ok(self, cas: u64, extras: &[u8], key: &[u8], value: &[u8]) {
-        let silent = self.quiet();
-        self.success(silent, cas, extras, key, value);
+    #[inline(always)]
+    fn ok(self, cas: u64, value: &'static [u8]) {
+        let McForm::Binary { opcode, opaque } = self.form else {
+            return self.text(b"OK\r\n");
+        };
+        if self.quiet() {
+            self.send(Body::Nothing)
+        } else {
+            self.send(bin(opcode, st::NO_ERROR, opaque, cas, value))
+        }
     }
 
     /// A found item (binary get family and LaG): answered even by the quiet variants, which
     /// are silent only on a miss; with its key for the K variants.
     fn hit(self, item: &ItemView<'_>) {
-        let key = if self.with_key() { item.key } else { &[] };
-        self.success(false, item.cas, &item.flags.to_be_bytes(), key, item.value);
+        let McForm::Binary { opcode, opaque } = self.form else {
+            return self.text(b"OK\r\n");
+        };
+        let key = if self.with_key() {
+            self.fx.bytes(item.key)
+        } else {
+            Span::EMPTY
+        };
+        let value = self.fx.bytes(item.value);
+        let head = BinHead {
+            opcode,
+            status: st::NO_ERROR,
+            opaque,
+        };
+        self.send(Body::Mc(McReply::BinItem {
+            head,
+            cas: item.cas,
+            flags: item.flags,
+            key,
+            value,
+        }))
     }
 
     fn with_key(&self) -> bool {
@@ -590,27 +571,13 @@ impl Reply<'_> {
         )
     }
 
-    #[inline]
-    fn success(self, silent: bool, cas: u64, extras: &[u8], key: &[u8], value: &[u8]) {
-        let McForm::Binary { opcode, opaque } = self.form else {
-            return self.text(b"OK\r\n");
-        };
-        self.out.record(self.conn, 1, false, |o| {
-            if !silent {
-                binary::encode_response(o, opcode, st::NO_ERROR, opaque, cas, extras, key, value)
-            }
-        });
-    }
-
     /// A binary error (quiet variants answer errors too).
     fn err(self, status: u16) {
         let McForm::Binary { opcode, opaque } = self.form else {
             return self.text(b"ERROR\r\n");
         };
         let text = binary::status_text(status, self.yrmcds);
-        self.out.record(self.conn, 1, false, |o| {
-            binary::encode_response(o, opcode, status, opaque, 0, &[], &[], text)
-        });
+        self.send(bin(opcode, status, opaque, 0, text))
     }
 
     /// A binary miss, which a quiet get suppresses. yrmcds's miss never carries the key, and
@@ -620,14 +587,25 @@ impl Reply<'_> {
             return self.text(b"NOT_FOUND\r\n");
         };
         let yrmcds = self.yrmcds;
-        let quiet = self.quiet() && !(yrmcds && opcode == opc::LAGQ);
-        let key = if self.with_key() && !yrmcds { key } else { &[] };
-        self.out.record(self.conn, 1, false, |o| {
-            if !quiet {
-                let text = binary::status_text(st::KEY_NOT_FOUND, yrmcds);
-                binary::encode_response(o, opcode, st::KEY_NOT_FOUND, opaque, 0, &[], key, text)
-            }
-        });
+        if self.quiet() && !(yrmcds && opcode == opc::LAGQ) {
+            return self.send(Body::Nothing);
+        }
+        let text = binary::status_text(st::KEY_NOT_FOUND, yrmcds);
+        if yrmcds || !self.with_key() {
+            return self.send(bin(opcode, st::KEY_NOT_FOUND, opaque, 0, text));
+        }
+        // A K variant's miss carries the key (and the status text as its value).
+        let key = self.fx.bytes(key);
+        let head = BinHead {
+            opcode,
+            status: st::KEY_NOT_FOUND,
+            opaque,
+        };
+        self.send(Body::Mc(McReply::BinKeyed {
+            head,
+            key,
+            value: text,
+        }))
     }
 }
 

@@ -13,7 +13,8 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use mio::Waker;
 
 use crate::core::Now;
-use crate::server::msg::{Arena, Batch, OpMsg, Pool, Record, Replies, ToOwner};
+use crate::server::effect::Effects;
+use crate::server::msg::{Arena, Batch, OpMsg, Pool, Replies, ToOwner};
 use crate::server::Shared;
 
 mod admin_state;
@@ -46,12 +47,12 @@ const MAX_BATCHES_PER_TURN: usize = 64;
 /// Longest sleep with no timer pending (the owner wakes for messages anyway).
 const IDLE_SLEEP: Duration = Duration::from_secs(1);
 
-/// Buffers that circulate with one worker (see [`Batch::spare_records`]).
+/// Buffers that circulate with one worker (see [`Batch::spare_effects`]).
 #[derive(Default)]
 struct Pools {
     ops: Pool<OpMsg>,
     batch_arena: Pool<u8>,
-    records: Pool<Record>,
+    effects: Pool<crate::server::effect::Effect>,
     reply_arena: Pool<u8>,
 }
 
@@ -60,6 +61,8 @@ pub struct Owner {
     rx: Receiver<ToOwner>,
     workers: Vec<(Sender<Replies>, Arc<Waker>)>,
     tables: Tables,
+    /// This turn's effects, routed into `outbox` when the turn's replies go out.
+    fx: Effects,
     outbox: Outbox,
     pools: Vec<Pools>,
     /// This turn's messages, taken from the channel before the turn's time is read.
@@ -85,6 +88,7 @@ impl Owner {
             rx,
             workers,
             tables,
+            fx: Effects::default(),
             outbox,
             pools,
             turn: Vec::with_capacity(MAX_BATCHES_PER_TURN),
@@ -215,14 +219,14 @@ impl Owner {
         for msg in &batch.ops {
             apply_op(
                 &mut self.tables,
-                &mut self.outbox,
+                &mut self.fx,
                 &self.shared,
                 msg.conn,
                 msg.op,
                 arena,
                 now,
             );
-            if self.outbox.should_send_early() {
+            if Outbox::should_send_early(&self.fx) {
                 self.send_replies();
             }
         }
@@ -232,11 +236,12 @@ impl Owner {
     /// Fire what is due; most turns nothing is, and the check is one look at each wheel.
     fn fire_timers(&mut self, now: Now) {
         if self.next_deadline().is_some_and(|d| d <= now.ms) {
-            fire_timers(&mut self.tables, &mut self.outbox, now);
+            fire_timers(&mut self.tables, &mut self.fx, now);
         }
     }
 
     fn send_replies(&mut self) {
+        self.outbox.route(&mut self.fx, &self.tables.sessions);
         send_replies(
             &mut self.outbox,
             &self.workers,
@@ -252,35 +257,34 @@ fn recycle(pools: &mut [Pools], batch: Batch) {
         worker,
         ops,
         arena,
-        spare_records,
+        spare_effects,
         spare_reply_arena,
         ..
     } = batch;
     if let Some(p) = pools.get_mut(worker as usize) {
         p.ops.give(ops);
         p.batch_arena.give(arena.bytes);
-        p.records.give(spare_records);
+        p.effects.give(spare_effects);
         p.reply_arena.give(spare_reply_arena);
     }
 }
 
-/// Send each worker its replies gathered so far (one message and one wake-up per worker with
-/// anything to send), with buffers from its pool to fill next. `inline`: the one worker runs
-/// the owner itself and reads its channel next, so it is not woken.
+/// Send each worker its routed effects gathered so far (one message and one wake-up per worker
+/// with anything to send), with buffers from its pool to fill next. `inline`: the one worker
+/// runs the owner itself and reads its channel next, so it is not woken.
 fn send_replies(
     outbox: &mut Outbox,
     workers: &[(Sender<Replies>, Arc<Waker>)],
     pools: &mut [Pools],
     inline: bool,
 ) {
-    outbox.bytes_this_turn = 0;
     let links = outbox.per_worker.iter_mut().zip(workers).zip(pools);
     for ((replies, (tx, waker)), pool) in links {
-        if replies.records.is_empty() {
+        if replies.effects.is_empty() {
             continue;
         }
         let next = Replies {
-            records: pool.records.take(),
+            effects: pool.effects.take(),
             arena: Arena {
                 bytes: pool.reply_arena.take(),
             },

@@ -4,9 +4,9 @@
 
 use std::sync::atomic::Ordering;
 
-use super::outbox::push_u64;
 use super::tables::Tables;
 use crate::core::Now;
+use crate::server::effect::push_u64;
 use crate::server::Shared;
 
 /// Emit every `name value` pair of the group `arg`; false for an unknown group.

@@ -1,7 +1,7 @@
 //! The state machine's state: every table, the sessions, the counters, and its snapshot.
 //!
 //! Owns: what the owner holds between turns (`Tables`) and its canonical snapshot. Must not:
-//! apply commands (`apply.rs`), encode replies (the `exec_*` files), or know about threads.
+//! apply commands (`apply.rs`, the `exec_*` files), or know about threads.
 
 use super::admin_state::AdminState;
 use super::dlock_sessions::DlockSessions;
@@ -13,8 +13,7 @@ use crate::core::dlock::{DlockConfig, DlockEvent, DlockTable};
 use crate::core::fence::Fence;
 use crate::core::lockd::{Grant, LockdConfig, LockdTable};
 use crate::core::store::{Store, StoreConfig};
-use crate::core::{Now, Session};
-use crate::server::msg::ConnId;
+use crate::core::Now;
 
 /// yrmcds's default `counter.stats_interval` (one day) in ms: Dump's "maximum consumption" is the
 /// peak since the start of the current interval, and idle counters at zero are forgotten after
@@ -150,11 +149,4 @@ pub struct Counters {
     pub cmd_set: u64,
     pub cmd_flush: u64,
     pub cmd_touch: u64,
-}
-
-/// Who sent a command: the connection its answer goes to, and the session the tables know.
-#[derive(Clone, Copy, Debug)]
-pub struct Who {
-    pub conn: ConnId,
-    pub session: Session,
 }

@@ -5,6 +5,7 @@
 
 use super::decode;
 use crate::config::Config;
+use crate::server::effect::Effect;
 use crate::server::msg::ConnId;
 use crate::server::msg::{Batch, Op, OpMsg};
 use crate::server::Proto;
@@ -153,9 +154,23 @@ impl Conn {
         self.reply_bound = self.reply_bound.saturating_add(bytes);
     }
 
-    /// Take one reply record from the owner.
+    /// Take reply bytes (tests: the write buffer's bookkeeping).
+    #[cfg(test)]
     pub fn deliver(&mut self, bytes: &[u8], done: u32, close: bool) {
         self.wbuf.extend_from_slice(bytes);
+        self.delivered(done, close);
+    }
+
+    /// Take one effect from the owner: its body encoded straight into the write buffer.
+    #[inline]
+    pub fn deliver_effect(&mut self, e: &Effect, arena: &[u8]) {
+        super::encode::write(&mut self.wbuf, &e.body, arena);
+        self.delivered(e.done, e.close);
+    }
+
+    /// `done` requests were answered (their replies are in the write buffer).
+    #[inline]
+    fn delivered(&mut self, done: u32, close: bool) {
         debug_assert!(self.inflight >= done, "reply without a request");
         self.inflight = self.inflight.saturating_sub(done);
         if self.inflight == 0 {

@@ -31,11 +31,13 @@ use slab::Slab;
 
 mod conn;
 mod decode;
+pub(crate) mod encode;
 
 pub use conn::{MAX_INFLIGHT, REPLY_BUDGET, WBUF_HIGH, WBUF_MAX};
 pub use decode::VERSION_REPLY;
 
-use super::msg::{Arena, Batch, Op, OpMsg, Pool, Record, Replies, ToOwner};
+use super::effect::Effect;
+use super::msg::{Arena, Batch, Op, OpMsg, Pool, Replies, ToOwner};
 use super::owner::Owner;
 use super::{Proto, Shared};
 use crate::server::msg::ConnId;
@@ -109,7 +111,7 @@ pub struct Worker {
     /// Buffers coming back from the owner, reused for the next batches and returned with them.
     pool_ops: Pool<OpMsg>,
     pool_batch_arena: Pool<u8>,
-    pool_records: Pool<Record>,
+    pool_effects: Pool<Effect>,
     pool_reply_arena: Pool<u8>,
     scratch: Vec<u8>,
     /// Connections written to this turn (flushed once at its end).
@@ -158,7 +160,7 @@ impl Worker {
             },
             pool_ops: Pool::default(),
             pool_batch_arena: Pool::default(),
-            pool_records: Pool::default(),
+            pool_effects: Pool::default(),
             pool_reply_arena: Pool::default(),
             scratch: vec![0; READ_CHUNK],
             dirty: Vec::new(),
@@ -443,15 +445,23 @@ impl Worker {
     fn apply_replies(&mut self) {
         while let Ok(replies) = self.from_owner.try_recv() {
             let arena = &replies.arena.bytes;
-            for rec in &replies.records {
-                let slot = rec.conn.slot as usize;
+            // A run of one session's effects (a pipeline's replies) goes to one connection (a
+            // session's connection never changes), or nowhere, and finds its socket once.
+            let routed = replies.effects.chunk_by(|a, b| a.to == b.to);
+            for run in routed {
+                let Some(conn) = run.first().and_then(|e| e.conn) else {
+                    continue; // dropped by routing
+                };
+                let slot = conn.slot as usize;
                 let Some(s) = self.sockets.get_mut(slot) else {
                     continue;
                 };
-                if s.gen != rec.conn.gen {
+                if s.gen != conn.gen {
                     continue; // the connection this was for is gone; its slot was reused
                 }
-                s.conn.deliver(rec.bytes.get(arena), rec.done, rec.close);
+                for effect in run {
+                    s.conn.deliver_effect(effect, arena);
+                }
                 if s.conn.pending_output() > WBUF_MAX {
                     // Its client reads far slower than its requests produce replies (or not at
                     // all): holding more would let one connection take the daemon's memory.
@@ -462,12 +472,12 @@ impl Worker {
                 self.recheck.push(slot);
             }
             let Replies {
-                records,
+                effects,
                 arena,
                 spare_ops,
                 spare_batch_arena,
             } = replies;
-            self.pool_records.give(records);
+            self.pool_effects.give(effects);
             self.pool_reply_arena.give(arena.bytes);
             self.pool_ops.give(spare_ops);
             self.pool_batch_arena.give(spare_batch_arena);
@@ -520,7 +530,7 @@ impl Worker {
                 ..Batch::default()
             };
             let mut full = std::mem::replace(&mut self.batch, next);
-            full.spare_records = self.pool_records.take();
+            full.spare_effects = self.pool_effects.take();
             full.spare_reply_arena = self.pool_reply_arena.take();
             let delivered = match self.inline.as_mut() {
                 Some(owner) => owner.step_inline(Some(full)),

@@ -1,0 +1,644 @@
+//! Effects: what applying a turn of commands asks the world to do, as values.
+//!
+//! The state machine never writes wire bytes. Each reply to a session's request, each grant to
+//! a waiting session and each close is one [`Effect`] addressed to a [`Session`], with a typed
+//! body (one small enum per protocol). Variable bytes (item values, echoed payloads, key lists)
+//! go into the turn's reused [`Arena`] and are named by [`Span`]s. After apply, the server layer
+//! routes each effect to the connection its session has in this process (`owner::Outbox`),
+//! dropping those of sessions with no connection here, and the worker that owns the connection
+//! encodes it into the connection's write buffer (`worker::encode`).
+//!
+//! Owns: the effect types, the arena layouts of their lists, and their canonical encoding (what
+//! the replay tests compare). Must not: know about connections, sockets or wire formats.
+
+use crate::core::codec;
+use crate::core::Session;
+use crate::server::msg::{Arena, ConnId, McForm, Span};
+
+/// One effect of a turn, for one session.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Effect {
+    pub to: Session,
+    /// How many of the session's requests this completes: 1 for an answer, 0 for an unsolicited
+    /// message (a grant, a key-dump chunk, an idle close), more when several are dropped at once.
+    pub done: u32,
+    /// Close the session's connection once this is written.
+    pub close: bool,
+    pub body: Body,
+    /// Where routing sent it: the connection its session has in this process (None until
+    /// routed, and for an effect routing dropped). Never set by apply.
+    pub conn: Option<ConnId>,
+}
+
+/// What to write, if anything.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Body {
+    /// Nothing (a quiet success, a close, a completion).
+    Nothing,
+    /// Bytes the worker answered itself, kept in order behind requests that were at the owner.
+    Literal(Span),
+    Mc(McReply),
+    Lockd(LockdReply),
+    Dlock(DlockReply),
+    Counter(CounterReply),
+}
+
+/// A binary memcached response's header fields that every binary reply has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BinHead {
+    pub opcode: u8,
+    pub status: u16,
+    pub opaque: u32,
+}
+
+/// A memcached reply (text or binary).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum McReply {
+    /// Text words (`STORED\r\n`).
+    Words(&'static [u8]),
+    /// incr/decr's new value in text: `<n>\r\n`.
+    Number(u64),
+    /// `TOKEN <n>\r\n`.
+    Token(u64),
+    /// A text get's hits (entries written by [`put_item`]), then `END`.
+    Items { items: Span, cas: bool },
+    /// A binary response without key or extras: success (empty `value`), an error with its
+    /// status text, or Version.
+    Bin {
+        head: BinHead,
+        cas: u64,
+        value: &'static [u8],
+    },
+    /// A binary hit: the item's flags as extras, its key (K variants only, else empty) and value.
+    BinItem {
+        head: BinHead,
+        cas: u64,
+        flags: u32,
+        key: Span,
+        value: Span,
+    },
+    /// A binary response with a key and a static value, no extras (a K variant's miss).
+    BinKeyed {
+        head: BinHead,
+        key: Span,
+        value: &'static [u8],
+    },
+    /// A binary incr/decr: the new value, 8 bytes big-endian.
+    BinNumber { head: BinHead, cas: u64, value: u64 },
+    /// `stats`: name/value pairs (entries, two per statistic), then the end, or the error for an
+    /// unknown group (`known` false).
+    Stats {
+        form: McForm,
+        pairs: Span,
+        known: bool,
+    },
+    /// One step of a key dump: keys (entries), in text (`binary` None) or binary with its
+    /// opaque, and whether the dump ends here.
+    Keys {
+        binary: Option<u32>,
+        keys: Span,
+        end: bool,
+    },
+}
+
+/// An old lock-daemon reply.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LockdReply {
+    /// One frame: opcode and payload (an echo of the request's, or a grant's).
+    Frame { opcode: u8, payload: Span },
+    /// REQ_TOKEN's ACK: `name NUL token` (8 bytes, big-endian).
+    Token { name: Span, token: u64 },
+    /// SYNC's answer: every locked name, each NUL-terminated, in byte order. One frame when it
+    /// fits, else frames of whole names and an empty one.
+    Sync { names: Span },
+}
+
+/// A dlock Response.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DlockReply {
+    pub id: Option<u64>,
+    pub status: u32,
+    pub text: Option<&'static str>,
+    /// Keys (entries): busy or not-held keys.
+    pub keys: Span,
+    pub time: i64,
+    /// The fencing token of a granted Lock (Response field 7).
+    pub fence: Option<u64>,
+}
+
+/// A yrmcds counter reply.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CounterReply {
+    /// A status reply: OK with an optional 4-byte value, or an error with its status text.
+    Status {
+        opcode: u8,
+        status: u8,
+        opaque: u32,
+        value: Option<u32>,
+    },
+    /// Stats: name/value pairs (entries, two per statistic).
+    Stats { opaque: u32, pairs: Span },
+    /// Dump: one entry per counter (written by [`put_counter`]), then the empty terminator.
+    Dump { opaque: u32, entries: Span },
+}
+
+/// A turn's effects, in the order apply produced them, with their bytes. Reused across turns
+/// (cleared, not dropped) so that the hot path allocates nothing.
+#[derive(Debug, Default)]
+pub struct Effects {
+    pub list: Vec<Effect>,
+    pub arena: Arena,
+}
+
+impl Effects {
+    #[inline]
+    pub fn push(&mut self, to: Session, done: u32, close: bool, body: Body) {
+        self.list.push(Effect {
+            to,
+            done,
+            close,
+            body,
+            conn: None,
+        });
+    }
+
+    /// An answer (completes one request) with `body`.
+    #[inline]
+    pub fn reply(&mut self, to: Session, body: Body) {
+        self.push(to, 1, false, body);
+    }
+
+    pub fn clear(&mut self) {
+        self.list.clear();
+        self.arena.bytes.clear();
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+
+    /// Bytes to copy into the arena, as a span.
+    #[inline]
+    pub fn bytes(&mut self, data: &[u8]) -> Span {
+        self.arena.push(data)
+    }
+
+    /// The arena's end: the start of a list about to be written with [`put_entry`] & co.
+    #[inline]
+    pub fn mark(&self) -> usize {
+        self.arena.bytes.len()
+    }
+
+    /// The span from `mark` to the arena's end.
+    #[inline]
+    pub fn since(&self, mark: usize) -> Span {
+        debug_assert!(
+            self.arena.bytes.len() <= u32::MAX as usize,
+            "arena over 4 GiB"
+        );
+        Span {
+            start: mark as u32,
+            len: (self.arena.bytes.len() - mark) as u32,
+        }
+    }
+
+    /// Every effect in canonical bytes: its session, the connection `route` gives it (None:
+    /// nowhere), how many requests it completes, whether it closes, and its body with every
+    /// span resolved to its bytes. Equal effects give equal bytes whatever their arena layout.
+    pub fn encode_canonical(&self, route: impl Fn(Session) -> Option<ConnId>, out: &mut Vec<u8>) {
+        let a = &self.arena.bytes[..];
+        for e in &self.list {
+            e.to.encode(out);
+            match route(e.to) {
+                Some(conn) => {
+                    codec::put_bool(out, true);
+                    conn.encode(out);
+                }
+                None => codec::put_bool(out, false),
+            }
+            codec::put_u64(out, u64::from(e.done));
+            codec::put_bool(out, e.close);
+            let mut body = Vec::new();
+            e.body.encode_canonical(a, &mut body);
+            codec::put_bytes(out, &body);
+        }
+    }
+}
+
+/// Tags of the canonical body encoding (first byte).
+pub mod tag {
+    pub const NOTHING: u8 = 0;
+    pub const LITERAL: u8 = 1;
+    pub const MC_WORDS: u8 = 10;
+    pub const MC_NUMBER: u8 = 11;
+    pub const MC_TOKEN: u8 = 12;
+    pub const MC_ITEMS: u8 = 13;
+    pub const MC_BIN: u8 = 14;
+    pub const MC_BIN_ITEM: u8 = 15;
+    pub const MC_BIN_NUMBER: u8 = 16;
+    pub const MC_BIN_KEYED: u8 = 19;
+    pub const MC_STATS: u8 = 17;
+    pub const MC_KEYS: u8 = 18;
+    /// Followed by the opcode (one byte) and the payload (the rest): what the cluster
+    /// simulator's lockd check reads.
+    pub const LOCKD_FRAME: u8 = 20;
+    pub const LOCKD_TOKEN: u8 = 21;
+    pub const LOCKD_SYNC: u8 = 22;
+    pub const DLOCK: u8 = 30;
+    pub const COUNTER_STATUS: u8 = 40;
+    pub const COUNTER_STATS: u8 = 41;
+    pub const COUNTER_DUMP: u8 = 42;
+}
+
+impl Body {
+    /// The body alone in canonical bytes (see [`Effects::encode_canonical`]).
+    pub fn encode_canonical(&self, a: &[u8], out: &mut Vec<u8>) {
+        use codec::{put_bool, put_bytes, put_opt_u64, put_u64, put_u8};
+        let head = |out: &mut Vec<u8>, h: &BinHead| {
+            put_u8(out, h.opcode);
+            put_u64(out, u64::from(h.status));
+            put_u64(out, u64::from(h.opaque));
+        };
+        match *self {
+            Body::Nothing => put_u8(out, tag::NOTHING),
+            Body::Literal(s) => {
+                put_u8(out, tag::LITERAL);
+                put_bytes(out, s.get(a));
+            }
+            Body::Mc(r) => match r {
+                McReply::Words(w) => {
+                    put_u8(out, tag::MC_WORDS);
+                    put_bytes(out, w);
+                }
+                McReply::Number(n) => {
+                    put_u8(out, tag::MC_NUMBER);
+                    put_u64(out, n);
+                }
+                McReply::Token(n) => {
+                    put_u8(out, tag::MC_TOKEN);
+                    put_u64(out, n);
+                }
+                McReply::Items { items, cas } => {
+                    put_u8(out, tag::MC_ITEMS);
+                    put_bool(out, cas);
+                    for it in ItemIter(items.get(a)) {
+                        put_bytes(out, it.key);
+                        put_u64(out, u64::from(it.flags));
+                        put_u64(out, it.cas);
+                        put_bytes(out, it.value);
+                    }
+                }
+                McReply::Bin {
+                    head: h,
+                    cas,
+                    value,
+                } => {
+                    put_u8(out, tag::MC_BIN);
+                    head(out, &h);
+                    put_u64(out, cas);
+                    put_bytes(out, value);
+                }
+                McReply::BinItem {
+                    head: h,
+                    cas,
+                    flags,
+                    key,
+                    value,
+                } => {
+                    put_u8(out, tag::MC_BIN_ITEM);
+                    head(out, &h);
+                    put_u64(out, cas);
+                    put_u64(out, u64::from(flags));
+                    put_bytes(out, key.get(a));
+                    put_bytes(out, value.get(a));
+                }
+                McReply::BinKeyed {
+                    head: h,
+                    key,
+                    value,
+                } => {
+                    put_u8(out, tag::MC_BIN_KEYED);
+                    head(out, &h);
+                    put_bytes(out, key.get(a));
+                    put_bytes(out, value);
+                }
+                McReply::BinNumber {
+                    head: h,
+                    cas,
+                    value,
+                } => {
+                    put_u8(out, tag::MC_BIN_NUMBER);
+                    head(out, &h);
+                    put_u64(out, cas);
+                    put_u64(out, value);
+                }
+                McReply::Stats { form, pairs, known } => {
+                    put_u8(out, tag::MC_STATS);
+                    match form {
+                        McForm::Text { noreply } => {
+                            put_u8(out, 0);
+                            put_bool(out, noreply);
+                        }
+                        McForm::Binary { opcode, opaque } => {
+                            put_u8(out, 1);
+                            put_u8(out, opcode);
+                            put_u64(out, u64::from(opaque));
+                        }
+                    }
+                    put_bool(out, known);
+                    Entries(pairs.get(a)).for_each(|e| put_bytes(out, e));
+                }
+                McReply::Keys { binary, keys, end } => {
+                    put_u8(out, tag::MC_KEYS);
+                    put_opt_u64(out, binary.map(u64::from));
+                    put_bool(out, end);
+                    Entries(keys.get(a)).for_each(|e| put_bytes(out, e));
+                }
+            },
+            Body::Lockd(r) => match r {
+                LockdReply::Frame { opcode, payload } => {
+                    put_u8(out, tag::LOCKD_FRAME);
+                    put_u8(out, opcode);
+                    out.extend_from_slice(payload.get(a));
+                }
+                LockdReply::Token { name, token } => {
+                    put_u8(out, tag::LOCKD_TOKEN);
+                    put_bytes(out, name.get(a));
+                    put_u64(out, token);
+                }
+                LockdReply::Sync { names } => {
+                    put_u8(out, tag::LOCKD_SYNC);
+                    put_bytes(out, names.get(a));
+                }
+            },
+            Body::Dlock(r) => {
+                put_u8(out, tag::DLOCK);
+                put_opt_u64(out, r.id);
+                put_u64(out, u64::from(r.status));
+                match r.text {
+                    Some(t) => {
+                        put_bool(out, true);
+                        put_bytes(out, t.as_bytes());
+                    }
+                    None => put_bool(out, false),
+                }
+                put_u64(out, r.time as u64);
+                put_opt_u64(out, r.fence);
+                Entries(r.keys.get(a)).for_each(|e| put_bytes(out, e));
+            }
+            Body::Counter(r) => match r {
+                CounterReply::Status {
+                    opcode,
+                    status,
+                    opaque,
+                    value,
+                } => {
+                    put_u8(out, tag::COUNTER_STATUS);
+                    put_u8(out, opcode);
+                    put_u8(out, status);
+                    put_u64(out, u64::from(opaque));
+                    put_opt_u64(out, value.map(u64::from));
+                }
+                CounterReply::Stats { opaque, pairs } => {
+                    put_u8(out, tag::COUNTER_STATS);
+                    put_u64(out, u64::from(opaque));
+                    Entries(pairs.get(a)).for_each(|e| put_bytes(out, e));
+                }
+                CounterReply::Dump { opaque, entries } => {
+                    put_u8(out, tag::COUNTER_DUMP);
+                    put_u64(out, u64::from(opaque));
+                    for c in CounterIter(entries.get(a)) {
+                        put_bytes(out, c.name);
+                        put_u64(out, u64::from(c.current));
+                        put_u64(out, u64::from(c.max));
+                    }
+                }
+            },
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Arena layouts of the lists. The arena is written by apply and read by the worker in the same
+// process, never from the network; the readers still stop at the first short entry rather than
+// index past the end.
+
+/// One entry of a list: a 4-byte little-endian length, then the bytes.
+#[inline]
+pub fn put_entry(a: &mut Arena, bytes: &[u8]) {
+    a.bytes
+        .extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+    a.bytes.extend_from_slice(bytes);
+}
+
+fn take_u32(b: &mut &[u8]) -> Option<u32> {
+    let (head, rest) = b.split_first_chunk::<4>()?;
+    *b = rest;
+    Some(u32::from_le_bytes(*head))
+}
+
+fn take_u64(b: &mut &[u8]) -> Option<u64> {
+    let (head, rest) = b.split_first_chunk::<8>()?;
+    *b = rest;
+    Some(u64::from_le_bytes(*head))
+}
+
+fn take_entry<'a>(b: &mut &'a [u8]) -> Option<&'a [u8]> {
+    let len = take_u32(b)? as usize;
+    if b.len() < len {
+        return None;
+    }
+    let (e, rest) = b.split_at(len);
+    *b = rest;
+    Some(e)
+}
+
+/// The entries of a list written with [`put_entry`].
+pub struct Entries<'a>(pub &'a [u8]);
+
+impl<'a> Iterator for Entries<'a> {
+    type Item = &'a [u8];
+
+    #[inline]
+    fn next(&mut self) -> Option<&'a [u8]> {
+        let mut b = self.0;
+        let e = take_entry(&mut b);
+        self.0 = if e.is_some() { b } else { &[] };
+        e
+    }
+}
+
+/// One hit of a text get, as [`put_item`] writes it.
+pub struct ItemEntry<'a> {
+    pub key: &'a [u8],
+    pub flags: u32,
+    pub cas: u64,
+    pub value: &'a [u8],
+}
+
+/// Append one item: flags, cas, key entry, value entry.
+pub fn put_item(a: &mut Arena, key: &[u8], flags: u32, cas: u64, value: &[u8]) {
+    a.bytes.extend_from_slice(&flags.to_le_bytes());
+    a.bytes.extend_from_slice(&cas.to_le_bytes());
+    put_entry(a, key);
+    put_entry(a, value);
+}
+
+pub struct ItemIter<'a>(pub &'a [u8]);
+
+impl<'a> Iterator for ItemIter<'a> {
+    type Item = ItemEntry<'a>;
+
+    fn next(&mut self) -> Option<ItemEntry<'a>> {
+        let mut b = self.0;
+        let item = (|| {
+            let flags = take_u32(&mut b)?;
+            let cas = take_u64(&mut b)?;
+            let key = take_entry(&mut b)?;
+            let value = take_entry(&mut b)?;
+            Some(ItemEntry {
+                key,
+                flags,
+                cas,
+                value,
+            })
+        })();
+        self.0 = if item.is_some() { b } else { &[] };
+        item
+    }
+}
+
+/// One counter of a Dump, as [`put_counter`] writes it.
+pub struct CounterEntry<'a> {
+    pub name: &'a [u8],
+    pub current: u32,
+    pub max: u32,
+}
+
+pub fn put_counter(a: &mut Arena, name: &[u8], current: u32, max: u32) {
+    a.bytes.extend_from_slice(&current.to_le_bytes());
+    a.bytes.extend_from_slice(&max.to_le_bytes());
+    put_entry(a, name);
+}
+
+pub struct CounterIter<'a>(pub &'a [u8]);
+
+impl<'a> Iterator for CounterIter<'a> {
+    type Item = CounterEntry<'a>;
+
+    fn next(&mut self) -> Option<CounterEntry<'a>> {
+        let mut b = self.0;
+        let c = (|| {
+            let current = take_u32(&mut b)?;
+            let max = take_u32(&mut b)?;
+            let name = take_entry(&mut b)?;
+            Some(CounterEntry { name, current, max })
+        })();
+        self.0 = if c.is_some() { b } else { &[] };
+        c
+    }
+}
+
+impl Body {
+    /// Every span this body names, to re-base when its bytes move to another arena.
+    pub fn spans_mut(&mut self, mut f: impl FnMut(&mut Span)) {
+        match self {
+            Body::Nothing => {}
+            Body::Literal(s) => f(s),
+            Body::Mc(r) => match r {
+                McReply::Words(_)
+                | McReply::Number(_)
+                | McReply::Token(_)
+                | McReply::Bin { .. }
+                | McReply::BinNumber { .. } => {}
+                McReply::Items { items, .. } => f(items),
+                McReply::BinItem { key, value, .. } => {
+                    f(key);
+                    f(value);
+                }
+                McReply::BinKeyed { key, .. } => f(key),
+                McReply::Stats { pairs, .. } => f(pairs),
+                McReply::Keys { keys, .. } => f(keys),
+            },
+            Body::Lockd(r) => match r {
+                LockdReply::Frame { payload, .. } => f(payload),
+                LockdReply::Token { name, .. } => f(name),
+                LockdReply::Sync { names } => f(names),
+            },
+            Body::Dlock(r) => f(&mut r.keys),
+            Body::Counter(r) => match r {
+                CounterReply::Status { .. } => {}
+                CounterReply::Stats { pairs, .. } => f(pairs),
+                CounterReply::Dump { entries, .. } => f(entries),
+            },
+        }
+    }
+}
+
+/// Append a decimal number without going through `fmt`.
+#[inline]
+pub fn push_u64(out: &mut Vec<u8>, mut n: u64) {
+    let mut buf = [0u8; 20];
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&buf[i..]);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lists_read_back_what_was_written_and_stop_at_a_short_entry() {
+        let mut a = Arena::default();
+        put_entry(&mut a, b"one");
+        put_entry(&mut a, b"");
+        put_entry(&mut a, b"three");
+        let got: Vec<&[u8]> = Entries(&a.bytes).collect();
+        assert_eq!(got, [&b"one"[..], b"", b"three"]);
+        let cut = &a.bytes[..a.bytes.len() - 1];
+        assert_eq!(Entries(cut).count(), 2, "a short last entry is not read");
+        let mut items = Arena::default();
+        put_item(&mut items, b"k", 7, 9, b"value");
+        let it: Vec<_> = ItemIter(&items.bytes).collect();
+        assert_eq!(it.len(), 1);
+        assert_eq!(
+            (it[0].key, it[0].flags, it[0].cas, it[0].value),
+            (&b"k"[..], 7, 9, &b"value"[..])
+        );
+        assert_eq!(ItemIter(&items.bytes[..10]).count(), 0);
+        let mut counters = Arena::default();
+        put_counter(&mut counters, b"c", 1, 2);
+        let c: Vec<_> = CounterIter(&counters.bytes).collect();
+        assert_eq!((c[0].name, c[0].current, c[0].max), (&b"c"[..], 1, 2));
+    }
+
+    #[test]
+    fn canonical_bytes_do_not_depend_on_the_arena_layout() {
+        let mut a = Effects::default();
+        a.bytes(b"padding");
+        let p = a.bytes(b"name\0");
+        let frame = |payload| Body::Lockd(LockdReply::Frame { opcode: 3, payload });
+        a.reply(Session(4), frame(p));
+        let mut b = Effects::default();
+        let p = b.bytes(b"name\0");
+        b.reply(Session(4), frame(p));
+        let (mut x, mut y) = (Vec::new(), Vec::new());
+        a.encode_canonical(|_| None, &mut x);
+        b.encode_canonical(|_| None, &mut y);
+        assert_eq!(x, y);
+        let mut c = Effects::default();
+        let p = c.bytes(b"other\0");
+        c.reply(Session(4), frame(p));
+        let mut z = Vec::new();
+        c.encode_canonical(|_| None, &mut z);
+        assert_ne!(x, z, "the payload's bytes are compared, not its span");
+    }
+}
