@@ -506,7 +506,10 @@ mod tests {
             sim.output(b).is_empty(),
             "the lease outlives its connection"
         );
+        // 50 ms on the fake clock, plus the tick every lease gets (LEASE_CLOCK_SLACK_MS).
         sim.advance_to(50);
+        assert!(sim.output(b).is_empty(), "the lease ended early");
+        sim.advance_to(50 + crate::server::LEASE_CLOCK_SLACK_MS);
         let out = sim.output(b);
         let (body, _) = dl::parse_frame(&out, 1 << 20).expect("one response");
         let r = dl::decode_response(body).expect("valid");
