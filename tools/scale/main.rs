@@ -82,6 +82,7 @@ struct Opts {
     budget: Duration,
     probe_pace: Duration,
     intake_samples: usize,
+    intake: Duration,
     phases: Vec<String>,
 }
 
@@ -92,6 +93,7 @@ const USAGE: &str =
     [--threads N daemon I/O threads (its default)] [--budget SECONDS (300)]
     [--probe-pace-us N: sampled lease i is sent no earlier than i*N us into the burst (500)]
     [--intake-samples N: the first N samples have 1.0-1.3 s leases (500)]
+    [--intake-ms N: the bulk leases are sent evenly over N ms, 0: one burst (2000)]
     [--phases lockd,dlock,mc,leasemem,leases]
 ";
 
@@ -109,6 +111,7 @@ fn parse_opts() -> Result<Opts, String> {
         budget: Duration::from_secs(300),
         probe_pace: Duration::from_micros(500),
         intake_samples: 500,
+        intake: Duration::from_millis(2000),
         phases: ["lockd", "dlock", "mc", "leasemem", "leases"]
             .map(String::from)
             .to_vec(),
@@ -135,6 +138,7 @@ fn parse_opts() -> Result<Opts, String> {
             "--budget" => o.budget = Duration::from_secs(num(&v)? as u64),
             "--probe-pace-us" => o.probe_pace = Duration::from_micros(num(&v)? as u64),
             "--intake-samples" => o.intake_samples = num(&v)?,
+            "--intake-ms" => o.intake = Duration::from_millis(num(&v)? as u64),
             "--phases" => o.phases = v.split(',').map(String::from).collect(),
             _ => return Err(format!("unknown flag {flag}")),
         }
@@ -154,6 +158,9 @@ fn parse_opts() -> Result<Opts, String> {
     }
     if o.intake_samples > o.samples {
         return Err("--intake-samples must not exceed --samples".into());
+    }
+    if o.intake > Duration::from_secs(30) {
+        return Err("--intake-ms must be at most 30000".into());
     }
     if o.probe_pace > Duration::from_millis(10) {
         return Err("--probe-pace-us must be at most 10000".into());
@@ -400,16 +407,24 @@ fn connect_many(port: u16, n: usize) -> Result<Vec<Peer>, String> {
 }
 
 fn flush(p: &mut Peer) -> Result<(), String> {
-    while p.wpos < p.out.len() {
-        match p.sock.write(&p.out[p.wpos..]) {
+    flush_upto(p, usize::MAX)
+}
+
+/// Write `out` up to byte `limit` (all of it once the limit reaches its end).
+fn flush_upto(p: &mut Peer, limit: usize) -> Result<(), String> {
+    let end = p.out.len().min(limit);
+    while p.wpos < end {
+        match p.sock.write(&p.out[p.wpos..end]) {
             Ok(n) => p.wpos += n,
             Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(()),
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
             Err(e) => return Err(format!("write: {e}")),
         }
     }
-    p.out = Vec::new();
-    p.wpos = 0;
+    if p.wpos == p.out.len() {
+        p.out = Vec::new();
+        p.wpos = 0;
+    }
     Ok(())
 }
 
@@ -437,7 +452,28 @@ fn drive(
     parse: &mut ParseReply,
     timeout: Duration,
 ) -> Result<Duration, String> {
+    drive_paced(peers, parse, timeout, Duration::ZERO)
+}
+
+/// [`drive`], with each peer's `out` released evenly over `spread` (open loop: what is due is
+/// sent whatever the replies; the daemon still reads at its own pace if that is slower).
+fn drive_paced(
+    peers: &mut [Peer],
+    parse: &mut ParseReply,
+    timeout: Duration,
+    spread: Duration,
+) -> Result<Duration, String> {
     let start = Instant::now();
+    let totals: Vec<usize> = peers.iter().map(|p| p.out.len()).collect();
+    // The bytes of peer i due by now.
+    let due = |i: usize| -> usize {
+        let t = start.elapsed();
+        if t >= spread {
+            usize::MAX
+        } else {
+            (totals[i] as f64 * t.as_secs_f64() / spread.as_secs_f64()) as usize
+        }
+    };
     let deadline = start + timeout;
     let mut poll = Poll::new().map_err(|e| e.to_string())?;
     for (i, p) in peers.iter_mut().enumerate() {
@@ -450,6 +486,7 @@ fn drive(
             .map_err(|e| format!("register: {e}"))?;
     }
     let mut remaining = peers.iter().filter(|p| p.got < p.want).count();
+    let mut unsent = !spread.is_zero();
     let mut events = Events::with_capacity(4096);
     let mut chunk = vec![0u8; 256 * 1024];
     while remaining > 0 {
@@ -458,12 +495,23 @@ fn drive(
                 "timed out after {timeout:?}: {remaining} connections still wait for replies"
             ));
         }
-        poll.poll(&mut events, Some(Duration::from_millis(100)))
+        // Paced: what came due is written here (no WRITABLE edge announces it), every
+        // millisecond until everything is out.
+        if unsent {
+            for (i, p) in peers.iter_mut().enumerate() {
+                flush_upto(p, due(i))?;
+            }
+            unsent = peers.iter().any(|p| !p.out.is_empty());
+        }
+        let wait = Duration::from_millis(if unsent { 1 } else { 100 });
+        poll.poll(&mut events, Some(wait))
             .map_err(|e| format!("poll: {e}"))?;
         for ev in events.iter() {
-            let p = &mut peers[ev.token().0];
+            let i = ev.token().0;
+            let limit = due(i);
+            let p = &mut peers[i];
             if ev.is_writable() {
-                flush(p)?;
+                flush_upto(p, limit)?;
             }
             if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
                 let open = fill(&mut p.sock, &mut p.inb, &mut chunk)?;
@@ -988,7 +1036,7 @@ fn phase_leases(opts: &Opts, r: &mut Results) -> Result<(), String> {
     });
     // Bulk: the latest possible deadline is the latest Ok + its release.
     let mut bulk_max: Option<Instant> = None;
-    let t_bulk = drive(
+    let t_bulk = drive_paced(
         &mut bulk,
         &mut |b: &[u8]| {
             let Some((id, used)) = parse_dlock_ok(b)? else {
@@ -1000,6 +1048,7 @@ fn phase_leases(opts: &Opts, r: &mut Results) -> Result<(), String> {
             Ok(Some(used))
         },
         Duration::from_secs(60),
+        opts.intake,
     )?;
     let bulk_end = Instant::now();
     let held_after_bulk = ctl.stat("dlock_leases")?;
