@@ -1117,7 +1117,9 @@ fn run_model_restoring(seed: u64, steps: usize, idle: u64, restore_every: Option
     assert_eq!(ev_t, []);
     compare(&t, &m, "all expired");
     assert_eq!(t.stats().held_keys, 0);
-    assert!(t.keys.is_empty() && t.sessions.is_empty() && t.waiters.is_empty());
+    assert!(
+        t.recs.is_empty() && t.index.is_empty() && t.sessions.is_empty() && t.waiters.is_empty()
+    );
     assert_eq!(t.next_deadline(), None);
     assert!(t.wheel.is_empty());
 }
