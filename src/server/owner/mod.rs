@@ -230,8 +230,8 @@ impl Owner {
             }
         }
         let arena = &batch.arena.bytes;
-        for (i, msg) in batch.ops.iter().enumerate() {
-            if i > 0 && i % OPS_PER_CLOCK == 0 {
+        for (i, chunk) in batch.ops.chunks(OPS_PER_CLOCK).enumerate() {
+            if i > 0 {
                 // A new "turn" starts here: its time, then the timers due by it.
                 let later = clock(&self.shared);
                 if later.ms > now.ms {
@@ -239,18 +239,7 @@ impl Owner {
                     self.fire_timers(now);
                 }
             }
-            apply_op(
-                &mut self.tables,
-                &mut self.outbox,
-                &self.shared,
-                msg.conn,
-                msg.op,
-                arena,
-                now,
-            );
-            if self.outbox.should_send_early() {
-                self.send_replies();
-            }
+            self.apply_ops(chunk, arena, now);
         }
         let Batch {
             worker,
@@ -267,6 +256,23 @@ impl Owner {
             p.reply_arena.give(spare_reply_arena);
         }
         now
+    }
+
+    fn apply_ops(&mut self, ops: &[OpMsg], arena: &[u8], now: Now) {
+        for msg in ops {
+            apply_op(
+                &mut self.tables,
+                &mut self.outbox,
+                &self.shared,
+                msg.conn,
+                msg.op,
+                arena,
+                now,
+            );
+            if self.outbox.should_send_early() {
+                self.send_replies();
+            }
+        }
     }
 
     /// Fire what is due; most turns nothing is, and the check is one look at each wheel.
