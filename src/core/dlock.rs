@@ -45,13 +45,15 @@
 
 use super::codec::{self, DecodeError, Reader, Snapshot};
 use super::fence::Fence;
-use super::hash::{HashMap, HashSet};
+use super::hash::{HashMap, HashSet, Seeded};
 use super::small::SmallBytes;
 use super::wheel::{TimerKey, Wheel};
 use super::Session;
-use hashbrown::hash_map::EntryRef;
+use hashbrown::HashTable;
+use slab::Slab;
 use std::borrow::Cow;
 use std::collections::BTreeSet;
+use std::hash::BuildHasher;
 
 /// Dedupe a request's keys with a quadratic scan up to this many keys (no allocation for a hash
 /// set); above it a hash set keeps the cost linear.
@@ -114,15 +116,20 @@ pub struct LockRequest<'k> {
     pub lease_us: Option<u64>,
 }
 
-/// A held key's name, in the key table, its holder's index and its lease timer: inline when short
-/// (no allocation per held key), else stored once and shared.
+/// A key's name, stored once, in its record: inline when short (no allocation per held key),
+/// else on the heap.
 type Key = SmallBytes;
+
+/// "No record" in the holder lists' links. Records are numbered in u32 (half the links of
+/// usize): 2^32 - 1 records of some 112 bytes would be 480 GB, far past any memory limit.
+const NIL: u32 = u32::MAX;
 
 /// A pending timer: what to do when it fires.
 enum Timer {
-    /// The lease on `key` runs out, if the key's lease still has generation `gen` (a re-lock
-    /// cancels the old timer; the generation also guards against any stale one).
-    Lease { key: Key, gen: u64 },
+    /// The lease on record `rec` runs out, if the record's lease still has generation `gen` (a
+    /// re-lock cancels the old timer; the generation also guards against any stale one, even if
+    /// the record was freed and reused for another key: generations are never reused).
+    Lease { rec: u32, gen: u64 },
     /// `session` may have been idle long enough; checked against its last activity when it fires.
     Idle { session: Session },
     /// The wait deadline of waiter `seq`, if it is still waiting.
@@ -134,9 +141,10 @@ impl Timer {
     /// order (see the module docs).
     ///
     /// Within a class the order is one every replica shares (a lease's key, an idle session, a
-    /// waiter's arrival number), never the wheel's insertion order, so a state restored from a
-    /// snapshot fires its timers exactly as the original would.
-    fn order(&self, other: &Timer) -> std::cmp::Ordering {
+    /// waiter's arrival number), never the wheel's insertion order nor a record's index, so a
+    /// state restored from a snapshot fires its timers exactly as the original would. `recs`:
+    /// the records the lease timers name (all live: a released lease's timer is cancelled).
+    fn order(&self, other: &Timer, recs: &Slab<KeyRec>) -> std::cmp::Ordering {
         fn class(t: &Timer) -> u8 {
             match t {
                 Timer::Lease { .. } => 0,
@@ -145,7 +153,10 @@ impl Timer {
             }
         }
         match (self, other) {
-            (Timer::Lease { key: a, .. }, Timer::Lease { key: b, .. }) => a.cmp(b),
+            (Timer::Lease { rec: a, .. }, Timer::Lease { rec: b, .. }) => {
+                let name = |r: &u32| recs.get(*r as usize).map(|r| &*r.key);
+                name(a).cmp(&name(b))
+            }
             (Timer::Idle { session: a }, Timer::Idle { session: b }) => a.cmp(b),
             (Timer::Wait { seq: a }, Timer::Wait { seq: b }) => a.cmp(b),
             _ => class(self).cmp(&class(other)),
@@ -170,13 +181,36 @@ struct Hold {
     token: u64,
 }
 
-/// One key: its holder and its waiters in arrival order. Removed from the table when it has
-/// neither.
-#[derive(Default)]
-struct KeyState {
+/// One key: its name (the table's one copy of it), its holder and its waiters in arrival
+/// order, and its place in its holder's list. Removed from the table when it has neither
+/// holder nor waiter. Records live in one slab and point at each other by u32 index: a held key
+/// costs this record and one 8-byte slot of the name index, no allocation of its own (a short
+/// name is inline) and no entry in any per-connection map.
+struct KeyRec {
+    key: Key,
     holder: Option<Hold>,
     /// Arrival numbers of the waiters (`DlockTable::waiters`); the first one is the head.
     queue: BTreeSet<u64>,
+    /// The holder's list of held records (while the holder's session is in `sessions`), else
+    /// both NIL.
+    prev: u32,
+    next: u32,
+}
+
+/// A slot of the name index: the record's index and its name's hash (kept so that growing the
+/// index rehashes 8-byte slots without touching a record: a resize at 1M keys takes
+/// milliseconds, where a map of whole records stopped the owner for tens of them).
+#[derive(Clone, Copy)]
+struct Slot {
+    rec: u32,
+    hash: u32,
+}
+
+/// The index's 64-bit hash from a slot's 32 bits: spread so that hashbrown's bucket bits (low)
+/// and tag bits (top 7) both depend on all 32.
+#[inline]
+fn widen(h: u32) -> u64 {
+    u64::from(h).wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }
 
 struct Waiter {
@@ -191,8 +225,9 @@ struct Waiter {
 }
 
 struct Conn {
-    /// Every key this connection holds, leases included.
-    held: HashSet<Key>,
+    /// The first record of the list of every key this connection holds, leases included
+    /// (linked through `KeyRec::prev/next`), or NIL.
+    head: u32,
     /// Arrival number of its waiting Lock.
     pending: Option<u64>,
     last_active: u64,
@@ -203,7 +238,11 @@ struct Conn {
 
 pub struct DlockTable {
     config: DlockConfig,
-    keys: HashMap<Key, KeyState>,
+    /// Every key with a holder or a waiter.
+    recs: Slab<KeyRec>,
+    /// Name -> record.
+    index: HashTable<Slot>,
+    hasher: Seeded,
     sessions: HashMap<Session, Conn>,
     /// Waiting Locks by arrival number (strictly increasing, so per-key FIFO = number order).
     waiters: HashMap<u64, Waiter>,
@@ -253,7 +292,9 @@ impl DlockTable {
     pub fn new(config: DlockConfig, now_ms: u64) -> Self {
         DlockTable {
             config,
-            keys: HashMap::default(),
+            recs: Slab::new(),
+            index: HashTable::new(),
+            hasher: Seeded::default(),
             sessions: HashMap::default(),
             waiters: HashMap::default(),
             wheel: Wheel::new(now_ms),
@@ -274,7 +315,7 @@ impl DlockTable {
     /// Any request of `session` restarts its idle clock.
     pub fn touch(&mut self, session: Session, now_ms: u64) {
         self.sessions.entry(session).or_insert_with(|| Conn {
-            held: HashSet::default(),
+            head: NIL,
             pending: None,
             last_active: now_ms,
             idle_timer: None,
@@ -332,7 +373,8 @@ impl DlockTable {
         let seq = self.next_seq;
         self.next_seq += 1;
         for k in keys.iter() {
-            self.keys.entry_ref(*k).or_default().queue.insert(seq);
+            let r = self.find_or_insert(k);
+            self.recs[r].queue.insert(seq);
         }
         let deadline = ms_from_us(wait_us).map(|ms| now_ms.saturating_add(ms));
         let timer = deadline.map(|d| self.wheel.insert(d, (d, Timer::Wait { seq })));
@@ -372,8 +414,7 @@ impl DlockTable {
         let mut not_held: Vec<Box<[u8]>> = Vec::new();
         for &k in keys.iter() {
             let mine = self
-                .keys
-                .get(k)
+                .rec(k)
                 .and_then(|s| s.holder.as_ref())
                 .is_some_and(|h| h.session == session);
             if mine {
@@ -442,22 +483,17 @@ impl DlockTable {
     /// Restart every running lease with its remaining time plus `extra_ms` (a new cluster
     /// leader does, so that no lease ends early because of a failover).
     pub fn extend_leases(&mut self, extra_ms: u64) {
-        for (key, state) in self.keys.iter_mut() {
-            let Some(lease) = state.holder.as_mut().and_then(|h| h.lease.as_mut()) else {
+        for (r, rec) in self.recs.iter_mut() {
+            let Some(lease) = rec.holder.as_mut().and_then(|h| h.lease.as_mut()) else {
                 continue;
             };
             self.wheel.cancel(lease.timer);
             lease.deadline = lease.deadline.saturating_add(extra_ms);
-            lease.timer = self.wheel.insert(
-                lease.deadline,
-                (
-                    lease.deadline,
-                    Timer::Lease {
-                        key: key.clone(),
-                        gen: lease.gen,
-                    },
-                ),
-            );
+            let timer = Timer::Lease {
+                rec: r as u32,
+                gen: lease.gen,
+            };
+            lease.timer = self.wheel.insert(lease.deadline, (lease.deadline, timer));
         }
     }
 
@@ -480,7 +516,7 @@ impl DlockTable {
 
     /// The fencing token under which `session` holds `key`.
     pub fn token_of(&self, session: Session, key: &[u8]) -> Option<u64> {
-        let h = self.keys.get(key)?.holder.as_ref()?;
+        let h = self.rec(key)?.holder.as_ref()?;
         (h.session == session).then_some(h.token)
     }
 
@@ -492,15 +528,105 @@ impl DlockTable {
 
     /// Who holds `key`, and the lease deadline (ms) if it is a lease.
     pub fn holder(&self, key: &[u8]) -> Option<(Session, Option<u64>)> {
-        let hold = self.keys.get(key)?.holder.as_ref()?;
+        let hold = self.rec(key)?.holder.as_ref()?;
         Some((hold.session, hold.lease.as_ref().map(|l| l.deadline)))
     }
 
     // ---- internals ----
 
+    fn hash(&self, key: &[u8]) -> u32 {
+        (self.hasher.hash_one(key) >> 32) as u32
+    }
+
+    /// The record of `key`, if it has one.
+    fn find(&self, key: &[u8]) -> Option<usize> {
+        let h = self.hash(key);
+        let recs = &self.recs;
+        self.index
+            .find(widen(h), |s| {
+                s.hash == h && *recs[s.rec as usize].key == *key
+            })
+            .map(|s| s.rec as usize)
+    }
+
+    fn rec(&self, key: &[u8]) -> Option<&KeyRec> {
+        self.find(key).map(|r| &self.recs[r])
+    }
+
+    /// The record of `key`, made empty (no holder, no waiter) if it had none.
+    fn find_or_insert(&mut self, key: &[u8]) -> usize {
+        let h = self.hash(key);
+        let recs = &mut self.recs;
+        let entry = self.index.entry(
+            widen(h),
+            |s| s.hash == h && *recs[s.rec as usize].key == *key,
+            |s| widen(s.hash),
+        );
+        match entry {
+            hashbrown::hash_table::Entry::Occupied(o) => o.get().rec as usize,
+            hashbrown::hash_table::Entry::Vacant(v) => {
+                let r = recs.insert(KeyRec {
+                    key: Key::from(key),
+                    holder: None,
+                    queue: BTreeSet::new(),
+                    prev: NIL,
+                    next: NIL,
+                });
+                v.insert(Slot {
+                    rec: r as u32,
+                    hash: h,
+                });
+                r
+            }
+        }
+    }
+
+    /// Drop record `r` (no holder, no waiter) from the table.
+    fn remove_rec(&mut self, r: usize) {
+        let h = self.hash(&self.recs[r].key);
+        if let Ok(o) = self.index.find_entry(widen(h), |s| s.rec as usize == r) {
+            o.remove();
+        }
+        self.recs.remove(r);
+    }
+
+    /// Put record `r` at the head of `session`'s list, if the session is known.
+    fn link(&mut self, session: Session, r: usize) {
+        let Some(c) = self.sessions.get_mut(&session) else {
+            return;
+        };
+        let old = c.head;
+        c.head = r as u32;
+        let rec = &mut self.recs[r];
+        rec.prev = NIL;
+        rec.next = old;
+        if old != NIL {
+            self.recs[old as usize].prev = r as u32;
+        }
+    }
+
+    /// Take record `r` out of `session`'s list (nothing if the session is gone: its list went
+    /// with it).
+    fn unlink(&mut self, session: Session, r: usize) {
+        let Some(c) = self.sessions.get_mut(&session) else {
+            return;
+        };
+        let (prev, next) = (self.recs[r].prev, self.recs[r].next);
+        if prev == NIL {
+            c.head = next;
+        } else {
+            self.recs[prev as usize].next = next;
+        }
+        if next != NIL {
+            self.recs[next as usize].prev = prev;
+        }
+        self.recs[r].prev = NIL;
+        self.recs[r].next = NIL;
+    }
+
     /// Whether `key` keeps a new Lock of `session` from being granted at once.
     fn busy_for_new(&self, session: Session, key: &[u8]) -> bool {
-        match self.keys.get(key) {
+        match self.rec(key) {
             None => false,
             Some(s) => match &s.holder {
                 Some(h) => h.session != session,
@@ -511,7 +637,7 @@ impl DlockTable {
 
     /// Whether `key` still keeps waiter `seq` of `session` from being granted.
     fn busy_for_waiter(&self, session: Session, seq: u64, key: &[u8]) -> bool {
-        match self.keys.get(key) {
+        match self.rec(key) {
             None => {
                 debug_assert!(false, "a waiter's key has no state");
                 false
@@ -553,14 +679,10 @@ impl DlockTable {
         now_ms: u64,
         token: u64,
     ) {
-        let (key, state) = match self.keys.entry_ref(key) {
-            EntryRef::Occupied(o) => (o.key().clone(), o.into_mut()),
-            EntryRef::Vacant(v) => {
-                let o = v.insert_entry(KeyState::default());
-                (o.key().clone(), o.into_mut())
-            }
-        };
-        match state.holder.take() {
+        let r = self.find_or_insert(key);
+        // Held by `session` already (a re-lock): it is in its list already.
+        let newly_held = self.recs[r].holder.is_none();
+        match self.recs[r].holder.take() {
             Some(old) => {
                 debug_assert_eq!(old.session, session, "grant over another holder");
                 if let Some(lease) = old.lease {
@@ -575,39 +697,36 @@ impl DlockTable {
             let gen = self.next_lease_gen;
             self.next_lease_gen += 1;
             self.stats.leases += 1;
-            let timer = self.wheel.insert(
-                deadline,
-                (
-                    deadline,
-                    Timer::Lease {
-                        key: key.clone(),
-                        gen,
-                    },
-                ),
-            );
+            let timer = self
+                .wheel
+                .insert(deadline, (deadline, Timer::Lease { rec: r as u32, gen }));
             Lease {
                 deadline,
                 timer,
                 gen,
             }
         });
-        state.holder = Some(Hold {
+        self.recs[r].holder = Some(Hold {
             session,
             lease,
             since_s: (now_ms / 1000) as u32,
             token,
         });
-        if let Some(c) = self.sessions.get_mut(&session) {
-            c.held.insert(key);
+        if newly_held {
+            self.link(session, r);
         }
     }
 
     /// Free `key` from its holder (whoever it is); the caller checks the queue's head.
     fn release(&mut self, key: &[u8]) {
-        let Some(state) = self.keys.get_mut(key) else {
-            return;
-        };
-        let Some(hold) = state.holder.take() else {
+        if let Some(r) = self.find(key) {
+            self.release_rec(r);
+        }
+    }
+
+    /// Free record `r` from its holder; the record goes too when no one waits for its key.
+    fn release_rec(&mut self, r: usize) {
+        let Some(hold) = self.recs[r].holder.take() else {
             return;
         };
         self.stats.held_keys -= 1;
@@ -615,11 +734,9 @@ impl DlockTable {
             self.wheel.cancel(lease.timer);
             self.stats.leases -= 1;
         }
-        if state.queue.is_empty() {
-            self.keys.remove(key);
-        }
-        if let Some(c) = self.sessions.get_mut(&hold.session) {
-            c.held.remove(key);
+        self.unlink(hold.session, r);
+        if self.recs[r].queue.is_empty() {
+            self.remove_rec(r);
         }
     }
 
@@ -632,10 +749,11 @@ impl DlockTable {
             self.wheel.cancel(t);
         }
         for k in w.keys.iter() {
-            if let Some(state) = self.keys.get_mut(&**k) {
+            if let Some(r) = self.find(k) {
+                let state = &mut self.recs[r];
                 state.queue.remove(&seq);
                 if !granting && state.holder.is_none() && state.queue.is_empty() {
-                    self.keys.remove(&**k);
+                    self.remove_rec(r);
                 }
             }
         }
@@ -658,11 +776,10 @@ impl DlockTable {
         // keys in hash order): the events, and the fencing tokens they carry, must come out the
         // same on every replica.
         let mut heads = std::mem::take(&mut self.heads);
-        heads.extend(keys.iter().filter_map(|k| {
-            self.keys
-                .get(k.as_ref())
-                .and_then(|s| s.queue.first().copied())
-        }));
+        heads.extend(
+            keys.iter()
+                .filter_map(|k| self.rec(k.as_ref()).and_then(|s| s.queue.first().copied())),
+        );
         heads.sort_unstable();
         heads.dedup();
         for &seq in &heads {
@@ -705,22 +822,29 @@ impl DlockTable {
         if let Some(t) = c.idle_timer {
             self.wheel.cancel(t);
         }
-        for k in c.held {
-            let bound = self
-                .keys
-                .get(&*k)
-                .and_then(|s| s.holder.as_ref())
+        // The list goes with the session: its leases stay, unlinked.
+        let mut r = c.head;
+        while r != NIL {
+            let rec = &mut self.recs[r as usize];
+            let next = rec.next;
+            rec.prev = NIL;
+            rec.next = NIL;
+            let bound = rec
+                .holder
+                .as_ref()
                 .is_some_and(|h| h.session == session && h.lease.is_none());
             if bound {
-                self.release(&k);
-                affected.push(k);
+                affected.push(rec.key.clone());
+                self.release_rec(r as usize);
             }
+            r = next;
         }
         self.check_heads(&affected, now_ms, events);
     }
 
     fn run_fired(&mut self, at: u64, fired: &mut Vec<(u64, Timer)>, events: &mut Vec<DlockEvent>) {
-        fired.sort_unstable_by(|(da, a), (db, b)| da.cmp(db).then_with(|| a.order(b)));
+        let recs = &self.recs;
+        fired.sort_unstable_by(|(da, a), (db, b)| da.cmp(db).then_with(|| a.order(b, recs)));
         for (_, timer) in fired.drain(..) {
             self.fire(at, timer, events);
         }
@@ -728,17 +852,24 @@ impl DlockTable {
 
     fn fire(&mut self, at: u64, timer: Timer, events: &mut Vec<DlockEvent>) {
         match timer {
-            Timer::Lease { key, gen } => {
+            Timer::Lease { rec, gen } => {
+                let r = rec as usize;
                 let current = self
-                    .keys
-                    .get(&*key)
+                    .recs
+                    .get(r)
                     .and_then(|s| s.holder.as_ref())
                     .and_then(|h| h.lease.as_ref())
                     .is_some_and(|l| l.gen == gen);
                 if current {
-                    self.release(&key);
                     self.stats.lease_expiries += 1;
-                    self.check_heads(&[key], at, events);
+                    if self.recs[r].queue.is_empty() {
+                        // No one to grant: the record goes, nothing else to look at.
+                        self.release_rec(r);
+                    } else {
+                        let key = self.recs[r].key.clone();
+                        self.release_rec(r);
+                        self.check_heads(&[key], at, events);
+                    }
                 }
             }
             Timer::Idle { session } => {
@@ -792,21 +923,21 @@ impl DlockTable {
 impl DlockTable {
     /// Every held key: its holder and, for a lease, the lease deadline (ms). No order.
     pub fn for_each_held(&self, mut f: impl FnMut(&[u8], Session, Option<u64>)) {
-        for (k, s) in &self.keys {
+        for (_, s) in &self.recs {
             if let Some(h) = &s.holder {
-                f(k, h.session, h.lease.as_ref().map(|l| l.deadline));
+                f(&s.key, h.session, h.lease.as_ref().map(|l| l.deadline));
             }
         }
     }
 
     /// When `key` was granted to its holder (ms, rounded down to a whole second), if it is held.
     pub fn held_since(&self, key: &[u8]) -> Option<u64> {
-        Some(u64::from(self.keys.get(key)?.holder.as_ref()?.since_s) * 1000)
+        Some(u64::from(self.rec(key)?.holder.as_ref()?.since_s) * 1000)
     }
 
     /// The connections queued on `key`, first come first (the admin port's listing).
     pub fn queue<'a>(&'a self, key: &[u8]) -> impl Iterator<Item = Session> + 'a {
-        let queue = self.keys.get(key).map(|s| &s.queue);
+        let queue = self.rec(key).map(|s| &s.queue);
         queue
             .into_iter()
             .flatten()
@@ -817,7 +948,7 @@ impl DlockTable {
     /// The connections queued on `key`, first come first.
     #[cfg(test)]
     fn queue_conns(&self, key: &[u8]) -> Vec<Session> {
-        self.keys.get(key).map_or_else(Vec::new, |s| {
+        self.rec(key).map_or_else(Vec::new, |s| {
             s.queue
                 .iter()
                 .filter_map(|q| self.waiters.get(q))
@@ -829,36 +960,50 @@ impl DlockTable {
     /// Every internal index agrees with every other, and nobody grantable is left waiting;
     /// panics otherwise.
     pub fn check_invariants(&self) {
-        let (mut held, mut leases) = (0, 0);
-        for (k, s) in &self.keys {
+        let (mut held, mut leases, mut listed) = (0, 0, 0);
+        assert_eq!(
+            self.index.len(),
+            self.recs.len(),
+            "name index and records differ"
+        );
+        for (r, s) in &self.recs {
+            let k = &*s.key;
             assert!(
                 s.holder.is_some() || !s.queue.is_empty(),
                 "empty key state {k:?}"
             );
+            assert_eq!(self.find(k), Some(r), "{k:?} not found by its name");
             if let Some(h) = &s.holder {
                 held += 1;
                 leases += u64::from(h.lease.is_some());
-                if let Some(c) = self.sessions.get(&h.session) {
-                    assert!(c.held.contains(k), "{k:?} missing from its holder's index");
-                }
+                listed += u64::from(self.sessions.contains_key(&h.session));
+            } else {
+                assert!(s.prev == NIL && s.next == NIL, "{k:?} linked but not held");
             }
             for seq in &s.queue {
                 let w = self.waiters.get(seq).expect("queued waiter exists");
-                assert!(w.keys.iter().any(|wk| **wk == **k));
+                assert!(w.keys.iter().any(|wk| **wk == *k));
             }
         }
         assert_eq!(held, self.stats.held_keys);
         assert_eq!(leases, self.stats.leases);
         for (seq, w) in &self.waiters {
             for k in w.keys.iter() {
-                assert!(self.keys[&**k].queue.contains(seq));
+                assert!(self.rec(k).expect("a waiter's key").queue.contains(seq));
             }
             assert_eq!(self.sessions[&w.session].pending, Some(*seq));
             assert!(!self.grantable(*seq), "waiter {seq} could be granted");
         }
+        let mut in_lists = 0;
         for (id, c) in &self.sessions {
-            for k in &c.held {
-                assert_eq!(self.holder(k).map(|h| h.0), Some(*id));
+            let (mut r, mut prev) = (c.head, NIL);
+            while r != NIL {
+                let rec = &self.recs[r as usize];
+                assert_eq!(rec.prev, prev, "broken holder list of {id:?}");
+                assert_eq!(rec.holder.as_ref().map(|h| h.session), Some(*id));
+                in_lists += 1;
+                assert!(in_lists <= held, "holder list of {id:?} loops");
+                (prev, r) = (r, rec.next);
             }
             if let Some(seq) = c.pending {
                 assert!(self.waiters.contains_key(&seq));
@@ -867,6 +1012,10 @@ impl DlockTable {
                 assert!(c.idle_timer.is_some(), "{id:?} has no idle timer");
             }
         }
+        assert_eq!(
+            in_lists, listed,
+            "a held key missing from its holder's list"
+        );
     }
 }
 
@@ -898,11 +1047,11 @@ impl Snapshot for DlockTable {
             id.encode(out);
             codec::put_u64(out, c.last_active);
         }
-        let mut keys: Vec<(&Key, &KeyState)> = self.keys.iter().collect();
-        keys.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        let mut keys: Vec<&KeyRec> = self.recs.iter().map(|(_, s)| s).collect();
+        keys.sort_unstable_by(|a, b| a.key.cmp(&b.key));
         codec::put_u64(out, keys.len() as u64);
-        for (k, s) in keys {
-            codec::put_bytes(out, k);
+        for s in keys {
+            codec::put_bytes(out, &s.key);
             match &s.holder {
                 None => codec::put_u8(out, 0),
                 Some(h) => {
@@ -963,7 +1112,7 @@ impl Snapshot for DlockTable {
             t.sessions.insert(
                 id,
                 Conn {
-                    held: HashSet::default(),
+                    head: NIL,
                     pending: None,
                     last_active,
                     idle_timer: None,
@@ -977,7 +1126,8 @@ impl Snapshot for DlockTable {
             if last_key.as_ref().is_some_and(|l| **l >= *key) {
                 return Err(Invalid("dlock keys out of order"));
             }
-            last_key = Some(key.clone());
+            let rec = t.find_or_insert(&key);
+            last_key = Some(key);
             let holder = match r.u8()? {
                 0 => None,
                 1 => {
@@ -1000,7 +1150,7 @@ impl Snapshot for DlockTable {
                                 (
                                     deadline,
                                     Timer::Lease {
-                                        key: key.clone(),
+                                        rec: rec as u32,
                                         gen,
                                     },
                                 ),
@@ -1014,8 +1164,8 @@ impl Snapshot for DlockTable {
                         }
                         _ => return Err(Invalid("dlock lease tag")),
                     };
-                    if let Some(c) = t.sessions.get_mut(&session) {
-                        c.held.insert(key.clone());
+                    if t.sessions.contains_key(&session) {
+                        t.link(session, rec);
                     } else if lease.is_none() {
                         return Err(Invalid("dlock connection-bound key of no session"));
                     }
@@ -1029,13 +1179,7 @@ impl Snapshot for DlockTable {
                 }
                 _ => return Err(Invalid("dlock holder tag")),
             };
-            t.keys.insert(
-                key,
-                KeyState {
-                    holder,
-                    queue: BTreeSet::new(),
-                },
-            );
+            t.recs[rec].holder = holder;
         }
         let n = r.count(4)?;
         let mut last_seq: Option<u64> = None;
@@ -1066,7 +1210,8 @@ impl Snapshot for DlockTable {
                 _ => return Err(Invalid("dlock waiter of no session or a second one")),
             }
             for k in &keys {
-                t.keys.entry_ref(&**k).or_default().queue.insert(seq);
+                let rec = t.find_or_insert(k);
+                t.recs[rec].queue.insert(seq);
             }
             let timer = deadline.map(|d| t.wheel.insert(d, (d, Timer::Wait { seq })));
             t.waiters.insert(
@@ -1081,9 +1226,9 @@ impl Snapshot for DlockTable {
                 },
             );
         }
-        if t.keys
-            .values()
-            .any(|s| s.holder.is_none() && s.queue.is_empty())
+        if t.recs
+            .iter()
+            .any(|(_, s)| s.holder.is_none() && s.queue.is_empty())
         {
             return Err(Invalid("dlock key with neither holder nor waiter"));
         }

@@ -1117,7 +1117,9 @@ fn run_model_restoring(seed: u64, steps: usize, idle: u64, restore_every: Option
     assert_eq!(ev_t, []);
     compare(&t, &m, "all expired");
     assert_eq!(t.stats().held_keys, 0);
-    assert!(t.keys.is_empty() && t.sessions.is_empty() && t.waiters.is_empty());
+    assert!(
+        t.recs.is_empty() && t.index.is_empty() && t.sessions.is_empty() && t.waiters.is_empty()
+    );
     assert_eq!(t.next_deadline(), None);
     assert!(t.wheel.is_empty());
 }
@@ -1262,4 +1264,84 @@ fn a_new_cluster_leader_restarts_every_running_lease_with_its_remaining_time_and
     assert_eq!(advance(&mut t, 309), [], "the old deadline no longer fires");
     assert_eq!(unfenced(&advance(&mut t, 310)), [granted(c(3))]);
     assert_eq!(t.stats().lease_expiries, 1);
+}
+
+/// The table keeps one record per key in a slab and finds it through an index of (record,
+/// hash) slots that grows by rehashing the stored hashes: through several doublings, every key
+/// stays findable by its name, each connection's list holds exactly its keys, a disconnect
+/// releases the connection-bound ones and unlinks the leases, and freed records are reused.
+#[test]
+fn thousands_of_keys_stay_findable_as_the_name_index_grows() {
+    const N: usize = 20_000;
+    let mut t = table(0);
+    let name = |i: usize| format!("key-{i:06}-{}", "x".repeat(i % 40)).into_bytes();
+    let mut ev = Vec::new();
+    for i in 0..N {
+        let k = name(i);
+        let keys: [&[u8]; 1] = [&k];
+        let lease_us = (i % 3 == 0).then_some(1_000_000);
+        let req = LockRequest {
+            token: 0,
+            keys: &keys,
+            wait_us: None,
+            lease_us,
+        };
+        assert_eq!(
+            t.lock(c(1 + (i % 3) as u32), req, 0, &mut ev),
+            LockResult::Granted
+        );
+    }
+    t.check_invariants();
+    for i in (0..N).step_by(7) {
+        let lease = (i % 3 == 0).then_some(1000);
+        assert_eq!(t.holder(&name(i)), Some((c(1 + (i % 3) as u32), lease)));
+    }
+    // Session 1 holds only leases (i % 3 == 0), session 2 only connection-bound keys.
+    for s in [1, 2] {
+        t.disconnect(c(s), 1, &mut ev);
+    }
+    assert_eq!(ev, []);
+    t.check_invariants();
+    for i in 0..N {
+        let want = match i % 3 {
+            0 => Some((c(1), Some(1000))),
+            1 => None,
+            _ => Some((c(3), None)),
+        };
+        assert_eq!(t.holder(&name(i)), want, "key {i}");
+    }
+    let slots = t.recs.capacity();
+    // Freed records are reused: taking the released keys again grows nothing.
+    for i in (1..N).step_by(3) {
+        let k = name(i);
+        let keys: [&[u8]; 1] = [&k];
+        let req = LockRequest {
+            token: 0,
+            keys: &keys,
+            wait_us: None,
+            lease_us: None,
+        };
+        assert_eq!(t.lock(c(4), req, 2, &mut ev), LockResult::Granted);
+    }
+    assert_eq!(t.recs.capacity(), slots);
+    t.check_invariants();
+    assert_eq!(advance(&mut t, 1000), []);
+    assert_eq!(t.stats().leases, 0);
+    assert_eq!(t.stats().held_keys, (2 * N / 3) as u64);
+}
+
+/// Lease timers name their key's record, not the key; leases ending at one instant still
+/// release in key order (what every replica shares), not in the order the records were made.
+#[test]
+fn leases_ending_at_one_instant_release_in_key_order_not_record_order() {
+    let mut t = table(0);
+    // Records made in the order z, m, a; each key with a waiter of its own.
+    for (s, k) in [(1, b"z"), (2, b"m"), (3, b"a")] {
+        lock(&mut t, c(s), &[k], None, Some(10_000), 0);
+    }
+    for (s, k) in [(4, b"z"), (5, b"m"), (6, b"a")] {
+        assert_eq!(lock(&mut t, c(s), &[k], None, None, 1), LockResult::Waiting);
+    }
+    let ev = advance(&mut t, 10);
+    assert_eq!(unfenced(&ev), [granted(c(6)), granted(c(5)), granted(c(4))]);
 }

@@ -7,11 +7,15 @@
 //!                 connections), RSS; each of the 10 000 locks 100 of them (binary 0x40), RSS
 //!   phase leasemem fresh daemon: 1M dlock leases of 600 s over 4 connections, RSS
 //!   phase leases  fresh daemon: 1M dlock leases, release uniform in 1..=10 s (whole ms), over 4
-//!                 bulk connections (pipelined) + 8 probe connections (one lease in flight each,
-//!                 2 000 sampled leases); when a sampled lease's Ok arrives, one waiter
-//!                 connection per sample sends Lock (no wait limit) on its key; the waiter's
-//!                 grant time minus the lease's deadline is the lateness. `stats` is polled
-//!                 until dlock_leases is 0.
+//!                 bulk connections (pipelined, one burst) + 8 probe connections (one lease in
+//!                 flight each, 2 000 sampled leases, paced through the burst: sample i is sent
+//!                 no earlier than i * --probe-pace-us after the burst starts); when a sampled
+//!                 lease's Ok arrives, one waiter connection per sample sends Lock (no wait
+//!                 limit) on its key; the waiter's grant time minus the lease's deadline is the
+//!                 lateness. The first --intake-samples samples (sent in the burst's first
+//!                 part) have releases of 1.0..=1.3 s, like the bulk's shortest leases, so that
+//!                 their deadlines fall while the burst is still arriving; they are reported
+//!                 apart. `stats` is polled until dlock_leases is 0.
 //! ```
 //!
 //! Memory is the daemon's VmRSS (/proc/PID/status): per idle connection = (RSS with the idle
@@ -28,8 +32,10 @@
 //! delivery of the grant to the client counts as lateness. Releases are whole milliseconds, so
 //! the daemon's rounding up to the ms adds nothing; its 1 ms tick can make a lease end up to
 //! 1 ms "early" against the client's clock: an upper bound below -1 ms is a lease that
-//! certainly ended early (counted as `early_1ms`; the goal, within 10 ms of the deadline, fails
-//! on `over_10ms` and `early_10ms`).
+//! certainly ended early (counted as `early_1ms`). The goal (issue 11): p99 of the upper bound
+//! <= 10 ms and its max <= 50 ms, none early by more than 10 ms, every lease expired. Because
+//! the probes send one lease at a time, paced, the bound's width is one round trip under load,
+//! not the burst's length; the worst samples are printed with both bounds.
 //!
 //! Everything is bounded: every wait has a deadline, the daemons are stopped by PID
 //! (SIGTERM, then SIGKILL) and the whole run gives up after `--budget` seconds.
@@ -51,6 +57,11 @@ use mio::{Events, Interest, Poll, Token};
 const GOAL_LOCK_BYTES: f64 = 200.0;
 const GOAL_IDLE_CONN_BYTES: f64 = 16384.0;
 const GOAL_LATE_MS: f64 = 10.0;
+/// The worst lateness allowed (the p99 must be under GOAL_LATE_MS).
+const GOAL_LATE_MAX_MS: f64 = 50.0;
+/// Release of the intake samples: 1.0 s plus up to this, the bulk's shortest leases, whose
+/// deadlines come while a burst of 1M (about 1.3 s) still arrives.
+const INTAKE_RELEASE_SPREAD_MS: u64 = 300;
 /// Bytes of every key and lock name ("k" + 7 digits).
 const KEY_LEN: usize = 8;
 /// The memcached value of every item.
@@ -69,6 +80,9 @@ struct Opts {
     samples: usize,
     threads: Option<usize>,
     budget: Duration,
+    probe_pace: Duration,
+    intake_samples: usize,
+    intake: Duration,
     phases: Vec<String>,
 }
 
@@ -77,6 +91,9 @@ const USAGE: &str =
     [--dlock-keys N keys per dlock Lock (1)] [--waves N: lock in N rounds per connection,
     each pipelined, waiting for its replies (1)] [--leases N (1000000)] [--samples N (2000)]
     [--threads N daemon I/O threads (its default)] [--budget SECONDS (300)]
+    [--probe-pace-us N: sampled lease i is sent no earlier than i*N us into the burst (500)]
+    [--intake-samples N: the first N samples have 1.0-1.3 s leases (500)]
+    [--intake-ms N: the bulk leases are sent evenly over N ms, 0: one burst (2000)]
     [--phases lockd,dlock,mc,leasemem,leases]
 ";
 
@@ -92,6 +109,9 @@ fn parse_opts() -> Result<Opts, String> {
         samples: 2_000,
         threads: None,
         budget: Duration::from_secs(300),
+        probe_pace: Duration::from_micros(500),
+        intake_samples: 500,
+        intake: Duration::from_millis(2000),
         phases: ["lockd", "dlock", "mc", "leasemem", "leases"]
             .map(String::from)
             .to_vec(),
@@ -116,6 +136,9 @@ fn parse_opts() -> Result<Opts, String> {
             "--samples" => o.samples = num(&v)?,
             "--threads" => o.threads = Some(num(&v)?),
             "--budget" => o.budget = Duration::from_secs(num(&v)? as u64),
+            "--probe-pace-us" => o.probe_pace = Duration::from_micros(num(&v)? as u64),
+            "--intake-samples" => o.intake_samples = num(&v)?,
+            "--intake-ms" => o.intake = Duration::from_millis(num(&v)? as u64),
             "--phases" => o.phases = v.split(',').map(String::from).collect(),
             _ => return Err(format!("unknown flag {flag}")),
         }
@@ -132,6 +155,15 @@ fn parse_opts() -> Result<Opts, String> {
     }
     if o.samples > o.leases {
         return Err("--samples must not exceed --leases".into());
+    }
+    if o.intake_samples > o.samples {
+        return Err("--intake-samples must not exceed --samples".into());
+    }
+    if o.intake > Duration::from_secs(30) {
+        return Err("--intake-ms must be at most 30000".into());
+    }
+    if o.probe_pace > Duration::from_millis(10) {
+        return Err("--probe-pace-us must be at most 10000".into());
     }
     Ok(o)
 }
@@ -375,16 +407,24 @@ fn connect_many(port: u16, n: usize) -> Result<Vec<Peer>, String> {
 }
 
 fn flush(p: &mut Peer) -> Result<(), String> {
-    while p.wpos < p.out.len() {
-        match p.sock.write(&p.out[p.wpos..]) {
+    flush_upto(p, usize::MAX)
+}
+
+/// Write `out` up to byte `limit` (all of it once the limit reaches its end).
+fn flush_upto(p: &mut Peer, limit: usize) -> Result<(), String> {
+    let end = p.out.len().min(limit);
+    while p.wpos < end {
+        match p.sock.write(&p.out[p.wpos..end]) {
             Ok(n) => p.wpos += n,
             Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(()),
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
             Err(e) => return Err(format!("write: {e}")),
         }
     }
-    p.out = Vec::new();
-    p.wpos = 0;
+    if p.wpos == p.out.len() {
+        p.out = Vec::new();
+        p.wpos = 0;
+    }
     Ok(())
 }
 
@@ -412,7 +452,28 @@ fn drive(
     parse: &mut ParseReply,
     timeout: Duration,
 ) -> Result<Duration, String> {
+    drive_paced(peers, parse, timeout, Duration::ZERO)
+}
+
+/// [`drive`], with each peer's `out` released evenly over `spread` (open loop: what is due is
+/// sent whatever the replies; the daemon still reads at its own pace if that is slower).
+fn drive_paced(
+    peers: &mut [Peer],
+    parse: &mut ParseReply,
+    timeout: Duration,
+    spread: Duration,
+) -> Result<Duration, String> {
     let start = Instant::now();
+    let totals: Vec<usize> = peers.iter().map(|p| p.out.len()).collect();
+    // The bytes of peer i due by now.
+    let due = |i: usize| -> usize {
+        let t = start.elapsed();
+        if t >= spread {
+            usize::MAX
+        } else {
+            (totals[i] as f64 * t.as_secs_f64() / spread.as_secs_f64()) as usize
+        }
+    };
     let deadline = start + timeout;
     let mut poll = Poll::new().map_err(|e| e.to_string())?;
     for (i, p) in peers.iter_mut().enumerate() {
@@ -425,6 +486,7 @@ fn drive(
             .map_err(|e| format!("register: {e}"))?;
     }
     let mut remaining = peers.iter().filter(|p| p.got < p.want).count();
+    let mut unsent = !spread.is_zero();
     let mut events = Events::with_capacity(4096);
     let mut chunk = vec![0u8; 256 * 1024];
     while remaining > 0 {
@@ -433,12 +495,23 @@ fn drive(
                 "timed out after {timeout:?}: {remaining} connections still wait for replies"
             ));
         }
-        poll.poll(&mut events, Some(Duration::from_millis(100)))
+        // Paced: what came due is written here (no WRITABLE edge announces it), every
+        // millisecond until everything is out.
+        if unsent {
+            for (i, p) in peers.iter_mut().enumerate() {
+                flush_upto(p, due(i))?;
+            }
+            unsent = peers.iter().any(|p| !p.out.is_empty());
+        }
+        let wait = Duration::from_millis(if unsent { 1 } else { 100 });
+        poll.poll(&mut events, Some(wait))
             .map_err(|e| format!("poll: {e}"))?;
         for ev in events.iter() {
-            let p = &mut peers[ev.token().0];
+            let i = ev.token().0;
+            let limit = due(i);
+            let p = &mut peers[i];
             if ev.is_writable() {
-                flush(p)?;
+                flush_upto(p, limit)?;
             }
             if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
                 let open = fill(&mut p.sock, &mut p.inb, &mut chunk)?;
@@ -738,20 +811,23 @@ struct LeaseReport {
     late_upper_ms: Vec<f64>,
     late_lower_ms: Vec<f64>,
     rtt_ms: Vec<f64>,
+    /// The upper bounds of the samples whose deadline came during the bulk intake, sorted.
+    during_upper_ms: Vec<f64>,
     missing: usize,
     /// From the latest possible deadline of any lease to the stats poll that saw no lease left.
     all_expired_ms: Option<f64>,
     expiries: u64,
 }
 
-/// The sampled leases (one in flight per probe connection) and their waiters, on this thread's
-/// own poll so that reply times are read promptly. Returns the samples and the latest possible
-/// deadline of their leases.
+/// The sampled leases (one in flight per probe connection, sample i sent no earlier than
+/// `start + i * pace`) and their waiters, on this thread's own poll so that reply times are read
+/// promptly. Returns the samples and the latest possible deadline of their leases.
 fn probe_thread(
     mut probes: Vec<Peer>,
     mut waiters: Vec<Peer>,
     samples: Vec<(usize, u64)>,
     start: Instant,
+    pace: Duration,
     timeout: Duration,
 ) -> Result<(Vec<Sample>, Option<Instant>), String> {
     let deadline = start + timeout;
@@ -770,42 +846,48 @@ fn probe_thread(
     let mut recs: Vec<Sample> = Vec::with_capacity(samples.len());
     // Which sample each probe has in flight.
     let mut current: Vec<Option<usize>> = vec![None; np];
-    let send_lease = |p: &mut Peer, s: usize| -> Result<Instant, String> {
-        let (n, release_ms) = samples[s];
-        let k = key(b'S', n);
-        let keys: [&[u8]; 1] = [&k];
-        let lock = dlock::LockFields {
-            wait_micro: None,
-            release_micro: Some(release_ms * 1000),
-            keys: &keys,
-        };
-        dlock::encode_request(
-            &mut p.out,
-            Some(s as u64),
-            None,
-            dlock::req_type::LOCK,
-            Some(lock),
-        );
-        let sent = Instant::now();
-        flush(p)?;
-        if !p.out.is_empty() {
-            return Err("a probe's socket buffer is full".into());
-        }
-        Ok(sent)
-    };
-    for (i, p) in probes.iter_mut().enumerate() {
-        if recs.len() < samples.len() {
+    let due = |s: usize| start + pace * s as u32;
+    // Send the next samples whose time has come on the probes that have none in flight.
+    let send_due = |probes: &mut [Peer],
+                    current: &mut [Option<usize>],
+                    recs: &mut Vec<Sample>|
+     -> Result<(), String> {
+        for (i, p) in probes.iter_mut().enumerate() {
             let s = recs.len();
-            let send = send_lease(p, s)?;
+            if current[i].is_some() || s >= samples.len() || Instant::now() < due(s) {
+                continue;
+            }
+            let (n, release_ms) = samples[s];
+            let k = key(b'S', n);
+            let keys: [&[u8]; 1] = [&k];
+            let lock = dlock::LockFields {
+                wait_micro: None,
+                release_micro: Some(release_ms * 1000),
+                keys: &keys,
+            };
+            dlock::encode_request(
+                &mut p.out,
+                Some(s as u64),
+                None,
+                dlock::req_type::LOCK,
+                Some(lock),
+            );
+            let send = Instant::now();
+            flush(p)?;
+            if !p.out.is_empty() {
+                return Err("a probe's socket buffer is full".into());
+            }
             recs.push(Sample {
-                release_ms: samples[s].1,
+                release_ms,
                 send,
                 ok: None,
                 grant: None,
             });
             current[i] = Some(s);
         }
-    }
+        Ok(())
+    };
+    send_due(&mut probes, &mut current, &mut recs)?;
     let mut granted = 0;
     let mut events = Events::with_capacity(1024);
     let mut chunk = vec![0u8; 64 * 1024];
@@ -815,7 +897,12 @@ fn probe_thread(
         if now > deadline {
             break;
         }
-        poll.poll(&mut events, Some(Duration::from_millis(50)))
+        // Wake for the next sample's send time, if one is waiting for it.
+        let mut wait = Duration::from_millis(50);
+        if recs.len() < samples.len() && current.iter().any(Option::is_none) {
+            wait = wait.min(due(recs.len()).saturating_duration_since(now));
+        }
+        poll.poll(&mut events, Some(wait))
             .map_err(|e| format!("poll: {e}"))?;
         for ev in events.iter() {
             let t = ev.token().0;
@@ -849,17 +936,6 @@ fn probe_thread(
                         Some(lock),
                     );
                     flush(w)?;
-                    if recs.len() < samples.len() {
-                        let s = recs.len();
-                        let send = send_lease(p, s)?;
-                        recs.push(Sample {
-                            release_ms: samples[s].1,
-                            send,
-                            ok: None,
-                            grant: None,
-                        });
-                        current[t] = Some(s);
-                    }
                 }
                 if !open {
                     return Err("the daemon closed a probe connection".into());
@@ -881,6 +957,7 @@ fn probe_thread(
                 }
             }
         }
+        send_due(&mut probes, &mut current, &mut recs)?;
     }
     Ok((recs, max_deadline))
 }
@@ -915,11 +992,19 @@ fn phase_leases(opts: &Opts, r: &mut Results) -> Result<(), String> {
         order.swap(i, j);
     }
     let mut sampled = vec![false; opts.leases];
+    // The first intake samples are sent early in the burst with the bulk's shortest releases,
+    // so that their deadlines come while the burst still arrives.
     let samples: Vec<(usize, u64)> = order[..opts.samples]
         .iter()
-        .map(|&n| {
+        .enumerate()
+        .map(|(i, &n)| {
             sampled[n as usize] = true;
-            (n as usize, u64::from(releases[n as usize]))
+            let release = if i < opts.intake_samples {
+                rng.range(1000, 1000 + INTAKE_RELEASE_SPREAD_MS)
+            } else {
+                u64::from(releases[n as usize])
+            };
+            (n as usize, release)
         })
         .collect();
     drop(order);
@@ -945,11 +1030,13 @@ fn phase_leases(opts: &Opts, r: &mut Results) -> Result<(), String> {
     }
     let start = Instant::now();
     let probe_timeout = Duration::from_secs(90);
-    let handle =
-        std::thread::spawn(move || probe_thread(probes, waiters, samples, start, probe_timeout));
+    let pace = opts.probe_pace;
+    let handle = std::thread::spawn(move || {
+        probe_thread(probes, waiters, samples, start, pace, probe_timeout)
+    });
     // Bulk: the latest possible deadline is the latest Ok + its release.
     let mut bulk_max: Option<Instant> = None;
-    let t_bulk = drive(
+    let t_bulk = drive_paced(
         &mut bulk,
         &mut |b: &[u8]| {
             let Some((id, used)) = parse_dlock_ok(b)? else {
@@ -961,6 +1048,7 @@ fn phase_leases(opts: &Opts, r: &mut Results) -> Result<(), String> {
             Ok(Some(used))
         },
         Duration::from_secs(60),
+        opts.intake,
     )?;
     let bulk_end = Instant::now();
     let held_after_bulk = ctl.stat("dlock_leases")?;
@@ -1009,13 +1097,17 @@ fn phase_leases(opts: &Opts, r: &mut Results) -> Result<(), String> {
         late_upper_ms: Vec::new(),
         late_lower_ms: Vec::new(),
         rtt_ms: Vec::new(),
+        during_upper_ms: Vec::new(),
         missing: opts.samples - recs.len(),
         all_expired_ms,
         expiries,
     };
-    // Lateness of the leases whose deadline came while the bulk was still being taken (the
-    // daemon saturated) and of the others (only expiries and the sampled traffic).
+    // Lateness of the leases whose deadline certainly came while the bulk was still being
+    // taken (the latest it can be, Ok + release, is before the bulk's last Ok: the daemon
+    // saturated by intake) and of the others (only expiries and the sampled traffic).
     let (mut during, mut after) = (Vec::new(), Vec::new());
+    // Every sample's bounds: (upper, lower, round trip, sent after the start, release, during).
+    let mut each = Vec::with_capacity(recs.len());
     for s in &recs {
         let (Some(ok), Some(grant)) = (s.ok, s.grant) else {
             rep.missing += 1;
@@ -1024,15 +1116,33 @@ fn phase_leases(opts: &Opts, r: &mut Results) -> Result<(), String> {
         let release = Duration::from_millis(s.release_ms);
         let late = ms(grant, s.send + release);
         let late_lower = ms(grant, ok + release);
-        if s.send + release < bulk_end {
+        let is_during = ok + release < bulk_end;
+        if is_during {
             during.push((late, late_lower));
+            rep.during_upper_ms.push(late);
         } else {
             after.push((late, late_lower));
         }
         rep.late_upper_ms.push(late);
-        rep.late_lower_ms.push(ms(grant, ok + release));
+        rep.late_lower_ms.push(late_lower);
         rep.rtt_ms.push(ms(ok, s.send));
+        each.push((
+            late,
+            late_lower,
+            ms(ok, s.send),
+            ms(s.send, start),
+            s.release_ms,
+            is_during,
+        ));
     }
+    each.sort_by(|a, b| b.0.total_cmp(&a.0));
+    for (up, low, rtt, sent, release, is_during) in each.iter().take(5) {
+        println!(
+            "leases: worst sample: lateness between {low:.2} and {up:.2} ms (round trip {rtt:.2} ms), sent {sent:.1} ms into the burst, release {release} ms, deadline {}",
+            if *is_during { "during the bulk" } else { "after the bulk" }
+        );
+    }
+    rep.during_upper_ms.sort_by(f64::total_cmp);
     for v in [
         &mut rep.late_upper_ms,
         &mut rep.late_lower_ms,
@@ -1166,13 +1276,24 @@ fn run(opts: &Opts) -> Result<bool, String> {
         let all_ok = l.expiries == opts.leases as u64
             && l.all_expired_ms
                 .is_some_and(|v| v <= GOAL_LATE_MS + STATS_POLL.as_secs_f64() * 1e3);
-        pass &= over == 0 && early_10 == 0 && l.missing == 0 && all_ok;
+        let (p99, max) = (percentile(u, 0.99), percentile(u, 1.0));
+        pass &= p99 <= GOAL_LATE_MS
+            && max <= GOAL_LATE_MAX_MS
+            && early_10 == 0
+            && l.missing == 0
+            && all_ok;
+        let d = &l.during_upper_ms;
         line += &format!(
-            " leases={} lease_late_p50_ms={:.2} p99_ms={:.2} max_ms={:.2} over_10ms={over} over_10ms_certain={over_certain} early_1ms={early} early_10ms={early_10} missing={} all_expired_after_ms={}",
+            " leases={} lease_late_p50_ms={:.2} p99_ms={p99:.2} max_ms={max:.2} (upper bounds) lower_p99_ms={:.2} lower_max_ms={:.2} rtt_p99_ms={:.2} rtt_max_ms={:.2} during_intake={} during_p99_ms={:.2} during_max_ms={:.2} over_10ms={over} over_10ms_certain={over_certain} early_1ms={early} early_10ms={early_10} missing={} all_expired_after_ms={}",
             opts.leases,
             percentile(u, 0.5),
-            percentile(u, 0.99),
-            percentile(u, 1.0),
+            percentile(&l.late_lower_ms, 0.99),
+            percentile(&l.late_lower_ms, 1.0),
+            percentile(&l.rtt_ms, 0.99),
+            percentile(&l.rtt_ms, 1.0),
+            d.len(),
+            percentile(d, 0.99),
+            percentile(d, 1.0),
             l.missing,
             l.all_expired_ms.map_or("never".into(), |v| format!("{v:.1}"))
         );
