@@ -181,7 +181,8 @@ owner-ceiling:
 	$(PYTHON) tools/owner_ceiling.py target/release/examples/owner_ceiling 1
 
 # The cluster simulator (src/cluster/sim.rs) over many seeds in release mode: SIM_SEEDS seeds
-# from SIM_FIRST (cargo test runs 200 from 0). A failing seed is printed; replay it with
+# from SIM_FIRST (cargo test runs 200 from 0), first with the Replayer as the machine, then
+# with the cluster node's own state (`Replicated`, 100 in cargo test). A failing seed is printed; replay it with
 # HOLDFAST_SIM_SEED=N cargo test --lib cluster::sim::tests::one_seed -- --ignored --nocapture.
 SIM_SEEDS ?= 100000
 SIM_FIRST ?= 1000
@@ -189,6 +190,8 @@ SIM_FIRST ?= 1000
 cluster-sim:
 	HOLDFAST_SIM_FIRST=$(SIM_FIRST) HOLDFAST_SIM_SEEDS=$(SIM_SEEDS) $(CARGO) test --release --lib \
 		cluster::sim::tests::replicas_of_holdfast_agree_under_faults_100k_seeds -- --ignored --nocapture
+	HOLDFAST_SIM_FIRST=$(SIM_FIRST) HOLDFAST_SIM_SEEDS=$(SIM_SEEDS) $(CARGO) test --release --lib \
+		cluster::sim::tests::replicas_of_the_cluster_state_agree_under_faults_over_many_seeds -- --nocapture
 
 # The determinism replay (tests/invariants.rs) over many seeds in release mode: each schedule's
 # command entries replayed under another hash seed with snapshot restores midway.

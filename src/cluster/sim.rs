@@ -40,6 +40,12 @@ use crate::rng::Rng;
 pub trait StateMachine {
     /// Apply one committed command; returns its effects (replies, grants) as bytes.
     fn apply(&mut self, command: &[u8]) -> Vec<u8>;
+    /// [`StateMachine::apply`] of client `client`'s request number `seq` (a machine that keeps
+    /// its own exactly-once table, as holdfast's cluster state does, needs them).
+    fn apply_from(&mut self, client: u64, seq: u64, command: &[u8]) -> Vec<u8> {
+        let _ = (client, seq);
+        self.apply(command)
+    }
     /// The whole state as canonical bytes.
     fn snapshot(&self) -> Vec<u8>;
     /// Replace the state by one restored from `snapshot` (hostile input: an error, no panic).
@@ -113,7 +119,7 @@ impl<M: StateMachine> Deduped<M> {
         Applied::Command {
             client,
             seq,
-            effects: self.inner.apply(&proposal[16..]),
+            effects: self.inner.apply_from(client, seq, &proposal[16..]),
         }
     }
 
@@ -1006,6 +1012,18 @@ pub fn run_holdfast(seed: u64, opts: Options) -> Result<Report, String> {
     c.run().map_err(|e| format!("seed {}: {}", seed, e))
 }
 
+/// [`run_holdfast_seed`] with holdfast's cluster state (`Replicated`) as the machine.
+pub fn run_replicated_seed(seed: u64) -> Result<Report, String> {
+    let mut c = Cluster::new(
+        seed,
+        Options::for_seed(seed),
+        Box::new(holdfast::ReplicatedMachine::new),
+        holdfast::LockWorkload::default(),
+    );
+    c.run()
+        .map_err(|e| format!("seed {} (cluster state): {}", seed, e))
+}
+
 /// holdfast's `Replayer` as the replicated state machine, with lockd ACQ/TRY/REL clients.
 pub mod holdfast {
     use std::collections::BTreeMap;
@@ -1020,6 +1038,7 @@ pub mod holdfast {
     use crate::server::msg::ConnId;
     use crate::server::msg::{Arena, Batch, LockdOp, Op, OpMsg};
     use crate::server::sim::Replayer;
+    use crate::server::Replicated;
 
     /// Lock names clients fight over: few, so that they collide.
     const NAMES: u64 = 3;
@@ -1099,8 +1118,57 @@ pub mod holdfast {
         }
     }
 
+    /// Client `client`'s connection: on cluster node `client` (each client stands for a node
+    /// of its own in [`ReplicatedMachine`]'s proposals).
     fn conn(client: u64) -> ConnId {
-        ConnId::new(0, client as u32, 1)
+        ConnId::on_node(client as u16, 0, client as u32, 1)
+    }
+
+    /// holdfast's cluster state itself (`server::owner::cluster::Replicated`, what a `--peers`
+    /// node applies) as the replicated machine: each client's command becomes a proposal of
+    /// node `client` (run 1, number `seq`), applied with its own exactly-once table, new-run
+    /// and clock rules; the effects are every session's, in canonical form.
+    pub struct ReplicatedMachine {
+        state: Replicated,
+        buf: Vec<u8>,
+    }
+
+    impl ReplicatedMachine {
+        pub fn new() -> ReplicatedMachine {
+            let shared = std::sync::Arc::new(crate::server::sim::sim_shared(config()));
+            ReplicatedMachine {
+                state: Replicated::new(shared, 1, 0, 1),
+                buf: Vec::new(),
+            }
+        }
+    }
+
+    impl Default for ReplicatedMachine {
+        fn default() -> Self {
+            ReplicatedMachine::new()
+        }
+    }
+
+    impl StateMachine for ReplicatedMachine {
+        fn apply(&mut self, command: &[u8]) -> Vec<u8> {
+            self.apply_from(0, 0, command)
+        }
+
+        fn apply_from(&mut self, client: u64, seq: u64, command: &[u8]) -> Vec<u8> {
+            self.buf.clear();
+            Replicated::encode_commands(client, 1, seq, command, &mut self.buf);
+            let mut effects = Vec::new();
+            self.state.apply_canonical(&self.buf, &mut effects);
+            effects
+        }
+
+        fn snapshot(&self) -> Vec<u8> {
+            crate::cluster::node::Machine::snapshot(&self.state)
+        }
+
+        fn restore(&mut self, bytes: &[u8]) -> Result<(), String> {
+            crate::cluster::node::Machine::restore(&mut self.state, bytes)
+        }
     }
 
     fn name(i: u64) -> Vec<u8> {

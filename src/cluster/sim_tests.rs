@@ -176,3 +176,29 @@ fn a_driver_that_acks_before_syncing_is_caught() {
     let why = caught.expect("200 seeds of a broken driver passed every check");
     eprintln!("caught: {}", why);
 }
+
+/// The simulator over holdfast's cluster state itself (`Replicated`, what a `--peers` node
+/// applies): replicas agree byte for byte, each request applies once, never two holders.
+#[test]
+fn replicas_of_the_cluster_state_agree_under_faults_over_many_seeds() {
+    let seeds: u64 = std::env::var("HOLDFAST_SIM_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(100);
+    let first: u64 = std::env::var("HOLDFAST_SIM_FIRST")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let start = Instant::now();
+    let mut commands = 0;
+    for seed in first..first + seeds {
+        let r = run_replicated_seed(seed)
+            .unwrap_or_else(|e| panic!("{} (add it as a regression test)", e));
+        commands += r.commands;
+    }
+    eprintln!(
+        "{seeds} seeds of the cluster state in {:?}",
+        start.elapsed()
+    );
+    assert!(commands > seeds * 10, "{commands} commands");
+}

@@ -11,6 +11,7 @@ mod owner;
 pub mod sim;
 mod worker;
 
+pub use owner::cluster::Replicated;
 pub use owner::{command, sessions};
 
 use std::io;

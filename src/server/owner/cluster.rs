@@ -202,6 +202,27 @@ impl Replicated {
         Ok(())
     }
 
+    /// A commands proposal: `node`'s run `incarnation`, number `seq`, carrying the command
+    /// entry `entry` (`command.rs`).
+    pub fn encode_commands(node: u64, incarnation: u64, seq: u64, entry: &[u8], out: &mut Vec<u8>) {
+        out.push(KIND_COMMANDS);
+        for v in [node, incarnation, seq] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        out.extend_from_slice(entry);
+    }
+
+    /// Apply one proposal and write its effects for every session, this node's or not, in
+    /// canonical form (`Effects::encode_canonical`): what a simulator compares across replicas.
+    pub fn apply_canonical(&mut self, data: &[u8], out: &mut Vec<u8>) {
+        if self.apply_proposal(data).is_err() {
+            self.refused += 1;
+        }
+        let t = &self.tables;
+        self.fx.encode_canonical(|s| t.sessions.conn(s), out);
+        self.fx.clear();
+    }
+
     /// End every session of `node`'s connections, in connection order, at the log's time:
     /// connection-bound locks are released, old-protocol locks become orphans, waits end.
     /// `close_connections`: the node still runs (an expiry), and its connections close too.
