@@ -32,12 +32,27 @@ fn free_port() -> u16 {
 
 impl Cluster {
     fn start(n: usize, name: &str, extra: &[&str]) -> Cluster {
+        Cluster::start_prepared(n, name, extra, |_| {})
+    }
+
+    /// Like [`Cluster::start`], with `prepare` run on the data directories (created, empty)
+    /// before any node starts.
+    fn start_prepared(
+        n: usize,
+        name: &str,
+        extra: &[&str],
+        prepare: impl FnOnce(&[PathBuf]),
+    ) -> Cluster {
         let peers: Vec<String> = (1..=n)
             .map(|i| format!("{i}=127.0.0.1:{}", free_port()))
             .collect();
         let base = std::env::temp_dir().join(format!("holdfast-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&base);
-        let dirs = (1..=n).map(|i| base.join(format!("node{i}"))).collect();
+        let dirs: Vec<PathBuf> = (1..=n).map(|i| base.join(format!("node{i}"))).collect();
+        for d in &dirs {
+            std::fs::create_dir_all(d).expect("data directory");
+        }
+        prepare(&dirs);
         let mut c = Cluster {
             peers: peers.join(","),
             dirs,
@@ -98,6 +113,13 @@ impl Drop for Cluster {
     fn drop(&mut self) {
         for d in self.nodes.iter_mut().filter_map(Option::take) {
             d.terminate();
+        }
+        for d in &self.dirs {
+            // A test may have mounted a small file system there; nothing else is mounted.
+            let _ = std::process::Command::new("umount")
+                .arg(d)
+                .stderr(std::process::Stdio::null())
+                .status();
         }
         if let Some(base) = self.dirs.first().and_then(|d| d.parent()) {
             let _ = std::fs::remove_dir_all(base);
@@ -411,4 +433,59 @@ fn five_nodes_keep_serving_with_two_killed_and_stop_granting_with_three() {
     // Two of five: no quorum, nothing granted.
     let mut c = cluster.node(2).lockd();
     assert_eq!(ask(&mut c, ld::op::TRY, b"free\0"), ld::op::ERR);
+}
+
+/// A node whose disk fills up stops (exit status 74, EX_IOERR) rather than acknowledge what it
+/// could not make durable; the other two go on, and every write they acknowledged is there.
+/// Node 1's data directory is a 1 MiB tmpfs (this needs root, as the machine's tests run).
+#[test]
+fn a_node_whose_disk_fills_stops_and_the_others_keep_every_acknowledged_write() {
+    let mut mounted = true;
+    let mut cluster = Cluster::start_prepared(3, "full-disk", &[], |dirs| {
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
+            .arg(&dirs[0])
+            .status()
+            .is_ok_and(|s| s.success());
+        mounted = ok;
+    });
+    assert!(
+        mounted,
+        "cannot mount a tmpfs for node 1's data directory (not root?)"
+    );
+    for id in 1..=3 {
+        wait_for_quorum(cluster.node(id).memcache.expect("memcache"));
+    }
+    // 100 KiB values through node 2 until node 1 has stopped.
+    let value = vec![b'v'; 100 * 1024];
+    let mut stored = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut m = cluster.node(2).memcache();
+    let mut i = 0;
+    while cluster.nodes[0].as_mut().is_some_and(|d| d.is_running()) {
+        assert!(Instant::now() < deadline, "node 1 never stopped");
+        let key = format!("big{i}");
+        m.send(format!("set {key} 0 0 {}\r\n", value.len()).as_bytes());
+        m.send(&value);
+        m.send(b"\r\n");
+        match m.line().as_str() {
+            "STORED\r\n" => stored.push(key),
+            "SERVER_ERROR no quorum\r\n" => m = cluster.node(2).memcache(),
+            other => panic!("{other:?}"),
+        }
+        i += 1;
+    }
+    let status = cluster.nodes[0].take().expect("node 1").terminate();
+    assert_eq!(status.code(), Some(74), "{status:?}");
+    assert!(!stored.is_empty());
+    // The survivors hold every acknowledged write.
+    wait_for_quorum(cluster.node(3).memcache.expect("memcache"));
+    let mut r = cluster.node(3).memcache();
+    for key in &stored {
+        r.send(format!("get {key}\r\n").as_bytes());
+        let head = r.line();
+        assert_eq!(head, format!("VALUE {key} 0 {}\r\n", value.len()));
+        assert_eq!(r.take(value.len() + 2).len(), value.len() + 2);
+        assert_eq!(r.line(), "END\r\n");
+    }
 }

@@ -108,6 +108,11 @@ impl Daemon {
         Client::connect(self.counter.expect("counter listener"))
     }
 
+    /// Whether the daemon has not exited.
+    pub fn is_running(&mut self) -> bool {
+        self.inner.is_running()
+    }
+
     /// Send SIGTERM and wait (at most DEADLINE) for the exit status.
     pub fn terminate(mut self) -> std::process::ExitStatus {
         self.inner

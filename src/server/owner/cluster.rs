@@ -76,6 +76,8 @@ const MAX_QUEUED_BATCHES: usize = 4096;
 /// binary protocol status "temporary failure" (memcached's PROTOCOL_BINARY_RESPONSE_ETMPFAIL).
 const BINARY_TEMPORARY_FAILURE: u16 = 0x0086;
 const NO_QUORUM: &str = "no quorum";
+/// The exit status of a node whose storage failed (sysexits' EX_IOERR).
+const EXIT_STORAGE_FAILED: i32 = 74;
 
 /// The replicated state: what every node has the same of, plus where this node's replies go.
 pub struct Replicated {
@@ -542,8 +544,11 @@ impl ClusterOwner {
             self.node.tick(Instant::now());
             self.propose();
             if let Err(e) = self.ready() {
-                crate::log_error!("cluster node stops: {e}");
-                return;
+                // The log could not be written or synced (a full disk, an I/O error) or a
+                // leader's snapshot did not restore: this node must not acknowledge anything
+                // more. Its clients' connections go with the process; the others go on.
+                crate::log_error!("cluster node {} stops: {e}", self.node.id());
+                std::process::exit(EXIT_STORAGE_FAILED);
             }
             if let Some(f) = &self.inflight {
                 if self.state.mine_applied >= f.seq {
