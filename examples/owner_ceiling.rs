@@ -138,25 +138,33 @@ fn verify(w: &str, r: &mut Replayer, batch: &Batch, now: u64) {
     let mut rd = Reader::new(&effects);
     let mut replies = 0;
     while rd.remaining() > 0 {
-        let _conn = ConnId::decode(&mut rd).expect("conn");
+        // The canonical effect (`Effects::encode_canonical`): session, where it was routed,
+        // done, close, then the typed body.
+        let _session = holdfast::core::Session::decode(&mut rd).expect("session");
+        if rd.bool().expect("routed") {
+            let _conn = ConnId::decode(&mut rd).expect("conn");
+        }
         let (_done, _close) = (rd.u64().expect("done"), rd.bool().expect("close"));
-        let bytes = rd.bytes(usize::MAX).expect("bytes");
+        let body = rd.bytes(usize::MAX).expect("body");
+        let mut b = Reader::new(body);
+        let tag = b.u8().expect("tag");
+        use holdfast::server::effect::tag as t;
         let ok = match w {
-            "mc-text" => bytes == b"OK\r\n",
-            "mc-binary" => bytes.len() == 24 && bytes[0] == 0x81 && bytes[6..8] == [0, 0],
+            "mc-text" => tag == t::MC_WORDS && b.bytes(usize::MAX) == Ok(&b"OK\r\n"[..]),
+            "mc-binary" => tag == t::MC_BIN && b.u8().is_ok() && b.u64() == Ok(0),
             "lockd" => {
-                let op = (u32::from_be_bytes(bytes[..4].try_into().expect("header")) >> 20) as u8;
-                op == holdfast::proto::lockd::op::ACQUIRED
-                    || op == holdfast::proto::lockd::op::RELEASED
+                let op = b.u8().unwrap_or(0);
+                tag == t::LOCKD_FRAME
+                    && (op == holdfast::proto::lockd::op::ACQUIRED
+                        || op == holdfast::proto::lockd::op::RELEASED)
             }
-            _ => holdfast::proto::dlock::decode_response(&bytes[4..])
-                .is_ok_and(|resp| resp.status.unwrap_or(0) == holdfast::proto::dlock::status::OK),
+            _ => {
+                tag == t::DLOCK
+                    && b.opt_u64().is_ok()
+                    && b.u64() == Ok(u64::from(holdfast::proto::dlock::status::OK))
+            }
         };
-        assert!(
-            ok,
-            "{w}: a reply is not a success: {:?}",
-            String::from_utf8_lossy(bytes)
-        );
+        assert!(ok, "{w}: a reply is not a success: {body:?}");
         replies += 1;
     }
     assert_eq!(replies, batch.ops.len(), "{w}: one reply per operation");
