@@ -94,7 +94,20 @@ impl<'a> Cursor<'a> {
     }
 
     /// LEB128 varint, at most 10 bytes, at most 64 bits (the 10th byte may only be 0 or 1).
+    #[inline]
     fn varint(&mut self) -> Result<u64, &'static str> {
+        // Tags, ids, types and short lengths are one byte: no loop for them.
+        if let Some((&byte, rest)) = self.rest.split_first() {
+            if byte < 0x80 {
+                self.rest = rest;
+                return Ok(u64::from(byte));
+            }
+        }
+        self.varint_long()
+    }
+
+    #[inline(never)]
+    fn varint_long(&mut self) -> Result<u64, &'static str> {
         let mut value: u64 = 0;
         for i in 0..MAX_VARINT_LEN {
             let Some((&byte, rest)) = self.rest.split_first() else {
