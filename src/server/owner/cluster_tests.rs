@@ -1,5 +1,3 @@
-use std::sync::atomic::{AtomicBool, AtomicU64};
-
 use super::*;
 use crate::config::{self, Command};
 use crate::core::lockd::LockState;
@@ -7,21 +5,13 @@ use crate::server::msg::LockdOp;
 
 const T0: u64 = 1_700_000_000_000;
 
+/// The replicas' process-wide values: the simulator's (the state's clock comes from the entries).
 fn shared() -> Arc<Shared> {
     let config = match config::parse(["--orphan-timeout", "100"]) {
         Ok(Command::Run(c)) => c,
         other => panic!("{other:?}"),
     };
-    Arc::new(Shared {
-        config,
-        shutdown: AtomicBool::new(false),
-        curr_connections: AtomicU64::new(0),
-        total_connections: AtomicU64::new(0),
-        rejected_connections: AtomicU64::new(0),
-        started: Instant::now(),
-        started_unix_ms: T0,
-        pid: 1,
-    })
+    Arc::new(crate::server::sim::sim_shared(config))
 }
 
 fn replica(me: u64) -> Replicated {
