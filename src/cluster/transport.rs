@@ -18,16 +18,20 @@
 //! the connection (counted in [`TransportStats::refused`]). A frame's buffer grows only as its
 //! bytes arrive, so a lying length allocates nothing.
 //!
+//! Membership changes while it runs ([`Transport::set_peers`]): a new member gets a writer, a
+//! departed one's writer stops, and frames from an id that is no longer a member are refused
+//! from the next frame on, on connections already open too.
+//!
 //! Outbound connections reconnect with exponential backoff ([`BACKOFF_MIN`] doubling to
 //! [`BACKOFF_MAX`]); the driver hears [`PeerEvent::Unreachable`] once per failed attempt (for
 //! `report_unreachable`) and [`PeerEvent::SnapshotFailed`] for a snapshot message that was
 //! not written (for `report_snapshot(.., Failure)`), or raft waits for it forever.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
@@ -162,7 +166,11 @@ impl TransportConfig {
 pub struct Transport {
     id: u64,
     local: SocketAddr,
-    outbound: BTreeMap<u64, Sender<Message>>,
+    /// Per peer: where its writer connects, and its queue.
+    outbound: BTreeMap<u64, (SocketAddr, Sender<Message>)>,
+    /// The ids whose frames are accepted (this node's own included), shared with the readers.
+    members: Members,
+    queue_len: usize,
     inbound: Receiver<Message>,
     events: Receiver<PeerEvent>,
     event_tx: Sender<PeerEvent>,
@@ -183,10 +191,11 @@ impl Transport {
         // Events are few (one per failed attempt per backoff step); bounded all the same.
         let (ev_tx, ev_rx) = bounded(1024);
         let mut threads = Vec::new();
-        let members: Arc<Vec<u64>> = Arc::new(cfg.peers.keys().copied().collect());
+        let members: Members = Arc::new(RwLock::new(MemberSet::default()));
         {
             let (shutdown, stats) = (shutdown.clone(), stats.clone());
             let (id, max_frame) = (cfg.id, cfg.max_frame);
+            let members = members.clone();
             threads.push(
                 thread::Builder::new()
                     .name(format!("raft-accept-{}", id))
@@ -195,39 +204,69 @@ impl Transport {
                     })?,
             );
         }
-        let mut outbound = BTreeMap::new();
-        for (&peer, &addr) in &cfg.peers {
-            if peer == cfg.id {
-                continue;
-            }
-            let (tx, rx) = bounded(cfg.queue_len);
-            outbound.insert(peer, tx);
-            let w = Writer {
-                id: cfg.id,
-                peer,
-                addr,
-                rx,
-                events: ev_tx.clone(),
-                stats: stats.clone(),
-                shutdown: shutdown.clone(),
-            };
-            threads.push(
-                thread::Builder::new()
-                    .name(format!("raft-send-{}-{}", cfg.id, peer))
-                    .spawn(move || w.run())?,
-            );
-        }
-        Ok(Transport {
+        let mut t = Transport {
             id: cfg.id,
             local,
-            outbound,
+            outbound: BTreeMap::new(),
+            members,
+            queue_len: cfg.queue_len,
             inbound: in_rx,
             events: ev_rx,
             event_tx: ev_tx,
             stats,
             shutdown,
             threads,
-        })
+        };
+        t.set_peers(&cfg.peers)?;
+        Ok(t)
+    }
+
+    /// Makes `peers` (every member and where it listens; this node may be among them) the
+    /// members: a writer starts for each new peer (or one whose address changed), the writers
+    /// of departed peers stop (what they had queued is dropped), and frames from departed ids
+    /// are refused from now on.
+    pub fn set_peers(&mut self, peers: &BTreeMap<u64, SocketAddr>) -> io::Result<()> {
+        self.threads.retain(|h| !h.is_finished());
+        self.outbound
+            .retain(|id, (addr, _)| peers.get(id) == Some(addr));
+        for (&peer, &addr) in peers {
+            if peer == self.id || self.outbound.contains_key(&peer) {
+                continue;
+            }
+            let (tx, rx) = bounded(self.queue_len);
+            let w = Writer {
+                id: self.id,
+                peer,
+                addr,
+                rx,
+                events: self.event_tx.clone(),
+                stats: self.stats.clone(),
+                shutdown: self.shutdown.clone(),
+            };
+            self.threads.push(
+                thread::Builder::new()
+                    .name(format!("raft-send-{}-{}", self.id, peer))
+                    .spawn(move || w.run())?,
+            );
+            self.outbound.insert(peer, (addr, tx));
+        }
+        let mut set = self.members.write().unwrap_or_else(|e| e.into_inner());
+        set.known = peers.keys().copied().collect();
+        Ok(())
+    }
+
+    /// Ids removed from the cluster: refused from now on, whatever they send.
+    pub fn set_removed(&mut self, removed: &BTreeSet<u64>) {
+        let mut set = self.members.write().unwrap_or_else(|e| e.into_inner());
+        set.removed = removed.iter().copied().collect();
+    }
+
+    /// The peers this transport sends to.
+    pub fn peers(&self) -> BTreeMap<u64, SocketAddr> {
+        self.outbound
+            .iter()
+            .map(|(&id, (addr, _))| (id, *addr))
+            .collect()
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -244,7 +283,7 @@ impl Transport {
         let to = m.to;
         let is_snap = m.get_msg_type() == MessageType::MsgSnapshot;
         let ok = match self.outbound.get(&to) {
-            Some(q) => match q.try_send(m) {
+            Some((_, q)) => match q.try_send(m) {
                 Ok(()) => true,
                 Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => false,
             },
@@ -380,7 +419,7 @@ impl Writer {
 fn accept_loop(
     listener: TcpListener,
     id: u64,
-    members: Arc<Vec<u64>>,
+    members: Members,
     max_frame: usize,
     inbound: Sender<Message>,
     stats: Arc<TransportStats>,
@@ -420,9 +459,42 @@ fn accept_loop(
     }
 }
 
+/// Who may send to us; written on a membership change, read once per frame.
+type Members = Arc<RwLock<MemberSet>>;
+
+/// The members this node knows (its configuration's), and the ids removed from the cluster.
+/// A frame from a removed id is refused. A frame from an id this node does not know is
+/// accepted only if it carries a leader's traffic (appends, heartbeats, a snapshot): a node
+/// that was down while a member joined knows of it only from the log, which it must be able
+/// to get from that member if it leads. Anything else from a stranger is refused.
+#[derive(Default)]
+struct MemberSet {
+    known: Vec<u64>,
+    removed: Vec<u64>,
+}
+
+impl MemberSet {
+    /// Whether a frame from `id` may be read at all.
+    fn admits(&self, me: u64, id: u64) -> bool {
+        id != me && id != 0 && !self.removed.contains(&id)
+    }
+
+    fn knows(&self, id: u64) -> bool {
+        self.known.contains(&id)
+    }
+}
+
+/// Traffic that only a leader sends.
+fn is_leader_traffic(m: &Message) -> bool {
+    matches!(
+        m.get_msg_type(),
+        MessageType::MsgAppend | MessageType::MsgHeartbeat | MessageType::MsgSnapshot
+    )
+}
+
 struct Reader {
     id: u64,
-    members: Arc<Vec<u64>>,
+    members: Members,
     max_frame: usize,
     inbound: Sender<Message>,
     stats: Arc<TransportStats>,
@@ -493,9 +565,13 @@ impl Reader {
             return Ok(Got::Closed);
         }
         let head = decode_header(&h, self.max_frame)?;
-        if head.sender == self.id || !self.members.contains(&head.sender) {
-            return Err(FrameError::NotMember(head.sender));
-        }
+        let known = {
+            let set = self.members.read().unwrap_or_else(|e| e.into_inner());
+            if !set.admits(self.id, head.sender) {
+                return Err(FrameError::NotMember(head.sender));
+            }
+            set.knows(head.sender)
+        };
         match *sender {
             Some(was) if was != head.sender => {
                 return Err(FrameError::SenderChanged {
@@ -523,6 +599,9 @@ impl Reader {
                 "message from {} to {} in a frame from {}",
                 m.from, m.to, head.sender
             )));
+        }
+        if !known && !is_leader_traffic(&m) {
+            return Err(FrameError::NotMember(head.sender));
         }
         self.stats.received.fetch_add(1, Ordering::Relaxed);
         if self.inbound.try_send(m).is_err() {

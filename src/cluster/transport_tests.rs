@@ -133,7 +133,8 @@ fn garbage_and_impostors_are_refused() {
     let (la, lb) = (listener(), listener());
     let (aa, ab) = (la.local_addr().unwrap(), lb.local_addr().unwrap());
     let peers: BTreeMap<u64, SocketAddr> = [(1, aa), (2, ab)].into_iter().collect();
-    let a = Transport::start(TransportConfig::new(1, peers.clone()), la).unwrap();
+    let mut a = Transport::start(TransportConfig::new(1, peers.clone()), la).unwrap();
+    a.set_removed(&[5].into_iter().collect());
 
     let good = |from: u64, to: u64| {
         let mut v = Vec::new();
@@ -148,10 +149,16 @@ fn garbage_and_impostors_are_refused() {
     not_protobuf.extend_from_slice(&[0xff, 0xff, 0xff, 0xff]);
     let mut changed_sender = good(2, 1);
     changed_sender.extend_from_slice(&good(3, 1));
+    // A stranger may send only a leader's traffic (see `MemberSet`): its vote request is refused.
+    let mut stranger_vote = Vec::new();
+    let mut vote = msg(7, 1, 1);
+    vote.set_msg_type(MessageType::MsgRequestPreVote);
+    encode_frame(7, &vote, &mut stranger_vote).unwrap();
     let cases: Vec<(&str, Vec<u8>)> = vec![
         ("http", b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec()),
         ("wrong version", wrong_version),
-        ("not a member", good(7, 1)),
+        ("not a member", stranger_vote),
+        ("a removed member", good(5, 1)),
         ("ourselves", good(1, 1)),
         ("for someone else", good(2, 3)),
         ("from field lies", lying_from),
@@ -235,4 +242,61 @@ fn idle_strangers_cannot_hold_the_inbound_slots() {
     });
     assert_eq!(got.from, 2);
     drop(idle);
+}
+
+/// Membership changes while running: a new peer gets a writer and its frames in, a departed one
+/// stops getting messages, a removed one is refused, and a stranger gets in only with a
+/// leader's traffic (a lagging node must hear from a leader that joined after its log).
+#[test]
+fn membership_changes_add_and_refuse_peers() {
+    let (la, lb, lc) = (listener(), listener(), listener());
+    let (aa, ab, ac) = (
+        la.local_addr().unwrap(),
+        lb.local_addr().unwrap(),
+        lc.local_addr().unwrap(),
+    );
+    let two: BTreeMap<u64, SocketAddr> = [(1, aa), (2, ab)].into_iter().collect();
+    let mut a = Transport::start(TransportConfig::new(1, two.clone()), la).unwrap();
+    let three: BTreeMap<u64, SocketAddr> = [(1, aa), (2, ab), (3, ac)].into_iter().collect();
+    let c = Transport::start(TransportConfig::new(3, three.clone()), lc).unwrap();
+    assert!(!a.send(msg(1, 3, 1)), "3 is not a peer of a yet");
+
+    // c is a stranger to a: its vote request is refused, its heartbeat (leader traffic) is not.
+    let mut vote = msg(3, 1, 2);
+    vote.set_msg_type(MessageType::MsgRequestVote);
+    c.send(vote);
+    wait_for("a stranger's vote refused", || {
+        (a.stats().refused.load(Ordering::Relaxed) >= 1).then_some(())
+    });
+    let got = wait_for("a stranger's heartbeat", || {
+        c.send(msg(3, 1, 3));
+        a.recv_timeout(Duration::from_millis(50))
+    });
+    assert_eq!((got.from, got.term), (3, 3));
+
+    // 3 joins: a sends to it and knows it.
+    a.set_peers(&three).unwrap();
+    assert_eq!(a.peers().keys().copied().collect::<Vec<_>>(), vec![2, 3]);
+    let got = wait_for("c hears from a", || {
+        a.send(msg(1, 3, 4));
+        c.recv_timeout(Duration::from_millis(50))
+    });
+    assert_eq!((got.from, got.term), (1, 4));
+
+    // 3 is removed: a stops sending to it and refuses what it sends, even a heartbeat on the
+    // connection already open.
+    a.set_peers(&two).unwrap();
+    a.set_removed(&[3].into_iter().collect());
+    assert!(!a.send(msg(1, 3, 5)), "a departed peer gets nothing");
+    while a.try_recv().is_some() {}
+    let refused = a.stats().refused.load(Ordering::Relaxed);
+    wait_for("a removed member refused", || {
+        c.send(msg(3, 1, 6));
+        thread::sleep(Duration::from_millis(20));
+        (a.stats().refused.load(Ordering::Relaxed) > refused).then_some(())
+    });
+    assert!(
+        std::iter::from_fn(|| a.try_recv()).all(|m| m.from != 3 || m.term < 6),
+        "nothing of the removed member got through"
+    );
 }
