@@ -52,7 +52,8 @@ pub struct ClusterConfig {
     pub data_dir: PathBuf,
     pub election_timeout_ms: u64,
     pub session_timeout_ms: u64,
-    /// Start as a node that `cluster add` will add (not yet supported: refused at start).
+    /// Start outside the cluster, as a node that `cluster add` will add (an empty data directory
+    /// then waits for the leader's snapshot instead of founding a cluster).
     pub join: bool,
     pub on_quorum_loss: Option<String>,
 }

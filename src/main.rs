@@ -111,11 +111,12 @@ fn stop_signals() -> libc::sigset_t {
     }
 }
 
-/// `holdfast cluster status [--admin ADDR]`: a node's view of its cluster, from its admin port.
+/// `holdfast cluster status|add ID=HOST:PORT|remove ID [--admin ADDR]`: a node's view of its
+/// cluster, or a membership change, through that node's admin port.
 fn cluster_command(args: Vec<String>) -> ExitCode {
-    let usage = "usage: holdfast cluster status [--admin HOST:PORT]";
+    let usage = "usage: holdfast cluster status|add ID=HOST:PORT|remove ID [--admin HOST:PORT]";
     let mut admin = "127.0.0.1:2629".to_string();
-    let mut verb = None;
+    let mut words = Vec::new();
     let mut it = args.into_iter();
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -126,15 +127,12 @@ fn cluster_command(args: Vec<String>) -> ExitCode {
                     return ExitCode::from(2);
                 }
             },
-            v if verb.is_none() => verb = Some(v.to_string()),
-            _ => {
-                eprintln!("{usage}");
-                return ExitCode::from(2);
-            }
+            _ => words.push(a),
         }
     }
-    match verb.as_deref() {
-        Some("status") => match http_get(&admin, "/cluster") {
+    let words: Vec<&str> = words.iter().map(String::as_str).collect();
+    match words.as_slice() {
+        ["status"] => match http(&admin, "GET", "/cluster") {
             Ok((200, body)) => {
                 print!("{body}");
                 ExitCode::SUCCESS
@@ -151,10 +149,35 @@ fn cluster_command(args: Vec<String>) -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Some("add") | Some("remove") => {
-            eprintln!("holdfast cluster: membership changes are not supported yet");
-            ExitCode::from(2)
-        }
+        ["add", member] => match config::parse_peers(member) {
+            Ok(p) if p.len() == 1 => {
+                let (id, addr) = p.into_iter().next().expect("one");
+                member_change(
+                    &admin,
+                    &format!("/cluster/add?id={id}&addr={addr}"),
+                    id,
+                    true,
+                )
+            }
+            Ok(_) => {
+                eprintln!("holdfast cluster add: one ID=HOST:PORT");
+                ExitCode::from(2)
+            }
+            Err(e) => {
+                eprintln!("holdfast cluster add: {e}");
+                ExitCode::from(2)
+            }
+        },
+        ["remove", id] => match id.parse::<u16>() {
+            Ok(id) if id > 0 => {
+                let id = u64::from(id);
+                member_change(&admin, &format!("/cluster/remove?id={id}"), id, false)
+            }
+            _ => {
+                eprintln!("holdfast cluster remove: ID is a node id, 1 to 65535");
+                ExitCode::from(2)
+            }
+        },
         _ => {
             eprintln!("{usage}");
             ExitCode::from(2)
@@ -162,8 +185,60 @@ fn cluster_command(args: Vec<String>) -> ExitCode {
     }
 }
 
-/// A GET of `path` on the admin port (HTTP/1.1, Connection: close), with deadlines.
-fn http_get(addr: &str, path: &str) -> Result<(u16, String), String> {
+/// How long `cluster add|remove` waits for the change to be applied (both steps of joint
+/// consensus) before it says so.
+const MEMBER_CHANGE_WAIT: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// Propose a membership change, then watch `/cluster` until node `id` is (`added`) or is not a
+/// voter and the joint configuration has been left.
+fn member_change(admin: &str, path: &str, id: u64, added: bool) -> ExitCode {
+    let what = if added { "add" } else { "remove" };
+    match http(admin, "POST", path) {
+        Ok((202, body)) => eprint!("holdfast cluster {what}: {body}"),
+        Ok((code, body)) => {
+            eprintln!(
+                "holdfast cluster {what}: {admin} answered {code}: {}",
+                body.trim()
+            );
+            return ExitCode::FAILURE;
+        }
+        Err(e) => {
+            eprintln!("holdfast cluster {what}: {admin}: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    let deadline = std::time::Instant::now() + MEMBER_CHANGE_WAIT;
+    loop {
+        if let Ok((200, body)) = http(admin, "GET", "/cluster") {
+            if let Ok(v) = serde_json::from_str::<serde_json::Value>(&body) {
+                let ids = |k: &str| -> Vec<u64> {
+                    v[k].as_array()
+                        .map(|a| a.iter().filter_map(|x| x.as_u64()).collect())
+                        .unwrap_or_default()
+                };
+                let done =
+                    ids("voters").contains(&id) == added && ids("voters_outgoing").is_empty();
+                if done {
+                    print!("{body}");
+                    return ExitCode::SUCCESS;
+                }
+            }
+        }
+        if std::time::Instant::now() >= deadline {
+            eprintln!(
+                "holdfast cluster {what}: not applied within {} s (a quorum lost, or another \
+                 change under way?): see holdfast cluster status",
+                MEMBER_CHANGE_WAIT.as_secs()
+            );
+            return ExitCode::FAILURE;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+/// A GET or POST (no body) of `path` on the admin port (HTTP/1.1, Connection: close), with
+/// deadlines.
+fn http(addr: &str, method: &str, path: &str) -> Result<(u16, String), String> {
     use std::io::Read;
     use std::net::ToSocketAddrs;
     let deadline = std::time::Duration::from_secs(5);
@@ -177,7 +252,7 @@ fn http_get(addr: &str, path: &str) -> Result<(u16, String), String> {
         .map_err(|e| e.to_string())?;
     write!(
         s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
     )
     .map_err(|e| e.to_string())?;
     let mut raw = Vec::new();

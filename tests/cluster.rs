@@ -489,3 +489,137 @@ fn a_node_whose_disk_fills_stops_and_the_others_keep_every_acknowledged_write() 
         assert_eq!(r.line(), "END\r\n");
     }
 }
+
+/// `holdfast cluster add|remove ...` through `d`'s admin port: its exit status and output.
+fn cluster_cli(d: &Daemon, args: &[&str]) -> std::process::Output {
+    let admin = d.admin.expect("admin").to_string();
+    std::process::Command::new(env!("CARGO_BIN_EXE_holdfast"))
+        .arg("cluster")
+        .args(args)
+        .args(["--admin", &admin])
+        .output()
+        .expect("run holdfast cluster")
+}
+
+fn ids(v: &serde_json::Value, key: &str) -> Vec<u64> {
+    v[key]
+        .as_array()
+        .map(|a| a.iter().filter_map(|x| x.as_u64()).collect())
+        .unwrap_or_default()
+}
+
+/// The contract's "replace a dead node": a node whose data directory is lost is removed, and a
+/// new node (a new id, `--join`, an empty directory) is added while the cluster serves; it
+/// catches up from a snapshot and serves the same locks. The removed node, started again,
+/// is refused by the others and never grants; a live node removed stops by itself.
+#[test]
+fn a_wiped_node_is_removed_and_a_new_node_joins_from_a_snapshot() {
+    let mut cluster = Cluster::start_ready(3, "membership", &[]);
+    let lead = leader(&cluster);
+    let victim = if lead == 3 { 2 } else { 3 };
+    let survivor = 6 - lead - victim;
+    // State the new node must get: a held old-protocol lock and an item.
+    let mut holder = cluster.node(lead).lockd();
+    assert_eq!(ask(&mut holder, ld::op::ACQ, b"kept\0"), ld::op::ACQUIRED);
+    let mut m = cluster.node(survivor).memcache();
+    m.expect(b"set item 0 0 5\r\nhello\r\n", b"STORED\r\n");
+
+    // The victim dies and its data directory is lost.
+    kill9(cluster.node(victim));
+    cluster.nodes[victim - 1] = None;
+    let dir = cluster.dirs[victim - 1].clone();
+    std::fs::remove_dir_all(&dir).expect("wipe");
+    std::fs::create_dir_all(&dir).expect("recreate");
+
+    // Bad requests are refused with a reason; the process says what it proposes.
+    let out = cluster_cli(cluster.node(lead), &["remove", "9"]);
+    assert!(!out.status.success(), "removing a stranger: {out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not a member"),
+        "{out:?}"
+    );
+    let out = cluster_cli(cluster.node(lead), &["remove", &victim.to_string()]);
+    assert!(out.status.success(), "remove: {out:?}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let mut want: Vec<u64> = vec![lead as u64, survivor as u64];
+    want.sort();
+    assert_eq!(ids(&v, "voters"), want);
+    assert!(ids(&v, "voters_outgoing").is_empty());
+
+    // A new node, id 4, started with --join and an empty directory, then added.
+    let port = free_port();
+    let dir4 = dir.parent().expect("base").join("node4");
+    std::fs::create_dir_all(&dir4).expect("dir4");
+    let peers4 = format!("{},4=127.0.0.1:{port}", cluster.peers);
+    let dir4s = dir4.to_string_lossy().into_owned();
+    let joiner = Daemon::start(&[
+        "--peers",
+        &peers4,
+        "--node-id",
+        "4",
+        "--data-dir",
+        &dir4s,
+        "--election-timeout",
+        ELECTION_MS,
+        "--join",
+    ]);
+    let out = cluster_cli(
+        cluster.node(survivor),
+        &["add", &format!("4=127.0.0.1:{port}")],
+    );
+    assert!(out.status.success(), "add: {out:?}");
+    let out = cluster_cli(cluster.node(lead), &["add", &format!("4=127.0.0.1:{port}")]);
+    assert!(!out.status.success(), "adding a member twice: {out:?}");
+    let out = cluster_cli(
+        cluster.node(lead),
+        &["add", &format!("{victim}=127.0.0.1:{}", free_port())],
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("new id"),
+        "a removed id comes back only as a new one: {out:?}"
+    );
+    wait_for_quorum(joiner.memcache.expect("memcache"));
+    // It caught up: the lock is held, the item is there, and it names the same members.
+    let mut j = joiner.lockd();
+    assert_eq!(ask(&mut j, ld::op::TRY, b"kept\0"), ld::op::WBLOCK);
+    let mut jm = joiner.memcache();
+    jm.expect(b"get item\r\n", b"VALUE item 0 5\r\nhello\r\nEND\r\n");
+    let v = status(&joiner);
+    want.push(4);
+    want.sort();
+    assert_eq!(ids(&v, "voters"), want);
+    assert_eq!(v["peers"].as_array().map(Vec::len), Some(3), "{v}");
+    // The lock's holder releases through its node; the new node grants it next.
+    assert_eq!(ask(&mut holder, ld::op::REL, b"kept\0"), ld::op::RELEASED);
+    assert_eq!(ask(&mut j, ld::op::TRY, b"kept\0"), ld::op::ACQUIRED);
+
+    // The removed node started again (its old id, its wiped directory): the others refuse it,
+    // so it never has a leader and never grants.
+    let removed = cluster.spawn(victim);
+    std::thread::sleep(Duration::from_millis(6 * 300));
+    assert_eq!(
+        status(&removed)["leader"],
+        0,
+        "a removed node found a leader"
+    );
+    let mut r = removed.memcache();
+    r.send(b"set x 0 0 1\r\nx\r\n");
+    assert_eq!(r.line(), "SERVER_ERROR no quorum\r\n");
+    removed.terminate();
+
+    // A live member removed stops by itself (exit status 0), and the rest go on.
+    let mut gone = cluster.nodes[survivor - 1].take().expect("survivor");
+    let out = cluster_cli(cluster.node(lead), &["remove", &survivor.to_string()]);
+    assert!(out.status.success(), "remove a live node: {out:?}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while gone.is_running() {
+        assert!(Instant::now() < deadline, "a removed node kept running");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    wait_for_quorum(joiner.memcache.expect("memcache"));
+    let v = status(&joiner);
+    let mut want = vec![lead as u64, 4];
+    want.sort();
+    assert_eq!(ids(&v, "voters"), want);
+    joiner.terminate();
+}

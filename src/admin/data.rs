@@ -69,6 +69,15 @@ pub enum Query {
     Ping,
     /// This node's view of its cluster (`/cluster`).
     Cluster,
+    /// `POST /cluster/add` or `/cluster/remove`: propose a membership change.
+    ClusterChange(MemberChange),
+}
+
+/// A membership change an operator asks for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MemberChange {
+    Add(u64, std::net::SocketAddr),
+    Remove(u64),
 }
 
 /// One cluster node's view, for `/cluster` and `holdfast cluster status`.
@@ -88,6 +97,9 @@ pub struct ClusterStatus {
     pub fenced: bool,
     /// Every member: id, peer address, milliseconds since this node last heard from it.
     pub peers: Vec<(u64, String, Option<u64>)>,
+    /// The voters; while a change is under way, also the old configuration's (joint consensus).
+    pub voters: Vec<u64>,
+    pub voters_outgoing: Vec<u64>,
 }
 
 #[derive(Debug)]
@@ -98,6 +110,8 @@ pub enum Answer {
     Pong,
     /// `None` on a single node.
     Cluster(Option<ClusterStatus>),
+    /// A membership change proposed, or why not (an HTTP status and a reason).
+    ClusterChange(Result<String, (u16, String)>),
 }
 
 /// Latency buckets (upper bounds, seconds) of the lock-request histograms: from a fast

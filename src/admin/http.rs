@@ -43,10 +43,12 @@ impl Response {
 fn reason(status: u16) -> &'static str {
     match status {
         200 => "OK",
+        202 => "Accepted",
         400 => "Bad Request",
         404 => "Not Found",
         405 => "Method Not Allowed",
         408 => "Request Timeout",
+        409 => "Conflict",
         413 => "Content Too Large",
         431 => "Request Header Fields Too Large",
         503 => "Service Unavailable",
@@ -133,8 +135,14 @@ pub fn serve(stream: TcpStream, peer: SocketAddr, ctx: &Ctx) {
 }
 
 fn route(req: &httparse::Request<'_, '_>, ctx: &Ctx) -> Response {
+    let target = req.path.unwrap_or("/");
+    let (path, query) = target.split_once('?').unwrap_or((target, ""));
+    // Membership changes are the only requests that change anything: POST, and only they.
+    let changes = matches!(path, "/cluster/add" | "/cluster/remove");
     match req.method {
-        Some("GET") | Some("HEAD") => {}
+        Some("POST") if changes => {}
+        Some("GET") | Some("HEAD") if !changes => {}
+        _ if changes => return Response::text(405, "membership changes are POSTs"),
         _ => return Response::text(405, "only GET and HEAD"),
     }
     for h in req.headers.iter() {
@@ -144,8 +152,6 @@ fn route(req: &httparse::Request<'_, '_>, ctx: &Ctx) -> Response {
             return Response::text(413, "a GET takes no request body");
         }
     }
-    let target = req.path.unwrap_or("/");
-    let (path, query) = target.split_once('?').unwrap_or((target, ""));
     let params = match parse_query(query) {
         Ok(p) => p,
         Err(e) => return Response::text(400, e),
@@ -181,11 +187,50 @@ fn route(req: &httparse::Request<'_, '_>, ctx: &Ctx) -> Response {
             Some(Answer::Cluster(None)) => Response::text(404, "not a cluster node (no --peers)"),
             _ => owner_busy(),
         },
+        "/cluster/add" | "/cluster/remove" => match member_change(path, &params) {
+            Err(e) => Response::text(400, e),
+            Ok(change) => match ctx.ask(Query::ClusterChange(change)) {
+                Some(Answer::ClusterChange(Ok(text))) => Response::text(202, text),
+                Some(Answer::ClusterChange(Err((code, why)))) => Response::text(code, why),
+                _ => owner_busy(),
+            },
+        },
         _ => Response::text(
             404,
             "not found: try /, /metrics, /locks?table=T, /healthz, /cluster",
         ),
     }
+}
+
+/// `/cluster/add?id=N&addr=HOST:PORT` or `/cluster/remove?id=N`.
+fn member_change(
+    path: &str,
+    params: &[(String, Vec<u8>)],
+) -> Result<crate::admin::data::MemberChange, String> {
+    use crate::admin::data::MemberChange;
+    let get = |name: &str| {
+        params
+            .iter()
+            .find(|(k, _)| k == name)
+            .and_then(|(_, v)| std::str::from_utf8(v).ok())
+    };
+    if let Some((k, _)) = params.iter().find(|(k, _)| k != "id" && k != "addr") {
+        return Err(format!("unknown parameter {k:?}"));
+    }
+    let id: u64 = get("id")
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| (1..=u64::from(u16::MAX)).contains(&n))
+        .ok_or("id: a node id, 1 to 65535")?;
+    if path == "/cluster/remove" {
+        if get("addr").is_some() {
+            return Err("remove takes only an id".into());
+        }
+        return Ok(MemberChange::Remove(id));
+    }
+    let addr = get("addr")
+        .and_then(|v| v.parse().ok())
+        .ok_or("addr: the new node's peer address, HOST:PORT (an IP address)")?;
+    Ok(MemberChange::Add(id, addr))
 }
 
 fn owner_busy() -> Response {
@@ -303,6 +348,32 @@ mod tests {
         }
         for bad in ["a=%", "a=%4", "a=%zz", "a=1&a=2", "%ff=1"] {
             assert!(parse_query(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn membership_change_parameters_are_checked() {
+        use crate::admin::data::MemberChange;
+        let q = |path: &str, s: &str| member_change(path, &parse_query(s).unwrap());
+        let add = "/cluster/add";
+        let remove = "/cluster/remove";
+        assert_eq!(
+            q(add, "id=4&addr=127.0.0.1:2628").unwrap(),
+            MemberChange::Add(4, "127.0.0.1:2628".parse().unwrap())
+        );
+        assert_eq!(q(remove, "id=65535").unwrap(), MemberChange::Remove(65535));
+        for (path, bad) in [
+            (add, "id=4"),
+            (add, "addr=127.0.0.1:1"),
+            (add, "id=0&addr=127.0.0.1:1"),
+            (add, "id=65536&addr=127.0.0.1:1"),
+            (add, "id=4&addr=example.com:1"),
+            (add, "id=4&addr=127.0.0.1:1&extra=1"),
+            (remove, "id=-1"),
+            (remove, "id=3&addr=127.0.0.1:1"),
+            (remove, ""),
+        ] {
+            assert!(q(path, bad).is_err(), "{path}?{bad}");
         }
     }
 

@@ -412,6 +412,8 @@ pub fn cluster(c: &super::data::ClusterStatus) -> Vec<u8> {
         "applied": c.applied,
         "log_time_ms": c.log_time_ms,
         "fenced": c.fenced,
+        "voters": c.voters,
+        "voters_outgoing": c.voters_outgoing,
         "peers": peers,
     });
     let mut out = serde_json::to_vec_pretty(&v).unwrap_or_default();

@@ -11,13 +11,17 @@
 //! says no. raft-rs drops proposals silently on a leader change, so the caller must remember
 //! what it proposed and propose it again, and the machine must apply each proposal once.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
-use raft::prelude::{ConfState, Entry, EntryType, Message, MessageType};
+use protobuf::Message as PbMessage;
+use raft::prelude::{
+    ConfChange, ConfChangeSingle, ConfChangeV2, ConfState, Entry, EntryType, Message, MessageType,
+    Snapshot,
+};
 use raft::{Config, RawNode, SnapshotStatus, StateRole, Storage};
 
 use super::storage::DiskStorage;
@@ -33,6 +37,9 @@ pub const KEEP_ENTRIES: u64 = 1_000;
 /// The largest append message (raft-rs's `max_size_per_msg`): one owner turn's entry fits.
 const MAX_MSG_BYTES: u64 = 1 << 20;
 const MAX_INFLIGHT_MSGS: usize = 256;
+/// Quorum probes remembered: one per tick, so more than an election timeout's worth; older
+/// ones are forgotten (their answers, if they ever come, prove nothing newer).
+const MAX_PROBES: usize = 2 * TICKS_PER_ELECTION;
 
 /// The replicated state machine a node drives: fed committed entries in log order.
 pub trait Machine {
@@ -42,6 +49,46 @@ pub trait Machine {
     fn snapshot(&self) -> Vec<u8>;
     /// Replace the state by a leader's snapshot (hostile bytes: an error, no panic).
     fn restore(&mut self, data: &[u8]) -> Result<(), String>;
+    /// A committed membership change at `index`, as raft applied it: `context` is the change's
+    /// context (an added node's `ID=HOST:PORT`), `before` and `after` the configurations.
+    fn apply_conf_change(
+        &mut self,
+        _index: u64,
+        _context: &[u8],
+        _before: &ConfState,
+        _after: &ConfState,
+    ) {
+    }
+    /// The replicated membership: where added nodes listen, and the ids removed.
+    fn membership(&self) -> Membership {
+        Membership::default()
+    }
+}
+
+/// What the replicated state knows of the members beyond raft's configuration.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Membership {
+    /// Nodes added by `cluster add`, and where they listen for peers.
+    pub addrs: BTreeMap<u64, SocketAddr>,
+    /// Ids removed from the cluster (never to come back: a node re-added takes a new id).
+    pub removed: BTreeSet<u64>,
+}
+
+/// The log index of a new cluster's first snapshot: every founding node starts from the same
+/// snapshot (the empty state and the founding members) instead of an empty log, so that a node
+/// added later, whose log is empty, cannot be sent the log from its start (which would not
+/// tell it the founding members) and is sent a snapshot instead (as TiKV starts its regions).
+pub const BOOTSTRAP_INDEX: u64 = 1;
+
+/// Every id in a configuration, joint ones included.
+pub fn conf_members(cs: &ConfState) -> BTreeSet<u64> {
+    cs.voters
+        .iter()
+        .chain(&cs.voters_outgoing)
+        .chain(&cs.learners)
+        .chain(&cs.learners_next)
+        .copied()
+        .collect()
 }
 
 pub struct NodeConfig {
@@ -50,11 +97,24 @@ pub struct NodeConfig {
     pub peers: BTreeMap<u64, SocketAddr>,
     pub data_dir: PathBuf,
     pub election_timeout: Duration,
+    /// Start outside the cluster, to be added by `cluster add` (`--join`).
+    pub join: bool,
 }
 
 pub struct RaftNode {
     raw: RawNode<DiskStorage>,
     transport: Transport,
+    /// Where this node's `--peers` says its peers listen (these win over the replicated book).
+    local_peers: BTreeMap<u64, SocketAddr>,
+    /// A membership change was applied since the caller last asked ([`RaftNode::take_conf_changed`]).
+    conf_changed: bool,
+    /// A node was added: snapshot now, so that it can be sent one that names it.
+    snapshot_due: bool,
+    /// Quorum probes (raft ReadIndex requests) in flight: number and when each was sent.
+    probes: std::collections::VecDeque<(u64, Instant)>,
+    probe_seq: u64,
+    /// When the latest probe that a leader confirmed with a quorum was sent.
+    confirmed: Option<Instant>,
     tick: Duration,
     next_tick: Instant,
     applied: u64,
@@ -93,14 +153,25 @@ impl RaftNode {
             .ok_or_else(|| format!("node {} is not one of the peers", cfg.id))?;
         let mut storage = DiskStorage::open(&cfg.data_dir).map_err(|e| e.to_string())?;
         let fresh = storage.initial_state().map_err(|e| e.to_string())?;
-        if fresh.conf_state.voters.is_empty() && storage.snapshot_metadata().is_none() {
+        let empty = fresh.conf_state == ConfState::default()
+            && storage.snapshot_metadata().is_none()
+            && storage.last_index().unwrap_or(0) == 0;
+        if empty && !cfg.join {
+            // A founding node: the snapshot every founder starts from.
             let voters: Vec<u64> = cfg.peers.keys().copied().collect();
+            let mut snap = Snapshot::default();
+            let meta = snap.mut_metadata();
+            meta.index = BOOTSTRAP_INDEX;
+            meta.term = 1;
+            meta.set_conf_state(ConfState::from((voters, vec![])));
+            snap.set_data(machine.snapshot().into());
             storage
-                .initialize_with_conf_state(ConfState::from((voters, vec![])))
+                .apply_snapshot(&snap)
                 .and_then(|()| storage.sync())
                 .map_err(|e| e.to_string())?;
         }
         let mut applied = 0;
+        storage.rewind_conf_state_to_snapshot();
         if let Some(meta) = storage.snapshot_metadata().cloned() {
             let snap = storage.snapshot(meta.index, 0).map_err(|e| e.to_string())?;
             machine
@@ -112,17 +183,112 @@ impl RaftNode {
             .map_err(|e| format!("raft: {e}"))?;
         let listener = TcpListener::bind(addr)
             .map_err(|e| format!("cannot listen for peers on {addr}: {e}"))?;
-        let transport = Transport::start(TransportConfig::new(cfg.id, cfg.peers.clone()), listener)
+        let peers = effective_peers(
+            &conf_members(&raw.raft.prs().conf().to_conf_state()),
+            &cfg.peers,
+            &machine.membership(),
+        );
+        let mut transport = Transport::start(TransportConfig::new(cfg.id, peers), listener)
             .map_err(|e| format!("peer transport: {e}"))?;
+        transport.set_removed(&machine.membership().removed);
         let tick = (cfg.election_timeout / TICKS_PER_ELECTION as u32).max(Duration::from_millis(1));
         Ok(RaftNode {
             raw,
             transport,
+            local_peers: cfg.peers.clone(),
+            conf_changed: false,
+            snapshot_due: false,
+            probes: std::collections::VecDeque::new(),
+            probe_seq: 0,
+            confirmed: None,
             tick,
             next_tick: now + tick,
             applied,
             last_snapshot: applied,
         })
+    }
+
+    /// Ask the leader to confirm, with a quorum, that it still leads (raft's ReadIndex, which
+    /// writes nothing): at most one probe per tick. A confirmed probe proves that the leader
+    /// received it, so the leader heard from this node no earlier than the probe was sent;
+    /// see [`RaftNode::quorum_confirmed`].
+    pub fn probe_quorum(&mut self, now: Instant) {
+        if self.leader() == 0
+            || self
+                .probes
+                .back()
+                .is_some_and(|&(_, t)| now < t + self.tick)
+        {
+            return;
+        }
+        self.probe_seq += 1;
+        let mut ctx = Vec::with_capacity(16);
+        ctx.extend_from_slice(&self.id().to_le_bytes());
+        ctx.extend_from_slice(&self.probe_seq.to_le_bytes());
+        self.raw.read_index(ctx);
+        self.probes.push_back((self.probe_seq, now));
+        while self.probes.len() > MAX_PROBES {
+            self.probes.pop_front();
+        }
+    }
+
+    /// When the latest probe a leader confirmed with a quorum was sent: the leader heard from
+    /// this node, and a quorum from the leader, no earlier than that.
+    pub fn quorum_confirmed(&self) -> Option<Instant> {
+        self.confirmed
+    }
+
+    fn probe_answered(&mut self, ctx: &[u8]) {
+        if ctx.len() != 16 || ctx[..8] != self.id().to_le_bytes() {
+            return;
+        }
+        let seq = u64::from_le_bytes(ctx[8..].try_into().unwrap_or_default());
+        while let Some(&(s, sent)) = self.probes.front() {
+            if s > seq {
+                break;
+            }
+            self.probes.pop_front();
+            if s == seq {
+                self.confirmed = Some(self.confirmed.map_or(sent, |c| c.max(sent)));
+            }
+        }
+    }
+
+    /// The configuration (joint while a membership change is under way).
+    pub fn conf_state(&self) -> ConfState {
+        self.raw.raft.prs().conf().to_conf_state()
+    }
+
+    /// Whether a membership change was applied since the last call.
+    pub fn take_conf_changed(&mut self) -> bool {
+        std::mem::take(&mut self.conf_changed)
+    }
+
+    /// The peers the transport sends to, and where.
+    pub fn peers(&self) -> BTreeMap<u64, SocketAddr> {
+        self.transport.peers()
+    }
+
+    /// Propose a membership change (through the leader, as raft-rs forwards it). Raft turns a
+    /// change into a no-op when another is still under way; the caller checks the result in
+    /// the configuration.
+    pub fn propose_conf_change(&mut self, cc: ConfChangeV2) -> Result<(), String> {
+        if self.leader() == 0 {
+            return Err("no leader".into());
+        }
+        self.raw
+            .propose_conf_change(Vec::new(), cc)
+            .map_err(|e| e.to_string())
+    }
+
+    /// Point the transport at the members of the configuration now applied.
+    fn refresh_peers(&mut self, machine: &impl Machine) {
+        let book = machine.membership();
+        let peers = effective_peers(&conf_members(&self.conf_state()), &self.local_peers, &book);
+        if let Err(e) = self.transport.set_peers(&peers) {
+            crate::log_error!("peer transport: cannot start a writer: {e}");
+        }
+        self.transport.set_removed(&book.removed);
     }
 
     pub fn id(&self) -> u64 {
@@ -217,6 +383,9 @@ impl RaftNode {
             for m in rd.take_messages() {
                 self.transport.send(m);
             }
+            for rs in rd.take_read_states() {
+                self.probe_answered(&rs.request_ctx);
+            }
             if !rd.snapshot().is_empty() {
                 let snap = rd.snapshot().clone();
                 self.raw
@@ -228,8 +397,16 @@ impl RaftNode {
                     .map_err(|e| format!("a leader's snapshot: {e}"))?;
                 self.applied = snap.get_metadata().index;
                 self.last_snapshot = self.applied;
+                crate::log_info!(
+                    "cluster node {}: installed the leader's snapshot at index {} ({} bytes)",
+                    self.id(),
+                    self.applied,
+                    snap.get_data().len()
+                );
+                self.refresh_peers(machine);
+                self.conf_changed = true;
             }
-            self.apply(machine, rd.take_committed_entries());
+            self.apply(machine, rd.take_committed_entries())?;
             let store = self.raw.mut_store();
             store.append(rd.entries()).map_err(|e| e.to_string())?;
             if let Some(hs) = rd.hs() {
@@ -251,14 +428,14 @@ impl RaftNode {
             for m in light.take_messages() {
                 self.transport.send(m);
             }
-            self.apply(machine, light.take_committed_entries());
+            self.apply(machine, light.take_committed_entries())?;
             self.raw.advance_apply();
             self.maybe_snapshot(machine)?;
         }
         Ok(())
     }
 
-    fn apply(&mut self, machine: &mut impl Machine, entries: Vec<Entry>) {
+    fn apply(&mut self, machine: &mut impl Machine, entries: Vec<Entry>) -> Result<(), String> {
         for e in entries {
             if e.index <= self.applied {
                 continue;
@@ -266,17 +443,69 @@ impl RaftNode {
             self.applied = e.index;
             match e.get_entry_type() {
                 EntryType::EntryNormal if !e.data.is_empty() => machine.apply(e.index, &e.data),
-                // A new leader's empty entry, or a membership change (not supported yet: the
-                // members are the founding ones).
-                _ => {}
+                // A new leader's empty entry.
+                EntryType::EntryNormal => {}
+                EntryType::EntryConfChange | EntryType::EntryConfChangeV2 => {
+                    self.apply_conf_change(machine, &e)?
+                }
             }
         }
+        Ok(())
+    }
+
+    /// A committed membership change: raft's configuration, the durable copy of it, the
+    /// replicated book of addresses, and the transport's peers, in that order.
+    fn apply_conf_change(&mut self, machine: &mut impl Machine, e: &Entry) -> Result<(), String> {
+        let cc = if e.get_entry_type() == EntryType::EntryConfChange {
+            ConfChange::parse_from_bytes(&e.data).map(v1_to_v2)
+        } else {
+            ConfChangeV2::parse_from_bytes(&e.data)
+        };
+        let Ok(cc) = cc else {
+            // The leader checked it before proposing; every replica skips it alike.
+            crate::log_error!("cluster: membership change {} does not decode", e.index);
+            return Ok(());
+        };
+        let before = self.conf_state();
+        let after = match self.raw.apply_conf_change(&cc) {
+            Ok(cs) => cs,
+            Err(err) => {
+                crate::log_error!("cluster: membership change {} refused: {err}", e.index);
+                return Ok(());
+            }
+        };
+        self.raw
+            .mut_store()
+            .set_conf_state(after.clone())
+            .map_err(|e| e.to_string())?;
+        machine.apply_conf_change(e.index, cc.get_context(), &before, &after);
+        if conf_members(&after)
+            .difference(&conf_members(&before))
+            .next()
+            .is_some()
+        {
+            self.snapshot_due = true;
+        }
+        self.refresh_peers(machine);
+        self.conf_changed = true;
+        crate::log_info!(
+            "cluster: membership at {}: voters {:?}{}",
+            e.index,
+            after.voters,
+            if after.voters_outgoing.is_empty() {
+                String::new()
+            } else {
+                format!(" (joint with {:?})", after.voters_outgoing)
+            }
+        );
+        Ok(())
     }
 
     fn maybe_snapshot(&mut self, machine: &mut impl Machine) -> Result<(), String> {
-        if self.applied < self.last_snapshot + SNAPSHOT_EVERY {
+        if self.applied < self.last_snapshot + SNAPSHOT_EVERY && !self.snapshot_due {
             return Ok(());
         }
+        self.snapshot_due = false;
         let cs = self.raw.raft.prs().conf().to_conf_state();
         let store = self.raw.mut_store();
         store
@@ -292,4 +521,33 @@ impl RaftNode {
     pub fn applied(&self) -> u64 {
         self.applied
     }
+}
+
+/// Where to reach each member of a configuration: this node's `--peers` first (an operator's
+/// local override, and what a founding node knows), then the replicated book. A node outside
+/// any configuration (one started with `--join`, not added yet) knows only its `--peers`.
+fn effective_peers(
+    members: &BTreeSet<u64>,
+    local: &BTreeMap<u64, SocketAddr>,
+    book: &Membership,
+) -> BTreeMap<u64, SocketAddr> {
+    if members.is_empty() {
+        return local.clone();
+    }
+    members
+        .iter()
+        .filter_map(|id| Some((*id, *local.get(id).or_else(|| book.addrs.get(id))?)))
+        .collect()
+}
+
+/// An old-style membership change as the one-step `ConfChangeV2` it means (holdfast proposes
+/// only V2; raft-rs itself may write V1 entries).
+fn v1_to_v2(c: ConfChange) -> ConfChangeV2 {
+    let mut v2 = ConfChangeV2::default();
+    let mut single = ConfChangeSingle::default();
+    single.set_change_type(c.get_change_type());
+    single.node_id = c.node_id;
+    v2.mut_changes().push(single);
+    v2.context = c.context;
+    v2
 }

@@ -601,6 +601,15 @@ impl DiskStorage {
         Ok(())
     }
 
+    /// Makes the configuration the one of the snapshot (in memory only), for a node that
+    /// starts from its snapshot and applies the log after it again: the membership changes in
+    /// that log are applied again too, each to the configuration it was made against.
+    pub fn rewind_conf_state_to_snapshot(&mut self) {
+        if let Some(meta) = &self.state.snapshot {
+            self.state.conf_state = meta.get_conf_state().clone();
+        }
+    }
+
     pub fn set_conf_state(&mut self, cs: ConfState) -> Result<(), LogError> {
         put_message(&mut self.pending, CONF_STATE, &cs)?;
         self.state.conf_state = cs;
@@ -873,12 +882,27 @@ macro_rules! log_state_reads {
 }
 pub(crate) use log_state_reads;
 
+/// Whether configuration `cs` names node `id` (as a voter or learner, joint ones included).
+fn names(cs: &raft::prelude::ConfState, id: u64) -> bool {
+    cs.voters
+        .iter()
+        .chain(&cs.voters_outgoing)
+        .chain(&cs.learners)
+        .chain(&cs.learners_next)
+        .any(|&v| v == id)
+}
+
 impl Storage for DiskStorage {
     log_state_reads!();
 
-    fn snapshot(&self, request_index: u64, _to: u64) -> raft::Result<Snapshot> {
+    fn snapshot(&self, request_index: u64, to: u64) -> raft::Result<Snapshot> {
         match &self.state.snapshot {
-            Some(meta) if meta.index >= request_index => {
+            // A snapshot older than `to`'s joining would not name it: raft-rs's follower drops
+            // it. The driver snapshots when a node is added; raft asks again later. (`to` 0:
+            // the node reads its own, at start.)
+            Some(meta)
+                if meta.index >= request_index && (to == 0 || names(meta.get_conf_state(), to)) =>
+            {
                 Ok(read_snapshot_file(&snap_path(&self.dir, meta))?)
             }
             // The driver makes a newer one from the state machine; raft asks again later.

@@ -38,7 +38,7 @@
 //! to this node's connections. The first proposal of a new incarnation of a node ends every
 //! session of its earlier one (that process is gone, and its connections with it).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -46,7 +46,7 @@ use crossbeam_channel::{select, Receiver, Sender};
 use mio::Waker;
 
 use super::{apply_op, apply_turn, clock, command, exec_admin, Outbox, Pools, Tables};
-use crate::cluster::node::{Machine, NodeConfig, RaftNode};
+use crate::cluster::node::{conf_members, Machine, Membership, NodeConfig, RaftNode};
 use crate::config::ClusterConfig;
 use crate::core::codec::{self, DecodeError, Reader};
 use crate::core::Now;
@@ -102,9 +102,13 @@ pub struct Replicated {
     pub expired: u64,
     /// The term of the last new-leader entry applied.
     leader_term: u64,
+    /// Added nodes' addresses and removed ids (the configuration itself is raft's).
+    membership: Membership,
 }
 
-const SNAPSHOT_MAGIC: &[u8] = b"HFcl1";
+const SNAPSHOT_MAGIC: &[u8] = b"HFcl2";
+/// The longest `ID=HOST:PORT` a membership change may carry.
+const MAX_MEMBER_ADDR: usize = 300;
 
 impl Replicated {
     pub fn new(shared: Arc<Shared>, workers: usize, me: u64, incarnation: u64) -> Replicated {
@@ -124,6 +128,7 @@ impl Replicated {
             refused: 0,
             expired: 0,
             leader_term: 0,
+            membership: Membership::default(),
         }
     }
 
@@ -292,6 +297,34 @@ impl Machine for Replicated {
         }
     }
 
+    fn apply_conf_change(
+        &mut self,
+        _index: u64,
+        context: &[u8],
+        before: &raft::prelude::ConfState,
+        after: &raft::prelude::ConfState,
+    ) {
+        let (before, after) = (conf_members(before), conf_members(after));
+        // An added node's address (every replica parses the same bytes the same way).
+        if let Some((id, addr)) = std::str::from_utf8(context)
+            .ok()
+            .and_then(|c| crate::config::parse_peers(c).ok())
+            .and_then(|p| p.into_iter().next())
+        {
+            if after.contains(&id) && !self.membership.removed.contains(&id) {
+                self.membership.addrs.insert(id, addr);
+            }
+        }
+        for gone in before.difference(&after) {
+            self.membership.addrs.remove(gone);
+            self.membership.removed.insert(*gone);
+        }
+    }
+
+    fn membership(&self) -> Membership {
+        self.membership.clone()
+    }
+
     fn snapshot(&self) -> Vec<u8> {
         let mut out = Vec::new();
         out.extend_from_slice(SNAPSHOT_MAGIC);
@@ -305,13 +338,22 @@ impl Machine for Replicated {
         codec::put_u64(&mut out, self.refused);
         codec::put_u64(&mut out, self.expired);
         codec::put_u64(&mut out, self.leader_term);
+        codec::put_u64(&mut out, self.membership.addrs.len() as u64);
+        for (&id, addr) in &self.membership.addrs {
+            codec::put_u64(&mut out, id);
+            codec::put_bytes(&mut out, addr.to_string().as_bytes());
+        }
+        codec::put_u64(&mut out, self.membership.removed.len() as u64);
+        for &id in &self.membership.removed {
+            codec::put_u64(&mut out, id);
+        }
         self.tables.snapshot(&mut out);
         out
     }
 
     fn restore(&mut self, data: &[u8]) -> Result<(), String> {
         let mut r = Reader::new(data);
-        type Head = (u64, BTreeMap<u64, (u64, u64)>, u64, u64, u64);
+        type Head = (u64, BTreeMap<u64, (u64, u64)>, u64, u64, u64, Membership);
         let head = (|| -> Result<Head, DecodeError> {
             r.expect(SNAPSHOT_MAGIC, "cluster snapshot magic")?;
             let clock_ms = r.u64()?;
@@ -324,7 +366,20 @@ impl Machine for Replicated {
                     return Err(DecodeError::Invalid("a node named twice"));
                 }
             }
-            Ok((clock_ms, nodes, r.u64()?, r.u64()?, r.u64()?))
+            let (refused, expired, leader_term) = (r.u64()?, r.u64()?, r.u64()?);
+            let mut membership = Membership::default();
+            for _ in 0..r.count(2)? {
+                let id = r.u64()?;
+                let addr = std::str::from_utf8(r.bytes(MAX_MEMBER_ADDR)?)
+                    .ok()
+                    .and_then(|a| a.parse().ok())
+                    .ok_or(DecodeError::Invalid("a member's address"))?;
+                membership.addrs.insert(id, addr);
+            }
+            for _ in 0..r.count(1)? {
+                membership.removed.insert(r.u64()?);
+            }
+            Ok((clock_ms, nodes, refused, expired, leader_term, membership))
         })()
         .map_err(|e| e.to_string())?;
         let used = data.len() - r.remaining();
@@ -336,6 +391,7 @@ impl Machine for Replicated {
             self.refused,
             self.expired,
             self.leader_term,
+            self.membership,
         ) = head;
         self.tables = tables;
         self.mine_applied = self
@@ -382,14 +438,19 @@ pub struct ClusterOwner {
 /// sessions, for fencing itself when it is cut off, and for the Great Poncio.
 struct Liveness {
     me: u64,
-    peers: Vec<u64>,
+    /// The configuration's voters (and the old configuration's, during a change).
+    voters: Vec<u64>,
+    outgoing: Vec<u64>,
+    /// Nodes removed whose sessions may still be live: the leader expires them like an
+    /// unreachable member's, a session timeout after it last heard from them.
+    departed: BTreeSet<u64>,
     session_timeout: Duration,
     /// Cut off this long (no leader heard from, or as leader no quorum), the node fences itself:
     /// comfortably before the majority's session timeout runs out for it.
     fence_after: Duration,
     /// When each peer was last heard from.
     heard: BTreeMap<u64, Instant>,
-    /// When this node last had contact with a quorum (through the leader, or as leader).
+    /// When the latest quorum probe a leader confirmed was sent (see [`fence_after`]).
     contact: Instant,
     /// When this node became leader (a new leader waits a whole session timeout before it
     /// expires anybody: it cannot know when the others last heard from a node).
@@ -406,7 +467,9 @@ impl Liveness {
         let session_timeout = Duration::from_millis(cfg.session_timeout_ms);
         Liveness {
             me: u64::from(cfg.node_id),
-            peers: cfg.peers.keys().copied().collect(),
+            voters: cfg.peers.keys().copied().collect(),
+            outgoing: Vec::new(),
+            departed: BTreeSet::new(),
             session_timeout,
             fence_after: fence_after(session_timeout, election),
             heard: BTreeMap::new(),
@@ -418,29 +481,17 @@ impl Liveness {
         }
     }
 
-    /// A message from `from`; `leader` is the leader this node knows.
-    fn heard(&mut self, from: u64, leader: u64, now: Instant) {
+    /// A message from `from`.
+    fn heard(&mut self, from: u64, now: Instant) {
         self.heard.insert(from, now);
-        if from == leader {
-            self.contact = now;
-        }
     }
 
-    /// As leader: the latest instant by which a quorum (this node and enough others) had been
-    /// heard from.
-    fn quorum_contact(&self, since: Instant) -> Instant {
-        let mut times: Vec<Instant> = self
-            .peers
-            .iter()
-            .filter(|&&p| p != self.me)
-            .map(|p| self.heard.get(p).copied().unwrap_or(since).max(since))
-            .collect();
-        times.sort_unstable_by(|a, b| b.cmp(a));
-        let others = self.peers.len() / 2;
-        match others.checked_sub(1) {
-            None => Instant::now(),
-            Some(i) => times.get(i).copied().unwrap_or(since),
-        }
+    /// Who may have sessions for the leader to expire: every other member, and departed nodes.
+    fn others(&self) -> Vec<u64> {
+        let mut ids: BTreeSet<u64> = self.voters.iter().chain(&self.outgoing).copied().collect();
+        ids.extend(&self.departed);
+        ids.remove(&self.me);
+        ids.into_iter().collect()
     }
 
     fn reachable(&self, now: Instant, within: Duration) -> String {
@@ -456,12 +507,20 @@ impl Liveness {
     }
 }
 
-/// How long a node may be cut off before it fences itself: the session timeout less one
-/// election timeout of margin (for the time the leader's last message took, and the leader's
-/// own tick), or half the session timeout when that is shorter.
+/// How long a node may be cut off before it fences itself: the session timeout less half an
+/// election timeout, or half the session timeout when that is shorter.
+///
+/// "Cut off" is measured from the sending of the latest quorum probe (raft ReadIndex) that a
+/// leader confirmed ([`RaftNode::quorum_confirmed`]). That leader received the probe, so it
+/// last heard from this node no earlier, and it expires this node's sessions a whole session
+/// timeout after it last heard from it; a leader elected later waits a whole session timeout
+/// from its election, which comes after that confirmation. The margin covers this node's own
+/// check (once per tick, a tenth of an election timeout) and its scheduling. Measuring from
+/// messages received instead would not do: under a one-way partition a node goes on hearing a
+/// leader that no longer hears it.
 fn fence_after(session_timeout: Duration, election: Duration) -> Duration {
     if session_timeout >= 2 * election {
-        session_timeout - election
+        session_timeout - election / 2
     } else {
         session_timeout / 2
     }
@@ -484,8 +543,15 @@ impl ClusterOwner {
             peers: cfg.peers.clone(),
             data_dir: cfg.data_dir.clone(),
             election_timeout: Duration::from_millis(cfg.election_timeout_ms),
+            join: cfg.join,
         };
         let node = RaftNode::start(&node_cfg, &mut state, Instant::now())?;
+        if state.membership.removed.contains(&me) {
+            return Err(format!(
+                "node {me} was removed from the cluster: to serve again it must be added under \
+                 a new id, with an empty data directory and --join"
+            ));
+        }
         crate::log_info!(
             "cluster node {} of {} (peers on {}), data in {}",
             me,
@@ -493,6 +559,12 @@ impl ClusterOwner {
             node.peer_addr(),
             cfg.data_dir.display()
         );
+        let mut liveness = Liveness::new(cfg, Instant::now());
+        let cs = node.conf_state();
+        liveness.voters = cs.voters;
+        liveness.outgoing = cs.voters_outgoing;
+        let mut peers = node.peers();
+        peers.insert(me, node.peer_addr());
         Ok(ClusterOwner {
             pools: workers.iter().map(|_| Pools::default()).collect(),
             shared,
@@ -506,8 +578,8 @@ impl ClusterOwner {
             queued: vec![Batch::default()],
             inflight: None,
             election: Duration::from_millis(cfg.election_timeout_ms),
-            liveness: Liveness::new(cfg, Instant::now()),
-            peers: cfg.peers.clone(),
+            liveness,
+            peers,
             poisoned: HashSet::new(),
         })
     }
@@ -549,6 +621,9 @@ impl ClusterOwner {
                 // more. Its clients' connections go with the process; the others go on.
                 crate::log_error!("cluster node {} stops: {e}", self.node.id());
                 std::process::exit(EXIT_STORAGE_FAILED);
+            }
+            if self.node.take_conf_changed() {
+                self.conf_changed();
             }
             if let Some(f) = &self.inflight {
                 if self.state.mine_applied >= f.seq {
@@ -594,8 +669,7 @@ impl ClusterOwner {
         // Messages that waited while this process was stopped must not hide that it was cut
         // off meanwhile: look first, then count them.
         self.fence_check(Instant::now());
-        self.liveness
-            .heard(m.from, self.node.leader(), Instant::now());
+        self.liveness.heard(m.from, Instant::now());
         self.node.step(m);
     }
 
@@ -603,35 +677,38 @@ impl ClusterOwner {
     /// timeout; on every node, fence or unfence on losing or regaining contact with a quorum.
     fn watch(&mut self) {
         let now = Instant::now();
+        self.node.probe_quorum(now);
         let l = &mut self.liveness;
+        if let Some(confirmed) = self.node.quorum_confirmed() {
+            l.contact = l.contact.max(confirmed);
+        }
         if self.node.is_leader() {
             let since = *l.leader_since.get_or_insert(now);
-            l.contact = l.quorum_contact(since);
-            for &p in &l.peers {
-                if p == l.me {
-                    continue;
-                }
+            for p in l.others() {
                 let heard = l.heard.get(&p).copied().unwrap_or(since).max(since);
                 let again = l
                     .expiring
                     .get(&p)
                     .is_none_or(|&t| now.duration_since(t) >= self.election);
-                if now.duration_since(heard) >= l.session_timeout
-                    && again
-                    && self.state.has_sessions_of(p as u16)
-                {
-                    let mut data = Vec::with_capacity(EXPIRE_LEN);
-                    data.push(KIND_EXPIRE);
-                    data.extend_from_slice(&p.to_le_bytes());
-                    let time = clock(&self.shared).ms.max(self.state.clock_ms());
-                    data.extend_from_slice(&time.to_le_bytes());
-                    if self.node.propose(data) {
-                        crate::log_warn!(
-                            "cluster: node {p} unheard from for {} ms: expiring its sessions",
-                            now.duration_since(heard).as_millis()
-                        );
-                        l.expiring.insert(p, now);
-                    }
+                if now.duration_since(heard) < l.session_timeout || !again {
+                    continue;
+                }
+                // Looked at (the sessions are counted) at most once per election timeout.
+                l.expiring.insert(p, now);
+                if !self.state.has_sessions_of(p as u16) {
+                    l.departed.remove(&p);
+                    continue;
+                }
+                let mut data = Vec::with_capacity(EXPIRE_LEN);
+                data.push(KIND_EXPIRE);
+                data.extend_from_slice(&p.to_le_bytes());
+                let time = clock(&self.shared).ms.max(self.state.clock_ms());
+                data.extend_from_slice(&time.to_le_bytes());
+                if self.node.propose(data) {
+                    crate::log_warn!(
+                        "cluster: node {p} unheard from for {} ms: expiring its sessions",
+                        now.duration_since(heard).as_millis()
+                    );
                 }
             }
         } else {
@@ -705,7 +782,94 @@ impl ClusterOwner {
                     (id, addr.to_string(), heard)
                 })
                 .collect(),
+            voters: sorted(&l.voters),
+            voters_outgoing: sorted(&l.outgoing),
         }
+    }
+
+    /// A membership change applied (or a snapshot installed): the members this node watches
+    /// and shows follow raft's configuration; a node that finds itself removed stops.
+    fn conf_changed(&mut self) {
+        let cs = self.node.conf_state();
+        let me = self.node.id();
+        let l = &mut self.liveness;
+        l.voters = cs.voters.clone();
+        l.outgoing = cs.voters_outgoing.clone();
+        let membership = self.state.membership.clone();
+        for &gone in &membership.removed {
+            if gone != me && self.state.has_sessions_of(gone as u16) {
+                l.departed.insert(gone);
+            }
+        }
+        self.peers = self.node.peers();
+        self.peers.insert(me, self.node.peer_addr());
+        if membership.removed.contains(&me) {
+            // Its clients' connections close with the process; the cluster has expired or will
+            // expire their sessions. Exit 0: a service manager must not start it again as is.
+            crate::log_warn!(
+                "cluster node {me} was removed from the cluster: stopping (to serve again it \
+                 must be added under a new id, with an empty data directory and --join)"
+            );
+            self.send_replies();
+            std::process::exit(0);
+        }
+    }
+
+    /// `cluster add` / `cluster remove`: propose the change (raft joint consensus; raft-rs's
+    /// leader leaves the joint configuration by itself once it is applied).
+    fn change_membership(
+        &mut self,
+        change: crate::admin::data::MemberChange,
+    ) -> Result<String, (u16, String)> {
+        use crate::admin::data::MemberChange;
+        use raft::prelude::{ConfChangeSingle, ConfChangeTransition, ConfChangeType, ConfChangeV2};
+        let cs = self.node.conf_state();
+        if !cs.voters_outgoing.is_empty() {
+            return Err((409, "a membership change is under way".into()));
+        }
+        let mut single = ConfChangeSingle::default();
+        let mut cc = ConfChangeV2::default();
+        let what = match change {
+            MemberChange::Add(id, addr) => {
+                if id == 0 || id > u64::from(u16::MAX) {
+                    return Err((400, format!("node id {id}: 1 to 65535")));
+                }
+                if conf_members(&cs).contains(&id) {
+                    return Err((409, format!("node {id} is already a member")));
+                }
+                if self.state.membership.removed.contains(&id) {
+                    return Err((
+                        409,
+                        format!("node {id} was removed: a node comes back under a new id"),
+                    ));
+                }
+                if self.peers.values().any(|a| *a == addr) {
+                    return Err((409, format!("{addr} is already a member's address")));
+                }
+                single.set_change_type(ConfChangeType::AddNode);
+                single.node_id = id;
+                cc.context = format!("{id}={addr}").into_bytes().into();
+                format!("adding node {id} at {addr}")
+            }
+            MemberChange::Remove(id) => {
+                if !cs.voters.contains(&id) {
+                    return Err((404, format!("node {id} is not a member")));
+                }
+                if cs.voters.len() == 1 {
+                    return Err((409, "the last member cannot be removed".into()));
+                }
+                single.set_change_type(ConfChangeType::RemoveNode);
+                single.node_id = id;
+                format!("removing node {id}")
+            }
+        };
+        cc.set_transition(ConfChangeTransition::Implicit);
+        cc.mut_changes().push(single);
+        self.node
+            .propose_conf_change(cc)
+            .map_err(|e| (503, format!("not proposed: {e}")))?;
+        crate::log_info!("cluster: {what} (proposed)");
+        Ok(format!("{what}: proposed"))
     }
 
     fn retry_after(&self, sent: bool) -> Duration {
@@ -719,6 +883,10 @@ impl ClusterOwner {
             ToOwner::Batch(b) => self.admit(b),
             ToOwner::Admin(crate::admin::data::Query::Cluster, reply) => {
                 let _ = reply.send(crate::admin::data::Answer::Cluster(Some(self.status())));
+            }
+            ToOwner::Admin(crate::admin::data::Query::ClusterChange(change), reply) => {
+                let answer = self.change_membership(change);
+                let _ = reply.send(crate::admin::data::Answer::ClusterChange(answer));
             }
             ToOwner::Admin(query, reply) => {
                 let now = Now::from_unix_ms(self.state.clock_ms().max(clock(&self.shared).ms));
@@ -959,6 +1127,12 @@ fn no_quorum(out: &mut Outbox, m: &OpMsg, arena: &Arena) {
         Op::Open { .. } | Op::Close | Op::DlockOpen | Op::Eof => return,
     };
     out.direct(m.conn, 1, close, &w);
+}
+
+fn sorted(ids: &[u64]) -> Vec<u64> {
+    let mut v = ids.to_vec();
+    v.sort_unstable();
+    v
 }
 
 fn now_unix_ms() -> u64 {

@@ -294,3 +294,89 @@ fn an_expiry_of_this_very_node_closes_its_connections_but_a_new_run_closes_none(
         "the earlier run's connection is not this run's"
     );
 }
+
+/// Membership: an added node's address (the change's context) and every id that leaves are
+/// replicated, identical on every replica, kept in the snapshot; a context that does not parse,
+/// or names a node the configuration does not have, adds nothing; a removed id stays removed.
+#[test]
+fn membership_changes_replicate_added_addresses_and_removed_ids_through_snapshots() {
+    use raft::prelude::ConfState;
+    let cs = |voters: &[u64], outgoing: &[u64]| {
+        let mut c = ConfState::from((voters.to_vec(), vec![]));
+        c.voters_outgoing = outgoing.to_vec();
+        c
+    };
+    let mut replicas = [replica(1), replica(2)];
+    for r in &mut replicas {
+        // Joint: 4 added, then the joint configuration left.
+        r.apply_conf_change(
+            5,
+            b"4=127.0.0.1:2700",
+            &cs(&[1, 2, 3], &[]),
+            &cs(&[1, 2, 3, 4], &[1, 2, 3]),
+        );
+        r.apply_conf_change(
+            6,
+            b"",
+            &cs(&[1, 2, 3, 4], &[1, 2, 3]),
+            &cs(&[1, 2, 3, 4], &[]),
+        );
+        // Hostile or stray contexts add nothing.
+        r.apply_conf_change(
+            7,
+            b"5=not-an-address",
+            &cs(&[1, 2, 3, 4], &[]),
+            &cs(&[1, 2, 3, 4], &[]),
+        );
+        r.apply_conf_change(
+            8,
+            b"9=127.0.0.1:9",
+            &cs(&[1, 2, 3, 4], &[]),
+            &cs(&[1, 2, 3, 4], &[]),
+        );
+        r.apply_conf_change(
+            9,
+            &[0xff; 400],
+            &cs(&[1, 2, 3, 4], &[]),
+            &cs(&[1, 2, 3, 4], &[]),
+        );
+        // 3 removed, then 4 removed.
+        r.apply_conf_change(
+            10,
+            b"",
+            &cs(&[1, 2, 3, 4], &[]),
+            &cs(&[1, 2, 4], &[1, 2, 3, 4]),
+        );
+        r.apply_conf_change(
+            11,
+            b"",
+            &cs(&[1, 2, 4], &[1, 2, 3, 4]),
+            &cs(&[1, 2, 4], &[]),
+        );
+    }
+    let m = replicas[0].membership();
+    assert_eq!(m, replicas[1].membership());
+    assert_eq!(
+        m.addrs.into_iter().collect::<Vec<_>>(),
+        vec![(4, "127.0.0.1:2700".parse().unwrap())]
+    );
+    assert_eq!(m.removed.into_iter().collect::<Vec<_>>(), vec![3]);
+    let r = &mut replicas[0];
+    r.apply_conf_change(12, b"", &cs(&[1, 2, 4], &[]), &cs(&[1, 2], &[1, 2, 4]));
+    r.apply_conf_change(13, b"", &cs(&[1, 2], &[1, 2, 4]), &cs(&[1, 2], &[]));
+    // A removed id named again (an operator's mistake the owner refuses) gets no address.
+    r.apply_conf_change(
+        14,
+        b"3=127.0.0.1:3",
+        &cs(&[1, 2], &[]),
+        &cs(&[1, 2, 3], &[1, 2]),
+    );
+    let m = r.membership();
+    assert!(m.addrs.is_empty(), "{m:?}");
+    assert_eq!(m.removed.iter().copied().collect::<Vec<_>>(), vec![3, 4]);
+    let snap = r.snapshot();
+    let mut back = replica(2);
+    back.restore(&snap).expect("restore");
+    assert_eq!(back.membership(), m);
+    assert_eq!(back.snapshot(), snap);
+}

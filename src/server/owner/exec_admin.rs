@@ -42,6 +42,9 @@ pub fn answer(t: &Tables, shared: &Shared, now: Now, q: Query) -> Answer {
     match q {
         Query::Ping => Answer::Pong,
         Query::Cluster => Answer::Cluster(None),
+        Query::ClusterChange(_) => {
+            Answer::ClusterChange(Err((404, "not a cluster node (no --peers)".into())))
+        }
         Query::Metrics => Answer::Metrics(snapshot(t, shared, now)),
         Query::Locks {
             table,
