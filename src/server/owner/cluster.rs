@@ -20,15 +20,19 @@
 //! remaining time plus one election timeout (the contract's "no lease ends early because of a
 //! failover"); applied once per term.
 //!
-//! A node keeps at most one proposal in flight; what its workers send meanwhile waits for the
-//! next one (so one entry, one sync and one round trip carry many requests: group commit). A
-//! proposal not applied within half an election timeout is proposed again (raft-rs drops
-//! proposals silently when the leader changes); the state machine applies each (node,
-//! incarnation, seq) once, and ignores a proposal of an older incarnation. One not applied
-//! within two election timeouts is given up: its requests are answered with the contract's
-//! no-quorum replies and their connections closed (the proposal may still be committed later;
-//! closing makes sure the client never acts on a lock it was told it did not get, and the
-//! close itself ends the session and whatever it held once the log takes it).
+//! A node keeps up to [`MAX_INFLIGHT_PROPOSALS`] proposals in flight, each carrying whatever
+//! its workers sent since the last (so one entry, one sync and one round trip carry many
+//! requests: group commit, and the next entry does not wait for this one's round trip). The
+//! state machine applies a node's proposals in the order of their sequence numbers, each once:
+//! one whose predecessor has not been applied is ignored, and one of an older incarnation too.
+//! When the oldest is not applied within half an election timeout, every proposal in flight is
+//! proposed again, in order (raft-rs drops proposals silently when the leader changes). One not
+//! applied within two election timeouts is given up: its requests are answered with the
+//! contract's no-quorum replies and their connections closed, and it stays in flight with its
+//! requests taken out (the same sequence number, so whichever version is committed first is
+//! applied, and the node's later proposals can follow it). The original may still be committed;
+//! closing makes sure the client never acts on a lock it was told it did not get, and the close
+//! itself ends the session and whatever it held once the log takes it.
 //!
 //! **Time.** Each entry carries the proposer's clock; the state's clock is the largest seen, so
 //! it never runs backwards. Timers fire only when an entry is applied: the leader proposes an
@@ -67,6 +71,9 @@ const HEADER_LEN: usize = 25;
 const EXPIRE_LEN: usize = 17;
 /// A new leader: kind, term, node, extension, time.
 const LEADER_LEN: usize = 33;
+/// Proposals of this node in flight at most: enough to keep the log busy while earlier ones
+/// make their round trip, few enough that a leader change re-proposes little.
+const MAX_INFLIGHT_PROPOSALS: usize = 8;
 /// Worker batches gathered into one proposal at most (bounds an entry like a single node's
 /// turn: the caps on each batch's requests apply before proposal).
 const MAX_BATCHES_PER_PROPOSAL: usize = 64;
@@ -177,8 +184,13 @@ impl Replicated {
         let time = command::decode_entry(&data[HEADER_LEN..], limits, &mut self.batch)?;
         match self.nodes.get(&node).copied() {
             Some((inc, _)) if incarnation < inc => return Ok(()),
-            Some((inc, last)) if incarnation == inc && seq <= last => return Ok(()),
+            // Applied already, or proposed before its predecessor was applied (that one was
+            // dropped, and its node proposes both again, in order): a node's proposals apply
+            // in the order it made them, each once.
+            Some((inc, last)) if incarnation == inc && seq != last + 1 => return Ok(()),
             Some((inc, _)) if incarnation == inc => {}
+            // A run begins with its first proposal.
+            _ if seq != 1 => return Ok(()),
             earlier => {
                 // A new run of that node: its earlier run's connections are gone.
                 self.clock_ms = self.clock_ms.max(time);
@@ -408,6 +420,8 @@ struct InFlight {
     seq: u64,
     data: Vec<u8>,
     batches: Vec<Batch>,
+    /// Given up: its requests answered "no quorum", `data` the version without them.
+    given_up: bool,
     first: Instant,
     /// The last attempt, and whether it reached a leader (as far as this node can tell).
     tried: Instant,
@@ -424,7 +438,7 @@ pub struct ClusterOwner {
     incarnation: u64,
     seq: u64,
     queued: Vec<Batch>,
-    inflight: Option<InFlight>,
+    inflight: std::collections::VecDeque<InFlight>,
     election: Duration,
     liveness: Liveness,
     peers: BTreeMap<u64, std::net::SocketAddr>,
@@ -576,7 +590,7 @@ impl ClusterOwner {
             seq: 0,
             // The first proposal, empty, announces this run (ending the sessions of the last).
             queued: vec![Batch::default()],
-            inflight: None,
+            inflight: std::collections::VecDeque::new(),
             election: Duration::from_millis(cfg.election_timeout_ms),
             liveness,
             peers,
@@ -625,11 +639,12 @@ impl ClusterOwner {
             if self.node.take_conf_changed() {
                 self.conf_changed();
             }
-            if let Some(f) = &self.inflight {
-                if self.state.mine_applied >= f.seq {
-                    let f = self.inflight.take().expect("checked");
-                    self.recycle(f.batches);
+            while let Some(f) = self.inflight.front() {
+                if self.state.mine_applied < f.seq {
+                    break;
                 }
+                let f = self.inflight.pop_front().expect("checked");
+                self.recycle(f.batches);
             }
             self.watch();
             let leader = self.node.is_leader();
@@ -752,9 +767,10 @@ impl ClusterOwner {
     fn wait(&self) -> Duration {
         let now = Instant::now();
         let mut until = self.node.next_tick();
-        if let Some(f) = &self.inflight {
+        if let Some(f) = self.inflight.front() {
             until = until.min(f.tried + self.retry_after(f.sent));
-        } else if !self.queued.is_empty() {
+        }
+        if !self.queued.is_empty() && self.inflight.len() < MAX_INFLIGHT_PROPOSALS {
             until = now;
         }
         until.saturating_duration_since(now)
@@ -897,56 +913,72 @@ impl ClusterOwner {
         true
     }
 
-    /// Propose the queued batches (or a tick) when nothing is in flight; propose the one in
-    /// flight again when it is overdue; give it up past two election timeouts.
+    /// Give up proposals in flight for two election timeouts; propose everything in flight
+    /// again when the oldest is overdue; propose the queued batches (or, on the leader with
+    /// nothing in flight, an empty entry for a due timer) while fewer than the cap are in flight.
     fn propose(&mut self) {
         let now = Instant::now();
-        if let Some(f) = &mut self.inflight {
-            if now.duration_since(f.first) >= 2 * self.election {
-                let f = self.inflight.take().expect("checked");
-                self.give_up(f);
-            } else if now.duration_since(f.tried) >= retry_after(self.election, f.sent) {
-                f.sent = self.node.propose(f.data.clone());
-                f.tried = now;
-                return;
-            } else {
+        let time = clock(&self.shared).ms.max(self.state.clock_ms());
+        for i in 0..self.inflight.len() {
+            let f = &self.inflight[i];
+            if !f.given_up && now.duration_since(f.first) >= 2 * self.election {
+                self.give_up(i, time);
+            }
+        }
+        if let Some(oldest) = self.inflight.front() {
+            if now.duration_since(oldest.tried) >= retry_after(self.election, oldest.sent) {
+                for f in self.inflight.iter_mut() {
+                    f.sent = self.node.propose(f.data.clone());
+                    f.tried = now;
+                }
                 return;
             }
         }
-        let time = clock(&self.shared).ms.max(self.state.clock_ms());
-        let due =
-            self.node.is_leader() && self.state.tables.next_deadline().is_some_and(|d| d <= time);
+        if self.inflight.len() >= MAX_INFLIGHT_PROPOSALS {
+            return;
+        }
+        let due = self.inflight.is_empty()
+            && self.node.is_leader()
+            && self.state.tables.next_deadline().is_some_and(|d| d <= time);
         if self.queued.is_empty() && !due {
             return;
         }
         let take = self.queued.len().min(MAX_BATCHES_PER_PROPOSAL);
         let batches: Vec<Batch> = self.queued.drain(..take).collect();
         self.seq += 1;
-        let mut data = Vec::with_capacity(HEADER_LEN + 64);
-        data.push(KIND_COMMANDS);
-        data.extend_from_slice(&self.node.id().to_le_bytes());
-        data.extend_from_slice(&self.incarnation.to_le_bytes());
-        data.extend_from_slice(&self.seq.to_le_bytes());
-        command::encode_entry_of_batches(time, batches.iter(), &mut data);
+        let data = self.commands_proposal(self.seq, time, &batches);
         let sent = self.node.propose(data.clone());
-        self.inflight = Some(InFlight {
+        self.inflight.push_back(InFlight {
             seq: self.seq,
             data,
             batches,
+            given_up: false,
             first: now,
             tried: now,
             sent,
         });
     }
 
-    /// No quorum in time: answer the proposal's requests as the contract says and close their
-    /// connections; its opens and closes go into the next proposal.
-    fn give_up(&mut self, f: InFlight) {
+    fn commands_proposal(&self, seq: u64, time: u64, batches: &[Batch]) -> Vec<u8> {
+        let mut data = Vec::with_capacity(HEADER_LEN + 64);
+        data.push(KIND_COMMANDS);
+        data.extend_from_slice(&self.node.id().to_le_bytes());
+        data.extend_from_slice(&self.incarnation.to_le_bytes());
+        data.extend_from_slice(&seq.to_le_bytes());
+        command::encode_entry_of_batches(time, batches.iter(), &mut data);
+        data
+    }
+
+    /// No quorum in time for the proposal at `i` in flight: answer its requests as the
+    /// contract says and close their connections; it stays in flight with only its opens and
+    /// closes, under its sequence number.
+    fn give_up(&mut self, i: usize, time: u64) {
         crate::log_warn!(
             "cluster node {}: no quorum for {} ms, answering requests with no-quorum errors",
             self.node.id(),
             (2 * self.election).as_millis()
         );
+        let f = &mut self.inflight[i];
         let mut keep = Batch::default();
         for b in &f.batches {
             for m in &b.ops {
@@ -958,11 +990,20 @@ impl ClusterOwner {
                 }
             }
         }
-        if !keep.ops.is_empty() {
-            self.queued.insert(0, keep);
+        let old = std::mem::replace(&mut f.batches, vec![keep]);
+        f.given_up = true;
+        let seq = f.seq;
+        let data = self.commands_proposal(seq, time, &self.inflight[i].batches);
+        self.inflight[i].data = data;
+        self.recycle(old);
+        // What those connections sent after it goes the same way, and so does every request
+        // still waiting to be proposed: there has been no quorum for two election timeouts,
+        // and the contract's answer comes within that, not after another wait.
+        for b in &self.queued {
+            for m in b.ops.iter().filter(|m| is_request(&m.op)) {
+                self.poisoned.insert(m.conn);
+            }
         }
-        self.recycle(f.batches);
-        // What those connections sent after it goes the same way.
         for b in &mut self.queued {
             refuse_poisoned(&mut self.poisoned, &mut self.state.outbox, b);
         }

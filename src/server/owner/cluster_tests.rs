@@ -380,3 +380,36 @@ fn membership_changes_replicate_added_addresses_and_removed_ids_through_snapshot
     assert_eq!(back.membership(), m);
     assert_eq!(back.snapshot(), snap);
 }
+
+/// With several proposals in flight, a node's proposals apply in the order it made them: one
+/// whose predecessor was dropped (committed first after a leader change) is ignored, and both,
+/// proposed again in order, apply once each. A new run starts at its first proposal.
+#[test]
+fn a_nodes_proposals_apply_in_sequence_order_and_a_gap_waits_for_the_proposals_again() {
+    let a = ConnId::on_node(1, 0, 5, 0);
+    let mut r = replica(1);
+    r.apply(0, &proposal(1, 1, 1, T0, &[]));
+    let acq = proposal(1, 1, 2, T0, &[(a, ld::op::ACQ, JOB)]);
+    let rel = proposal(1, 1, 3, T0, &[(a, ld::op::REL, JOB)]);
+    // 2 was dropped: 3 alone does nothing.
+    r.apply(0, &rel);
+    assert_eq!(r.mine_applied, 1);
+    assert!(replies(&mut r).is_empty());
+    assert_eq!(r.tables.lockd.state(b"job"), LockState::Free);
+    // Proposed again, in order; the late original 3 after them does nothing more.
+    for e in [&acq, &rel, &rel] {
+        r.apply(0, e);
+    }
+    assert_eq!(r.mine_applied, 3);
+    assert_eq!(
+        replies(&mut r),
+        [(a, ld::op::ACQUIRED, false), (a, ld::op::RELEASED, false)]
+    );
+    // A new run's second proposal before its first: ignored, the old run's sessions kept.
+    let b = ConnId::on_node(2, 0, 6, 0);
+    r.apply(0, &proposal(2, 1, 1, T0, &[(b, ld::op::ACQ, JOB)]));
+    let before = state(&r);
+    r.apply(0, &proposal(2, 2, 2, T0 + 1, &[]));
+    assert_eq!(state(&r), before);
+    assert!(r.has_sessions_of(2));
+}
