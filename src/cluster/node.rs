@@ -40,6 +40,9 @@ const MAX_INFLIGHT_MSGS: usize = 256;
 /// Quorum probes remembered: one per tick, so more than an election timeout's worth; older
 /// ones are forgotten (their answers, if they ever come, prove nothing newer).
 const MAX_PROBES: usize = 2 * TICKS_PER_ELECTION;
+/// Campaigns after a leader's connection closed, a tick apart: half an election timeout's
+/// worth, then the ordinary election timeout takes over.
+const FAST_CAMPAIGNS: u32 = TICKS_PER_ELECTION as u32 / 2;
 
 /// The replicated state machine a node drives: fed committed entries in log order.
 pub trait Machine {
@@ -115,6 +118,9 @@ pub struct RaftNode {
     probe_seq: u64,
     /// When the latest probe that a leader confirmed with a quorum was sent.
     confirmed: Option<Instant>,
+    /// The leader's connection closed: campaign then, and so many more times a tick apart
+    /// while there is no leader ([`RaftNode::peer_closed`]).
+    campaign_at: Option<(Instant, u32)>,
     tick: Duration,
     next_tick: Instant,
     applied: u64,
@@ -201,6 +207,7 @@ impl RaftNode {
             probes: std::collections::VecDeque::new(),
             probe_seq: 0,
             confirmed: None,
+            campaign_at: None,
             tick,
             next_tick: now + tick,
             applied,
@@ -355,12 +362,57 @@ impl RaftNode {
             self.next_tick += self.tick;
         }
         while let Some(ev) = self.transport_event() {
-            match ev {
-                PeerEvent::Unreachable(id) => self.raw.report_unreachable(id),
-                PeerEvent::SnapshotFailed(id) => {
-                    self.raw.report_snapshot(id, SnapshotStatus::Failure)
-                }
+            self.peer_event(ev, now);
+        }
+        self.fast_campaign(now);
+    }
+
+    /// A peer event from [`RaftNode::events`] (or drained by [`RaftNode::tick`]).
+    pub fn peer_event(&mut self, ev: PeerEvent, now: Instant) {
+        match ev {
+            PeerEvent::Unreachable(id) => self.raw.report_unreachable(id),
+            PeerEvent::SnapshotFailed(id) => self.raw.report_snapshot(id, SnapshotStatus::Failure),
+            PeerEvent::Closed(id) => self.peer_closed(id, now),
+        }
+    }
+
+    fn fast_campaign(&mut self, now: Instant) {
+        if let Some((at, left)) = self.campaign_at {
+            if self.leader() != 0 || left == 0 {
+                self.campaign_at = None;
+            } else if now >= at {
+                // Again each tick while there is no leader: a voter that had not yet seen the
+                // close turned down the last pre-vote (pre-votes change no term).
+                let _ = self.raw.campaign();
+                self.campaign_at = Some((now + self.tick, left - 1));
             }
+        }
+    }
+
+    /// Peer events (to `select!` on, so that a leader's closed connection is seen at once).
+    pub fn events(&self) -> &Receiver<PeerEvent> {
+        self.transport.events()
+    }
+
+    /// Fast failover: the leader's connection to us closed, so its process has most likely
+    /// exited. Rather than wait out an election timeout (one to two of them, randomized) for a
+    /// leader that will not speak again, every follower forgets it (so that it no longer turns
+    /// down votes inside the old leader's lease), and the voter with the lowest id among the
+    /// others campaigns a tick later (once they have all seen the close). Raft is safe whatever
+    /// the timing: if the leader lives after all (a connection closed for another reason), the
+    /// election costs one term; if the campaign fails, the ordinary election timeout follows.
+    fn peer_closed(&mut self, id: u64, now: Instant) {
+        if id != self.leader() || self.is_leader() {
+            return;
+        }
+        let cs = self.conf_state();
+        if !cs.voters_outgoing.is_empty() || !cs.voters.contains(&self.id()) {
+            return;
+        }
+        let term = self.raw.raft.term;
+        self.raw.raft.become_follower(term, raft::INVALID_ID);
+        if cs.voters.iter().filter(|&&v| v != id).min() == Some(&self.id()) {
+            self.campaign_at = Some((now + self.tick, FAST_CAMPAIGNS));
         }
     }
 

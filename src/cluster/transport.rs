@@ -125,6 +125,10 @@ pub enum PeerEvent {
     Unreachable(u64),
     /// A snapshot message to this peer was dropped (`report_snapshot(id, Failure)`).
     SnapshotFailed(u64),
+    /// This peer's connection to us ended (EOF or reset) after it had sent a valid frame: its
+    /// process most likely exited (the kernel closes a dead process's sockets; a partition
+    /// closes nothing).
+    Closed(u64),
 }
 
 /// Counters, for metrics and tests.
@@ -193,14 +197,16 @@ impl Transport {
         let mut threads = Vec::new();
         let members: Members = Arc::new(RwLock::new(MemberSet::default()));
         {
-            let (shutdown, stats) = (shutdown.clone(), stats.clone());
+            let (shutdown, stats, ev_tx) = (shutdown.clone(), stats.clone(), ev_tx.clone());
             let (id, max_frame) = (cfg.id, cfg.max_frame);
             let members = members.clone();
             threads.push(
                 thread::Builder::new()
                     .name(format!("raft-accept-{}", id))
                     .spawn(move || {
-                        accept_loop(listener, id, members, max_frame, in_tx, stats, shutdown)
+                        accept_loop(
+                            listener, id, members, max_frame, in_tx, ev_tx, stats, shutdown,
+                        )
                     })?,
             );
         }
@@ -314,6 +320,11 @@ impl Transport {
         }
     }
 
+    /// Events for raft (to `select!` on).
+    pub fn events(&self) -> &Receiver<PeerEvent> {
+        &self.events
+    }
+
     /// The next event for raft, if any.
     pub fn try_event(&self) -> Option<PeerEvent> {
         self.events.try_recv().ok()
@@ -422,6 +433,7 @@ fn accept_loop(
     members: Members,
     max_frame: usize,
     inbound: Sender<Message>,
+    events: Sender<PeerEvent>,
     stats: Arc<TransportStats>,
     shutdown: Arc<AtomicBool>,
 ) {
@@ -440,6 +452,7 @@ fn accept_loop(
                     members: members.clone(),
                     max_frame,
                     inbound: inbound.clone(),
+                    events: events.clone(),
                     stats: stats.clone(),
                     shutdown: shutdown.clone(),
                 };
@@ -497,6 +510,7 @@ struct Reader {
     members: Members,
     max_frame: usize,
     inbound: Sender<Message>,
+    events: Sender<PeerEvent>,
     stats: Arc<TransportStats>,
     shutdown: Arc<AtomicBool>,
 }
@@ -517,7 +531,12 @@ impl Reader {
         loop {
             match self.frame(&mut s, &mut sender, &mut body) {
                 Ok(Got::Frame) => {}
-                Ok(Got::Closed) => return,
+                Ok(Got::Closed) => {
+                    if let Some(peer) = sender.filter(|_| !self.shutdown.load(Ordering::Relaxed)) {
+                        let _ = self.events.try_send(PeerEvent::Closed(peer));
+                    }
+                    return;
+                }
                 Err(_refused) => {
                     self.stats.refused.fetch_add(1, Ordering::Relaxed);
                     let _ = s.shutdown(std::net::Shutdown::Both);

@@ -300,3 +300,26 @@ fn membership_changes_add_and_refuse_peers() {
         "nothing of the removed member got through"
     );
 }
+
+/// A peer whose transport goes away (its process exits) is reported closed, once it had sent a
+/// valid frame; a stranger that never did is not.
+#[test]
+fn a_peer_that_goes_away_is_reported_closed() {
+    let (la, lb) = (listener(), listener());
+    let (aa, ab) = (la.local_addr().unwrap(), lb.local_addr().unwrap());
+    let peers: BTreeMap<u64, SocketAddr> = [(1, aa), (2, ab)].into_iter().collect();
+    let a = Transport::start(TransportConfig::new(1, peers.clone()), la).unwrap();
+    let idle = TcpStream::connect(aa).unwrap();
+    drop(idle);
+    let b = Transport::start(TransportConfig::new(2, peers), lb).unwrap();
+    wait_for("a hears from b", || {
+        b.send(msg(2, 1, 1));
+        a.recv_timeout(Duration::from_millis(50))
+    });
+    drop(b);
+    let ev = wait_for("b's close reported", || {
+        a.events().recv_timeout(Duration::from_millis(50)).ok()
+    });
+    assert_eq!(ev, PeerEvent::Closed(2));
+    assert!(a.try_event().is_none(), "the stranger's close is not reported");
+}

@@ -439,6 +439,8 @@ pub struct ClusterOwner {
     seq: u64,
     queued: Vec<Batch>,
     inflight: std::collections::VecDeque<InFlight>,
+    /// The leader the last [`ClusterOwner::propose`] saw.
+    leader_seen: u64,
     election: Duration,
     liveness: Liveness,
     peers: BTreeMap<u64, std::net::SocketAddr>,
@@ -591,6 +593,7 @@ impl ClusterOwner {
             // The first proposal, empty, announces this run (ending the sessions of the last).
             queued: vec![Batch::default()],
             inflight: std::collections::VecDeque::new(),
+            leader_seen: 0,
             election: Duration::from_millis(cfg.election_timeout_ms),
             liveness,
             peers,
@@ -603,6 +606,7 @@ impl ClusterOwner {
         loop {
             let wait = self.wait();
             let inbound = self.node.inbound().clone();
+            let events = self.node.events().clone();
             let take_more = self.queued.len() < MAX_QUEUED_BATCHES;
             let never = crossbeam_channel::never();
             let rx = if take_more { &self.rx } else { &never };
@@ -612,6 +616,7 @@ impl ClusterOwner {
                     Err(_) => return,
                 },
                 recv(inbound) -> m => if let Ok(m) = m { self.step(m) },
+                recv(events) -> ev => if let Ok(ev) = ev { self.node.peer_event(ev, Instant::now()) },
                 default(wait) => {}
             }
             while self.queued.len() < MAX_QUEUED_BATCHES {
@@ -925,8 +930,15 @@ impl ClusterOwner {
                 self.give_up(i, time);
             }
         }
+        // A new leader (raft-rs dropped whatever the old one had not appended): propose again
+        // at once rather than when the retry is due.
+        let leader = self.node.leader();
+        let new_leader = leader != 0 && leader != self.leader_seen;
+        self.leader_seen = leader;
         if let Some(oldest) = self.inflight.front() {
-            if now.duration_since(oldest.tried) >= retry_after(self.election, oldest.sent) {
+            if new_leader
+                || now.duration_since(oldest.tried) >= retry_after(self.election, oldest.sent)
+            {
                 for f in self.inflight.iter_mut() {
                     f.sent = self.node.propose(f.data.clone());
                     f.tried = now;
