@@ -197,17 +197,19 @@ impl Transport {
         let mut threads = Vec::new();
         let members: Members = Arc::new(RwLock::new(MemberSet::default()));
         {
-            let (shutdown, stats, ev_tx) = (shutdown.clone(), stats.clone(), ev_tx.clone());
-            let (id, max_frame) = (cfg.id, cfg.max_frame);
-            let members = members.clone();
+            let template = Reader {
+                id: cfg.id,
+                members: members.clone(),
+                max_frame: cfg.max_frame,
+                inbound: in_tx,
+                events: ev_tx.clone(),
+                stats: stats.clone(),
+                shutdown: shutdown.clone(),
+            };
             threads.push(
                 thread::Builder::new()
-                    .name(format!("raft-accept-{}", id))
-                    .spawn(move || {
-                        accept_loop(
-                            listener, id, members, max_frame, in_tx, ev_tx, stats, shutdown,
-                        )
-                    })?,
+                    .name(format!("raft-accept-{}", cfg.id))
+                    .spawn(move || accept_loop(listener, template))?,
             );
         }
         let mut t = Transport {
@@ -427,16 +429,9 @@ impl Writer {
     }
 }
 
-fn accept_loop(
-    listener: TcpListener,
-    id: u64,
-    members: Members,
-    max_frame: usize,
-    inbound: Sender<Message>,
-    events: Sender<PeerEvent>,
-    stats: Arc<TransportStats>,
-    shutdown: Arc<AtomicBool>,
-) {
+/// Accepts peers' connections, each read by a thread of its own (a clone of `template`).
+fn accept_loop(listener: TcpListener, template: Reader) {
+    let (stats, shutdown) = (template.stats.clone(), template.shutdown.clone());
     let mut readers: Vec<JoinHandle<()>> = Vec::new();
     while !shutdown.load(Ordering::Relaxed) {
         match listener.accept() {
@@ -447,17 +442,9 @@ fn accept_loop(
                     drop(s);
                     continue;
                 }
-                let r = Reader {
-                    id,
-                    members: members.clone(),
-                    max_frame,
-                    inbound: inbound.clone(),
-                    events: events.clone(),
-                    stats: stats.clone(),
-                    shutdown: shutdown.clone(),
-                };
+                let r = template.clone();
                 if let Ok(h) = thread::Builder::new()
-                    .name(format!("raft-recv-{}", id))
+                    .name(format!("raft-recv-{}", template.id))
                     .spawn(move || r.run(s))
                 {
                     readers.push(h);
@@ -505,6 +492,7 @@ fn is_leader_traffic(m: &Message) -> bool {
     )
 }
 
+#[derive(Clone)]
 struct Reader {
     id: u64,
     members: Members,

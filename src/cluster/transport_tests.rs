@@ -321,5 +321,8 @@ fn a_peer_that_goes_away_is_reported_closed() {
         a.events().recv_timeout(Duration::from_millis(50)).ok()
     });
     assert_eq!(ev, PeerEvent::Closed(2));
-    assert!(a.try_event().is_none(), "the stranger's close is not reported");
+    assert!(
+        a.try_event().is_none(),
+        "the stranger's close is not reported"
+    );
 }
