@@ -456,8 +456,12 @@ impl Worker {
         while let Ok(replies) = self.from_owner.try_recv() {
             let arena = &replies.arena.bytes;
             // A run of one session's effects (a pipeline's replies) goes to one connection (a
-            // session's connection never changes), or nowhere, and finds its socket once.
-            let routed = replies.effects.chunk_by(|a, b| a.to == b.to);
+            // session's connection never changes), or nowhere, and finds its socket once. The
+            // owner's direct effects (no-quorum answers, a fenced node's closes) carry no
+            // session, so a run also ends where the connection changes.
+            let routed = replies
+                .effects
+                .chunk_by(|a, b| a.to == b.to && a.conn == b.conn);
             for run in routed {
                 let Some(conn) = run.first().and_then(|e| e.conn) else {
                     continue; // dropped by routing
