@@ -96,6 +96,7 @@ mod lockd;
 mod mc;
 mod model;
 mod net;
+mod proxy;
 mod report;
 
 use std::collections::HashMap;
