@@ -350,3 +350,105 @@ impl Mesh {
         out
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    /// An echo server on loopback: every connection gets its bytes back.
+    fn echo() -> SocketAddr {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = l.local_addr().expect("addr");
+        std::thread::spawn(move || {
+            for s in l.incoming().flatten() {
+                std::thread::spawn(move || {
+                    let mut s = s;
+                    let mut buf = [0u8; 1024];
+                    while let Ok(n) = s.read(&mut buf) {
+                        if n == 0 || s.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    /// What arrives within `wait`: Some(bytes) (possibly empty), or None once the proxy closed.
+    fn read_for(s: &mut TcpStream, wait: Duration) -> Option<Vec<u8>> {
+        let until = Instant::now() + wait;
+        let mut got = Vec::new();
+        while Instant::now() < until {
+            s.set_read_timeout(Some(Duration::from_millis(20)))
+                .expect("timeout");
+            let mut buf = [0u8; 64];
+            match s.read(&mut buf) {
+                Ok(0) => return None,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+                Err(_) => return None,
+            }
+        }
+        Some(got)
+    }
+
+    #[test]
+    fn pass_forwards_both_ways_and_drop_discards_then_closes_on_heal() {
+        let p = Proxy::start(echo()).expect("proxy");
+        let mut c = TcpStream::connect(p.addr()).expect("connect");
+        c.write_all(b"one").expect("write");
+        assert_eq!(
+            read_for(&mut c, Duration::from_millis(300)),
+            Some(b"one".to_vec())
+        );
+        p.set(Mode::Drop);
+        c.write_all(b"two").expect("write");
+        assert_eq!(
+            read_for(&mut c, Duration::from_millis(300)),
+            Some(Vec::new())
+        );
+        assert!(p.bytes().1 >= 3, "{:?}", p.bytes());
+        // The stream has a hole: healed, the proxy closes it; a new connection passes.
+        p.set(Mode::Pass);
+        assert_eq!(read_for(&mut c, Duration::from_secs(2)), None);
+        let mut c = TcpStream::connect(p.addr()).expect("connect");
+        c.write_all(b"three").expect("write");
+        assert_eq!(
+            read_for(&mut c, Duration::from_millis(300)),
+            Some(b"three".to_vec())
+        );
+    }
+
+    #[test]
+    fn refuse_closes_open_connections_and_new_ones() {
+        let p = Proxy::start(echo()).expect("proxy");
+        let mut c = TcpStream::connect(p.addr()).expect("connect");
+        c.write_all(b"x").expect("write");
+        assert_eq!(
+            read_for(&mut c, Duration::from_millis(300)),
+            Some(b"x".to_vec())
+        );
+        p.set(Mode::Refuse);
+        assert_eq!(read_for(&mut c, Duration::from_secs(2)), None);
+        let mut c = TcpStream::connect(p.addr()).expect("connect");
+        assert_eq!(read_for(&mut c, Duration::from_secs(2)), None);
+    }
+
+    #[test]
+    fn a_mesh_gives_each_node_its_own_address_and_proxies_for_the_others() {
+        let real: Vec<SocketAddr> = (0..3).map(|_| echo()).collect();
+        let m = Mesh::start(&real).expect("mesh");
+        let peers = m.peers_for(2);
+        let parts: Vec<&str> = peers.split(',').collect();
+        assert_eq!(parts.len(), 3);
+        assert_eq!(parts[1], format!("2={}", real[1]));
+        assert_eq!(parts[0], format!("1={}", m.link(2, 1).addr()));
+        assert_eq!(parts[2], format!("3={}", m.link(2, 3).addr()));
+        m.isolate(2, Mode::Drop);
+        assert_eq!(m.cuts().len(), 4);
+        m.heal();
+        assert!(m.cuts().is_empty());
+    }
+}
