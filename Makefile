@@ -6,6 +6,7 @@
 #   make fuzz   every cargo-fuzz target for FUZZ_SECONDS each (make fuzz-smoke: 20 s each)
 #   make scale  memory per idle connection and per held lock, lease expiry accuracy, at 10k/1M
 #   make soak   mixed hostile traffic on all three protocols for SOAK_SECONDS (CI: 60)
+#   make soak-cluster  the same against three nodes with kills, pauses and partitions
 #   make owner-ceiling  ops/s of one owner thread at 100% and its instructions per op
 #   make determinism  the replay/determinism check over REPLAY_SEEDS seeds (release)
 #   make install  the daemon, holdfast-lock, the systemd unit and the man page under DESTDIR/PREFIX
@@ -15,6 +16,8 @@ CARGO  ?= cargo
 # make soak: how long the traffic runs; the daemon's timers are short so that they fire often.
 SOAK_SECONDS ?= 600
 SOAK_DAEMON_FLAGS ?= --threads 2 --orphan-timeout 200 --dlock-idle-timeout 2000
+# make soak-cluster: every node's flags (short timers, so that faults and expiries happen often).
+SOAK_CLUSTER_FLAGS ?= --threads 1 --election-timeout 300 --session-timeout 900 --orphan-timeout 200 --dlock-idle-timeout 2000
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -35,7 +38,7 @@ BINDIR  := $(PREFIX)/bin
 MANDIR  := $(PREFIX)/share/man/man1
 UNITDIR ?= $(PREFIX)/lib/systemd/system
 
-.PHONY: run run-cluster build release test test-rust test-clients conformance deps deps-apt deps-browser deps-go deps-systemd deps-python install verify-service lint fmt bench owner-ceiling scale soak fuzz fuzz-smoke fuzz-deps clean
+.PHONY: run run-cluster build release test test-rust test-clients conformance deps deps-apt deps-browser deps-go deps-systemd deps-python install verify-service lint fmt bench owner-ceiling scale soak soak-cluster fuzz fuzz-smoke fuzz-deps clean
 
 run: release
 	./target/release/holdfast
@@ -173,6 +176,13 @@ scale: release
 # waits past every timeout, checks that nothing is left, stops the daemon by its PID.
 soak: release
 	./target/release/holdfast-soak --seconds $(SOAK_SECONDS) --holdfast ./target/release/holdfast -- $(SOAK_DAEMON_FLAGS)
+
+# The cluster soak: three release nodes on loopback, every peer link through a fault-injecting
+# proxy, ~60 client threads spread over the nodes, a fault every few seconds (kill -9 of a node
+# or the leader, SIGSTOP past the session timeout, SIGTERM and restart, partitions both ways and
+# one way); then nothing may be left locked on any node. Data and node logs are kept on FAIL.
+soak-cluster: release
+	./target/release/holdfast-soak --cluster 3 --seconds $(SOAK_SECONDS) --holdfast ./target/release/holdfast -- $(SOAK_CLUSTER_FLAGS)
 
 # The owner thread alone at 100% (no sockets): ops/s and callgrind instructions per op.
 owner-ceiling:

@@ -5,6 +5,8 @@
 //! directory, removed at the end) and stops only the daemons it started.
 
 mod common;
+#[path = "../tools/soak/proxy.rs"]
+mod proxy;
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
@@ -21,6 +23,8 @@ struct Cluster {
     dirs: Vec<PathBuf>,
     nodes: Vec<Option<Daemon>>,
     extra: Vec<String>,
+    /// Set by [`Cluster::start_proxied`]: every peer link goes through a proxy of its own.
+    mesh: Option<proxy::Mesh>,
 }
 
 fn free_port() -> u16 {
@@ -43,6 +47,26 @@ impl Cluster {
         extra: &[&str],
         prepare: impl FnOnce(&[PathBuf]),
     ) -> Cluster {
+        Cluster::start_with(n, name, extra, prepare, false)
+    }
+
+    /// Started with every peer link (i -> j) through a fault-injecting proxy
+    /// (`tools/soak/proxy.rs`), and committing through every node.
+    fn start_proxied(n: usize, name: &str, extra: &[&str]) -> Cluster {
+        let c = Cluster::start_with(n, name, extra, |_| {}, true);
+        for id in 1..=n {
+            wait_for_quorum(c.node(id).memcache.expect("memcache"));
+        }
+        c
+    }
+
+    fn start_with(
+        n: usize,
+        name: &str,
+        extra: &[&str],
+        prepare: impl FnOnce(&[PathBuf]),
+        proxied: bool,
+    ) -> Cluster {
         let peers: Vec<String> = (1..=n)
             .map(|i| format!("{i}=127.0.0.1:{}", free_port()))
             .collect();
@@ -53,11 +77,19 @@ impl Cluster {
             std::fs::create_dir_all(d).expect("data directory");
         }
         prepare(&dirs);
+        let mesh = proxied.then(|| {
+            let real: Vec<SocketAddr> = peers
+                .iter()
+                .filter_map(|p| p.split_once('=').and_then(|(_, a)| a.parse().ok()))
+                .collect();
+            proxy::Mesh::start(&real).expect("start the peer proxies")
+        });
         let mut c = Cluster {
             peers: peers.join(","),
             dirs,
             nodes: Vec::new(),
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            mesh,
         };
         for i in 1..=n {
             let d = c.spawn(i);
@@ -78,9 +110,13 @@ impl Cluster {
     fn spawn(&self, id: usize) -> Daemon {
         let id_s = id.to_string();
         let dir = self.dirs[id - 1].to_string_lossy().into_owned();
+        let peers = match &self.mesh {
+            Some(m) => m.peers_for(id),
+            None => self.peers.clone(),
+        };
         let mut args = vec![
             "--peers",
-            &self.peers,
+            &peers,
             "--node-id",
             &id_s,
             "--data-dir",
@@ -622,4 +658,292 @@ fn a_wiped_node_is_removed_and_a_new_node_joins_from_a_snapshot() {
     want.sort();
     assert_eq!(ids(&v, "voters"), want);
     joiner.terminate();
+}
+
+/// Election and session timeouts of the partition tests (ms), and the fence time they imply:
+/// a node cut off closes its clients after the session timeout less half an election timeout.
+const PART_ELECTION_MS: u64 = 300;
+const PART_SESSION_MS: u64 = 900;
+/// Added to every "within" bound of the partition tests: the machine is shared and loaded.
+const SLACK: Duration = Duration::from_secs(2);
+
+/// One memcached text request through a fresh connection to `addr`: its reply line, or None
+/// when the node closed the connection without one.
+fn mc_once(addr: SocketAddr, request: &[u8]) -> Option<String> {
+    let mut c = Client::connect(addr);
+    c.send(request);
+    try_line(&mut c)
+}
+
+/// The next line, or None when the connection closes first.
+fn try_line(c: &mut Client) -> Option<String> {
+    use std::io::Read;
+    let deadline = Instant::now() + common::DEADLINE;
+    loop {
+        if let Some(i) = c.pending.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = c.pending.drain(..=i).collect();
+            return Some(String::from_utf8_lossy(&line).into_owned());
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(!left.is_zero(), "neither a line nor a close");
+        c.stream.set_read_timeout(Some(left)).expect("timeout");
+        let mut buf = [0u8; 4096];
+        match c.stream.read(&mut buf) {
+            Ok(0) => return None,
+            Ok(k) => c.pending.extend_from_slice(&buf[..k]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock
+                        | std::io::ErrorKind::TimedOut
+                        | std::io::ErrorKind::Interrupted
+                ) => {}
+            Err(_) => return None,
+        }
+    }
+}
+
+/// Lock and unlock `key` through `addr` `rounds` times, each answered within `within`: the
+/// cluster grants through this node.
+fn keeps_granting(addr: SocketAddr, key: &str, rounds: usize, within: Duration) {
+    let mut m = Client::connect(addr);
+    m.expect(
+        format!("set {key} 0 0 1\r\nv\r\n").as_bytes(),
+        b"STORED\r\n",
+    );
+    for round in 0..rounds {
+        let asked = Instant::now();
+        m.expect(format!("lock {key}\r\n").as_bytes(), b"OK\r\n");
+        m.expect(format!("unlock {key}\r\n").as_bytes(), b"OK\r\n");
+        assert!(
+            asked.elapsed() < within,
+            "round {round} through {addr} took {:?}",
+            asked.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn applied(d: &Daemon) -> u64 {
+    status(d)["applied"].as_u64().expect("applied index")
+}
+
+/// A minority partition through the peer proxies (a blackhole both ways): the cut-off
+/// follower's clients get the no-quorum answer or a closed connection within 2 x the election
+/// timeout plus the fence time, the majority keeps granting, and after the session timeout
+/// grants the cut-off node's clients' locks to others; healed, the node catches up.
+///
+/// It found a daemon bug: `Outbox::direct` gives every effect it makes the session
+/// `Session(0)`, and the worker delivered a run of effects with the same session to the first
+/// one's connection, so a fenced node's closes (and no-quorum answers to several connections
+/// in one turn) all went to one connection. The worker now ends a run where the connection
+/// changes too.
+#[test]
+fn a_follower_cut_off_both_ways_fences_its_clients_and_the_majority_takes_its_locks() {
+    let session = PART_SESSION_MS.to_string();
+    let cluster = Cluster::start_proxied(
+        3,
+        "cut-off",
+        &["--session-timeout", &session, "--orphan-timeout", "500"],
+    );
+    let lead = leader(&cluster);
+    let x = if lead == 1 { 2 } else { 1 };
+    let other = (1..=3)
+        .find(|&i| i != lead && i != x)
+        .expect("a third node");
+    // X's clients: a memcached holder and an old-protocol holder.
+    let mut holder = cluster.node(x).memcache();
+    holder.expect(b"set job 0 0 1\r\nv\r\n", b"STORED\r\n");
+    holder.expect(b"lock job\r\n", b"OK\r\n");
+    let mut lholder = cluster.node(x).lockd();
+    assert_eq!(ask(&mut lholder, ld::op::ACQ, b"ljob\0"), ld::op::ACQUIRED);
+    // The majority sees both held; an old-protocol waiter queues through the other follower.
+    let mut probe = cluster.node(lead).memcache();
+    probe.expect(b"lock job\r\n", b"LOCKED\r\n");
+    let mut lwaiter = cluster.node(other).lockd();
+    assert_eq!(ask(&mut lwaiter, ld::op::ACQ, b"ljob\0"), ld::op::ACK);
+
+    let mesh = cluster.mesh.as_ref().expect("proxied");
+    mesh.isolate(x, proxy::Mode::Drop);
+    let cut = Instant::now();
+    // X cannot commit: a request through X gets the no-quorum answer (or X has already fenced
+    // itself and closes the connection), and the connection closes.
+    let xaddr = cluster.node(x).memcache.expect("memcache");
+    let answer_within =
+        Duration::from_millis(2 * PART_ELECTION_MS + PART_SESSION_MS - PART_ELECTION_MS);
+    let mut m = Client::connect(xaddr);
+    let asked = Instant::now();
+    m.send(b"lock other\r\n");
+    if let Some(line) = try_line(&mut m) {
+        assert_eq!(line, "SERVER_ERROR no quorum\r\n");
+        m.expect_closed();
+    }
+    assert!(
+        asked.elapsed() < answer_within + SLACK,
+        "no answer from the cut-off node for {:?}",
+        asked.elapsed()
+    );
+    // X's idle clients are closed: it fenced itself.
+    holder.expect_closed();
+    if let Some(line) = try_line(&mut lholder) {
+        panic!("the cut-off node sent its old-protocol holder {line:?}");
+    }
+    let fenced_after = cut.elapsed();
+    assert!(
+        fenced_after < answer_within + SLACK,
+        "the cut-off node closed its clients {fenced_after:?} after the cut"
+    );
+    // The majority keeps granting meanwhile.
+    keeps_granting(
+        cluster.node(lead).memcache.expect("memcache"),
+        "maj1",
+        5,
+        SLACK,
+    );
+    keeps_granting(
+        cluster.node(other).memcache.expect("memcache"),
+        "maj2",
+        5,
+        SLACK,
+    );
+    // After the session timeout the majority gives X's clients' locks to others: the
+    // memcached lock at once, the old-protocol lock after its orphan window.
+    loop {
+        probe.send(b"lock job\r\n");
+        let line = probe.line();
+        if line == "OK\r\n" {
+            break;
+        }
+        assert_eq!(line, "LOCKED\r\n");
+        assert!(
+            cut.elapsed() < Duration::from_secs(15),
+            "X's lock never expired"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let took = cut.elapsed();
+    assert!(
+        took >= Duration::from_millis(PART_SESSION_MS - 50),
+        "X's lock was given away {took:?} after the cut: before the session timeout"
+    );
+    assert_eq!(reply_to(&mut lwaiter, b"ljob\0"), ld::op::ACQUIRED);
+    assert!(
+        cut.elapsed() >= Duration::from_millis(PART_SESSION_MS + 500 - 50),
+        "X's old-protocol lock went to a waiter {:?} after the cut: before session + orphan timeout",
+        cut.elapsed()
+    );
+    // While cut off X still refuses to grant.
+    if let Some(line) = mc_once(xaddr, b"lock other\r\n") {
+        assert_eq!(line, "SERVER_ERROR no quorum\r\n");
+    }
+    // Heal: X catches up (its applied index reaches the leader's of after the heal's first
+    // write) and serves again, seeing the majority's decisions.
+    mesh.heal();
+    let mut w = cluster.node(lead).memcache();
+    w.expect(b"set after-heal 0 0 1\r\nv\r\n", b"STORED\r\n");
+    let target = applied(cluster.node(lead));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while applied(cluster.node(x)) < target {
+        assert!(
+            Instant::now() < deadline,
+            "X never caught up to index {target}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    wait_for_quorum(xaddr);
+    let mut late = cluster.node(x).memcache();
+    late.expect(b"lock job\r\n", b"LOCKED\r\n");
+    late.expect(
+        b"get after-heal\r\n",
+        b"VALUE after-heal 0 1\r\nv\r\nEND\r\n",
+    );
+    let mut l = cluster.node(x).lockd();
+    assert_eq!(ask(&mut l, ld::op::TRY, b"ljob\0"), ld::op::WBLOCK);
+    assert_eq!(status(cluster.node(x))["fenced"], false);
+}
+
+/// One-way partitions through the peer proxies: the leader can send to a follower but not
+/// hear from it, then the reverse; either way the cluster keeps granting through the other
+/// two nodes, and healed, all three serve.
+#[test]
+fn a_one_way_partition_keeps_the_majority_granting() {
+    let session = PART_SESSION_MS.to_string();
+    let cluster = Cluster::start_proxied(3, "one-way", &["--session-timeout", &session]);
+    let mesh = cluster.mesh.as_ref().expect("proxied");
+    for (case, blackhole) in [("leader deaf to X", true), ("X deaf to leader", false)] {
+        let lead = leader(&cluster);
+        let x = if lead == 1 { 2 } else { 1 };
+        let other = (1..=3)
+            .find(|&i| i != lead && i != x)
+            .expect("a third node");
+        if blackhole {
+            mesh.set(x, lead, proxy::Mode::Drop);
+        } else {
+            mesh.set(lead, x, proxy::Mode::Refuse);
+        }
+        let cut = Instant::now();
+        // Longer than the session timeout: whatever X's sessions become, the other two go on.
+        let mut round = 0;
+        while cut.elapsed() < Duration::from_millis(3 * PART_SESSION_MS) {
+            for id in [lead, other] {
+                let key = format!("oneway{round}");
+                keeps_granting(cluster.node(id).memcache.expect("memcache"), &key, 1, SLACK);
+            }
+            round += 1;
+        }
+        assert!(round >= 3, "{case}: only {round} rounds");
+        mesh.heal();
+        for id in 1..=3 {
+            wait_for_quorum(cluster.node(id).memcache.expect("memcache"));
+        }
+        let mut m = cluster.node(x).memcache();
+        m.expect(b"set healed 0 0 1\r\nv\r\n", b"STORED\r\n");
+    }
+}
+
+/// A follower that hears the leader but is not heard by it (a one-way partition) must fence
+/// itself before the majority expires its sessions: its client learns that it lost the lock
+/// (its connection closes) before anyone else is granted it. (Measuring a node's contact from
+/// the messages it receives would never fence it here: it goes on hearing the leader.)
+#[test]
+fn a_node_the_leader_cannot_hear_fences_itself_before_its_locks_move() {
+    let session = PART_SESSION_MS.to_string();
+    let cluster = Cluster::start_proxied(3, "deaf", &["--session-timeout", &session]);
+    let mesh = cluster.mesh.as_ref().expect("proxied");
+    let lead = leader(&cluster);
+    let x = if lead == 1 { 2 } else { 1 };
+    let mut holder = cluster.node(x).memcache();
+    holder.expect(b"set job 0 0 1\r\nv\r\n", b"STORED\r\n");
+    holder.expect(b"lock job\r\n", b"OK\r\n");
+    // X's messages to the leader vanish; the leader's to X still arrive.
+    mesh.set(x, lead, proxy::Mode::Drop);
+    let cut = Instant::now();
+    let closed = std::thread::spawn(move || {
+        holder.expect_closed();
+        Instant::now()
+    });
+    let granted = loop {
+        let mut c = cluster.node(lead).memcache();
+        c.send(b"lock job\r\n");
+        match c.line().as_str() {
+            "OK\r\n" => break Instant::now(),
+            "LOCKED\r\n" => {}
+            other => panic!("lock through the leader answered {other:?}"),
+        }
+        assert!(
+            cut.elapsed() < Duration::from_millis(3 * PART_SESSION_MS) + SLACK,
+            "the majority never took the cut-off node's lock"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let closed = closed.join().expect("the holder's connection closed");
+    assert!(
+        closed < granted,
+        "granted {:?} after the cut, but the holder's connection closed only {:?} after it",
+        granted - cut,
+        closed - cut
+    );
+    assert_eq!(status(cluster.node(x))["fenced"], true);
+    mesh.heal();
+    wait_for_quorum(cluster.node(x).memcache.expect("memcache"));
 }

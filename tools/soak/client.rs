@@ -7,14 +7,17 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::model::{Model, Owner};
-use crate::net::{Conn, Res, Rng};
+use crate::net::{Alive, Conn, Fail, Res, Rng, REPLY_DEADLINE};
 use crate::report::Report;
 
 /// Shared by every thread of the soak.
 pub struct Ctx {
-    pub memcache: SocketAddr,
-    pub lockd: SocketAddr,
-    pub dlock: SocketAddr,
+    /// One address per node (one node unless `--cluster`); each connection picks one.
+    pub memcache: Vec<SocketAddr>,
+    pub lockd: Vec<SocketAddr>,
+    pub dlock: Vec<SocketAddr>,
+    /// Cluster mode: the nodes' `--session-timeout` (the cluster rules 9-11 apply).
+    pub session_timeout: Option<Duration>,
     pub model: Model,
     pub report: Arc<Report>,
     /// Clients start no new work from here on; they release what they hold and leave.
@@ -66,11 +69,13 @@ pub struct Base {
     pub what: &'static str,
     /// The last steps on the current connection (explains a connection the daemon never closes).
     history: Vec<&'static str>,
-    addr: SocketAddr,
+    addrs: Vec<SocketAddr>,
+    /// The node (index into `addrs`) of the current or last connection.
+    pub node: usize,
 }
 
 impl Base {
-    pub fn new(ctx: Arc<Ctx>, id: u32, seed: u64, addr: SocketAddr) -> Base {
+    pub fn new(ctx: Arc<Ctx>, id: u32, seed: u64, addrs: Vec<SocketAddr>) -> Base {
         Base {
             ctx,
             id,
@@ -78,18 +83,78 @@ impl Base {
             conn: None,
             what: "start",
             history: Vec::new(),
-            addr,
+            node: (id as usize) % addrs.len().max(1),
+            addrs,
         }
     }
 
-    /// The connection, opened if there is none.
+    /// The connection, opened if there is none (to a node picked at random in cluster mode).
     pub fn conn(&mut self) -> Res<&mut Conn> {
         if self.conn.is_none() {
-            self.conn = Some(Conn::connect(self.addr)?);
+            if self.addrs.len() > 1 {
+                self.node = self.rng.below(self.addrs.len() as u64) as usize;
+            }
+            let addr = self.addrs[self.node];
+            self.conn = Some(Conn::connect(addr)?);
             self.history.clear();
             self.ctx.report.count(&self.ctx.report.c.reconnects);
         }
         Ok(self.conn.as_mut().expect("just connected"))
+    }
+
+    pub fn cluster(&self) -> bool {
+        self.ctx.session_timeout.is_some()
+    }
+
+    /// Cluster mode: the current connection's [`Alive`], for its marks (rule 10).
+    pub fn alive(&self) -> Option<Alive> {
+        if !self.cluster() {
+            return None;
+        }
+        self.conn.as_ref().map(|c| c.alive.clone())
+    }
+
+    /// The reply to the request sent at `sent` was read just now.
+    pub fn replied(&self, sent: std::time::Instant) {
+        if let Some(c) = &self.conn {
+            c.replied(sent);
+        }
+    }
+
+    /// Cluster mode (rule 9): whether `f` is an accepted outcome: the node closed or refused
+    /// the connection (killed, stopped then fenced, its sessions expired), or answered no
+    /// quorum, after which it must close the connection (checked here). The caller clears
+    /// its marks (rule 9) and the connection is dropped.
+    pub fn cluster_outcome(&mut self, f: &Fail) -> bool {
+        if !self.cluster() {
+            return false;
+        }
+        match f {
+            Fail::Closed(_) => {
+                self.ctx.report.count(&self.ctx.report.c.closed_by_node);
+                self.closed_by_server();
+                true
+            }
+            Fail::NoQuorum(what) => {
+                self.ctx.report.count(&self.ctx.report.c.no_quorum);
+                let closed = match &mut self.conn {
+                    Some(c) => c.wait_closed(Instant::now() + REPLY_DEADLINE).is_ok(),
+                    None => true,
+                };
+                if !closed {
+                    let conn = self.conn.as_ref().map_or(0, |c| c.id);
+                    self.ctx.report.error(format!(
+                        "client {} conn {conn} (node {}): {what}: answered no quorum, but the \
+                         connection stayed open",
+                        self.id,
+                        self.node + 1
+                    ));
+                }
+                self.closed_by_server();
+                true
+            }
+            _ => false,
+        }
     }
 
     pub fn owner(&self) -> Owner {

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use holdfast::proto::dlock::{self as wire, req_type, status, LockFields};
 
 use crate::client::{Base, Ctx};
-use crate::model::{Bound, Proto};
+use crate::model::{Bound, Proto, IDLE};
 use crate::net::{Fail, Res, REPLY_DEADLINE};
 
 /// Largest response frame accepted.
@@ -25,7 +25,7 @@ pub struct DlockClient {
 }
 
 pub fn run(ctx: Arc<Ctx>, id: u32, seed: u64) {
-    let addr = ctx.dlock;
+    let addr = ctx.dlock.clone();
     let mut c = DlockClient {
         b: Base::new(ctx.clone(), id, seed, addr),
         next_id: 1,
@@ -52,6 +52,14 @@ impl DlockClient {
         let owner = self.b.owner();
         let idle = self.b.ctx.idle_timeout;
         let silent = self.last_send.elapsed();
+        if self.b.cluster() && matches!(f, Fail::Closed(_) | Fail::NoQuorum(_)) {
+            // Rule 9: the close releases the connection-bound keys later; the marks go now.
+            for k in std::mem::take(&mut self.held) {
+                self.b.ctx.model.releasing(Proto::Dlock, &k, owner);
+            }
+            self.b.cluster_outcome(&f);
+            return;
+        }
         if matches!(f, Fail::Closed(_)) && !idle.is_zero() && silent + self.b.ctx.tolerance >= idle
         {
             // This thread was not scheduled for an idle timeout (the machine is overloaded):
@@ -64,8 +72,10 @@ impl DlockClient {
             self.b.ctx.report.count(&self.b.ctx.report.c.dlock_idle);
         } else {
             self.b.ctx.report.error(format!(
-                "dlock client {} conn {}: {what}: {f}",
-                self.b.id, owner.conn
+                "dlock client {} conn {} (node {}): {what}: {f}",
+                self.b.id,
+                owner.conn,
+                self.b.node + 1
             ));
         }
         for k in std::mem::take(&mut self.held) {
@@ -110,7 +120,7 @@ impl DlockClient {
     fn idle_bound(&self) -> Bound {
         Bound {
             at: self.last_send + self.b.ctx.idle_timeout,
-            why: "idle timeout",
+            why: IDLE,
         }
     }
 
@@ -132,6 +142,14 @@ impl DlockClient {
                 r.version, r.request_id
             )));
         }
+        if self.b.cluster()
+            && r.status == Some(status::GENERAL)
+            && r.error_text.as_deref() == Some(b"no quorum".as_slice())
+        {
+            return Err(Fail::NoQuorum(format!("request {id}")));
+        }
+        // One request at a time: this is the reply to the latest one.
+        self.b.replied(self.last_send);
         Ok(r)
     }
 
@@ -235,6 +253,20 @@ impl DlockClient {
         }
         self.b.ctx.report.count(&self.b.ctx.report.c.dlock_grants);
         let owner = self.b.owner();
+        let read = Instant::now();
+        let alive = self.b.alive();
+        // Rule 11: one token covers every key of the Lock.
+        match r.fence {
+            Some(t) => {
+                for k in &keys {
+                    self.b
+                        .ctx
+                        .model
+                        .token(Proto::Dlock, k, owner, "Lock", t, sent, read);
+                }
+            }
+            None => return Err(Fail::Proto(format!("Ok Lock {keys:?} without a fence"))),
+        }
         match lease {
             Some(l) => {
                 // Counted from the grant, which is after `sent`.
@@ -247,8 +279,9 @@ impl DlockClient {
                         Proto::Dlock,
                         k,
                         owner,
-                        "Lock with lease",
+                        &format!("Lock with lease via node {}", self.b.node + 1),
                         Some(bound),
+                        alive.clone(),
                     );
                 }
                 self.b.ctx.report.count(&self.b.ctx.report.c.dlock_leases);
@@ -257,10 +290,14 @@ impl DlockClient {
             None => {
                 let bound = (!self.b.ctx.idle_timeout.is_zero()).then(|| self.idle_bound());
                 for k in &keys {
-                    self.b
-                        .ctx
-                        .model
-                        .granted(Proto::Dlock, k, owner, "Lock", bound);
+                    self.b.ctx.model.granted(
+                        Proto::Dlock,
+                        k,
+                        owner,
+                        &format!("Lock via node {}", self.b.node + 1),
+                        bound,
+                        alive.clone(),
+                    );
                 }
                 self.held = keys;
                 self.bound_end()
@@ -354,6 +391,11 @@ impl DlockClient {
             })?;
         let silent = self.last_send.elapsed();
         self.b.closed_by_server();
+        if silent + self.b.ctx.tolerance < idle && self.b.cluster() {
+            // Rule 9: closed by the node (killed, fenced, its sessions expired), not idle.
+            self.b.ctx.report.count(&self.b.ctx.report.c.closed_by_node);
+            return Ok(());
+        }
         if silent + self.b.ctx.tolerance < idle {
             return Err(Fail::Proto(format!(
                 "idle-disconnected after {} ms of silence (timeout {} ms)",

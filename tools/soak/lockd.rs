@@ -55,18 +55,21 @@ pub struct LockdClient {
     b: Base,
     /// The name this connection holds.
     held: Option<String>,
-    /// PINGs sent whose PONG has not been read yet, oldest first.
-    pongs: VecDeque<Vec<u8>>,
+    /// PINGs sent whose PONG has not been read yet, oldest first, with their send times.
+    pongs: VecDeque<(Vec<u8>, Instant)>,
     serial: u64,
+    /// When the latest request was sent (its reply, when read, moves the connection's Alive).
+    last_send: Instant,
 }
 
 pub fn run(ctx: Arc<Ctx>, id: u32, seed: u64) {
-    let addr = ctx.lockd;
+    let addr = ctx.lockd.clone();
     let mut c = LockdClient {
         b: Base::new(ctx.clone(), id, seed, addr),
         held: None,
         pongs: VecDeque::new(),
         serial: 0,
+        last_send: Instant::now(),
     };
     while ctx.running() {
         if let Err(f) = c.step() {
@@ -86,19 +89,38 @@ pub fn run(ctx: Arc<Ctx>, id: u32, seed: u64) {
 impl LockdClient {
     fn failed(&mut self, what: &str, f: Fail) {
         let owner = self.b.owner();
+        if self.b.cluster() && matches!(f, Fail::Closed(_) | Fail::NoQuorum(_)) {
+            // Rule 9: the node closed the connection; the lock becomes an orphan later (when
+            // the session ends), and the mark goes now.
+            if let Some(name) = self.held.take() {
+                self.b.ctx.model.releasing(Proto::Lockd, &name, owner);
+            }
+            self.pongs.clear();
+            self.b.cluster_outcome(&f);
+            return;
+        }
         self.b.ctx.report.error(format!(
-            "lockd client {} conn {}: {what}: {f}",
-            self.b.id, owner.conn
+            "lockd client {} conn {} (node {}): {what}: {f}",
+            self.b.id,
+            owner.conn,
+            self.b.node + 1
         ));
         self.leave();
     }
 
     /// Close the connection; a held lock becomes an orphan, which the server may keep for the
-    /// orphan timeout counted from (at the earliest) now.
+    /// orphan timeout counted from (at the earliest) now, or in cluster mode from the end of
+    /// the node's sessions if that may be earlier (rule 10).
     fn leave(&mut self) {
         if let Some(name) = self.held.take() {
+            let alive = self.b.alive();
+            let from = self
+                .b
+                .ctx
+                .model
+                .session_floor(alive.as_ref(), Instant::now());
             let bound = Bound {
-                at: Instant::now() + self.b.ctx.orphan_timeout,
+                at: from + self.b.ctx.orphan_timeout,
                 why: "orphan timeout",
             };
             self.b
@@ -131,6 +153,7 @@ impl LockdClient {
     fn send(&mut self, opcode: u8, payload: &[u8]) -> Res<()> {
         let mut req = Vec::with_capacity(4 + payload.len());
         wire::encode(&mut req, opcode, payload);
+        self.last_send = Instant::now();
         self.b.send(&req)
     }
 
@@ -139,14 +162,21 @@ impl LockdClient {
         loop {
             let f = self.b.conn()?.recv(deadline, parse)?;
             self.b.ctx.report.op();
+            if f.opcode == op::ERR
+                && self.b.cluster()
+                && self.pongs.front().is_some_and(|(p, _)| *p == f.payload)
+            {
+                return Err(Fail::NoQuorum("PING while waiting".into()));
+            }
             if f.opcode == op::PONG {
-                if let Some(expected) = self.pongs.pop_front() {
+                if let Some((expected, sent)) = self.pongs.pop_front() {
                     if f.payload != expected {
                         return Err(Fail::Proto(format!(
                             "PONG payload {:?}, expected {:?}",
                             f.payload, expected
                         )));
                     }
+                    self.b.replied(sent);
                     continue;
                 }
             }
@@ -156,7 +186,19 @@ impl LockdClient {
 
     /// A reply to a request on `payload` must echo it byte for byte.
     fn expect(&mut self, what: &str, payload: &[u8], allowed: &[u8]) -> Res<u8> {
+        let sent = self.last_send;
         let f = self.recv(Instant::now() + REPLY_DEADLINE)?;
+        if f.opcode == op::ERR && f.payload == payload && self.b.cluster() {
+            if !allowed.contains(&op::ERR) {
+                return Err(Fail::NoQuorum(format!(
+                    "{what} {:?}",
+                    String::from_utf8_lossy(payload)
+                )));
+            }
+            // ADOPT's ERR: not an orphan, or no quorum; the next request tells (a closed
+            // connection). Nothing is marked either way.
+            return Ok(op::ERR);
+        }
         if !allowed.contains(&f.opcode) || f.payload != payload {
             return Err(Fail::Proto(format!(
                 "{what} {:?}: got {} ({}) {:?}",
@@ -166,15 +208,17 @@ impl LockdClient {
                 String::from_utf8_lossy(&f.payload)
             )));
         }
+        self.b.replied(sent);
         Ok(f.opcode)
     }
 
     fn acquire(&mut self) -> Res<()> {
         let name = self.b.pick("lk:");
         let payload = payload_of(&name);
+        let sent = Instant::now();
         self.send(op::ACQ, &payload)?;
         if self.expect("ACQ", &payload, &[op::ACQUIRED, op::ACK])? == op::ACQUIRED {
-            return self.hold(name, "ACQ");
+            return self.hold(name, "ACQ", sent);
         }
         self.b.ctx.report.count(&self.b.ctx.report.c.lockd_waited);
         // Queued. Wait a while, pinging (the connection keeps working); some give up soon, so
@@ -209,23 +253,30 @@ impl LockdClient {
                     self.serial += 1;
                     let p = format!("wait {} {}", self.b.id, self.serial).into_bytes();
                     self.send(op::PING, &p)?;
-                    self.pongs.push_back(p);
+                    self.pongs.push_back((p, self.last_send));
                 }
                 Err(e) => return Err(e),
             }
         }
-        self.hold(name, "ACQ after ACK")
+        self.hold(name, "ACQ after ACK", sent)
     }
 
-    /// The server granted `name`: mark it, hold it a little, then REL it or leave an orphan.
-    fn hold(&mut self, name: String, how: &str) -> Res<()> {
+    /// The server granted `name` (requested at `sent`): mark it, now and then check its
+    /// fencing token (REQ_TOKEN), hold it a little, then REL it or leave an orphan.
+    fn hold(&mut self, name: String, how: &str, sent: Instant) -> Res<()> {
+        let read = Instant::now();
         self.b.ctx.report.count(&self.b.ctx.report.c.lockd_grants);
+        let owner = self.b.owner();
+        let via = format!("{how} via node {}", self.b.node + 1);
         self.b
             .ctx
             .model
-            .granted(Proto::Lockd, &name, self.b.owner(), how, None);
-        self.held = Some(name);
+            .granted(Proto::Lockd, &name, owner, &via, None, self.b.alive());
+        self.held = Some(name.clone());
         self.drain_pongs()?;
+        if self.b.rng.chance(30) {
+            self.check_token(&name, how, sent, read)?;
+        }
         self.b.pause(15);
         if self.b.rng.chance(20) {
             self.ping()?;
@@ -239,13 +290,49 @@ impl LockdClient {
         }
     }
 
+    /// REQ_TOKEN of the held `name`: ACK with `name NUL token`; the token goes to rule 11.
+    fn check_token(&mut self, name: &str, how: &str, sent: Instant, read: Instant) -> Res<()> {
+        let payload = payload_of(name);
+        self.send(op::REQ_TOKEN, &payload)?;
+        let req_sent = self.last_send;
+        let f = self.recv(Instant::now() + REPLY_DEADLINE)?;
+        if f.opcode == op::ERR && f.payload == payload && self.b.cluster() {
+            return Err(Fail::NoQuorum(format!("REQ_TOKEN {name:?}")));
+        }
+        let token = match f.payload.strip_prefix(payload.as_slice()) {
+            Some(t) if f.opcode == op::ACK && t.len() == 8 => {
+                let mut b = [0u8; 8];
+                b.copy_from_slice(t);
+                u64::from_be_bytes(b)
+            }
+            _ => {
+                return Err(Fail::Proto(format!(
+                    "REQ_TOKEN {name:?} of a held lock: got {} {:?}",
+                    op_name(f.opcode),
+                    String::from_utf8_lossy(&f.payload)
+                )))
+            }
+        };
+        self.b.replied(req_sent);
+        let owner = self.b.owner();
+        self.b
+            .ctx
+            .model
+            .token(Proto::Lockd, name, owner, how, token, sent, read);
+        Ok(())
+    }
+
     fn drain_pongs(&mut self) -> Res<()> {
-        while let Some(expected) = self.pongs.pop_front() {
+        while let Some((expected, sent)) = self.pongs.pop_front() {
             let f = self
                 .b
                 .conn()?
                 .recv(Instant::now() + REPLY_DEADLINE, parse)?;
             self.b.ctx.report.op();
+            if f.opcode == op::ERR && f.payload == expected && self.b.cluster() {
+                return Err(Fail::NoQuorum("PING".into()));
+            }
+            self.b.replied(sent);
             if f.opcode != op::PONG || f.payload != expected {
                 return Err(Fail::Proto(format!(
                     "expected PONG {:?}, got {} {:?}",
@@ -275,9 +362,10 @@ impl LockdClient {
     fn try_lock(&mut self) -> Res<()> {
         let name = self.b.pick("lk:");
         let payload = payload_of(&name);
+        let sent = Instant::now();
         self.send(op::TRY, &payload)?;
         if self.expect("TRY", &payload, &[op::ACQUIRED, op::WBLOCK])? == op::ACQUIRED {
-            return self.hold(name, "TRY");
+            return self.hold(name, "TRY", sent);
         }
         Ok(())
     }
@@ -291,16 +379,22 @@ impl LockdClient {
             self.b.pick("lk:")
         };
         let payload = payload_of(&name);
+        let sent = Instant::now();
         self.send(op::ADOPT, &payload)?;
         if self.expect("ADOPT", &payload, &[op::ACK, op::ERR])? == op::ERR {
             return Ok(());
         }
+        let read = Instant::now();
         self.b
             .ctx
             .report
             .count(&self.b.ctx.report.c.lockd_adoptions);
-        self.b.ctx.model.adopted(&name, self.b.owner());
-        self.held = Some(name);
+        let alive = self.b.alive();
+        self.b.ctx.model.adopted(&name, self.b.owner(), alive);
+        self.held = Some(name.clone());
+        if self.b.rng.chance(30) {
+            self.check_token(&name, "ADOPT", sent, read)?;
+        }
         self.b.pause(15);
         if self.b.rng.chance(80) {
             self.release()
@@ -324,7 +418,12 @@ impl LockdClient {
     fn sync(&mut self) -> Res<()> {
         let before = self.b.ctx.model.held_snapshot(Proto::Lockd);
         self.send(op::SYNC, &[])?;
+        let sent = self.last_send;
         let f = self.recv(Instant::now() + REPLY_DEADLINE)?;
+        if f.opcode == op::ERR && f.payload.is_empty() && self.b.cluster() {
+            return Err(Fail::NoQuorum("SYNC".into()));
+        }
+        self.b.replied(sent);
         if f.opcode != op::SYNC_REPLY {
             return Err(Fail::Proto(format!("SYNC: got {}", op_name(f.opcode))));
         }

@@ -4,6 +4,7 @@
 //! ```text
 //! holdfast-soak --holdfast target/release/holdfast [--seconds N] [-- DAEMON FLAGS...]
 //! holdfast-soak --memcache ADDR --lockd ADDR --dlock ADDR --pid PID [--seconds N]
+//! holdfast-soak --cluster 3 --holdfast target/release/holdfast [--seconds N] [-- NODE FLAGS...]
 //! ```
 //!
 //! The first form starts the daemon (every listener on 127.0.0.1 port 0, then DAEMON FLAGS, e.g.
@@ -73,6 +74,57 @@
 //! 8. lockd SYNC must list every name whose plain mark stood from before the request until
 //!    after the reply (an error otherwise).
 //!
+//! Rule 11 (fencing tokens) holds in every mode; it is listed after the cluster rules below.
+//!
+//! # Cluster mode (`--cluster N`, `cluster.rs`)
+//!
+//! N nodes on loopback, each peer link through a proxy of its own (`proxy.rs`), clients
+//! picking a node at random for each connection, and a fault thread: every 1.5-4 s one of
+//! SIGKILL a random node or the leader (restarted 1-3 s later with its data directory), SIGSTOP
+//! a node for the session timeout plus 0.2-1.5 s, SIGTERM and restart, a node cut off both ways
+//! (blackhole or refused connections) for 1-3 s, one direction between the leader and a
+//! follower cut for 1-3 s. Each fault ends (healed, restarted, continued) and every node serves
+//! again (within 30 s, else an error) before the next, so at most one node is down or cut off
+//! at a time. The contract's cluster section gives two more rules:
+//!
+//! 9. A no-quorum answer (`SERVER_ERROR no quorum`, binary status 0x0086, old ERR echoing
+//!    the payload, dlock General "no quorum") is an accepted outcome, and the connection must
+//!    close after it (an error if it stays open for 15 s). A connection a node closes or
+//!    refuses (killed, stopped, fenced, its sessions expired) is accepted too. Either way the
+//!    client clears its marks when it sees the close: the cluster releases connection-bound
+//!    locks (or makes orphans) only when the session ends, which is later (a node cut off
+//!    fences itself, closing its clients, before the majority may expire its sessions). No
+//!    grant is assumed from a request answered no quorum (it may still commit; the close
+//!    that follows ends its session: an unseen grant, as in rule 5).
+//! 10. A mark of a client of node N excludes others only until `alive + session timeout -
+//!     election timeout`, where `alive` is the send time of the latest request on that
+//!     connection whose reply the client read. That request was committed after it was sent,
+//!     so N heard from the leader (and the leader from N) after `alive`. A stopped node cannot
+//!     fence itself: the majority expires its sessions after the session timeout. A node that
+//!     loses its leader (killed, cut off) fences itself after the session timeout less one
+//!     election timeout: it closes its clients' connections, and their closes may commit at
+//!     once (a new leader elected with N), while the client thread may read the close only
+//!     later (2 loaded cores). The earlier of the two is the bound (send time, not read time,
+//!     so that a client thread scheduled late cannot make a false report). A grant after that
+//!     bound is not a double grant (counted as past_session_bound), one before it is. The same
+//!     bound caps a dlock idle clock; an orphan window left by a close counts from the earlier
+//!     of the close and that bound; leases are not tied to sessions. An unsolicited grant
+//!     (lockd ACQUIRED after ACK) does not move `alive`. A grant read after its own lease
+//!     ended (a reply held up in a stopped node) holds nothing and conflicts with nothing. A
+//!     holder's data check that fails after its bound is an error (the node answered a
+//!     session that may have ended), not a double grant.
+//! 11. **Fencing tokens** (every mode): per name, a grant whose request was *sent* after
+//!     another grant of that name was *read* must carry a larger token (the contract: strictly
+//!     greater than every token granted before it). Tokens come from memcached binary Lock's
+//!     CAS, `lock_token` after a text lock, dlock's field 7 (every Ok Lock must carry it) and
+//!     old's REQ_TOKEN now and then after a grant or ADOPT. Each name keeps its last 64 grants
+//!     with a token; older ones are folded into (largest token, latest read time).
+//!
+//! The data-directory sizes and every node's RSS are printed and bounded
+//! (`--max-data-dir-kib`, `--max-node-rss-kib`), and at the end (faults stopped, links healed,
+//! every node up) every node's `stats` must show nothing held and at most the stats connection,
+//! all nodes agreeing. The last line: `soak-cluster: ... faults=kill:..,... result=PASS`.
+//!
 //! Everything else the protocols promise is checked on the way and counted as an error: every
 //! reply's shape and echo, AcquireTimeout not before the wait (minus the tolerance), with busy
 //! keys among the requested, idle closes not before the idle timeout, RELEASED for a REL of a
@@ -91,11 +143,13 @@
 //! and how the soak's client had ended it, with that connection's last steps.
 
 mod client;
+mod cluster;
 mod dlock;
 mod lockd;
 mod mc;
 mod model;
 mod net;
+mod proxy;
 mod report;
 
 use std::collections::HashMap;
@@ -136,6 +190,10 @@ struct Args {
     assume_orphan_timeout: Option<Duration>,
     holdfast: Option<String>,
     daemon_args: Vec<String>,
+    /// Nodes of the cluster to start (0: a single daemon).
+    cluster: usize,
+    max_data_dir_kib: u64,
+    max_node_rss_kib: u64,
     memcache: Option<SocketAddr>,
     lockd: Option<SocketAddr>,
     dlock: Option<SocketAddr>,
@@ -183,6 +241,24 @@ fn parse_args() -> Result<Args, String> {
         "KIB",
     )
     .optopt("", "holdfast", "start this daemon binary", "PATH")
+    .optopt(
+        "",
+        "cluster",
+        "start this many nodes as one cluster (with --holdfast), with faults",
+        "N",
+    )
+    .optopt(
+        "",
+        "max-data-dir-kib",
+        "cluster: largest data directory allowed at the end (default 262144)",
+        "KIB",
+    )
+    .optopt(
+        "",
+        "max-node-rss-kib",
+        "cluster: largest RSS of a node allowed at the end (default 524288)",
+        "KIB",
+    )
     .optopt("", "memcache", "attach: memcache address", "ADDR")
     .optopt("", "lockd", "attach: lockd address", "ADDR")
     .optopt("", "dlock", "attach: dlock address", "ADDR")
@@ -247,11 +323,17 @@ fn parse_args() -> Result<Args, String> {
             .map_err(|_| "--assume-orphan-timeout-ms: bad value".to_string())?,
         holdfast: m.opt_str("holdfast"),
         daemon_args: m.free.clone(),
+        cluster: num(&m, "cluster", 0)?,
+        max_data_dir_kib: num(&m, "max-data-dir-kib", 256 << 10)?,
+        max_node_rss_kib: num(&m, "max-node-rss-kib", 512 << 10)?,
         memcache: addr(&m, "memcache")?,
         lockd: addr(&m, "lockd")?,
         dlock: addr(&m, "dlock")?,
         pid: num(&m, "pid", 0)?.into(),
     };
+    if a.cluster > 0 && (a.holdfast.is_none() || a.cluster < 3) {
+        return Err("--cluster N needs --holdfast PATH and N >= 3".into());
+    }
     let attach = a.memcache.is_some() && a.lockd.is_some() && a.dlock.is_some();
     if a.holdfast.is_none() && !(attach && a.pid.is_some_and(|p| p > 0)) {
         return Err("give --holdfast PATH, or --memcache, --lockd, --dlock and --pid".into());
@@ -449,6 +531,9 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if args.cluster > 0 {
+        return cluster::main(&args, args.holdfast.as_deref().unwrap_or_default());
+    }
     let mut daemon = match &args.holdfast {
         Some(path) => match start_daemon(path, &args.daemon_args) {
             Ok(d) => d,
@@ -532,9 +617,10 @@ fn run(args: &Args, daemon: &mut Daemon) -> bool {
     );
     let started = Instant::now();
     let ctx = Arc::new(Ctx {
-        memcache: daemon.memcache,
-        lockd: daemon.lockd,
-        dlock: daemon.dlock,
+        memcache: vec![daemon.memcache],
+        lockd: vec![daemon.lockd],
+        dlock: vec![daemon.dlock],
+        session_timeout: None,
         model: Model::new(args.tolerance, report.clone()),
         report: report.clone(),
         stop_at: started + Duration::from_secs(args.seconds),
@@ -546,31 +632,7 @@ fn run(args: &Args, daemon: &mut Daemon) -> bool {
         closes: Default::default(),
     });
 
-    let mut threads = Vec::new();
-    type Body = fn(Arc<Ctx>, u32, u64);
-    let kinds: [(&str, Body); 3] = [
-        ("mc", mc::run),
-        ("lockd", lockd::run),
-        ("dlock", dlock::run),
-    ];
-    let mut id = 0u32;
-    for (kind, body) in kinds {
-        if !args.protocols.iter().any(|p| p == kind) {
-            continue;
-        }
-        for _ in 0..args.clients {
-            id += 1;
-            let (ctx, seed, me) = (ctx.clone(), args.seed, id);
-            let t = std::thread::Builder::new()
-                .name(format!("{kind}-{me}"))
-                .stack_size(256 << 10)
-                .spawn(move || body(ctx, me, seed));
-            match t {
-                Ok(t) => threads.push(t),
-                Err(e) => report.error(format!("spawn a client thread: {e}")),
-            }
-        }
-    }
+    let threads = spawn_clients(args, &ctx, &report);
 
     // Traffic phase: sample the daemon, print progress, notice a dead daemon.
     let mut next_progress = started + PROGRESS_EVERY;
@@ -687,6 +749,36 @@ fn run(args: &Args, daemon: &mut Daemon) -> bool {
         fds_start,
         fds_end,
     )
+}
+
+/// Start `--clients` threads per protocol.
+fn spawn_clients(args: &Args, ctx: &Arc<Ctx>, report: &Report) -> Vec<std::thread::JoinHandle<()>> {
+    let mut threads = Vec::new();
+    type Body = fn(Arc<Ctx>, u32, u64);
+    let kinds: [(&str, Body); 3] = [
+        ("mc", mc::run),
+        ("lockd", lockd::run),
+        ("dlock", dlock::run),
+    ];
+    let mut id = 0u32;
+    for (kind, body) in kinds {
+        if !args.protocols.iter().any(|p| p == kind) {
+            continue;
+        }
+        for _ in 0..args.clients {
+            id += 1;
+            let (ctx, seed, me) = (ctx.clone(), args.seed, id);
+            let t = std::thread::Builder::new()
+                .name(format!("{kind}-{me}"))
+                .stack_size(256 << 10)
+                .spawn(move || body(ctx, me, seed));
+            match t {
+                Ok(t) => threads.push(t),
+                Err(e) => report.error(format!("spawn a client thread: {e}")),
+            }
+        }
+    }
+    threads
 }
 
 /// Print the daemon's connections still open, with how the soak's client ended each one.

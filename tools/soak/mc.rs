@@ -24,11 +24,17 @@ mod op {
 const ST_OK: u16 = 0;
 const ST_NOT_FOUND: u16 = 1;
 const ST_LOCKED: u16 = 0x10;
+/// Cluster mode: the contract's no-quorum status (temporary failure).
+const ST_NO_QUORUM: u16 = 0x0086;
+/// Cluster mode: the contract's no-quorum answer in the text protocol.
+const NO_QUORUM_LINE: &str = "SERVER_ERROR no quorum";
 
 struct BinReply {
     opcode: u8,
     status: u16,
     opaque: u32,
+    /// A successful Lock's (0x40) fencing token.
+    cas: u64,
     value: Vec<u8>,
 }
 
@@ -63,6 +69,8 @@ fn parse_bin(buf: &[u8]) -> Result<Option<(BinReply, usize)>, String> {
     let status = u16::from_be_bytes([buf[6], buf[7]]);
     let body = u32::from_be_bytes([buf[8], buf[9], buf[10], buf[11]]) as usize;
     let opaque = u32::from_be_bytes([buf[12], buf[13], buf[14], buf[15]]);
+    let mut cas = [0u8; 8];
+    cas.copy_from_slice(&buf[16..24]);
     if extlen + keylen > body {
         return Err(format!(
             "binary reply: extras {extlen} + key {keylen} > body {body}"
@@ -76,6 +84,7 @@ fn parse_bin(buf: &[u8]) -> Result<Option<(BinReply, usize)>, String> {
             opcode: buf[1],
             status,
             opaque,
+            cas: u64::from_be_bytes(cas),
             value: buf[24 + extlen + keylen..24 + body].to_vec(),
         },
         24 + body,
@@ -103,6 +112,9 @@ fn parse_get(buf: &[u8], key: &str) -> Parsed<Option<Vec<u8>>> {
     };
     if line == "END" {
         return Ok(Some((None, n)));
+    }
+    if line == NO_QUORUM_LINE {
+        return Err(NO_QUORUM_LINE.into());
     }
     let words: Vec<&str> = line.split(' ').collect();
     let len: usize = match words.as_slice() {
@@ -134,7 +146,7 @@ pub struct McClient {
 }
 
 pub fn run(ctx: Arc<Ctx>, id: u32, seed: u64) {
-    let addr = ctx.memcache;
+    let addr = ctx.memcache.clone();
     let mut c = McClient {
         b: Base::new(ctx.clone(), id, seed, addr),
         held: Vec::new(),
@@ -159,13 +171,19 @@ pub fn run(ctx: Arc<Ctx>, id: u32, seed: u64) {
 impl McClient {
     fn failed(&mut self, what: &str, f: Fail) {
         let owner = self.b.owner();
-        self.b.ctx.report.error(format!(
-            "memcache client {} conn {}: {what}: {f}",
-            self.b.id, owner.conn
-        ));
+        // Rule 9: the close releases the locks, later; the marks go now.
         for k in std::mem::take(&mut self.held) {
             self.b.ctx.model.releasing(Proto::Mc, &k, owner);
         }
+        if self.b.cluster_outcome(&f) {
+            return;
+        }
+        self.b.ctx.report.error(format!(
+            "memcache client {} conn {} (node {}): {what}: {f}",
+            self.b.id,
+            owner.conn,
+            self.b.node + 1
+        ));
         self.b.disconnect();
     }
 
@@ -188,18 +206,27 @@ impl McClient {
     }
 
     fn text(&mut self, req: &[u8]) -> Res<String> {
+        let sent = Instant::now();
         self.b.send(req)?;
         let line = self
             .b
             .conn()?
             .recv(Instant::now() + REPLY_DEADLINE, parse_line)?;
         self.b.ctx.report.op();
+        if line == NO_QUORUM_LINE && self.b.cluster() {
+            return Err(Fail::NoQuorum(format!(
+                "{:?}",
+                String::from_utf8_lossy(&req[..req.len().min(40)])
+            )));
+        }
+        self.b.replied(sent);
         Ok(line)
     }
 
     fn bin(&mut self, opcode: u8, extras: &[u8], key: &[u8], value: &[u8]) -> Res<BinReply> {
         self.opaque = self.opaque.wrapping_add(1);
         let opaque = self.opaque;
+        let sent = Instant::now();
         self.b
             .send(&bin_request(opcode, opaque, extras, key, value))?;
         let r = self
@@ -207,10 +234,19 @@ impl McClient {
             .conn()?
             .recv(Instant::now() + REPLY_DEADLINE, parse_bin)?;
         self.b.ctx.report.op();
+        if r.status == ST_NO_QUORUM && self.b.cluster() {
+            // This request's answer, or that of a quiet one pipelined before it (UnlockQ).
+            return Err(Fail::NoQuorum(format!(
+                "binary opcode {:#04x} opaque {}",
+                r.opcode, r.opaque
+            )));
+        }
+        self.b.replied(sent);
         if r.opaque != opaque || r.opcode != opcode {
             return Err(Fail::Proto(format!(
-                "binary reply opcode {:#04x} opaque {} to request {opcode:#04x} opaque {opaque}",
-                r.opcode, r.opaque
+                "binary reply opcode {:#04x} opaque {} status {:#06x} to request {opcode:#04x} \
+                 opaque {opaque}",
+                r.opcode, r.opaque, r.status
             )));
         }
         Ok(r)
@@ -253,13 +289,19 @@ impl McClient {
     fn get(&mut self, key: &str) -> Res<Option<Vec<u8>>> {
         if self.b.rng.chance(50) {
             let req = format!("get {key}\r\n");
+            let sent = Instant::now();
             self.b.send(req.as_bytes())?;
             let key = key.to_string();
             let v = self
                 .b
                 .conn()?
-                .recv(Instant::now() + REPLY_DEADLINE, |b| parse_get(b, &key))?;
+                .recv(Instant::now() + REPLY_DEADLINE, |b| parse_get(b, &key))
+                .map_err(|f| match f {
+                    Fail::Proto(e) if e == NO_QUORUM_LINE => Fail::NoQuorum(format!("get {key}")),
+                    f => f,
+                })?;
             self.b.ctx.report.op();
+            self.b.replied(sent);
             Ok(v)
         } else {
             let r = self.bin(op::GET, &[], key.as_bytes(), &[])?;
@@ -271,7 +313,9 @@ impl McClient {
         }
     }
 
-    fn try_lock(&mut self, key: &str) -> Res<(LockResult, &'static str)> {
+    /// Try to lock `key`: the result, how, and the grant's fencing token when the reply
+    /// carries it (binary Lock's CAS).
+    fn try_lock(&mut self, key: &str) -> Res<(LockResult, &'static str, Option<u64>)> {
         let how = self.b.rng.below(3);
         if how == 0 {
             let r = match self.text(format!("lock {key}\r\n").as_bytes())?.as_str() {
@@ -280,7 +324,7 @@ impl McClient {
                 "NOT_FOUND" => LockResult::Missing,
                 other => return Err(Fail::Proto(format!("lock {key}: {other:?}"))),
             };
-            return Ok((r, "text lock"));
+            return Ok((r, "text lock", None));
         }
         let (opcode, name) = if how == 1 {
             (op::LOCK, "binary Lock")
@@ -294,7 +338,8 @@ impl McClient {
             ST_NOT_FOUND => LockResult::Missing,
             s => return Err(Fail::Proto(format!("{name} {key}: status {s:#06x}"))),
         };
-        Ok((res, name))
+        let token = (opcode == op::LOCK && matches!(res, LockResult::Got)).then_some(r.cas);
+        Ok((res, name, token))
     }
 
     /// Lock a key, prove the lock holds (the holder's write is the value read back), hold it a
@@ -310,14 +355,50 @@ impl McClient {
                 "holder's set of locked {key} answered LOCKED"
             )));
         }
+        let owner = self.b.owner();
+        self.b.ctx.model.note(
+            Proto::Mc,
+            &key,
+            owner,
+            format!(
+                "holder's set {:?} STORED",
+                String::from_utf8_lossy(&value[..value.len().min(12)])
+            ),
+        );
         match self.get(&key)? {
             Some(v) if v == value => {}
+            got if self
+                .b
+                .ctx
+                .model
+                .session_end(self.b.alive().as_ref())
+                .is_some_and(|end| Instant::now() >= end) =>
+            {
+                // Rule 10: the session may have ended before this reply; the lock may have
+                // gone to someone else. Not a double grant, but the node answered a request of
+                // a session it should have fenced first.
+                self.b.ctx.report.error(format!(
+                    "memcache {key:?}: client {} conn {} (node {}) read {:?} after writing {:?}: \
+                     answered after its session may have ended (the node did not close the \
+                     connection first); trail:{}",
+                    self.b.id,
+                    self.b.owner().conn,
+                    self.b.node + 1,
+                    got.map(|v| String::from_utf8_lossy(&v[..v.len().min(40)]).into_owned()),
+                    String::from_utf8_lossy(&value[..value.len().min(40)]),
+                    self.b.ctx.model.trail(Proto::Mc, &key)
+                ));
+            }
             got => {
                 self.b.ctx.report.double_grant(format!(
-                    "memcache {key:?} locked by client {} changed under it: wrote {:?}, read {:?}",
+                    "memcache {key:?} locked by client {} conn {} (node {}) changed under it: \
+                     wrote {:?}, read {:?}; trail:{}",
                     self.b.id,
+                    self.b.owner().conn,
+                    self.b.node + 1,
                     String::from_utf8_lossy(&value[..value.len().min(40)]),
-                    got.map(|v| String::from_utf8_lossy(&v[..v.len().min(40)]).into_owned())
+                    got.map(|v| String::from_utf8_lossy(&v[..v.len().min(40)]).into_owned()),
+                    self.b.ctx.model.trail(Proto::Mc, &key)
                 ));
             }
         }
@@ -391,15 +472,41 @@ impl McClient {
 
     /// Try to lock `key` (creating it if missing); true if this connection holds it now.
     fn lock_one(&mut self, key: &str) -> Res<bool> {
-        let (res, how) = self.try_lock(key)?;
+        let sent = Instant::now();
+        let (res, how, token) = self.try_lock(key)?;
         match res {
             LockResult::Got => {
+                let read = Instant::now();
                 self.b.ctx.report.count(&self.b.ctx.report.c.mc_grants);
+                let owner = self.b.owner();
+                let via = format!("{how} via node {}", self.b.node + 1);
                 self.b
                     .ctx
                     .model
-                    .granted(Proto::Mc, key, self.b.owner(), how, None);
+                    .granted(Proto::Mc, key, owner, &via, None, self.b.alive());
                 self.held.push(key.to_string());
+                // The token: binary Lock's CAS, or now and then `lock_token` after a text lock.
+                let token = match token {
+                    Some(t) => Some(t),
+                    None if how == "text lock" && self.b.rng.chance(30) => {
+                        let line = self.text(format!("lock_token {key}\r\n").as_bytes())?;
+                        match line.strip_prefix("TOKEN ").and_then(|t| t.parse().ok()) {
+                            Some(t) => Some(t),
+                            None => {
+                                return Err(Fail::Proto(format!(
+                                    "lock_token {key} of a held lock: {line:?}"
+                                )))
+                            }
+                        }
+                    }
+                    None => None,
+                };
+                if let Some(t) = token {
+                    self.b
+                        .ctx
+                        .model
+                        .token(Proto::Mc, key, owner, how, t, sent, read);
+                }
                 Ok(true)
             }
             LockResult::Locked => {
@@ -479,6 +586,16 @@ impl McClient {
         let stored = self.set(&key, &value)?;
         let after = self.b.ctx.model.held_by_other(Proto::Mc, &key, me);
         if stored {
+            self.b.ctx.model.note(
+                Proto::Mc,
+                &key,
+                me,
+                format!(
+                    "non-holder's set {:?} STORED via node {}",
+                    String::from_utf8_lossy(&value[..value.len().min(12)]),
+                    self.b.node + 1
+                ),
+            );
             if let (Some((e1, holder)), Some((e2, _))) = (before, after) {
                 if e1 == e2 {
                     self.b.ctx.report.double_grant(format!(

@@ -3,6 +3,7 @@
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 /// The project's one seeded generator (`holdfast::rng`).
@@ -21,6 +22,8 @@ pub enum Fail {
     Timeout,
     /// A reply that the protocol (or the contract) does not allow here.
     Proto(String),
+    /// Cluster mode: the contract's no-quorum answer (the node closes the connection after it).
+    NoQuorum(String),
 }
 
 impl std::fmt::Display for Fail {
@@ -29,6 +32,7 @@ impl std::fmt::Display for Fail {
             Fail::Closed(why) => write!(f, "connection closed ({why})"),
             Fail::Timeout => write!(f, "no reply within the deadline"),
             Fail::Proto(what) => write!(f, "{what}"),
+            Fail::NoQuorum(what) => write!(f, "no quorum ({what})"),
         }
     }
 }
@@ -38,11 +42,42 @@ pub type Res<T> = Result<T, Fail>;
 /// Serial numbers of connections: the soak's identity of a lock holder, never reused.
 static CONN_SERIAL: AtomicU64 = AtomicU64::new(1);
 
+/// The origin of [`stamp`]: instants as nanoseconds in an atomic.
+static EPOCH: OnceLock<Instant> = OnceLock::new();
+
+fn epoch() -> Instant {
+    // Far enough back that every instant the soak stamps comes after it.
+    *EPOCH.get_or_init(|| {
+        let now = Instant::now();
+        [3600, 60, 1]
+            .iter()
+            .find_map(|&s| now.checked_sub(Duration::from_secs(s)))
+            .unwrap_or(now)
+    })
+}
+
+/// `t` as nanoseconds since the soak's epoch (0 for instants before it).
+pub fn stamp(t: Instant) -> u64 {
+    t.saturating_duration_since(epoch()).as_nanos() as u64
+}
+
+/// The instant of a [`stamp`].
+pub fn unstamp(ns: u64) -> Instant {
+    epoch() + Duration::from_nanos(ns)
+}
+
+/// Cluster mode: the send time (a [`stamp`]) of the latest request on a connection whose reply
+/// was read. The node had the request's proposal committed through the leader after that
+/// instant, so the leader heard from the node after it: the node's sessions cannot be expired
+/// before this + the session timeout (a lower bound, whatever the client thread's scheduling).
+pub type Alive = Arc<AtomicU64>;
+
 pub struct Conn {
     s: TcpStream,
     /// Received, not yet consumed.
     buf: Vec<u8>,
     pub id: u64,
+    pub alive: Alive,
 }
 
 impl Conn {
@@ -57,6 +92,7 @@ impl Conn {
                         s,
                         buf: Vec::new(),
                         id: CONN_SERIAL.fetch_add(1, Ordering::Relaxed),
+                        alive: Arc::new(AtomicU64::new(stamp(Instant::now()))),
                     });
                 }
                 Err(e) => {
@@ -66,6 +102,11 @@ impl Conn {
             }
         }
         Err(Fail::Closed(format!("connect to {addr}: {last}")))
+    }
+
+    /// The reply to a request sent at `sent` was read just now.
+    pub fn replied(&self, sent: Instant) {
+        self.alive.fetch_max(stamp(sent), Ordering::Relaxed);
     }
 
     pub fn local_port(&self) -> u16 {

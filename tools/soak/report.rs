@@ -38,12 +38,20 @@ counters!(
     dlock_gave_up_over_lease,
     slow_sends,
     hostile,
+    // Cluster mode: the contract's no-quorum answers, connections a node closed (killed,
+    // fenced, sessions expired) or refused, grants over a mark whose holder's node may have
+    // had its sessions expired (rule 10), and tokens checked (rule 11).
+    no_quorum,
+    closed_by_node,
+    past_session_bound,
+    tokens_checked,
 );
 
 pub struct Report {
     pub started: Instant,
     pub ops: AtomicU64,
     pub double_grants: AtomicU64,
+    pub token_violations: AtomicU64,
     pub errors: AtomicU64,
     pub c: Counters,
 }
@@ -54,6 +62,7 @@ impl Report {
             started: Instant::now(),
             ops: AtomicU64::new(0),
             double_grants: AtomicU64::new(0),
+            token_violations: AtomicU64::new(0),
             errors: AtomicU64::new(0),
             c: Counters::default(),
         }
@@ -79,6 +88,11 @@ impl Report {
         self.log(n, format!("error: {text}"));
     }
 
+    pub fn token_violation(&self, text: String) {
+        let n = self.token_violations.fetch_add(1, Ordering::Relaxed) + self.failures();
+        self.log(n, format!("TOKEN VIOLATION: {text}"));
+    }
+
     fn log(&self, n: u64, line: String) {
         let at = self.started.elapsed().as_secs_f64();
         let line = format!("soak: [{at:.3}s] {line}");
@@ -90,6 +104,8 @@ impl Report {
     }
 
     pub fn failures(&self) -> u64 {
-        self.double_grants.load(Ordering::Relaxed) + self.errors.load(Ordering::Relaxed)
+        self.double_grants.load(Ordering::Relaxed)
+            + self.errors.load(Ordering::Relaxed)
+            + self.token_violations.load(Ordering::Relaxed)
     }
 }
