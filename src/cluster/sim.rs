@@ -1176,10 +1176,13 @@ pub mod holdfast {
     }
 
     /// Clients acquiring, trying and releasing a few lockd names; the check keeps who holds
-    /// each name from the ACQUIRED and RELEASED replies in the applied log.
+    /// each name from the ACQUIRED and RELEASED replies in the applied log (never two
+    /// holders), and who waits for it from the ACK replies (a queued ACQ is granted in the
+    /// order it was queued: FIFO).
     #[derive(Default)]
     pub struct LockWorkload {
         holder: BTreeMap<Vec<u8>, u64>,
+        waiting: BTreeMap<Vec<u8>, std::collections::VecDeque<u64>>,
         pub grants: u64,
     }
 
@@ -1250,8 +1253,29 @@ pub mod holdfast {
                                 other
                             ));
                         }
+                        // A name with waiters goes to the one that waited longest (a free name
+                        // has none: a release hands it to the first waiter at once).
+                        if let Some(q) = self.waiting.get_mut(payload) {
+                            match q.pop_front() {
+                                Some(first) if first != who => {
+                                    return Err(format!(
+                                        "{} granted to client {} while client {} waited longer",
+                                        String::from_utf8_lossy(payload),
+                                        who,
+                                        first
+                                    ))
+                                }
+                                _ => {}
+                            }
+                        }
                         self.holder.insert(payload.to_vec(), who);
                         self.grants += 1;
+                    }
+                    op::ACK => {
+                        self.waiting
+                            .entry(payload.to_vec())
+                            .or_default()
+                            .push_back(who);
                     }
                     op::RELEASED if self.holder.remove(payload).is_none() => {
                         return Err(format!(
