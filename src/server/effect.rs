@@ -35,6 +35,10 @@ pub struct Effect {
 pub enum Body {
     /// Nothing (a quiet success, a close, a completion).
     Nothing,
+    /// Close the connection now: requests still unanswered stay so, and replies not yet written
+    /// are dropped. A cluster node that fenced itself, or whose sessions the cluster expired,
+    /// must not answer anything more on its clients' connections.
+    Abort,
     /// Bytes the worker answered itself, kept in order behind requests that were at the owner.
     Literal(Span),
     Mc(McReply),
@@ -229,6 +233,7 @@ impl Effects {
 pub mod tag {
     pub const NOTHING: u8 = 0;
     pub const LITERAL: u8 = 1;
+    pub const ABORT: u8 = 2;
     pub const MC_WORDS: u8 = 10;
     pub const MC_NUMBER: u8 = 11;
     pub const MC_TOKEN: u8 = 12;
@@ -261,6 +266,7 @@ impl Body {
         };
         match *self {
             Body::Nothing => put_u8(out, tag::NOTHING),
+            Body::Abort => put_u8(out, tag::ABORT),
             Body::Literal(s) => {
                 put_u8(out, tag::LITERAL);
                 put_bytes(out, s.get(a));
@@ -543,7 +549,7 @@ impl Body {
     /// Every span this body names, to re-base when its bytes move to another arena.
     pub fn spans_mut(&mut self, mut f: impl FnMut(&mut Span)) {
         match self {
-            Body::Nothing => {}
+            Body::Nothing | Body::Abort => {}
             Body::Literal(s) => f(s),
             Body::Mc(r) => match r {
                 McReply::Words(_)

@@ -256,7 +256,7 @@ impl Replicated {
             // they still map to their connections.
             for &conn in &conns {
                 if let Some(s) = self.tables.sessions.find(conn) {
-                    self.fx.push(s, 0, true, Body::Nothing);
+                    self.fx.push(s, 0, true, Body::Abort);
                 }
             }
             self.outbox.route(&mut self.fx, &self.tables.sessions);
@@ -755,7 +755,7 @@ impl ClusterOwner {
                     now.duration_since(l.contact).as_millis()
                 );
                 for conn in self.state.tables.sessions.conns_of_node(l.me as u16) {
-                    self.state.outbox.direct(conn, 0, true, &[]);
+                    self.state.outbox.abort(conn);
                 }
             } else {
                 crate::log_info!("cluster node {}: quorum regained", l.me);

@@ -55,6 +55,23 @@ impl Outbox {
         });
     }
 
+    /// Close `conn` at once, leaving its unanswered requests so (see [`Body::Abort`]).
+    pub fn abort(&mut self, conn: ConnId) {
+        let Some(replies) = self.per_worker.get_mut(usize::from(conn.worker)) else {
+            return;
+        };
+        if replies.effects.is_empty() {
+            replies.arena.bytes.clear();
+        }
+        replies.effects.push(Effect {
+            to: Session(0),
+            done: 0,
+            close: true,
+            body: Body::Abort,
+            conn: Some(conn),
+        });
+    }
+
     /// Route every effect of `fx` (which is left empty, its buffers kept): each goes to the
     /// connection its session has here (`Effect::conn`), in that worker's batch; an effect for
     /// a session with no connection (ended, or another process's) or on a worker this process

@@ -19,7 +19,7 @@ use crate::server::msg::McForm;
 #[inline]
 pub fn write(out: &mut Vec<u8>, body: &Body, a: &[u8]) {
     match body {
-        Body::Nothing => {}
+        Body::Nothing | Body::Abort => {}
         Body::Literal(s) => out.extend_from_slice(s.get(a)),
         Body::Mc(r) => mc(out, r, a),
         Body::Lockd(r) => lockd(out, r, a),

@@ -473,8 +473,18 @@ impl Worker {
                 if s.gen != conn.gen {
                     continue; // the connection this was for is gone; its slot was reused
                 }
+                let mut abort = false;
                 for effect in run {
+                    if matches!(effect.body, crate::server::effect::Body::Abort) {
+                        abort = true;
+                        break;
+                    }
                     s.conn.deliver_effect(effect, arena);
+                }
+                if abort {
+                    // Replies delivered or not, none is written: the connection goes now.
+                    self.close(slot);
+                    continue;
                 }
                 if s.conn.pending_output() > WBUF_MAX {
                     // Its client reads far slower than its requests produce replies (or not at
