@@ -82,7 +82,19 @@ impl Cluster {
                 .iter()
                 .filter_map(|p| p.split_once('=').and_then(|(_, a)| a.parse().ok()))
                 .collect();
-            proxy::Mesh::start(&real).expect("start the peer proxies")
+            // The proxies bind port 0: the kernel may hand one a peer port just released by
+            // free_port; then start them again.
+            loop {
+                let mesh = proxy::Mesh::start(&real).expect("start the peer proxies");
+                let taken = (1..=n).any(|i| {
+                    (1..=n)
+                        .filter(|&j| j != i)
+                        .any(|j| real.contains(&mesh.link(i, j).addr()))
+                });
+                if !taken {
+                    break mesh;
+                }
+            }
         });
         let mut c = Cluster {
             peers: peers.join(","),
