@@ -82,7 +82,19 @@ impl Cluster {
                 .iter()
                 .filter_map(|p| p.split_once('=').and_then(|(_, a)| a.parse().ok()))
                 .collect();
-            proxy::Mesh::start(&real).expect("start the peer proxies")
+            // The proxies bind port 0: the kernel may hand one a peer port just released by
+            // free_port; then start them again.
+            loop {
+                let mesh = proxy::Mesh::start(&real).expect("start the peer proxies");
+                let taken = (1..=n).any(|i| {
+                    (1..=n)
+                        .filter(|&j| j != i)
+                        .any(|j| real.contains(&mesh.link(i, j).addr()))
+                });
+                if !taken {
+                    break mesh;
+                }
+            }
         });
         let mut c = Cluster {
             peers: peers.join(","),
@@ -899,6 +911,137 @@ fn a_one_way_partition_keeps_the_majority_granting() {
         let mut m = cluster.node(x).memcache();
         m.expect(b"set healed 0 0 1\r\nv\r\n", b"STORED\r\n");
     }
+}
+
+/// A dlock Lock of `key` (waiting forever when `wait` is None).
+fn dlock_lock(id: u64, key: &[u8], wait_micro: Option<u64>) -> Vec<u8> {
+    use holdfast::proto::dlock as dl;
+    let keys = [key];
+    let mut out = Vec::new();
+    dl::encode_request(
+        &mut out,
+        Some(id),
+        None,
+        dl::req_type::LOCK,
+        Some(dl::LockFields {
+            wait_micro,
+            release_micro: None,
+            keys: &keys,
+        }),
+    );
+    out
+}
+
+/// One dlock response's status.
+fn dlock_status(c: &mut Client) -> u32 {
+    use holdfast::proto::dlock as dl;
+    let h = c.take(dl::PREFIX_LEN);
+    let len = u32::from_be_bytes([h[0], h[1], h[2], h[3]]) as usize;
+    let body = c.take(len);
+    let r = dl::decode_response(&body).expect("a dlock response");
+    r.status.unwrap_or(dl::status::OK)
+}
+
+/// Everything a connection receives until it closes (or `within` passes: None).
+fn until_closed(c: &mut Client, within: Duration) -> Option<Vec<u8>> {
+    use std::io::Read;
+    let deadline = Instant::now() + within;
+    let mut got = std::mem::take(&mut c.pending);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return None;
+        }
+        c.stream.set_read_timeout(Some(left)).expect("timeout");
+        let mut buf = [0u8; 4096];
+        match c.stream.read(&mut buf) {
+            Ok(0) => return Some(got),
+            Ok(k) => got.extend_from_slice(&buf[..k]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock
+                        | std::io::ErrorKind::TimedOut
+                        | std::io::ErrorKind::Interrupted
+                ) => {}
+            Err(_) => return Some(got),
+        }
+    }
+}
+
+/// A node cut off fences itself by closing *every* client connection, also one whose dlock
+/// Lock is queued (a request in flight): otherwise, healed, it would deliver a grant that the
+/// log decided before the cut, after the majority had expired the session and given the key to
+/// someone else (what `make soak-cluster` found: a DOUBLE GRANT of a stale grant).
+///
+/// It found a daemon bug: the fence's close was delivered like a reply's close, which the
+/// worker carries out only once no request of the connection is in flight, so such a
+/// connection was never closed. A fence now closes with `Body::Abort`, at once.
+#[test]
+fn a_cut_off_node_closes_also_a_connection_whose_dlock_lock_waits() {
+    let session = PART_SESSION_MS.to_string();
+    let cluster = Cluster::start_proxied(3, "cut-waiter", &["--session-timeout", &session]);
+    let lead = leader(&cluster);
+    let x = if lead == 1 { 2 } else { 1 };
+    let mut holder = cluster.node(lead).dlock();
+    holder.send(&dlock_lock(1, b"k", Some(0)));
+    assert_eq!(dlock_status(&mut holder), 0);
+    let mut waiter = cluster.node(x).dlock();
+    waiter.send(&dlock_lock(1, b"k", None));
+    waiter.expect_silence(Duration::from_millis(300));
+    let mesh = cluster.mesh.as_ref().expect("proxied");
+    mesh.isolate(x, proxy::Mode::Drop);
+    let within = Duration::from_millis(PART_SESSION_MS) + SLACK;
+    let got = until_closed(&mut waiter, within);
+    mesh.heal();
+    assert_eq!(
+        got,
+        Some(Vec::new()),
+        "the cut-off node must close the waiting connection, unanswered, within {within:?}"
+    );
+}
+
+/// A node stopped past the session timeout answers nothing when it wakes: it closes its
+/// clients' connections first, also one whose request arrived while it was stopped (the
+/// majority has ended that session and may have given its locks away; what `make
+/// soak-cluster` found: writes and unlocks of expired sessions answered after the wake).
+///
+/// It found the same bug (the fence's close waited for the requests in flight, which were then
+/// proposed and answered in a new session); fixed by `Body::Abort`.
+#[test]
+fn a_paused_node_answers_nothing_after_waking() {
+    let session = PART_SESSION_MS.to_string();
+    let cluster = Cluster::start_ready(3, "pause-quiet", &["--session-timeout", &session]);
+    let lead = leader(&cluster);
+    let x = if lead == 1 { 2 } else { 1 };
+    let mut holder = cluster.node(x).memcache();
+    holder.expect(b"set job 0 0 1\r\nv\r\n", b"STORED\r\n");
+    holder.expect(b"lock job\r\n", b"OK\r\n");
+    let pid = cluster.node(x).pid() as libc::pid_t;
+    // SAFETY: signalling a child process this test started and has not reaped.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    // Requests that wait in the stopped node's socket.
+    holder.send(b"set job 0 0 1\r\nw\r\nunlock job\r\n");
+    let mut other = cluster.node(lead).memcache();
+    let paused = Instant::now();
+    loop {
+        other.send(b"lock job\r\n");
+        if other.line() == "OK\r\n" {
+            break;
+        }
+        assert!(paused.elapsed() < Duration::from_secs(15), "never expired");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    other.expect(b"set job 0 0 1\r\no\r\n", b"STORED\r\n");
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+    let got = until_closed(&mut holder, common::DEADLINE);
+    assert_eq!(
+        got.as_deref().map(String::from_utf8_lossy),
+        Some("".into()),
+        "the woken node must close without answering"
+    );
+    other.expect(b"get job\r\n", b"VALUE job 0 1\r\no\r\nEND\r\n");
 }
 
 /// A follower that hears the leader but is not heard by it (a one-way partition) must fence

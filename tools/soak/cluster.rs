@@ -95,8 +95,28 @@ struct Nodes {
     base: PathBuf,
 }
 
-fn free_addr() -> std::io::Result<SocketAddr> {
-    TcpListener::bind("127.0.0.1:0")?.local_addr()
+/// A free port for a node's listener, below the kernel's ephemeral range: a node restarts on
+/// the same ports, and a port the kernel may give to an outgoing connection meanwhile (the
+/// clients', the proxies') could then be taken. The listener is kept until the mesh is up
+/// (the proxies bind port 0).
+fn free_listener(rng: &mut Rng) -> Result<TcpListener, String> {
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|t| {
+            t.split_whitespace()
+                .next()
+                .and_then(|p| p.parse::<u64>().ok())
+        })
+        .unwrap_or(32768)
+        .clamp(2048, 65535);
+    let from = (low / 2).max(1024);
+    for _ in 0..1000 {
+        let port = rng.range(from, low) as u16;
+        if let Ok(l) = TcpListener::bind(("127.0.0.1", port)) {
+            return Ok(l);
+        }
+    }
+    Err(format!("no free port in {from}..{low}"))
 }
 
 impl Nodes {
@@ -110,10 +130,17 @@ impl Nodes {
         let _ = std::fs::remove_dir_all(&base);
         let mut nodes = Vec::new();
         let mut peers = Vec::new();
+        let mut held = Vec::new();
+        let mut rng = Rng::mixed(u64::from(std::process::id()));
+        let mut addr = || -> Result<SocketAddr, String> {
+            let l = free_listener(&mut rng)?;
+            let a = l.local_addr().map_err(|e| e.to_string())?;
+            held.push(l);
+            Ok(a)
+        };
         for id in 1..=n {
             let dir = base.join(format!("node{id}"));
             std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-            let addr = || free_addr().map_err(|e| format!("a free port: {e}"));
             peers.push(addr()?);
             nodes.push(Node {
                 id,
@@ -128,6 +155,7 @@ impl Nodes {
             });
         }
         let mesh = Mesh::start(&peers).map_err(|e| format!("start the peer proxies: {e}"))?;
+        drop(held);
         Ok(Nodes {
             bin: bin.to_string(),
             flags: flags.to_vec(),
