@@ -28,7 +28,8 @@ a deadline and every bench run a timeout. Data directories live in one temporary
 
 Environment (all optional): BENCH_SECONDS (2), BENCH_WARMUP (1), BENCH_ROUNDS (3),
 BENCH_CONNECTIONS (50), BENCH_PARTS (throughput,failover,memory), FAILOVER_KILLS (20),
-MEMORY_LOCKS (200000), ELECTION_TIMEOUT_MS (holdfast's default, 1000), BENCH_KEEP (0).
+MEMORY_LOCKS (200000), ELECTION_TIMEOUT_MS (holdfast's default, 1000), BENCH_KEEP (0),
+BENCH_DATA_DIR (where the temporary directory goes; /dev/shm: every sync on tmpfs).
 """
 
 import json
@@ -61,6 +62,10 @@ KILLS = int(os.environ.get("FAILOVER_KILLS", "20"))
 MEMORY_LOCKS = int(os.environ.get("MEMORY_LOCKS", "200000"))
 ELECTION_TIMEOUT_MS = os.environ.get("ELECTION_TIMEOUT_MS")  # None: holdfast's default
 KEEP = os.environ.get("BENCH_KEEP") == "1"
+# Where the temporary directory (data directories and logs) goes: BENCH_DATA_DIR=/dev/shm puts
+# both clusters' logs on tmpfs, where a sync costs nothing (a diagnosis: how much of the time is
+# the disk's); default: the system's temporary directory.
+DATA_PARENT = os.environ.get("BENCH_DATA_DIR") or None
 
 # A cluster must elect a leader and serve within this long after its processes started.
 CLUSTER_DEADLINE = 30.0
@@ -275,7 +280,8 @@ class EtcdCluster:
             if not pending:
                 return
             time.sleep(0.1)
-        raise Failure(f"etcd: members {sorted(pending)} not healthy within {CLUSTER_DEADLINE:.0f} s")
+        raise Failure(f"etcd: members {sorted(pending)} not healthy within "
+                      f"{CLUSTER_DEADLINE:.0f} s")
 
     def version(self):
         try:
@@ -337,7 +343,8 @@ class Looper(threading.Thread):
     def run(self):
         while not self.stop.is_set():
             try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=CLIENT_TIMEOUT) as s:
+                addr = ("127.0.0.1", self.port)
+                with socket.create_connection(addr, timeout=CLIENT_TIMEOUT) as s:
                     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                     s.settimeout(CLIENT_TIMEOUT)
                     self.loop(s)
@@ -485,7 +492,8 @@ def print_throughput(results, etcd_version, leader):
           f"client thread; medians. holdfast: memcached text lock+unlock, 3 nodes on default "
           f"flags (election timeout {ELECTION_TIMEOUT_MS or 1000} ms; leader at the end: node "
           f"{leader}); etcd: create-if-absent Txn + DeleteRange through the JSON gateway, "
-          f"{etcd_version}, 3 members on default flags; all data directories on one ext4 disk.")
+          f"{etcd_version}, 3 members on default flags; data directories in {data_parent()} "
+          f"({filesystem(data_parent())}).")
     print(f"machine: {os.cpu_count()} CPUs (nproc {bench.nproc()}), {bench.cpu_model()}; "
           f"loopback; load average {load_average()} at the end.")
     print()
@@ -625,6 +633,8 @@ def print_failover(times, notes, elected_after, both_after):
           f"timeout {ELECTION_TIMEOUT_MS or 1000} ms), one memcached text client per survivor "
           f"looping lock/unlock; time from the kill to the first grant of a lock sent after it.")
     print()
+    print(f"p99 is the nearest rank (of {len(s)} kills, the {'largest' if len(s) <= 100 else 'p99'}).")
+    print()
     print("| kills | p50 ms | p99 ms | max ms | min ms |")
     print("|---|---|---|---|---|")
     print(f"| {len(s)} | {quantile(s, 0.5) * 1000:.0f} | {quantile(s, 0.99) * 1000:.0f} "
@@ -746,7 +756,8 @@ def print_memory(cluster, single):
     print("| process | RSS at start KiB | per item B | per held lock B | RSS with the locks KiB |")
     print("|---|---|---|---|---|")
     per_lock = []
-    for label, (start, after_set, after_lock) in (("cluster node", cluster), ("single node", single)):
+    for label, runs in (("cluster node", cluster), ("single node", single)):
+        start, after_set, after_lock = runs
         for i, (a, b, c) in enumerate(zip(start, after_set, after_lock)):
             item = (b - a) * 1024 / n
             lock = (c - b) * 1024 / n
@@ -760,6 +771,25 @@ def print_memory(cluster, single):
     print(f"- goal cluster <= 2x single per held lock: "
           f"{'met' if r is not None and r <= 2 else 'MISSED'} (worst node {worst:.0f} B vs "
           f"{one:.0f} B: {fmt(r, '.2f')}x)")
+
+
+def data_parent():
+    return DATA_PARENT or tempfile.gettempdir()
+
+
+def filesystem(path):
+    """The type of the file system `path` is on (from /proc/mounts: the longest mount prefix)."""
+    path, best, kind = os.path.realpath(path), "", "?"
+    try:
+        with open("/proc/mounts") as f:
+            for line in f:
+                parts = line.split()
+                inside = path == parts[1] or path.startswith(parts[1].rstrip("/") + "/")
+                if len(parts) > 2 and inside and len(parts[1]) > len(best):
+                    best, kind = parts[1], parts[2]
+    except OSError:
+        pass
+    return kind
 
 
 def load_average():
@@ -779,7 +809,7 @@ def main():
         raise Failure("etcd is not installed: make deps-etcd (Debian etcd-server)")
     if ROUNDS < 3:
         log(f"note: BENCH_ROUNDS={ROUNDS}: fewer than 3 rounds, the medians mean little")
-    base = tempfile.mkdtemp(prefix="holdfast-bench-cluster-")
+    base = tempfile.mkdtemp(prefix="holdfast-bench-cluster-", dir=DATA_PARENT)
     procs = Procs(base)
 
     def stop_on_signal(signum, _frame):
