@@ -633,7 +633,7 @@ def print_failover(times, notes, elected_after, both_after):
           f"timeout {ELECTION_TIMEOUT_MS or 1000} ms), one memcached text client per survivor "
           f"looping lock/unlock; time from the kill to the first grant of a lock sent after it.")
     print()
-    print(f"p99 is the nearest rank (of {len(s)} kills, the {'largest' if len(s) <= 100 else 'p99'}).")
+    print("p99 by nearest rank (with fewer than 100 kills, the largest).")
     print()
     print("| kills | p50 ms | p99 ms | max ms | min ms |")
     print("|---|---|---|---|---|")
@@ -708,21 +708,33 @@ def take(socks, n, verb):
         raise Failure(f"memory: {verb}: {errors[0]}")
 
 
-def measure_memory(ports, pids, settle):
-    """(RSS per pid at start, after the sets, after the locks) in KiB."""
+def measure_memory(ports, pids, settle, dirs=None):
+    """(RSS per pid at start, after the sets, after the locks) in KiB, and the Raft log files'
+    sizes in `dirs` (KiB) after the sets and after the locks."""
     start = [rss_kib(p) for p in pids]
     socks = open_connections(ports)
     try:
         take(socks, MEMORY_LOCKS, "set")
         settle()
         after_set = [rss_kib(p) for p in pids]
+        log_set = [log_kib(d) for d in dirs or []]
         take(socks, MEMORY_LOCKS, "lock")
         settle()
         after_lock = [rss_kib(p) for p in pids]
+        log_lock = [log_kib(d) for d in dirs or []]
     finally:
         for s in socks:
             s.close()
-    return start, after_set, after_lock
+    return (start, after_set, after_lock), (log_set, log_lock)
+
+
+def log_kib(path):
+    """Bytes of the Raft log files (log.<gen>) in a data directory, in KiB."""
+    try:
+        return sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path)
+                   if f.startswith("log.")) // 1024
+    except OSError:
+        return None
 
 
 def memory(procs, datadir):
@@ -734,27 +746,29 @@ def memory(procs, datadir):
         hf.wait_applied_equal()
         time.sleep(1.0)
 
-    cluster = measure_memory([hf.mc[i] for i in hf.ids], [hf.pid(i) for i in hf.ids],
-                             settle_cluster)
+    cluster, logs = measure_memory([hf.mc[i] for i in hf.ids], [hf.pid(i) for i in hf.ids],
+                                   settle_cluster, [hf.dirs[i] for i in hf.ids])
     procs.stop([hf.name(i) for i in hf.ids])
     port = free_port()
     procs.spawn("memory-single", [HOLDFAST, "--memcache", f"127.0.0.1:{port}", "--lockd", "off",
                                   "--dlock", "off", "--counter", "off", "--admin", "off"])
     wait_accepting(port, procs.procs["memory-single"], "single holdfast")
-    single = measure_memory([port], [procs.procs["memory-single"].pid], lambda: time.sleep(1.0))
+    single, _ = measure_memory([port], [procs.procs["memory-single"].pid],
+                               lambda: time.sleep(1.0))
     procs.stop(["memory-single"])
-    return cluster, single
+    return cluster, single, logs
 
 
-def print_memory(cluster, single):
+def print_memory(cluster, single, logs):
     n = MEMORY_LOCKS
     print()
     print(f"Memory: {n:,} memcached text locks on distinct names (items set first) over "
           f"{MEMORY_CONNECTIONS} connections spread over the nodes; VmRSS, bytes per item and per "
           f"held lock ((after - before) / N).")
     print()
-    print("| process | RSS at start KiB | per item B | per held lock B | RSS with the locks KiB |")
-    print("|---|---|---|---|---|")
+    print("| process | RSS at start KiB | per item B | per held lock B | RSS with the locks KiB "
+          "| Raft log file KiB after the sets / the locks |")
+    print("|---|---|---|---|---|---|")
     per_lock = []
     for label, runs in (("cluster node", cluster), ("single node", single)):
         start, after_set, after_lock = runs
@@ -763,7 +777,10 @@ def print_memory(cluster, single):
             lock = (c - b) * 1024 / n
             name = f"{label} {i + 1}" if label == "cluster node" else label
             per_lock.append((label, lock))
-            print(f"| {name} | {a:,} | {item:.0f} | {lock:.0f} | {c:,} |")
+            files = "-"
+            if label == "cluster node" and i < len(logs[0]):
+                files = f"{fmt(logs[0][i])} / {fmt(logs[1][i])}"
+            print(f"| {name} | {a:,} | {item:.0f} | {lock:.0f} | {c:,} | {files} |")
     worst = max(v for l, v in per_lock if l == "cluster node")
     one = [v for l, v in per_lock if l == "single node"][0]
     r = worst / one if one > 0 else None
@@ -831,8 +848,8 @@ def main():
             print_failover(times, notes, elected_after, both_after)
             sys.stdout.flush()
         if "memory" in PARTS:
-            cluster, single = memory(procs, base)
-            print_memory(cluster, single)
+            cluster, single, logs = memory(procs, base)
+            print_memory(cluster, single, logs)
     finally:
         procs.stop()
         if not KEEP:
