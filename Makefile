@@ -3,6 +3,7 @@
 #   make test   everything the tests need is installed here, then every test runs
 #   make lint   rustfmt and clippy, warnings are errors
 #   make bench  side-by-side benchmark against memcached and redis-server
+#   make bench-cluster  3-node holdfast cluster vs 3-node etcd, leader failover, memory per lock
 #   make fuzz   every cargo-fuzz target for FUZZ_SECONDS each (make fuzz-smoke: 20 s each)
 #   make scale  memory per idle connection and per held lock, lease expiry accuracy, at 10k/1M
 #   make soak   mixed hostile traffic on all three protocols for SOAK_SECONDS (CI: 60)
@@ -31,6 +32,8 @@ APT_GO_PACKAGES := golang-go golang-github-bradfitz-gomemcache-dev
 GOMEMCACHE_SRC  := /usr/share/gocode/src/github.com/bradfitz/gomemcache/memcache
 # Debian package of systemd-analyze, for `make verify-service`.
 APT_SYSTEMD_PACKAGES := systemd
+# Debian package of etcd (the server; 3.4 on bookworm), for `make bench-cluster`.
+APT_ETCD_PACKAGES := etcd-server
 # make install: where, and under which root (packagers set DESTDIR).
 PREFIX  ?= /usr/local
 DESTDIR ?=
@@ -38,7 +41,7 @@ BINDIR  := $(PREFIX)/bin
 MANDIR  := $(PREFIX)/share/man/man1
 UNITDIR ?= $(PREFIX)/lib/systemd/system
 
-.PHONY: run run-cluster build release test test-rust test-clients conformance deps deps-apt deps-browser deps-go deps-systemd deps-python install verify-service lint fmt bench owner-ceiling scale soak soak-cluster fuzz fuzz-smoke fuzz-deps clean
+.PHONY: run run-cluster build release test test-rust test-clients conformance deps deps-apt deps-browser deps-go deps-systemd deps-python deps-etcd install verify-service lint fmt bench bench-cluster owner-ceiling scale soak soak-cluster fuzz fuzz-smoke fuzz-deps clean
 
 run: release
 	./target/release/holdfast
@@ -116,6 +119,12 @@ verify-service: deps-systemd release
 	test -f target/install-test/usr/local/share/man/man1/holdfast.1
 	$(PYTHON) tools/verify_service.py target/install-test
 
+deps-etcd:
+	@if ! command -v etcd >/dev/null 2>&1; then \
+		echo "installing $(APT_ETCD_PACKAGES)"; \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_ETCD_PACKAGES)) >/dev/null; \
+	fi
+
 deps-python: $(VENV)/.done
 
 $(VENV)/.done: tests/clients/requirements.txt
@@ -139,6 +148,13 @@ bench: release
 	$(CARGO) build --release --example null_responder
 	@[ -n "$$YRMCDS" ] || echo "bench: set YRMCDS=/path/to/yrmcds to compare the counter rows with yrmcds"
 	$(PYTHON) tools/bench.py
+
+# A three-node holdfast cluster against a three-node etcd cluster on loopback (alternating runs,
+# depth 1 and 16, plus one holdfast node at depth 16), then 20 leader kills (time to the first
+# grant on a survivor) and memory per held lock, cluster vs single node. Not part of make test.
+# Tuned by BENCH_SECONDS (2), BENCH_ROUNDS (3), BENCH_PARTS, FAILOVER_KILLS, MEMORY_LOCKS.
+bench-cluster: deps-etcd release
+	$(PYTHON) tools/bench_cluster.py
 
 # Fuzzing: cargo-fuzz (libFuzzer) on the nightly toolchain; the crate is fuzz/, outside the
 # main crate's build. New inputs go to fuzz/work/<target> (not committed); fuzz/corpus/<target>

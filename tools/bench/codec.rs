@@ -26,6 +26,9 @@ pub enum Protocol {
     Redis,
     /// yrmcds's counter protocol: Lock is Acquire 1, Unlock is Release 1.
     Counter,
+    /// etcd v3's JSON gateway over HTTP/1.1: Lock is a create-if-absent Txn, Unlock a
+    /// DeleteRange (see etcd.rs).
+    Etcd,
 }
 
 impl Protocol {
@@ -37,6 +40,7 @@ impl Protocol {
             Protocol::Dlock => "dlock",
             Protocol::Redis => "redis",
             Protocol::Counter => "counter",
+            Protocol::Etcd => "etcd",
         }
     }
 
@@ -48,6 +52,7 @@ impl Protocol {
             Protocol::Dlock,
             Protocol::Redis,
             Protocol::Counter,
+            Protocol::Etcd,
         ]
         .into_iter()
         .find(|p| p.name() == s)
@@ -60,6 +65,7 @@ impl Protocol {
             Protocol::Dlock => 2627,
             Protocol::Redis => 6379,
             Protocol::Counter => 11215,
+            Protocol::Etcd => 2379,
         }
     }
 }
@@ -104,7 +110,7 @@ pub fn supports(proto: Protocol, req: Req) -> bool {
     use Req::*;
     match proto {
         McText | McBinary => true,
-        Lockd | Dlock | Counter => matches!(req, Lock | Unlock),
+        Lockd | Dlock | Counter | Etcd => matches!(req, Lock | Unlock),
         Redis => matches!(req, Add | Delete | Clear | Get | Set),
     }
 }
@@ -179,6 +185,7 @@ pub fn encode(proto: Protocol, req: Req, key: &[u8], value: &[u8], id: u64, out:
             header[4..8].copy_from_slice(&body_len.to_be_bytes());
             header[8..12].copy_from_slice(&(id as u32).to_be_bytes());
         }
+        Protocol::Etcd => crate::etcd::encode(req, key, value, out),
         Protocol::Redis => match req {
             Req::Add => resp_command(out, &[b"SET", key, value, b"NX", b"PX", SETNX_PX]),
             Req::Set => resp_command(out, &[b"SET", key, value]),
@@ -305,6 +312,7 @@ pub fn check_reply(proto: Protocol, expect: Expect, buf: &[u8]) -> Result<Checke
             let ok = h[1] == want && h[2] == counter::status::OK && opaque == expect.id as u32;
             Ok(Checked::Reply { ok, len })
         }
+        Protocol::Etcd => crate::etcd::check_reply(expect.req, buf),
         Protocol::Redis => {
             let Some((reply, len)) = parse_resp(buf)? else {
                 return Ok(Checked::Incomplete);

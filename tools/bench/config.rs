@@ -22,6 +22,8 @@ const MAX_CONNECTIONS: usize = 100_000;
 /// Requests in flight per connection; the daemon stops parsing a connection at 1024 anyway.
 const MAX_PIPELINE: usize = 1024;
 const MAX_THREADS: usize = 256;
+/// `--server` addresses: a cluster has a handful of nodes.
+const MAX_SERVERS: usize = 64;
 /// Well under every server's item limit (memcached's default 1 MiB).
 const MAX_VALUE_SIZE: usize = 512 * 1024;
 
@@ -83,11 +85,18 @@ impl Workload {
 
 #[derive(Clone, Debug)]
 pub struct Config {
-    pub server: SocketAddr,
+    /// `--server`, one or more: connections go round-robin over them (a cluster's nodes).
+    pub servers: Vec<SocketAddr>,
     pub protocol: Protocol,
     pub workload: Workload,
+    /// Sockets opened in all (`--connections` times `sockets_per_connection`).
     pub connections: usize,
+    /// Operations in flight per socket.
     pub pipeline: usize,
+    /// etcd without `--http-pipelining`: each of `--connections` is this many HTTP/1.1 sockets
+    /// (the `--pipeline` depth), each with one operation in flight, as one gRPC connection
+    /// carries that many concurrent streams; 1 everywhere else.
+    pub sockets_per_connection: usize,
     pub threads: usize,
     pub duration: Duration,
     pub warmup: Duration,
@@ -99,6 +108,21 @@ pub struct Config {
 }
 
 impl Config {
+    /// The server of socket `global`: the sockets of one `--connections` connection share a
+    /// server, and connections go round-robin over the servers.
+    pub fn server_for(&self, global: u64) -> SocketAddr {
+        let conn = global / self.sockets_per_connection as u64;
+        self.servers[(conn % self.servers.len() as u64) as usize]
+    }
+
+    /// `--connections` and `--pipeline` as given (etcd's depth may be carried by sockets).
+    pub fn requested(&self) -> (usize, usize) {
+        (
+            self.connections / self.sockets_per_connection,
+            self.pipeline * self.sockets_per_connection,
+        )
+    }
+
     /// What must be done to the key space before the run: `Some(Req::Set)` to make every key
     /// exist (yrmcds locks need the item; gets should hit), `Some(Req::Clear)` to make sure none
     /// does (add and SET NX must find the key free), `None` for the lock tables.
@@ -123,13 +147,14 @@ fn options() -> getopts::Options {
     o.optopt(
         "s",
         "server",
-        "server address (default: 127.0.0.1 and the protocol's port)",
-        "HOST:PORT",
+        "server address, or several separated by commas: connections go round-robin over them \
+         (default: 127.0.0.1 and the protocol's port)",
+        "HOST:PORT[,HOST:PORT...]",
     )
     .optopt(
         "p",
         "protocol",
-        "memcache-text | memcache-binary | lockd | dlock | redis (default memcache-text)",
+        "memcache-text | memcache-binary | lockd | dlock | redis | counter | etcd (default memcache-text)",
         "NAME",
     )
     .optopt(
@@ -180,6 +205,12 @@ fn options() -> getopts::Options {
         "rate",
         "open loop: target ops/s over all threads (default: closed loop)",
         "OPS",
+    )
+    .optflag(
+        "",
+        "http-pipelining",
+        "etcd: pipeline --pipeline requests on each HTTP/1.1 connection (etcd answers them one \
+         after another) instead of opening --pipeline connections per connection",
     )
     .optflag("h", "help", "print this help");
     o
@@ -249,26 +280,48 @@ pub fn parse<I: IntoIterator<Item = std::ffi::OsString>>(args: I) -> Result<Comm
             protocol.name()
         ));
     }
-    let server = match m.opt_str("server") {
-        None => SocketAddr::from(([127, 0, 0, 1], protocol.default_port())),
-        Some(s) => s
-            .to_socket_addrs()
-            .map_err(|e| format!("--server {s}: {e}"))?
-            .next()
-            .ok_or_else(|| format!("--server {s}: no address"))?,
+    let servers = match m.opt_str("server") {
+        None => vec![SocketAddr::from(([127, 0, 0, 1], protocol.default_port()))],
+        Some(list) => {
+            let mut servers = Vec::new();
+            for s in list.split(',') {
+                if servers.len() == MAX_SERVERS {
+                    return Err(format!("--server: more than {MAX_SERVERS} addresses"));
+                }
+                let addr = s
+                    .to_socket_addrs()
+                    .map_err(|e| format!("--server {s}: {e}"))?
+                    .next()
+                    .ok_or_else(|| format!("--server {s}: no address"))?;
+                servers.push(addr);
+            }
+            servers
+        }
     };
-    let connections = in_range(
+    let mut connections = in_range(
         "connections",
         number(&m, "connections", DEFAULT_CONNECTIONS)?,
         1,
         MAX_CONNECTIONS,
     )?;
-    let pipeline = in_range(
+    let mut pipeline = in_range(
         "pipeline",
         number(&m, "pipeline", DEFAULT_PIPELINE)?,
         1,
         MAX_PIPELINE,
     )?;
+    let http_pipelining = m.opt_present("http-pipelining");
+    if http_pipelining && protocol != Protocol::Etcd {
+        return Err("--http-pipelining is for --protocol etcd".into());
+    }
+    let mut sockets_per_connection = 1;
+    if protocol == Protocol::Etcd && !http_pipelining {
+        // etcd's Go HTTP/1.1 server answers a connection's pipelined requests one at a time;
+        // a gRPC client would run `pipeline` concurrent streams on one connection instead.
+        sockets_per_connection = pipeline;
+        connections = in_range("connections", connections * pipeline, 1, MAX_CONNECTIONS)?;
+        pipeline = 1;
+    }
     let threads = in_range(
         "threads",
         number(&m, "threads", DEFAULT_THREADS)?,
@@ -313,11 +366,12 @@ pub fn parse<I: IntoIterator<Item = std::ffi::OsString>>(args: I) -> Result<Comm
         }
     }
     Ok(Command::Run(Config {
-        server,
+        servers,
         protocol,
         workload,
         connections,
         pipeline,
+        sockets_per_connection,
         threads,
         duration: seconds(&m, "duration", DEFAULT_DURATION_S, 0.1)?,
         warmup: seconds(&m, "warmup", DEFAULT_WARMUP_S, 0.0)?,
@@ -342,7 +396,7 @@ mod tests {
     fn defaults_follow_the_protocol() {
         let c = run(&[]).expect("defaults");
         assert_eq!((c.protocol, c.workload), (Protocol::McText, Workload::Lock));
-        assert_eq!(c.server, "127.0.0.1:11211".parse().unwrap());
+        assert_eq!(c.servers, ["127.0.0.1:11211".parse().unwrap()]);
         assert_eq!(
             (c.connections, c.pipeline, c.threads, c.keys),
             (50, 1, 1, 10_000)
@@ -353,10 +407,13 @@ mod tests {
         );
         assert_eq!(c.rate, None);
         let c = run(&["--protocol", "redis"]).expect("redis");
-        assert_eq!((c.workload, c.server.port()), (Workload::Setnx, 6379));
+        assert_eq!((c.workload, c.servers[0].port()), (Workload::Setnx, 6379));
         let c =
             run(&["-p", "lockd", "-w", "contended", "-c", "1000", "-k", "10"]).expect("contended");
-        assert_eq!((c.server.port(), c.connections, c.keys), (2626, 1000, 10));
+        assert_eq!(
+            (c.servers[0].port(), c.connections, c.keys),
+            (2626, 1000, 10)
+        );
     }
 
     #[test]
@@ -398,6 +455,10 @@ mod tests {
             &["--keys", "10"],
             &["-p", "lockd", "-w", "contended", "--rate", "100"],
             &["--protocol", "http"],
+            &["--http-pipelining"],
+            &["--server", "127.0.0.1:1,"],
+            &["-p", "etcd", "-c", "60000", "-P", "2"],
+            &["-p", "etcd", "-w", "add-delete"],
             &["stray"],
         ] {
             assert!(run(args).is_err(), "{args:?}");
@@ -412,5 +473,42 @@ mod tests {
         assert_eq!(prep(&["-p", "redis", "-w", "get"]), Some(Req::Set));
         assert_eq!(prep(&["-w", "add-delete"]), Some(Req::Clear));
         assert_eq!(prep(&["-p", "redis"]), Some(Req::Clear));
+    }
+
+    #[test]
+    fn connections_go_round_robin_over_the_servers() {
+        let c = run(&["--server", "127.0.0.1:1,127.0.0.1:2,127.0.0.1:3", "-c", "7"]).unwrap();
+        let ports: Vec<u16> = (0..7).map(|g| c.server_for(g).port()).collect();
+        assert_eq!(ports, [1, 2, 3, 1, 2, 3, 1]);
+        assert_eq!(c.requested(), (7, 1));
+    }
+
+    #[test]
+    fn etcd_depth_is_carried_by_sockets_unless_http_pipelining() {
+        let c = run(&[
+            "-p",
+            "etcd",
+            "-s",
+            "127.0.0.1:1,127.0.0.1:2",
+            "-c",
+            "3",
+            "-P",
+            "4",
+        ])
+        .unwrap();
+        assert_eq!(
+            (c.connections, c.pipeline, c.sockets_per_connection),
+            (12, 1, 4)
+        );
+        assert_eq!(c.requested(), (3, 4));
+        // The four sockets of one connection go to one server, like one gRPC connection.
+        let ports: Vec<u16> = (0..12).map(|g| c.server_for(g).port()).collect();
+        assert_eq!(ports, [1, 1, 1, 1, 2, 2, 2, 2, 1, 1, 1, 1]);
+        let c = run(&["-p", "etcd", "-c", "3", "-P", "4", "--http-pipelining"]).unwrap();
+        assert_eq!(
+            (c.connections, c.pipeline, c.sockets_per_connection),
+            (3, 4, 1)
+        );
+        assert_eq!((c.servers[0].port(), c.workload), (2379, Workload::Lock));
     }
 }

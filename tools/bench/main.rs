@@ -17,6 +17,7 @@
 
 mod codec;
 mod config;
+mod etcd;
 mod histogram;
 mod worker;
 
@@ -217,13 +218,23 @@ fn print_header(config: &Config) {
         Some(r) => format!("open loop at {r:.0} ops/s"),
         None => "closed loop".into(),
     };
+    let servers: Vec<String> = config.servers.iter().map(|s| s.to_string()).collect();
+    let (connections, pipeline) = config.requested();
+    let sockets = if config.sockets_per_connection > 1 {
+        format!(
+            " ({} sockets, one request in flight each)",
+            config.connections
+        )
+    } else {
+        String::new()
+    };
     println!(
-        "holdfast-bench: {} {} against {}, {} connections x pipeline {}, {} thread{}, {}, {:.1} s (+{:.1} s warmup)",
+        "holdfast-bench: {} {} against {}, {} connections x pipeline {}{sockets}, {} thread{}, {}, {:.1} s (+{:.1} s warmup)",
         config.protocol.name(),
         config.workload.name(),
-        config.server,
-        config.connections,
-        config.pipeline,
+        servers.join(","),
+        connections,
+        pipeline,
         config.threads,
         if config.threads == 1 { "" } else { "s" },
         lp,
@@ -290,12 +301,14 @@ fn print_result(config: &Config, t: &ThreadResult) {
             t.handoffs
         );
     }
+    let (connections, pipeline) = config.requested();
     let mut summary = format!(
-        "summary protocol={} workload={} conns={} pipeline={} threads={} ops={} rate={rate:.0} errors={} p50_us={} p90_us={} p99_us={} p999_us={} max_us={}",
+        "summary protocol={} workload={} conns={} pipeline={} sockets={} threads={} ops={} rate={rate:.0} errors={} p50_us={} p90_us={} p99_us={} p999_us={} max_us={}",
         config.protocol.name(),
         config.workload.name(),
+        connections,
+        pipeline,
         config.connections,
-        config.pipeline,
         config.threads,
         t.ops,
         t.errors,

@@ -234,8 +234,9 @@ fn connect_all(shared: &Shared, a: &Assignment) -> Result<(Poll, Slab<Conn>), St
     let span = (config.keys / config.connections as u64).max(1);
     for i in 0..a.count {
         let global = (a.first + i) as u64;
-        let std = StdStream::connect_timeout(&config.server, CONNECT_TIMEOUT)
-            .map_err(|e| format!("connecting to {}: {e}", config.server))?;
+        let server = config.server_for(global);
+        let std = StdStream::connect_timeout(&server, CONNECT_TIMEOUT)
+            .map_err(|e| format!("connecting to {server}: {e}"))?;
         std.set_nodelay(true)
             .and_then(|()| std.set_nonblocking(true))
             .map_err(|e| format!("configuring a connection: {e}"))?;
@@ -834,8 +835,9 @@ pub fn prepare(shared: &Shared, req: Req, deadline: Instant) -> Result<(), Strin
     const BATCH: u64 = 256;
     let config = &shared.config;
     let proto: Protocol = config.protocol;
-    let mut stream = StdStream::connect_timeout(&config.server, CONNECT_TIMEOUT)
-        .map_err(|e| format!("connecting to {}: {e}", config.server))?;
+    let server = config.servers[0];
+    let mut stream = StdStream::connect_timeout(&server, CONNECT_TIMEOUT)
+        .map_err(|e| format!("connecting to {server}: {e}"))?;
     let _ = stream.set_nodelay(true);
     let mut out = Vec::new();
     let mut rbuf = Vec::new();
