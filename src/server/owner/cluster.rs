@@ -549,6 +549,7 @@ impl ClusterOwner {
         workers: Vec<(Sender<Replies>, Arc<Waker>)>,
         cfg: &ClusterConfig,
     ) -> Result<ClusterOwner, String> {
+        return_large_blocks_to_the_system();
         let incarnation = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(1, |d| d.as_micros() as u64);
@@ -1067,6 +1068,21 @@ impl ClusterOwner {
             &mut self.pools,
             false,
         );
+    }
+}
+
+/// A cluster node allocates and frees large blocks all the time (proposals of many batches,
+/// raft messages and entries, snapshots). glibc raises its mmap threshold on the first such
+/// free and keeps later ones in the heap, where they stay resident: measured with 200k held
+/// locks, each node held 126-133 bytes per lock against a single node's 57. A fixed threshold
+/// (glibc's own starting value) makes blocks of 128 KiB and more go back to the system when
+/// freed: 75-77 bytes.
+fn return_large_blocks_to_the_system() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only changes an allocator setting; called before the node allocates its
+    // state, on the owner's thread.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024);
     }
 }
 
