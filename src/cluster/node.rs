@@ -397,10 +397,12 @@ impl RaftNode {
     /// Fast failover: the leader's connection to us closed, so its process has most likely
     /// exited. Rather than wait out an election timeout (one to two of them, randomized) for a
     /// leader that will not speak again, every follower forgets it (so that it no longer turns
-    /// down votes inside the old leader's lease), and the voter with the lowest id among the
-    /// others campaigns a tick later (once they have all seen the close). Raft is safe whatever
-    /// the timing: if the leader lives after all (a connection closed for another reason), the
-    /// election costs one term; if the campaign fails, the ordinary election timeout follows.
+    /// down votes inside the old leader's lease) and campaigns: the voter with the lowest id
+    /// among the others a tick later (once they have all seen the close), the next one a tick
+    /// after that, and so on, each again every tick while there is no leader. Raft is safe
+    /// whatever the timing: if the leader lives after all (a connection closed for another
+    /// reason), the election costs one term; if every campaign fails, the ordinary election
+    /// timeout follows.
     fn peer_closed(&mut self, id: u64, now: Instant) {
         if id != self.leader() || self.is_leader() {
             return;
@@ -411,9 +413,14 @@ impl RaftNode {
         }
         let term = self.raw.raft.term;
         self.raw.raft.become_follower(term, raft::INVALID_ID);
-        if cs.voters.iter().filter(|&&v| v != id).min() == Some(&self.id()) {
-            self.campaign_at = Some((now + self.tick, FAST_CAMPAIGNS));
-        }
+        // Staggered by id: if the first one's log is behind (its pre-votes fail and change
+        // nothing), the next one campaigns a tick later.
+        let rank = cs
+            .voters
+            .iter()
+            .filter(|&&v| v != id && v < self.id())
+            .count() as u32;
+        self.campaign_at = Some((now + self.tick * (1 + rank), FAST_CAMPAIGNS));
     }
 
     fn transport_event(&self) -> Option<PeerEvent> {
