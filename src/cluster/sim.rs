@@ -17,7 +17,8 @@
 //!   10, 11, …, empty disk, empty `ConfState`), removes a voter, or replaces one by a fresh node,
 //!   one change in flight, 3 to 5 voters, always through joint consensus (`ConfChangeV2`,
 //!   `Implicit`: raft-rs's leader leaves the joint configuration by itself; the operator
-//!   proposes the empty leave-joint entry only when no leader did). Each node applies committed
+//!   proposes the empty leave-joint entry when no leader did, and always in the seeds that use
+//!   `Explicit`). Each node applies committed
 //!   conf entries with `RawNode::apply_conf_change` and keeps the `ConfState` in its [`MemLog`];
 //!   a node's transport refuses traffic from nodes outside its applied configuration.
 //! - **Clients** propose `(client, seq, request)` through any node; a follower forwards to the
@@ -320,6 +321,9 @@ pub struct Options {
     pub bug_ack_before_sync: bool,
     /// Membership changes under load: adds, removals and replacements of voters.
     pub membership: bool,
+    /// Changes use `ConfChangeTransition::Explicit` (as TiKV does): raft-rs does not leave the
+    /// joint configuration by itself, the operator proposes the leave-joint entry.
+    pub explicit_leave: bool,
     /// Founders start from a snapshot at index 1 ([`MemLog::bootstrapped`]); without it a node
     /// that joins may replay the log from index 1 on an empty `ConfState`.
     pub bootstrap_snapshot: bool,
@@ -352,6 +356,7 @@ impl Options {
             snapshot_every: 5 + r.below(40),
             bug_ack_before_sync: false,
             membership: false,
+            explicit_leave: false,
             bootstrap_snapshot: false,
         };
         // Drawn last, so that the knobs above stay what they were for every seed.
@@ -361,6 +366,7 @@ impl Options {
             // Compact often, so that a node that joins needs a snapshot and some followers
             // fall behind the leader's log.
             o.snapshot_every = 3 + r.below(12);
+            o.explicit_leave = r.chance(EXPLICIT_LEAVE_PERCENT);
         }
         o
     }
@@ -389,7 +395,7 @@ pub struct Report {
     /// Packets a node's transport refused because their sender is outside its configuration.
     pub refused_from_non_members: u64,
     /// Leave-joint entries the operator proposed because no leader left the joint
-    /// configuration by itself (raft-rs's auto-leave is lost when the leader changes).
+    /// configuration by itself (an `Explicit` change, or raft-rs's auto-leave lost).
     pub leave_joint_proposed: u64,
 }
 
@@ -405,6 +411,9 @@ const KEEP_ENTRIES: u64 = 5;
 const EPOCH_MS: u64 = 1_700_000_000_000;
 /// Share of seeds with membership changes: half, so the long runs cover both kinds alike.
 const MEMBERSHIP_PERCENT: u64 = 50;
+/// Share of those whose changes leave the joint configuration explicitly (the contract's
+/// default is raft-rs's automatic leave; TiKV leaves explicitly): both paths run.
+const EXPLICIT_LEAVE_PERCENT: u64 = 20;
 /// The first id of a node that joins (founders are 1..=5), so ids are never reused.
 const FIRST_JOINER_ID: u64 = 10;
 /// Nodes that may join in one run, and changes one run may start: enough for an add, a
@@ -932,7 +941,11 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
             return Ok(());
         }
         let mut cc = ConfChangeV2::default();
-        cc.set_transition(ConfChangeTransition::Implicit);
+        cc.set_transition(if self.opts.explicit_leave {
+            ConfChangeTransition::Explicit
+        } else {
+            ConfChangeTransition::Implicit
+        });
         for (id, ty) in [
             (added, ConfChangeType::AddNode),
             (removed, ConfChangeType::RemoveNode),
