@@ -3,17 +3,32 @@ use std::time::Instant;
 use super::holdfast::{HoldfastMachine, LockWorkload};
 use super::*;
 
-/// Runs `seeds`, panicking with the first failing seed so it can become a named test below.
-fn run_seeds(seeds: std::ops::Range<u64>) -> Report {
+/// Runs `seeds` through `run` and sums their reports; every failing seed is listed at the end
+/// (the run goes on past one) so that each can become a named test below.
+fn run_seeds(seeds: std::ops::Range<u64>, run: fn(u64) -> Result<Report, String>) -> Report {
     let mut total = Report::default();
+    let mut failed = Vec::new();
+    let mut membership = 0;
     let start = Instant::now();
     let first = seeds.start;
-    for seed in seeds {
+    for seed in seeds.clone() {
         if (seed - first).is_multiple_of(5000) && seed > first {
-            eprintln!("{} seeds passed in {:?}", seed - first, start.elapsed());
+            eprintln!(
+                "{} seeds run in {:?}, {} failed",
+                seed - first,
+                start.elapsed(),
+                failed.len()
+            );
         }
-        let r = run_holdfast_seed(seed)
-            .unwrap_or_else(|e| panic!("{} (add it as a regression test)", e));
+        membership += u64::from(Options::for_seed(seed).membership);
+        let r = match run(seed) {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("FAILED {}", e);
+                failed.push(e);
+                continue;
+            }
+        };
         total.events += r.events;
         total.commands += r.commands;
         total.duplicates += r.duplicates;
@@ -30,6 +45,19 @@ fn run_seeds(seeds: std::ops::Range<u64>) -> Report {
         total.refused_from_non_members += r.refused_from_non_members;
         total.leave_joint_proposed += r.leave_joint_proposed;
     }
+    eprintln!(
+        "seeds {:?} ({} with membership changes) in {:?}: {:?}",
+        seeds,
+        membership,
+        start.elapsed(),
+        total
+    );
+    assert!(
+        failed.is_empty(),
+        "{} seeds failed (add them as regression tests):\n{}",
+        failed.len(),
+        failed.join("\n")
+    );
     total
 }
 
@@ -39,9 +67,7 @@ fn replicas_of_holdfast_agree_under_faults_over_many_seeds() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(200);
-    let start = Instant::now();
-    let t = run_seeds(0..seeds);
-    eprintln!("{} seeds in {:?}: {:?}", seeds, start.elapsed(), t);
+    let t = run_seeds(0..seeds, run_holdfast_seed);
     // The faults and the paths they exercise really happened.
     assert!(t.commands > seeds * 10, "{:?}", t);
     assert!(
@@ -86,9 +112,7 @@ fn replicas_of_holdfast_agree_under_faults_100k_seeds() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(100_000);
-    let start = Instant::now();
-    let t = run_seeds(first..first + n);
-    eprintln!("{} seeds in {:?}: {:?}", n, start.elapsed(), t);
+    run_seeds(first..first + n, run_holdfast_seed);
 }
 
 #[test]
@@ -207,24 +231,12 @@ fn replicas_of_the_cluster_state_agree_under_faults_over_many_seeds() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(0);
-    let start = Instant::now();
-    let (mut commands, mut conf_changes, mut joiner_snapshots) = (0, 0, 0);
-    for seed in first..first + seeds {
-        let r = run_replicated_seed(seed)
-            .unwrap_or_else(|e| panic!("{} (add it as a regression test)", e));
-        commands += r.commands;
-        conf_changes += r.conf_changes;
-        joiner_snapshots += r.joiner_snapshots;
-    }
-    eprintln!(
-        "{seeds} seeds of the cluster state in {:?}: {commands} commands, {conf_changes} \
-         membership changes, {joiner_snapshots} snapshots installed by joiners",
-        start.elapsed()
-    );
-    assert!(commands > seeds * 10, "{commands} commands");
+    let t = run_seeds(first..first + seeds, run_replicated_seed);
+    assert!(t.commands > seeds * 10, "{:?}", t);
     assert!(
-        conf_changes > seeds / 4 && joiner_snapshots > 0,
-        "{conf_changes} membership changes, {joiner_snapshots} snapshots on joiners"
+        t.conf_changes > seeds / 4 && t.joiner_snapshots > 0,
+        "{:?}",
+        t
     );
 }
 
