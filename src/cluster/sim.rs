@@ -18,9 +18,9 @@
 //!   one change in flight, 3 to 5 voters, always through joint consensus (`ConfChangeV2`,
 //!   `Implicit`: raft-rs's leader leaves the joint configuration by itself; the operator
 //!   proposes the empty leave-joint entry when no leader did, and always in the seeds that use
-//!   `Explicit`). Each node applies committed
-//!   conf entries with `RawNode::apply_conf_change` and keeps the `ConfState` in its [`MemLog`];
-//!   a node's transport refuses traffic from nodes outside its applied configuration.
+//!   `Explicit`). Each node applies committed conf entries with `RawNode::apply_conf_change`
+//!   and keeps the `ConfState` in its [`MemLog`]; a node stops once it applied its own
+//!   removal; a node's transport refuses traffic from the nodes it saw removed.
 //! - **Clients** propose `(client, seq, request)` through any node; a follower forwards to the
 //!   leader it knows, and nothing tells a client that a proposal was dropped: it retries the
 //!   same `(client, seq)` until it sees it applied. [`Deduped`] (replicated, in the snapshot)
@@ -392,8 +392,8 @@ pub struct Report {
     pub nodes_removed: u64,
     /// Snapshots installed by nodes that joined after the start.
     pub joiner_snapshots: u64,
-    /// Packets a node's transport refused because their sender is outside its configuration.
-    pub refused_from_non_members: u64,
+    /// Packets a node's transport refused because their sender was removed.
+    pub refused_from_removed: u64,
     /// Leave-joint entries the operator proposed because no leader left the joint
     /// configuration by itself (an `Explicit` change, or raft-rs's auto-leave lost).
     pub leave_joint_proposed: u64,
@@ -788,10 +788,10 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
                 self.drive(i)?;
             }
             Ev::Deliver { from, to, packet } => {
-                // The receiver's transport refuses a sender outside its configuration.
+                // The receiver's transport refuses a sender it saw removed.
                 let refused = self.nodes[to].refuses.contains(&self.nodes[from].id);
                 if refused && self.nodes[to].raw.is_some() {
-                    self.report.refused_from_non_members += 1;
+                    self.report.refused_from_removed += 1;
                 }
                 if self.nodes[to].raw.is_none() || refused {
                     // A transport learns that a snapshot did not arrive (its connection failed):
@@ -972,8 +972,8 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
         self.operator()
     }
 
-    /// Starts a fresh node `id` with an empty disk, told to join `voters` (the operator starts
-    /// it with `--join` before asking the leader to add it).
+    /// Starts a fresh node `id` with an empty disk (the operator starts it with `--join` before
+    /// asking the leader to add it).
     fn add_node(&mut self, id: u64) -> Result<(), String> {
         self.joiners += 1;
         self.nodes.push(Node {
