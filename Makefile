@@ -210,13 +210,17 @@ owner-ceiling:
 # from SIM_FIRST (cargo test runs 200 from 0), first with the Replayer as the machine, then
 # with the cluster node's own state (`Replicated`, 100 in cargo test). A failing seed is printed; replay it with
 # HOLDFAST_SIM_SEED=N cargo test --lib cluster::sim::tests::one_seed -- --ignored --nocapture.
+# Half of the seeds change the membership under load; SIM_MEMBERSHIP_ONLY=1 runs only those.
 SIM_SEEDS ?= 100000
 SIM_FIRST ?= 1000
+SIM_MEMBERSHIP_ONLY ?= 0
+SIM_ENV = HOLDFAST_SIM_FIRST=$(SIM_FIRST) HOLDFAST_SIM_SEEDS=$(SIM_SEEDS) \
+	HOLDFAST_SIM_MEMBERSHIP_ONLY=$(SIM_MEMBERSHIP_ONLY)
 .PHONY: cluster-sim
 cluster-sim:
-	HOLDFAST_SIM_FIRST=$(SIM_FIRST) HOLDFAST_SIM_SEEDS=$(SIM_SEEDS) $(CARGO) test --release --lib \
+	$(SIM_ENV) $(CARGO) test --release --lib \
 		cluster::sim::tests::replicas_of_holdfast_agree_under_faults_100k_seeds -- --ignored --nocapture
-	HOLDFAST_SIM_FIRST=$(SIM_FIRST) HOLDFAST_SIM_SEEDS=$(SIM_SEEDS) $(CARGO) test --release --lib \
+	$(SIM_ENV) $(CARGO) test --release --lib \
 		cluster::sim::tests::replicas_of_the_cluster_state_agree_under_faults_over_many_seeds -- --nocapture
 
 # The determinism replay (tests/invariants.rs) over many seeds in release mode: each schedule's

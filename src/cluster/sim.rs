@@ -13,6 +13,14 @@
 //!   partitions; dropped snapshot messages are reported to the leader as a transport would.
 //! - **Clocks**: each node ticks at its own rate (±5%) and reads its own offset wall clock; the
 //!   leader stamps each command with its clock, so log time is the leader's.
+//! - **Membership** (seeds with [`Options::membership`]): an operator adds a fresh node (ids
+//!   10, 11, …, empty disk, empty `ConfState`), removes a voter, or replaces one by a fresh node,
+//!   one change in flight, 3 to 5 voters, always through joint consensus (`ConfChangeV2`,
+//!   `Implicit`: raft-rs's leader leaves the joint configuration by itself; the operator
+//!   proposes the empty leave-joint entry when no leader did, and always in the seeds that use
+//!   `Explicit`). Each node applies committed conf entries with `RawNode::apply_conf_change`
+//!   and keeps the `ConfState` in its [`MemLog`]; a node stops once it applied its own
+//!   removal; a node's transport refuses traffic from the nodes it saw removed.
 //! - **Clients** propose `(client, seq, request)` through any node; a follower forwards to the
 //!   leader it knows, and nothing tells a client that a proposal was dropped: it retries the
 //!   same `(client, seq)` until it sees it applied. [`Deduped`] (replicated, in the snapshot)
@@ -22,14 +30,21 @@
 //! everywhere (log matching on what was applied), its effects are the same, the state
 //! machine's snapshot at each applied index is byte-identical (also right after a restore),
 //! each client's requests apply once and in order, and the workload's own check (for locks:
-//! never two holders). At the end of the run the faults stop and every node must converge and
-//! every client's request must have been applied (liveness).
+//! never two holders), every node that applied a conf entry got the same `ConfState` from it (a
+//! snapshot carries the `ConfState` of its index), a removed node never becomes leader once a
+//! majority of the new configuration applied its removal, and no leader is outside its own
+//! configuration. At the end of the run the faults stop and every member of the final
+//! configuration (no longer joint) must converge and every client's request must have been
+//! applied (liveness); removed nodes are ignored.
 
+use std::cell::Cell;
 use std::cmp::Ordering as CmpOrdering;
 use std::collections::{BTreeMap, BinaryHeap};
 
+use protobuf::Message as _;
 use raft::prelude::{
-    ConfState, Entry, EntryType, HardState, Message, MessageType, Snapshot, SnapshotMetadata,
+    ConfChange, ConfChangeSingle, ConfChangeTransition, ConfChangeType, ConfChangeV2, ConfState,
+    Entry, EntryType, HardState, Message, MessageType, Snapshot, SnapshotMetadata,
 };
 use raft::{Config, RawNode, SnapshotStatus, StateRole, Storage, StorageError};
 
@@ -158,12 +173,34 @@ impl<M: StateMachine> Deduped<M> {
 pub struct MemLog {
     state: LogState,
     snapshot_data: Vec<u8>,
+    /// Raft asked for a snapshot the stored one cannot serve (older than asked, or made before
+    /// the receiver joined: raft-rs's receiver refuses a snapshot whose `ConfState` lacks it);
+    /// the driver makes a fresh one from the state machine, as TiKV generates them on demand.
+    snapshot_wanted: Cell<bool>,
 }
 
 impl MemLog {
     fn new(voters: Vec<u64>) -> MemLog {
         let mut m = MemLog::default();
         m.state.conf_state = ConfState::from((voters, vec![]));
+        m
+    }
+
+    /// A founder's disk that starts with a snapshot at index 1 (`machine`: the empty state
+    /// machine's) instead of an empty log, as TiKV bootstraps at index 5: a leader's log then
+    /// never starts at index 1, so a node that joins always starts from a snapshot carrying
+    /// the `ConfState`. Replaying the log from index 1 would apply the first conf change on top
+    /// of the joiner's empty `ConfState` and give it a configuration nobody else has.
+    fn bootstrapped(voters: Vec<u64>, machine: Vec<u8>) -> MemLog {
+        let mut m = MemLog::default();
+        let mut meta = SnapshotMetadata {
+            index: 1,
+            term: 1,
+            ..Default::default()
+        };
+        meta.set_conf_state(ConfState::from((voters, vec![])));
+        m.state.install(&meta);
+        m.snapshot_data = machine;
         m
     }
 
@@ -204,19 +241,62 @@ impl MemLog {
 impl Storage for MemLog {
     log_state_reads!();
 
-    fn snapshot(&self, request_index: u64, _to: u64) -> raft::Result<Snapshot> {
+    fn snapshot(&self, request_index: u64, to: u64) -> raft::Result<Snapshot> {
         match &self.state.snapshot {
-            Some(meta) if meta.index >= request_index => {
+            Some(meta) if meta.index >= request_index && is_member(meta.get_conf_state(), to) => {
                 let mut s = Snapshot::default();
                 s.set_metadata(meta.clone());
                 s.set_data(self.snapshot_data.clone().into());
                 Ok(s)
             }
-            _ => Err(raft::Error::Store(
-                StorageError::SnapshotTemporarilyUnavailable,
-            )),
+            _ => {
+                self.snapshot_wanted.set(true);
+                Err(raft::Error::Store(
+                    StorageError::SnapshotTemporarilyUnavailable,
+                ))
+            }
         }
     }
+}
+
+/// Every node `cs` names: voters (incoming and outgoing) and learners.
+fn members(cs: &ConfState) -> Vec<u64> {
+    let mut m: Vec<u64> = cs
+        .voters
+        .iter()
+        .chain(&cs.voters_outgoing)
+        .chain(&cs.learners)
+        .chain(&cs.learners_next)
+        .copied()
+        .collect();
+    m.sort_unstable();
+    m.dedup();
+    m
+}
+
+fn is_member(cs: &ConfState, id: u64) -> bool {
+    [
+        &cs.voters,
+        &cs.voters_outgoing,
+        &cs.learners,
+        &cs.learners_next,
+    ]
+    .iter()
+    .any(|l| l.contains(&id))
+}
+
+fn is_joint(cs: &ConfState) -> bool {
+    !cs.voters_outgoing.is_empty()
+}
+
+/// `cs` with every list sorted: raft-rs builds them from hash sets, so two equal
+/// configurations may list their members in different orders.
+fn canonical(mut cs: ConfState) -> ConfState {
+    cs.voters.sort_unstable();
+    cs.voters_outgoing.sort_unstable();
+    cs.learners.sort_unstable();
+    cs.learners_next.sort_unstable();
+    cs
 }
 
 /// The knobs of one run; [`Options::for_seed`] draws them from the seed.
@@ -239,12 +319,30 @@ pub struct Options {
     /// A deliberately broken driver, to show the checks catch it: half of the time it sends a
     /// `Ready`'s votes and acknowledgements without having synced what they promise.
     pub bug_ack_before_sync: bool,
+    /// Membership changes under load: adds, removals and replacements of voters.
+    pub membership: bool,
+    /// Changes use `ConfChangeTransition::Explicit` (as TiKV does): raft-rs does not leave the
+    /// joint configuration by itself, the operator proposes the leave-joint entry.
+    pub explicit_leave: bool,
+    /// Founders start from a snapshot at index 1 ([`MemLog::bootstrapped`]); without it a node
+    /// that joins may replay the log from index 1 on an empty `ConfState`.
+    pub bootstrap_snapshot: bool,
 }
 
 impl Options {
     pub fn for_seed(seed: u64) -> Options {
+        Options::drawn(seed, true)
+    }
+
+    /// [`Options::for_seed`] without membership changes: the knobs every seed had before
+    /// there were any.
+    pub fn for_seed_without_membership(seed: u64) -> Options {
+        Options::drawn(seed, false)
+    }
+
+    fn drawn(seed: u64, membership: bool) -> Options {
         let mut r = Rng::new(seed ^ 0x006f_7074_696f_6e73);
-        Options {
+        let mut o = Options {
             nodes: if r.chance(50) { 3 } else { 5 },
             clients: 2 + r.below(4),
             chaos_ms: 4_000,
@@ -257,7 +355,20 @@ impl Options {
             crash_before_sync_permille: if r.chance(50) { 2 } else { 0 },
             snapshot_every: 5 + r.below(40),
             bug_ack_before_sync: false,
+            membership: false,
+            explicit_leave: false,
+            bootstrap_snapshot: false,
+        };
+        // Drawn last, so that the knobs above stay what they were for every seed.
+        if r.chance(MEMBERSHIP_PERCENT) && membership {
+            o.membership = true;
+            o.bootstrap_snapshot = true;
+            // Compact often, so that a node that joins needs a snapshot and some followers
+            // fall behind the leader's log.
+            o.snapshot_every = 3 + r.below(12);
+            o.explicit_leave = r.chance(EXPLICIT_LEAVE_PERCENT);
         }
+        o
     }
 }
 
@@ -274,6 +385,18 @@ pub struct Report {
     pub partitions: u64,
     pub snapshots_installed: u64,
     pub messages_dropped: u64,
+    /// Membership changes completed (the configuration reached the target, out of joint).
+    pub conf_changes: u64,
+    /// Nodes added and removed by completed changes.
+    pub nodes_added: u64,
+    pub nodes_removed: u64,
+    /// Snapshots installed by nodes that joined after the start.
+    pub joiner_snapshots: u64,
+    /// Packets a node's transport refused because their sender was removed.
+    pub refused_from_removed: u64,
+    /// Leave-joint entries the operator proposed because no leader left the joint
+    /// configuration by itself (an `Explicit` change, or raft-rs's auto-leave lost).
+    pub leave_joint_proposed: u64,
 }
 
 /// Ticks: every 10 ms of a node's clock; elections after 10 to 20 ticks, heartbeats every
@@ -286,6 +409,22 @@ const RETRY_US: u64 = 300_000;
 const KEEP_ENTRIES: u64 = 5;
 /// Simulated Unix time at start (ms), so commands carry realistic timestamps.
 const EPOCH_MS: u64 = 1_700_000_000_000;
+/// Share of seeds with membership changes: half, so the long runs cover both kinds alike.
+const MEMBERSHIP_PERCENT: u64 = 50;
+/// Share of those whose changes leave the joint configuration explicitly (the contract's
+/// default is raft-rs's automatic leave; TiKV leaves explicitly): both paths run.
+const EXPLICIT_LEAVE_PERCENT: u64 = 20;
+/// The first id of a node that joins (founders are 1..=5), so ids are never reused.
+const FIRST_JOINER_ID: u64 = 10;
+/// Nodes that may join in one run, and changes one run may start: enough for an add, a
+/// removal and a replacement within 4 s of chaos.
+const MAX_JOINERS: u64 = 3;
+const MAX_CHANGES: u64 = 4;
+/// The operator looks at a change in flight this often (re-proposes it, leaves joint).
+const OPERATOR_US: u64 = 100_000;
+/// Voters a configuration keeps (the contract's 3 or 5, and the 4 in between).
+const MIN_VOTERS: usize = 3;
+const MAX_VOTERS: usize = 5;
 
 enum Packet {
     Raft(Message),
@@ -307,6 +446,8 @@ enum Ev {
     Fault,
     Restart(usize),
     Heal,
+    /// The operator's look at a membership change in flight.
+    Operator,
 }
 
 struct Queued {
@@ -345,6 +486,40 @@ struct Node<M> {
     offset_ms: u64,
     /// Role and term when last driven: a change means raft redrew its election timeout.
     seen: Option<(StateRole, u64)>,
+    /// The `ConfState` raft starts from without a snapshot: the founders' voters, or none for
+    /// a node that joined (not a voter: raft-rs will not let it campaign).
+    initial_conf: ConfState,
+    /// The peers whose traffic this node's transport refuses: every node it saw leave its
+    /// applied configuration (by a conf entry or a snapshot), kept across restarts as etcd
+    /// keeps its removed members. Not "every node outside the applied configuration": a
+    /// lagging member must still hear a leader that joined after what it applied.
+    refuses: Vec<u64>,
+    /// Joined after the start (its snapshots are counted apart).
+    joiner: bool,
+    /// Applied a configuration without itself: stopped for good. raft-rs 0.7 cannot keep a
+    /// removed leader running (the next acknowledgement panics: its own progress is gone), so
+    /// a node stops as soon as it applies its own removal, as TiKV destroys a removed peer.
+    retired: bool,
+}
+
+impl<M> Node<M> {
+    /// The node's configuration went from `before` to `after`: who left is refused from now on.
+    fn note_removed(&mut self, before: &ConfState, after: &ConfState) {
+        for id in members(before) {
+            if !is_member(after, id) && !self.refuses.contains(&id) {
+                self.refuses.push(id);
+            }
+        }
+    }
+}
+
+/// A membership change the operator started: the voters it leads to, and the joint-consensus
+/// proposal that gets there.
+struct Change {
+    target: Vec<u64>,
+    cc: ConfChangeV2,
+    added: Option<u64>,
+    removed: Option<u64>,
 }
 
 struct Client {
@@ -376,6 +551,15 @@ pub struct Cluster<M, W> {
     leader_terms: BTreeMap<u64, u64>,
     /// Snapshot messages lost on the way: (sender, receiver), reported to the sender.
     snapshot_failures: Vec<(usize, usize)>,
+    /// The founders' configuration, and the `ConfState` after each applied conf entry by
+    /// index (applied somewhere, hence committed): the last one is the committed configuration.
+    initial_conf: ConfState,
+    confs: BTreeMap<u64, ConfState>,
+    /// Removed node id -> index of the conf entry that left it out.
+    removed: BTreeMap<u64, u64>,
+    change: Option<Change>,
+    changes_started: u64,
+    joiners: u64,
     logger: slog::Logger,
     pub report: Report,
 }
@@ -409,8 +593,13 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
         let voters: Vec<u64> = (1..=opts.nodes as u64).collect();
         let logger = slog::Logger::root(slog::Discard, slog::o!());
         let mut nodes = Vec::new();
+        let initial_conf = canonical(ConfState::from((voters.clone(), vec![])));
         for i in 0..opts.nodes {
-            let durable = MemLog::new(voters.clone());
+            let durable = if opts.bootstrap_snapshot {
+                MemLog::bootstrapped(voters.clone(), Deduped::new(new_machine()).snapshot())
+            } else {
+                MemLog::new(voters.clone())
+            };
             nodes.push(Node {
                 id: i as u64 + 1,
                 raw: None,
@@ -421,6 +610,10 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
                 rate: 950 + rng.below(101),
                 offset_ms: rng.below(2_000),
                 seen: None,
+                initial_conf: initial_conf.clone(),
+                refuses: Vec::new(),
+                joiner: false,
+                retired: false,
             });
         }
         let clients = (0..opts.clients)
@@ -448,6 +641,12 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
             client_applied: BTreeMap::new(),
             leader_terms: BTreeMap::new(),
             snapshot_failures: Vec::new(),
+            initial_conf,
+            confs: BTreeMap::new(),
+            removed: BTreeMap::new(),
+            change: None,
+            changes_started: 0,
+            joiners: 0,
             logger,
             report: Report::default(),
         };
@@ -460,11 +659,34 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
             let at = 1_000 + c.rng.below(50_000);
             c.push(at, Ev::Client(k));
         }
-        if c.opts.crashes || c.opts.partitions {
+        if c.opts.crashes || c.opts.partitions || c.opts.membership {
             let at = 300_000 + c.rng.below(500_000);
             c.push(at, Ev::Fault);
         }
+        if c.opts.membership {
+            c.push(OPERATOR_US, Ev::Operator);
+        }
         c
+    }
+
+    fn index_of(&self, id: u64) -> Option<usize> {
+        self.nodes.iter().position(|n| n.id == id)
+    }
+
+    /// The committed configuration: the one the last applied conf entry made.
+    fn committed_conf(&self) -> &ConfState {
+        self.confs
+            .values()
+            .next_back()
+            .unwrap_or(&self.initial_conf)
+    }
+
+    /// The configuration in force at log index `index`.
+    fn conf_at(&self, index: u64) -> &ConfState {
+        self.confs
+            .range(..=index)
+            .next_back()
+            .map_or(&self.initial_conf, |(_, cs)| cs)
     }
 
     fn push(&mut self, delay_us: u64, ev: Ev) {
@@ -486,11 +708,16 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
         let node = &mut self.nodes[i];
         node.machine = Deduped::new((self.new_machine)());
         node.applied = 0;
+        // Raft must start from the configuration at the index it is told is applied: the conf
+        // entries after it are applied again (re-applying one on a configuration that already
+        // holds it fails: "config is already joint").
+        node.durable.state.conf_state = node.initial_conf.clone();
         if let Some(meta) = node.durable.state.snapshot.clone() {
             if let Err(e) = node.machine.restore(&node.durable.snapshot_data) {
                 return Some(format!("node {} restart: restore failed: {}", node.id, e));
             }
             node.applied = meta.index;
+            node.durable.state.conf_state = meta.get_conf_state().clone();
         }
         node.last_snapshot = node.applied;
         let cfg = raft_config(node.id, node.applied);
@@ -540,7 +767,7 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
         self.opts.loss_percent = 0;
         self.opts.crash_before_sync_permille = 0;
         for i in 0..self.nodes.len() {
-            if self.nodes[i].raw.is_none() {
+            if self.nodes[i].raw.is_none() && !self.nodes[i].retired {
                 if let Some(e) = self.start_node(i) {
                     return Err(e);
                 }
@@ -561,7 +788,12 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
                 self.drive(i)?;
             }
             Ev::Deliver { from, to, packet } => {
-                if self.nodes[to].raw.is_none() {
+                // The receiver's transport refuses a sender it saw removed.
+                let refused = self.nodes[to].refuses.contains(&self.nodes[from].id);
+                if refused && self.nodes[to].raw.is_some() {
+                    self.report.refused_from_removed += 1;
+                }
+                if self.nodes[to].raw.is_none() || refused {
                     // A transport learns that a snapshot did not arrive (its connection failed):
                     // the leader must hear it, or it waits for that snapshot forever.
                     if let Packet::Raft(m) = &packet {
@@ -581,8 +813,9 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
                             let _ = raw.step(m);
                         }
                         if is_snap {
+                            let to_id = self.nodes[to].id;
                             if let Some(leader) = self.nodes[from].raw.as_mut() {
-                                leader.report_snapshot(to as u64 + 1, SnapshotStatus::Finish);
+                                leader.report_snapshot(to_id, SnapshotStatus::Finish);
                             }
                         }
                     }
@@ -597,13 +830,13 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
             Ev::Client(k) => self.client_event(k, quiet)?,
             Ev::Fault => {
                 if !quiet {
-                    self.fault();
+                    self.fault()?;
                     let next = 200_000 + self.rng.below(1_000_000);
                     self.push(next, Ev::Fault);
                 }
             }
             Ev::Restart(i) => {
-                if self.nodes[i].raw.is_none() {
+                if self.nodes[i].raw.is_none() && !self.nodes[i].retired {
                     if let Some(e) = self.start_node(i) {
                         return Err(e);
                     }
@@ -615,13 +848,18 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
                     row.iter_mut().for_each(|b| *b = false);
                 }
             }
+            Ev::Operator => {
+                self.operator()?;
+                self.push(OPERATOR_US, Ev::Operator);
+            }
         }
         Ok(())
     }
 
-    fn fault(&mut self) {
+    fn fault(&mut self) -> Result<(), String> {
         let n = self.nodes.len();
-        match self.rng.below(4) {
+        let kinds = if self.opts.membership { 6 } else { 4 };
+        match self.rng.below(kinds) {
             0 | 1 if self.opts.crashes => {
                 let i = self.rng.index(n);
                 if self.nodes[i].raw.is_some() {
@@ -650,8 +888,167 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
                     self.push(heal, Ev::Heal);
                 }
             }
+            4 | 5 => return self.start_change(),
             _ => {}
         }
+        Ok(())
+    }
+
+    /// The membership fault: an operator adds a fresh node, removes a voter or replaces one,
+    /// through joint consensus, when no change is in flight. The configuration keeps 3 to 5
+    /// voters, and a majority of both the old and the new one is up when the change starts.
+    fn start_change(&mut self) -> Result<(), String> {
+        let conf = self.committed_conf().clone();
+        if self.change.is_some() || self.changes_started >= MAX_CHANGES || is_joint(&conf) {
+            return Ok(());
+        }
+        let voters = conf.voters.clone();
+        let can_add = voters.len() < MAX_VOTERS && self.joiners < MAX_JOINERS;
+        let can_remove = voters.len() > MIN_VOTERS;
+        let can_replace = self.joiners < MAX_JOINERS;
+        let kinds: Vec<(bool, bool)> = [
+            (can_add, (true, false)),
+            (can_remove, (false, true)),
+            (can_replace, (true, true)),
+        ]
+        .iter()
+        .filter(|(ok, _)| *ok)
+        .map(|(_, k)| *k)
+        .collect();
+        if kinds.is_empty() {
+            return Ok(());
+        }
+        let (add, remove) = kinds[self.rng.index(kinds.len())];
+        let removed = remove.then(|| voters[self.rng.index(voters.len())]);
+        let added = add.then_some(FIRST_JOINER_ID + self.joiners);
+        let mut target: Vec<u64> = voters
+            .iter()
+            .copied()
+            .filter(|v| Some(*v) != removed)
+            .chain(added)
+            .collect();
+        target.sort_unstable();
+        // A node that joins is up; never leave a majority of the old or new voters down.
+        let up = |c: &Self, ids: &[u64]| {
+            ids.iter()
+                .filter(|id| {
+                    Some(**id) == added
+                        || c.index_of(**id).is_some_and(|i| c.nodes[i].raw.is_some())
+                })
+                .count()
+        };
+        if up(self, &voters) * 2 <= voters.len() || up(self, &target) * 2 <= target.len() {
+            return Ok(());
+        }
+        let mut cc = ConfChangeV2::default();
+        cc.set_transition(if self.opts.explicit_leave {
+            ConfChangeTransition::Explicit
+        } else {
+            ConfChangeTransition::Implicit
+        });
+        for (id, ty) in [
+            (added, ConfChangeType::AddNode),
+            (removed, ConfChangeType::RemoveNode),
+        ] {
+            if let Some(id) = id {
+                let mut single = ConfChangeSingle {
+                    node_id: id,
+                    ..Default::default()
+                };
+                single.set_change_type(ty);
+                cc.mut_changes().push(single);
+            }
+        }
+        if let Some(id) = added {
+            self.add_node(id)?;
+        }
+        self.changes_started += 1;
+        self.change = Some(Change {
+            target,
+            cc,
+            added,
+            removed,
+        });
+        self.operator()
+    }
+
+    /// Starts a fresh node `id` with an empty disk (the operator starts it with `--join` before
+    /// asking the leader to add it).
+    fn add_node(&mut self, id: u64) -> Result<(), String> {
+        self.joiners += 1;
+        self.nodes.push(Node {
+            id,
+            raw: None,
+            durable: MemLog::default(),
+            machine: Deduped::new((self.new_machine)()),
+            applied: 0,
+            last_snapshot: 0,
+            rate: 950 + self.rng.below(101),
+            offset_ms: self.rng.below(2_000),
+            seen: None,
+            initial_conf: ConfState::default(),
+            refuses: Vec::new(),
+            joiner: true,
+            retired: false,
+        });
+        for row in &mut self.blocked {
+            row.push(false);
+        }
+        self.blocked.push(vec![false; self.nodes.len()]);
+        let i = self.nodes.len() - 1;
+        if let Some(e) = self.start_node(i) {
+            return Err(e);
+        }
+        let first = self.rng.below(TICK_US);
+        self.push(first, Ev::Tick(i));
+        Ok(())
+    }
+
+    /// The operator's look at the change in flight: done once the committed configuration is
+    /// the target and not joint; otherwise, at the leader, proposes the change again (a
+    /// proposal is dropped silently when the leader changes) or, if the leader is in the joint
+    /// configuration with no conf change pending, the leave-joint entry.
+    fn operator(&mut self) -> Result<(), String> {
+        let Some(change) = &self.change else {
+            return Ok(());
+        };
+        let conf = self.committed_conf();
+        if !is_joint(conf) && conf.voters == change.target {
+            self.report.conf_changes += 1;
+            self.report.nodes_added += u64::from(change.added.is_some());
+            self.report.nodes_removed += u64::from(change.removed.is_some());
+            self.change = None;
+            return Ok(());
+        }
+        let leader = (0..self.nodes.len())
+            .filter_map(|i| {
+                let raw = self.nodes[i].raw.as_ref()?;
+                (raw.raft.state == StateRole::Leader).then_some((raw.raft.term, i))
+            })
+            .max();
+        let Some((_, l)) = leader else {
+            return Ok(());
+        };
+        let Some(raw) = self.nodes[l].raw.as_mut() else {
+            return Ok(());
+        };
+        if raw.raft.has_pending_conf() {
+            return Ok(());
+        }
+        let at_leader = canonical(raw.raft.prs().conf().to_conf_state());
+        if is_joint(&at_leader) {
+            // Refused (and counted for nothing) by a leader that is not a member any more.
+            if raw
+                .propose_conf_change(Vec::new(), ConfChangeV2::default())
+                .is_ok()
+            {
+                self.report.leave_joint_proposed += 1;
+            }
+        } else if at_leader.voters != change.target {
+            // Refused by a leader that is not a member any more; the next look retries.
+            let _ = raw.propose_conf_change(Vec::new(), change.cc.clone());
+        }
+        self.drive(l)
     }
 
     fn client_event(&mut self, k: u64, quiet: bool) -> Result<(), String> {
@@ -667,8 +1064,19 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
             c.request = request;
             c.done = false;
         }
-        // Send (or resend) through the home node; a client whose node is down moves.
-        if self.nodes[self.clients[k as usize].home].raw.is_none() {
+        // Send (or resend) through the home node; a client whose node is down moves, and so
+        // does one whose node was removed (it closes its clients' connections).
+        let home = self.clients[k as usize].home;
+        if self.opts.membership {
+            let id = self.nodes[home].id;
+            if self.nodes[home].raw.is_none() || !is_member(self.committed_conf(), id) {
+                let voters = self.committed_conf().voters.clone();
+                let id = voters[self.rng.index(voters.len())];
+                if let Some(i) = self.index_of(id) {
+                    self.clients[k as usize].home = i;
+                }
+            }
+        } else if self.nodes[home].raw.is_none() {
             self.clients[k as usize].home = self.rng.index(self.nodes.len());
         }
         let (home, seq, request) = {
@@ -695,7 +1103,10 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
             // A leader stepping down refuses; the client retries.
             let _ = raw.propose(Vec::new(), encode_proposal(client, seq, &command));
         } else if raw.raft.leader_id != 0 {
-            let to = (raw.raft.leader_id - 1) as usize;
+            let leader = raw.raft.leader_id;
+            let Some(to) = self.index_of(leader) else {
+                return;
+            };
             self.send(
                 i,
                 to,
@@ -748,7 +1159,7 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
                 let t = ELECTION_TICKS + self.rng.index(ELECTION_TICKS);
                 raw.raft.set_randomized_election_timeout(t);
                 if raw.raft.state == StateRole::Leader {
-                    self.note_leader(raw.raft.id, raw.raft.term)?;
+                    self.note_leader(&raw)?;
                 }
             }
             if !raw.has_ready() {
@@ -760,21 +1171,35 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
             self.send_all(i, msgs);
             if !rd.snapshot().is_empty() {
                 let snap = rd.snapshot().clone();
+                let before = raw.store().state.conf_state.clone();
                 raw.mut_store().apply_snapshot(&snap);
+                let meta = snap.get_metadata();
+                let cs = canonical(meta.get_conf_state().clone());
+                if cs != *self.conf_at(meta.index) {
+                    return Err(format!(
+                        "node {}: a snapshot at {} carries {:?}, the configuration there is {:?}",
+                        self.nodes[i].id,
+                        meta.index,
+                        cs,
+                        self.conf_at(meta.index)
+                    ));
+                }
                 let node = &mut self.nodes[i];
                 node.machine
                     .restore(snap.get_data())
                     .map_err(|e| format!("node {}: snapshot restore: {}", node.id, e))?;
-                node.applied = snap.get_metadata().index;
+                node.applied = meta.index;
                 node.last_snapshot = node.applied;
+                node.note_removed(&before, &cs);
                 self.report.snapshots_installed += 1;
+                self.report.joiner_snapshots += u64::from(node.joiner);
                 let s = node.machine.snapshot();
-                self.check_snapshot(i, snap.get_metadata().index, s)?;
+                self.check_snapshot(i, meta.index, s)?;
             }
-            self.apply_entries(i, rd.take_committed_entries())?;
+            self.apply_entries(i, &mut raw, rd.take_committed_entries())?;
             raw.mut_store()
                 .append(rd.entries())
-                .map_err(|e| format!("node {}: append: {}", i + 1, e))?;
+                .map_err(|e| format!("node {}: append: {}", self.nodes[i].id, e))?;
             if let Some(hs) = rd.hs() {
                 raw.mut_store().state.hard_state = hs.clone();
             }
@@ -796,15 +1221,24 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
                 set_commit(&mut raw.mut_store().state.hard_state, commit);
             }
             self.send_all(i, light.take_messages());
-            self.apply_entries(i, light.take_committed_entries())?;
+            self.apply_entries(i, &mut raw, light.take_committed_entries())?;
             raw.advance_apply();
             let node = &mut self.nodes[i];
-            if node.applied >= node.last_snapshot + self.opts.snapshot_every {
+            let wanted = raw.store().snapshot_wanted.replace(false);
+            if node.applied >= node.last_snapshot + self.opts.snapshot_every
+                || (wanted && node.applied > node.last_snapshot)
+            {
                 let data = node.machine.snapshot();
                 raw.mut_store().create_snapshot(node.applied, data);
                 raw.mut_store()
                     .compact(node.applied.saturating_sub(KEEP_ENTRIES))?;
                 node.last_snapshot = node.applied;
+            }
+            if node.retired {
+                // What this `Ready` promised is synced and sent; the node stops here.
+                self.nodes[i].durable = raw.store().clone();
+                self.report_snapshot_failures();
+                return Ok(());
             }
             self.nodes[i].raw = Some(raw);
             self.report_snapshot_failures();
@@ -813,13 +1247,43 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
 
     fn report_snapshot_failures(&mut self) {
         for (from, to) in std::mem::take(&mut self.snapshot_failures) {
+            let to_id = self.nodes[to].id;
             if let Some(raw) = self.nodes[from].raw.as_mut() {
-                raw.report_snapshot(to as u64 + 1, SnapshotStatus::Failure);
+                raw.report_snapshot(to_id, SnapshotStatus::Failure);
             }
         }
     }
 
-    fn note_leader(&mut self, id: u64, term: u64) -> Result<(), String> {
+    /// A node became leader: one per term, a voter of its own configuration, and not a node
+    /// whose removal a majority of the new configuration applied (they refuse its traffic
+    /// since, restarts included, so it cannot have had their votes).
+    fn note_leader(&mut self, raw: &RawNode<MemLog>) -> Result<(), String> {
+        let (id, term) = (raw.raft.id, raw.raft.term);
+        if !raw.raft.prs().conf().voters().contains(id) {
+            return Err(format!(
+                "node {} leads term {} outside its configuration {:?}",
+                id,
+                term,
+                raw.raft.prs().conf().to_conf_state()
+            ));
+        }
+        if let Some(&at) = self.removed.get(&id) {
+            let new_voters = &self.confs[&at].voters;
+            let applied = new_voters
+                .iter()
+                .filter(|v| {
+                    self.index_of(**v)
+                        .is_some_and(|k| self.nodes[k].refuses.contains(&id))
+                })
+                .count();
+            if applied * 2 > new_voters.len() {
+                return Err(format!(
+                    "removed node {} became leader of term {} after {} of the voters {:?} applied \
+                     its removal at {}",
+                    id, term, applied, new_voters, at
+                ));
+            }
+        }
         self.report.leaders += 1;
         match self.leader_terms.insert(term, id) {
             Some(other) if other != id => Err(format!(
@@ -832,14 +1296,18 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
 
     fn send_all(&mut self, from: usize, msgs: Vec<Message>) {
         for m in msgs {
-            let to = m.to;
-            if to >= 1 && to as usize <= self.nodes.len() {
-                self.send(from, to as usize - 1, Packet::Raft(m));
+            if let Some(to) = self.index_of(m.to) {
+                self.send(from, to, Packet::Raft(m));
             }
         }
     }
 
-    fn apply_entries(&mut self, i: usize, entries: Vec<Entry>) -> Result<(), String> {
+    fn apply_entries(
+        &mut self,
+        i: usize,
+        raw: &mut RawNode<MemLog>,
+        entries: Vec<Entry>,
+    ) -> Result<(), String> {
         for e in entries {
             let node = &mut self.nodes[i];
             if e.index <= node.applied {
@@ -855,8 +1323,13 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
                 EntryType::EntryNormal if !e.get_data().is_empty() => {
                     node.machine.apply(e.get_data())
                 }
-                _ => Applied::Ignored,
+                EntryType::EntryNormal => Applied::Ignored,
+                EntryType::EntryConfChange | EntryType::EntryConfChangeV2 => {
+                    self.apply_conf_entry(i, raw, &e)?;
+                    Applied::Ignored
+                }
             };
+            let node = &mut self.nodes[i];
             node.applied = e.index;
             let snap = node.machine.snapshot();
             let effect_bytes = match &effects {
@@ -886,6 +1359,48 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
             self.check_snapshot(i, e.index, snap)?;
         }
         Ok(())
+    }
+
+    /// A committed conf entry: raft applies it (`apply_conf_change`), the node keeps the new
+    /// `ConfState` in its storage (a snapshot made after it carries it) and as its transport's
+    /// peers, and every node must get the same `ConfState` from the same entry.
+    fn apply_conf_entry(
+        &mut self,
+        i: usize,
+        raw: &mut RawNode<MemLog>,
+        e: &Entry,
+    ) -> Result<(), String> {
+        let id = self.nodes[i].id;
+        let bad = |what: String| format!("node {}: conf entry at {}: {}", id, e.index, what);
+        let result = if e.get_entry_type() == EntryType::EntryConfChange {
+            let cc = ConfChange::parse_from_bytes(e.get_data()).map_err(|x| bad(x.to_string()))?;
+            raw.apply_conf_change(&cc)
+        } else {
+            let cc =
+                ConfChangeV2::parse_from_bytes(e.get_data()).map_err(|x| bad(x.to_string()))?;
+            raw.apply_conf_change(&cc)
+        };
+        let cs = canonical(result.map_err(|x| bad(format!("refused by raft: {}", x)))?);
+        let before = std::mem::replace(&mut raw.mut_store().state.conf_state, cs.clone());
+        self.nodes[i].note_removed(&before, &cs);
+        if !is_member(&cs, id) {
+            self.nodes[i].retired = true;
+        }
+        match self.confs.get(&e.index) {
+            Some(other) if *other != cs => {
+                Err(bad(format!("gave {:?}, another node got {:?}", cs, other)))
+            }
+            Some(_) => Ok(()),
+            None => {
+                for gone in members(self.conf_at(e.index)) {
+                    if !is_member(&cs, gone) {
+                        self.removed.insert(gone, e.index);
+                    }
+                }
+                self.confs.insert(e.index, cs);
+                Ok(())
+            }
+        }
     }
 
     /// The checks made once per log index, in log order.
@@ -938,10 +1453,26 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
     }
 
     fn finish(&mut self) -> Result<Report, String> {
-        let applied: Vec<u64> = self.nodes.iter().map(|n| n.applied).collect();
+        let conf = self.committed_conf().clone();
+        if is_joint(&conf) {
+            return Err(format!(
+                "the configuration is still joint at the end: {:?}",
+                conf
+            ));
+        }
+        // Removed nodes are ignored: only the final voters must converge.
+        let live: Vec<&Node<M>> = self
+            .nodes
+            .iter()
+            .filter(|n| conf.voters.contains(&n.id))
+            .collect();
+        if live.len() != conf.voters.len() {
+            return Err(format!("voters {:?} are not all nodes", conf.voters));
+        }
+        let applied: Vec<u64> = live.iter().map(|n| n.applied).collect();
         if applied.iter().any(|&a| a != applied[0]) {
             let mut why = String::new();
-            for n in &self.nodes {
+            for n in &live {
                 if let Some(r) = &n.raw {
                     let st = r.status();
                     why += &format!(
@@ -967,8 +1498,8 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
                 return Err(format!("client {} request {} never applied", k, c.seq));
             }
         }
-        let first = self.nodes[0].machine.snapshot();
-        for n in &self.nodes[1..] {
+        let first = live[0].machine.snapshot();
+        for n in &live[1..] {
             if n.machine.snapshot() != first {
                 return Err(format!("node {} state differs at the end", n.id));
             }

@@ -3,17 +3,38 @@ use std::time::Instant;
 use super::holdfast::{HoldfastMachine, LockWorkload};
 use super::*;
 
-/// Runs `seeds`, panicking with the first failing seed so it can become a named test below.
-fn run_seeds(seeds: std::ops::Range<u64>) -> Report {
+/// Runs `seeds` through `run` and sums their reports; every failing seed is listed at the end
+/// (the run goes on past one) so that each can become a named test below.
+/// HOLDFAST_SIM_MEMBERSHIP_ONLY=1 skips the seeds without membership changes.
+fn run_seeds(seeds: std::ops::Range<u64>, run: fn(u64) -> Result<Report, String>) -> Report {
+    let only_membership = std::env::var("HOLDFAST_SIM_MEMBERSHIP_ONLY").is_ok_and(|v| v == "1");
     let mut total = Report::default();
+    let mut failed = Vec::new();
+    let mut membership = 0;
     let start = Instant::now();
     let first = seeds.start;
-    for seed in seeds {
+    for seed in seeds.clone() {
         if (seed - first).is_multiple_of(5000) && seed > first {
-            eprintln!("{} seeds passed in {:?}", seed - first, start.elapsed());
+            eprintln!(
+                "{} seeds run in {:?}, {} failed",
+                seed - first,
+                start.elapsed(),
+                failed.len()
+            );
         }
-        let r = run_holdfast_seed(seed)
-            .unwrap_or_else(|e| panic!("{} (add it as a regression test)", e));
+        let changes = Options::for_seed(seed).membership;
+        if only_membership && !changes {
+            continue;
+        }
+        membership += u64::from(changes);
+        let r = match run(seed) {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("FAILED {}", e);
+                failed.push(e);
+                continue;
+            }
+        };
         total.events += r.events;
         total.commands += r.commands;
         total.duplicates += r.duplicates;
@@ -23,7 +44,26 @@ fn run_seeds(seeds: std::ops::Range<u64>) -> Report {
         total.partitions += r.partitions;
         total.snapshots_installed += r.snapshots_installed;
         total.messages_dropped += r.messages_dropped;
+        total.conf_changes += r.conf_changes;
+        total.nodes_added += r.nodes_added;
+        total.nodes_removed += r.nodes_removed;
+        total.joiner_snapshots += r.joiner_snapshots;
+        total.refused_from_removed += r.refused_from_removed;
+        total.leave_joint_proposed += r.leave_joint_proposed;
     }
+    eprintln!(
+        "seeds {:?} ({} with membership changes) in {:?}: {:?}",
+        seeds,
+        membership,
+        start.elapsed(),
+        total
+    );
+    assert!(
+        failed.is_empty(),
+        "{} seeds failed (add them as regression tests):\n{}",
+        failed.len(),
+        failed.join("\n")
+    );
     total
 }
 
@@ -33,9 +73,7 @@ fn replicas_of_holdfast_agree_under_faults_over_many_seeds() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(200);
-    let start = Instant::now();
-    let t = run_seeds(0..seeds);
-    eprintln!("{} seeds in {:?}: {:?}", seeds, start.elapsed(), t);
+    let t = run_seeds(0..seeds, run_holdfast_seed);
     // The faults and the paths they exercise really happened.
     assert!(t.commands > seeds * 10, "{:?}", t);
     assert!(
@@ -54,6 +92,17 @@ fn replicas_of_holdfast_agree_under_faults_over_many_seeds() {
         t
     );
     assert!(t.leaders > seeds, "{:?}", t);
+    // Half of the seeds change the membership under load.
+    assert!(
+        t.conf_changes > seeds / 4 && t.nodes_added > 0 && t.nodes_removed > 0,
+        "{:?}",
+        t
+    );
+    assert!(
+        t.joiner_snapshots > 0 && t.refused_from_removed > 0,
+        "{:?}",
+        t
+    );
 }
 
 /// The long run: `cargo test --release --lib cluster::sim -- --ignored`, or set
@@ -69,9 +118,7 @@ fn replicas_of_holdfast_agree_under_faults_100k_seeds() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(100_000);
-    let start = Instant::now();
-    let t = run_seeds(first..first + n);
-    eprintln!("{} seeds in {:?}: {:?}", n, start.elapsed(), t);
+    run_seeds(first..first + n, run_holdfast_seed);
 }
 
 #[test]
@@ -160,7 +207,8 @@ fn one_seed_from_the_environment() {
 /// leader, which then waited for that follower's snapshot forever: one node stuck at 20 of 83.
 #[test]
 fn regression_seed_28_lost_snapshot_is_reported_to_the_leader() {
-    run_holdfast_seed(28).unwrap();
+    // The seed's schedule from before membership changes (seed 28 has them now).
+    run_holdfast(28, Options::for_seed_without_membership(28)).unwrap();
 }
 
 /// The checks are not vacuous: a driver that acknowledges before it syncs loses acknowledged
@@ -168,7 +216,7 @@ fn regression_seed_28_lost_snapshot_is_reported_to_the_leader() {
 #[test]
 fn a_driver_that_acks_before_syncing_is_caught() {
     let caught = (0..200u64).find_map(|seed| {
-        let mut opts = Options::for_seed(seed);
+        let mut opts = Options::for_seed_without_membership(seed);
         opts.bug_ack_before_sync = true;
         opts.crashes = true;
         run_holdfast(seed, opts).err()
@@ -189,16 +237,94 @@ fn replicas_of_the_cluster_state_agree_under_faults_over_many_seeds() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(0);
-    let start = Instant::now();
-    let mut commands = 0;
-    for seed in first..first + seeds {
-        let r = run_replicated_seed(seed)
-            .unwrap_or_else(|e| panic!("{} (add it as a regression test)", e));
-        commands += r.commands;
-    }
-    eprintln!(
-        "{seeds} seeds of the cluster state in {:?}",
-        start.elapsed()
+    let t = run_seeds(first..first + seeds, run_replicated_seed);
+    assert!(t.commands > seeds * 10, "{:?}", t);
+    assert!(
+        t.conf_changes > seeds / 4 && t.joiner_snapshots > 0,
+        "{:?}",
+        t
     );
-    assert!(commands > seeds * 10, "{commands} commands");
+}
+
+// Membership changes under load.
+
+fn assert_membership_happened(r: &Report) {
+    assert!(r.conf_changes >= 2, "{:?}", r);
+    assert!(r.nodes_added >= 1 && r.nodes_removed >= 1, "{:?}", r);
+    assert!(
+        r.joiner_snapshots >= 1,
+        "no joiner caught up from a snapshot: {:?}",
+        r
+    );
+    assert!(
+        r.refused_from_removed > 0,
+        "no removed node's traffic was refused: {:?}",
+        r
+    );
+}
+
+/// Seed 11 adds three nodes and removes two voters, one change at a time through joint
+/// consensus (raft-rs leaving the joint configuration by itself), while clients fight over
+/// locks: each joiner catches up from a snapshot to the others' state, every node gets the
+/// same `ConfState` from each conf entry, and a removed node's traffic is refused.
+#[test]
+fn membership_seed_11_adds_and_removes_voters_under_load() {
+    let opts = Options::for_seed(11);
+    assert!(opts.membership && !opts.explicit_leave, "{:?}", opts);
+    let r = run_holdfast(11, opts).unwrap();
+    assert_membership_happened(&r);
+    assert!(r.nodes_added >= 3 && r.nodes_removed >= 2, "{:?}", r);
+    assert_eq!(r.leave_joint_proposed, 0, "{:?}", r);
+    assert!(r.commands > 50, "{:?}", r);
+}
+
+/// The same over holdfast's cluster state (`Replicated`): seed 32 makes three changes with
+/// three joiners and three removals.
+#[test]
+fn membership_seed_32_on_the_cluster_state() {
+    let r = run_replicated_seed(32).unwrap();
+    assert_membership_happened(&r);
+    assert!(r.nodes_added >= 3 && r.nodes_removed >= 3, "{:?}", r);
+}
+
+/// With `ConfChangeTransition::Explicit` (seed 68) raft-rs stays in the joint configuration
+/// until told: the operator proposes each leave-joint entry, and the run ends out of joint
+/// (the final check).
+#[test]
+fn membership_seed_68_with_explicit_leave_needs_the_operator() {
+    let opts = Options::for_seed(68);
+    assert!(opts.membership && opts.explicit_leave, "{:?}", opts);
+    let r = run_holdfast(68, opts).unwrap();
+    assert_membership_happened(&r);
+    assert!(r.leave_joint_proposed >= r.conf_changes, "{:?}", r);
+}
+
+/// A membership seed replays identically (the joiners' clocks and ids come from the seed).
+#[test]
+fn a_membership_seed_replays_identically() {
+    let a = run_holdfast_seed(11).unwrap();
+    let b = run_holdfast_seed(11).unwrap();
+    assert_eq!(format!("{:?}", a), format!("{:?}", b));
+}
+
+/// The conf-entry checks are not vacuous: without the bootstrap snapshot and without
+/// compaction, a joiner replays the log from index 1 and applies the conf change that adds it
+/// on its own empty configuration (raft refuses it, or it gets one no other node has).
+#[test]
+fn a_joiner_replaying_the_log_from_index_1_is_caught() {
+    let caught = (0..100u64).find_map(|seed| {
+        let mut opts = Options::for_seed(seed);
+        if !opts.membership {
+            return None;
+        }
+        opts.bootstrap_snapshot = false;
+        opts.snapshot_every = u64::MAX / 2;
+        run_holdfast(seed, opts).err()
+    });
+    let why = caught.expect("no joiner replayed the log from index 1");
+    assert!(
+        why.contains("node 1") && why.contains("conf entry"),
+        "{}",
+        why
+    );
 }
