@@ -1090,3 +1090,51 @@ fn a_node_the_leader_cannot_hear_fences_itself_before_its_locks_move() {
     mesh.heal();
     wait_for_quorum(cluster.node(x).memcache.expect("memcache"));
 }
+
+/// The data directory stays bounded when a small state sees a lot of log: 100 writes of 1 MB
+/// to one item (100 MB of entries) leave each node a snapshot past the bootstrap one and well
+/// under 100 MB on disk (snapshots come every 16 MiB of log, not only every 10,000 entries).
+#[test]
+fn a_busy_log_is_snapshotted_by_its_size_and_the_directory_stays_bounded() {
+    let cluster = Cluster::start_ready(3, "log-bytes", &[]);
+    let value = vec![b'v'; 1_000_000];
+    let mut m = cluster.node(1).memcache();
+    let mut req = b"set big 0 0 1000000\r\n".to_vec();
+    req.extend_from_slice(&value);
+    req.extend_from_slice(b"\r\n");
+    for _ in 0..100 {
+        m.expect(&req, b"STORED\r\n");
+    }
+    // Every node applies the last write before its size is read.
+    for id in 1..=3 {
+        let mut c = cluster.node(id).memcache();
+        c.expect(b"set probe 0 0 1\r\nx\r\n", b"STORED\r\n");
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    for (i, dir) in cluster.dirs.iter().enumerate() {
+        let mut total = 0;
+        let mut snapshot_past_bootstrap = false;
+        for e in std::fs::read_dir(dir).expect("data dir").flatten() {
+            total += e.metadata().map(|m| m.len()).unwrap_or(0);
+            let name = e.file_name().to_string_lossy().into_owned();
+            if let Some(index) = name
+                .strip_prefix("snap-")
+                .and_then(|r| r.split('-').next())
+                .and_then(|n| n.parse::<u64>().ok())
+            {
+                snapshot_past_bootstrap |= index > 1;
+            }
+        }
+        assert!(
+            snapshot_past_bootstrap,
+            "node {}: no snapshot past the bootstrap one",
+            i + 1
+        );
+        assert!(
+            total < 60 << 20,
+            "node {}: {} bytes on disk after 100 MB of log",
+            i + 1,
+            total
+        );
+    }
+}

@@ -31,9 +31,16 @@ use super::transport::{PeerEvent, Transport, TransportConfig};
 pub const TICKS_PER_ELECTION: usize = 10;
 /// Applied entries between two snapshots (each snapshot lets the log be compacted).
 pub const SNAPSHOT_EVERY: u64 = 10_000;
+/// Log bytes applied between two snapshots at most: entries carry many requests each, so a
+/// count alone let one node's log file reach 94 MB in a soak (it is rewritten at twice its live
+/// size, and the live part is what the last snapshot has not covered).
+pub const SNAPSHOT_LOG_BYTES: u64 = 16 << 20;
 /// Entries kept behind a snapshot, so that a follower a little behind catches up from the
 /// log instead of a whole snapshot.
 pub const KEEP_ENTRIES: u64 = 1_000;
+/// Entries kept behind a snapshot made because the log grew by [`SNAPSHOT_LOG_BYTES`]: such
+/// entries are large, and a follower that far behind is better served by the snapshot.
+pub const KEEP_LARGE_ENTRIES: u64 = 16;
 /// The largest append message (raft-rs's `max_size_per_msg`): one owner turn's entry fits.
 const MAX_MSG_BYTES: u64 = 1 << 20;
 const MAX_INFLIGHT_MSGS: usize = 256;
@@ -113,6 +120,8 @@ pub struct RaftNode {
     conf_changed: bool,
     /// A node was added: snapshot now, so that it can be sent one that names it.
     snapshot_due: bool,
+    /// Entry bytes applied since the last snapshot.
+    bytes_since_snapshot: u64,
     /// Quorum probes (raft ReadIndex requests) in flight: number and when each was sent.
     probes: std::collections::VecDeque<(u64, Instant)>,
     probe_seq: u64,
@@ -204,6 +213,7 @@ impl RaftNode {
             local_peers: cfg.peers.clone(),
             conf_changed: false,
             snapshot_due: false,
+            bytes_since_snapshot: 0,
             probes: std::collections::VecDeque::new(),
             probe_seq: 0,
             confirmed: None,
@@ -500,6 +510,7 @@ impl RaftNode {
                 continue;
             }
             self.applied = e.index;
+            self.bytes_since_snapshot += e.data.len() as u64;
             match e.get_entry_type() {
                 EntryType::EntryNormal if !e.data.is_empty() => machine.apply(e.index, &e.data),
                 // A new leader's empty entry.
@@ -561,15 +572,24 @@ impl RaftNode {
     }
 
     fn maybe_snapshot(&mut self, machine: &mut impl Machine) -> Result<(), String> {
-        if self.applied < self.last_snapshot + SNAPSHOT_EVERY && !self.snapshot_due {
+        if self.applied < self.last_snapshot + SNAPSHOT_EVERY
+            && self.bytes_since_snapshot < SNAPSHOT_LOG_BYTES
+            && !self.snapshot_due
+        {
             return Ok(());
         }
+        let keep = if self.bytes_since_snapshot >= SNAPSHOT_LOG_BYTES {
+            KEEP_LARGE_ENTRIES
+        } else {
+            KEEP_ENTRIES
+        };
         self.snapshot_due = false;
+        self.bytes_since_snapshot = 0;
         let cs = self.raw.raft.prs().conf().to_conf_state();
         let store = self.raw.mut_store();
         store
             .create_snapshot(self.applied, cs, machine.snapshot())
-            .and_then(|()| store.compact(self.applied.saturating_sub(KEEP_ENTRIES)))
+            .and_then(|()| store.compact(self.applied.saturating_sub(keep)))
             .and_then(|()| store.sync())
             .map_err(|e| e.to_string())?;
         self.last_snapshot = self.applied;

@@ -60,6 +60,12 @@ pub struct Shared {
     /// This process's id, as `stats` reports it (kept here so that the tables never ask the
     /// operating system anything: a replayed run reports the id it is given).
     pub pid: u32,
+    /// Cluster mode: until when (milliseconds since `started`) this node may still write the
+    /// owner's replies; 0: no limit (a single node). The owner moves it forward each time a
+    /// leader confirms a quorum probe; past it the node is, or is about to be, fenced, and a
+    /// worker writes nothing more: a reply decided before the node was cut off or stopped
+    /// (SIGSTOP) must not reach its client after the majority may have given its locks away.
+    pub write_deadline_ms: AtomicU64,
 }
 
 /// A started daemon.
@@ -82,6 +88,7 @@ impl Server {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
         let shared = Arc::new(Shared {
+            write_deadline_ms: AtomicU64::new(0),
             config: config.clone(),
             shutdown: AtomicBool::new(false),
             curr_connections: AtomicU64::new(0),

@@ -134,6 +134,7 @@ impl Replayer {
 /// The process-wide values a sim or a replayer reports (`stats`): fixed, so that runs compare.
 pub(crate) fn sim_shared(config: Config) -> Shared {
     Shared {
+        write_deadline_ms: AtomicU64::new(0),
         config,
         shutdown: AtomicBool::new(false),
         curr_connections: AtomicU64::new(0),

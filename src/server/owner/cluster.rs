@@ -577,6 +577,7 @@ impl ClusterOwner {
             cfg.data_dir.display()
         );
         let mut liveness = Liveness::new(cfg, Instant::now());
+        publish_write_deadline(&shared, liveness.contact + liveness.fence_after);
         let cs = node.conf_state();
         liveness.voters = cs.voters;
         liveness.outgoing = cs.voters_outgoing;
@@ -701,7 +702,10 @@ impl ClusterOwner {
         self.node.probe_quorum(now);
         let l = &mut self.liveness;
         if let Some(confirmed) = self.node.quorum_confirmed() {
-            l.contact = l.contact.max(confirmed);
+            if confirmed > l.contact {
+                l.contact = confirmed;
+                publish_write_deadline(&self.shared, l.contact + l.fence_after);
+            }
         }
         if self.node.is_leader() {
             let since = *l.leader_since.get_or_insert(now);
@@ -1069,6 +1073,14 @@ impl ClusterOwner {
             false,
         );
     }
+}
+
+/// Let the workers write replies until `until` (see `Shared::write_deadline_ms`).
+fn publish_write_deadline(shared: &Shared, until: Instant) {
+    let ms = until.saturating_duration_since(shared.started).as_millis() as u64;
+    shared
+        .write_deadline_ms
+        .store(ms.max(1), std::sync::atomic::Ordering::Relaxed);
 }
 
 /// A cluster node allocates and frees large blocks all the time (proposals of many batches,

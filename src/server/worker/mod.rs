@@ -452,9 +452,18 @@ impl Worker {
         }
     }
 
+    /// Cluster mode: whether this node is past the instant until which it may write the
+    /// owner's replies (`Shared::write_deadline_ms`): then it is cut off, or was stopped, and
+    /// its clients' connections close unanswered instead.
+    fn cut_off(&self) -> bool {
+        let deadline = self.shared.write_deadline_ms.load(Ordering::Relaxed);
+        deadline != 0 && self.shared.started.elapsed().as_millis() as u64 >= deadline
+    }
+
     fn apply_replies(&mut self) {
         while let Ok(replies) = self.from_owner.try_recv() {
             let arena = &replies.arena.bytes;
+            let cut_off = self.cut_off();
             // A run of one session's effects (a pipeline's replies) goes to one connection (a
             // session's connection never changes), or nowhere, and finds its socket once. The
             // owner's direct effects (no-quorum answers, a fenced node's closes) carry no
@@ -473,8 +482,8 @@ impl Worker {
                 if s.gen != conn.gen {
                     continue; // the connection this was for is gone; its slot was reused
                 }
-                let mut abort = false;
-                for effect in run {
+                let mut abort = cut_off;
+                for effect in run.iter().take_while(|_| !cut_off) {
                     if matches!(effect.body, crate::server::effect::Body::Abort) {
                         abort = true;
                         break;
@@ -569,6 +578,9 @@ impl Worker {
 
     /// Write as much as the socket takes; ask for WRITABLE only while bytes remain.
     fn flush(&mut self, slot: usize) {
+        if self.sockets.contains(slot) && self.cut_off() {
+            return self.close(slot);
+        }
         let Some(s) = self.sockets.get_mut(slot) else {
             return;
         };
