@@ -382,6 +382,7 @@ impl RaftNode {
         match ev {
             PeerEvent::Unreachable(id) => self.raw.report_unreachable(id),
             PeerEvent::SnapshotFailed(id) => self.raw.report_snapshot(id, SnapshotStatus::Failure),
+            PeerEvent::SnapshotSent(id) => self.raw.report_snapshot(id, SnapshotStatus::Finish),
             PeerEvent::Closed(id) => self.peer_closed(id, now),
         }
     }

@@ -125,6 +125,10 @@ pub enum PeerEvent {
     Unreachable(u64),
     /// A snapshot message to this peer was dropped (`report_snapshot(id, Failure)`).
     SnapshotFailed(u64),
+    /// A snapshot message to this peer was written whole (`report_snapshot(id, Finish)`): as
+    /// etcd does, so that a leader whose follower's answer to the snapshot was lost does not
+    /// wait for it forever.
+    SnapshotSent(u64),
     /// This peer's connection to us ended (EOF or reset) after it had sent a valid frame: its
     /// process most likely exited (the kernel closes a dead process's sockets; a partition
     /// closes nothing).
@@ -417,6 +421,12 @@ impl Writer {
                 self.stats
                     .sent
                     .fetch_add(batch.len() as u64, Ordering::Relaxed);
+                if batch
+                    .iter()
+                    .any(|m| m.get_msg_type() == MessageType::MsgSnapshot)
+                {
+                    let _ = self.events.try_send(PeerEvent::SnapshotSent(self.peer));
+                }
             }
         }
     }
