@@ -127,6 +127,12 @@ pub struct RaftNode {
     probe_seq: u64,
     /// When the latest probe that a leader confirmed with a quorum was sent.
     confirmed: Option<Instant>,
+    /// Confirmed probes (sent when, the leader's commit index then) not yet counted: a probe
+    /// counts once this node has applied up to that index, because the log up to it may end
+    /// this node's sessions (a node that wakes from a stop hears the leader at once, but its
+    /// sessions' expiry is in entries it has yet to apply; replies it makes before applying
+    /// them must not be written).
+    awaiting: std::collections::VecDeque<(Instant, u64)>,
     /// The leader's connection closed: campaign then, and so many more times a tick apart
     /// while there is no leader ([`RaftNode::peer_closed`]).
     campaign_at: Option<(Instant, u32)>,
@@ -217,6 +223,7 @@ impl RaftNode {
             probes: std::collections::VecDeque::new(),
             probe_seq: 0,
             confirmed: None,
+            awaiting: std::collections::VecDeque::new(),
             campaign_at: None,
             tick,
             next_tick: now + tick,
@@ -255,7 +262,7 @@ impl RaftNode {
         self.confirmed
     }
 
-    fn probe_answered(&mut self, ctx: &[u8]) {
+    fn probe_answered(&mut self, ctx: &[u8], index: u64) {
         if ctx.len() != 16 || ctx[..8] != self.id().to_le_bytes() {
             return;
         }
@@ -266,8 +273,22 @@ impl RaftNode {
             }
             self.probes.pop_front();
             if s == seq {
-                self.confirmed = Some(self.confirmed.map_or(sent, |c| c.max(sent)));
+                self.awaiting.push_back((sent, index));
+                if self.awaiting.len() > MAX_PROBES {
+                    self.awaiting.pop_front();
+                }
             }
+        }
+    }
+
+    /// Count the confirmed probes whose read index this node has applied.
+    fn count_confirmations(&mut self) {
+        while let Some(&(sent, index)) = self.awaiting.front() {
+            if index > self.applied {
+                break;
+            }
+            self.awaiting.pop_front();
+            self.confirmed = Some(self.confirmed.map_or(sent, |c| c.max(sent)));
         }
     }
 
@@ -454,7 +475,7 @@ impl RaftNode {
                 self.transport.send(m);
             }
             for rs in rd.take_read_states() {
-                self.probe_answered(&rs.request_ctx);
+                self.probe_answered(&rs.request_ctx, rs.index);
             }
             if !rd.snapshot().is_empty() {
                 let snap = rd.snapshot().clone();
@@ -502,6 +523,7 @@ impl RaftNode {
             self.raw.advance_apply();
             self.maybe_snapshot(machine)?;
         }
+        self.count_confirmations();
         Ok(())
     }
 
