@@ -62,6 +62,7 @@ test: deps test-rust test-clients conformance verify-service
 # to completion inside the one worker (--threads 1).
 test-rust:
 	$(CARGO) test --workspace --all-targets
+	$(CARGO) test --test cluster -- --ignored --test-threads 1
 	HOLDFAST_TEST_THREADS=1 $(CARGO) test --tests -- --skip core:: --skip proto::
 
 # Real client libraries (pymemcache, python-binary-memcached, protobuf, gomemcache) against the

@@ -221,6 +221,29 @@ fn leader(c: &Cluster) -> usize {
     }
 }
 
+/// Wait until every thread of `pid` is stopped: a SIGSTOP is delivered asynchronously, and a
+/// thread running on the other core may still serve a request sent right after `kill`.
+fn wait_stopped(pid: libc::pid_t) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let stopped = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .map(|tasks| {
+                tasks.flatten().all(|t| {
+                    std::fs::read_to_string(t.path().join("stat"))
+                        .ok()
+                        .and_then(|st| st.rsplit_once(") ").map(|(_, r)| r.starts_with('T')))
+                        .unwrap_or(true)
+                })
+            })
+            .unwrap_or(false);
+        if stopped {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{pid} did not stop");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
 fn kill9(d: &Daemon) {
     // SAFETY: signalling a child process this test started and has not reaped.
     assert_eq!(
@@ -413,6 +436,7 @@ fn a_paused_nodes_sessions_expire_on_the_majority_and_it_fences_itself_on_waking
     let pid = cluster.node(3).pid() as libc::pid_t;
     // SAFETY: signalling a child process this test started and has not reaped.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    wait_stopped(pid);
     let paused = Instant::now();
     // The majority expires node 3's sessions after the session timeout: the lock is free.
     loop {
@@ -1020,6 +1044,7 @@ fn a_paused_node_answers_nothing_after_waking() {
     let pid = cluster.node(x).pid() as libc::pid_t;
     // SAFETY: signalling a child process this test started and has not reaped.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    wait_stopped(pid);
     // Requests that wait in the stopped node's socket.
     holder.send(b"set job 0 0 1\r\nw\r\nunlock job\r\n");
     let mut other = cluster.node(lead).memcache();
@@ -1091,19 +1116,58 @@ fn a_node_the_leader_cannot_hear_fences_itself_before_its_locks_move() {
     wait_for_quorum(cluster.node(x).memcache.expect("memcache"));
 }
 
+/// One reply line, or None when the connection closes first.
+fn until_line(c: &mut Client) -> Option<String> {
+    use std::io::Read;
+    c.stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    let mut got = Vec::new();
+    let mut byte = [0u8; 1];
+    while !got.ends_with(b"\r\n") {
+        match c.stream.read(&mut byte) {
+            Ok(1) => got.push(byte[0]),
+            _ => return None,
+        }
+    }
+    Some(String::from_utf8_lossy(&got).into_owned())
+}
+
 /// The data directory stays bounded when a small state sees a lot of log: 100 writes of 1 MB
 /// to one item (100 MB of entries) leave each node a snapshot past the bootstrap one and well
 /// under 100 MB on disk (snapshots come every 16 MiB of log, not only every 10,000 entries).
+///
+/// Heavy (100 MB through three debug-build nodes): ignored in the parallel run, where it
+/// starves the other clusters' timers, and run alone by `make test-rust`.
 #[test]
+#[ignore = "heavy: run alone by make test-rust (cargo test --test cluster -- --ignored)"]
 fn a_busy_log_is_snapshotted_by_its_size_and_the_directory_stays_bounded() {
     let cluster = Cluster::start_ready(3, "log-bytes", &[]);
     let value = vec![b'v'; 1_000_000];
-    let mut m = cluster.node(1).memcache();
     let mut req = b"set big 0 0 1000000\r\n".to_vec();
     req.extend_from_slice(&value);
     req.extend_from_slice(b"\r\n");
-    for _ in 0..100 {
-        m.expect(&req, b"STORED\r\n");
+    // 100 MB through a debug build on a loaded machine can make a node miss its quorum for a
+    // while (a no-quorum answer, a fenced connection): the write is sent again, through the
+    // next node. What is measured is the directories, not the availability.
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let mut stored = 0;
+    let mut via = 1;
+    while stored < 100 {
+        assert!(
+            Instant::now() < deadline,
+            "only {stored} of 100 writes stored"
+        );
+        let Some(addr) = cluster.nodes[via - 1].as_ref().and_then(|d| d.memcache) else {
+            via = via % 3 + 1;
+            continue;
+        };
+        let mut m = Client::connect(addr);
+        m.send(&req);
+        match until_line(&mut m) {
+            Some(line) if line == "STORED\r\n" => stored += 1,
+            _ => via = via % 3 + 1,
+        }
     }
     // Every node applies the last write before its size is read.
     for id in 1..=3 {

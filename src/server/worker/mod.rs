@@ -453,8 +453,10 @@ impl Worker {
     }
 
     /// Cluster mode: whether this node is past the instant until which it may write the
-    /// owner's replies (`Shared::write_deadline_ms`): then it is cut off, or was stopped, and
-    /// its clients' connections close unanswered instead.
+    /// replies the log decided (`Shared::write_deadline_ms`): then it is cut off, or was
+    /// stopped, and a connection with such a reply closes unanswered instead. (Replies already
+    /// in a connection's buffer are written: a stop between the delivery and the write of one
+    /// turn is the one window left.)
     fn cut_off(&self) -> bool {
         let deadline = self.shared.write_deadline_ms.load(Ordering::Relaxed);
         deadline != 0 && self.shared.started.elapsed().as_millis() as u64 >= deadline
@@ -482,8 +484,11 @@ impl Worker {
                 if s.gen != conn.gen {
                     continue; // the connection this was for is gone; its slot was reused
                 }
-                let mut abort = cut_off;
-                for effect in run.iter().take_while(|_| !cut_off) {
+                // Cut off, a node writes only its owner's own answers (no quorum: session 0),
+                // nothing that the log decided.
+                let stale = cut_off && run[0].to != crate::core::Session(0);
+                let mut abort = stale;
+                for effect in run.iter().take_while(|_| !stale) {
                     if matches!(effect.body, crate::server::effect::Body::Abort) {
                         abort = true;
                         break;
@@ -578,9 +583,6 @@ impl Worker {
 
     /// Write as much as the socket takes; ask for WRITABLE only while bytes remain.
     fn flush(&mut self, slot: usize) {
-        if self.sockets.contains(slot) && self.cut_off() {
-            return self.close(slot);
-        }
         let Some(s) = self.sockets.get_mut(slot) else {
             return;
         };
