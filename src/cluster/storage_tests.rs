@@ -654,7 +654,7 @@ fn a_log_reopened_often_stays_bounded_by_what_is_live() {
             i += 1;
             s.append(&[entry(i, 1, &payload)]).unwrap();
             s.set_hard_state(&hs(1, 1, i)).unwrap();
-            if i % 100 == 0 {
+            if i.is_multiple_of(100) {
                 s.create_snapshot(i, ConfState::from((vec![1], vec![])), vec![1; 100])
                     .unwrap();
                 s.compact(i - 16).unwrap();
