@@ -1116,23 +1116,6 @@ fn a_node_the_leader_cannot_hear_fences_itself_before_its_locks_move() {
     wait_for_quorum(cluster.node(x).memcache.expect("memcache"));
 }
 
-/// One reply line, or None when the connection closes first.
-fn until_line(c: &mut Client) -> Option<String> {
-    use std::io::Read;
-    c.stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .expect("timeout");
-    let mut got = Vec::new();
-    let mut byte = [0u8; 1];
-    while !got.ends_with(b"\r\n") {
-        match c.stream.read(&mut byte) {
-            Ok(1) => got.push(byte[0]),
-            _ => return None,
-        }
-    }
-    Some(String::from_utf8_lossy(&got).into_owned())
-}
-
 /// The data directory stays bounded when a small state sees a lot of log: 100 writes of 1 MB
 /// to one item (100 MB of entries) leave each node a snapshot past the bootstrap one and well
 /// under 100 MB on disk (snapshots come every 16 MiB of log, not only every 10,000 entries).
@@ -1162,9 +1145,7 @@ fn a_busy_log_is_snapshotted_by_its_size_and_the_directory_stays_bounded() {
             via = via % 3 + 1;
             continue;
         };
-        let mut m = Client::connect(addr);
-        m.send(&req);
-        match until_line(&mut m) {
+        match mc_once(addr, &req) {
             Some(line) if line == "STORED\r\n" => stored += 1,
             _ => via = via % 3 + 1,
         }
