@@ -24,7 +24,7 @@ use raft::prelude::{
 };
 use raft::{Config, RawNode, SnapshotStatus, StateRole, Storage};
 
-use super::storage::DiskStorage;
+use super::storage::{DiskStorage, PendingLog, Written};
 use super::transport::{PeerEvent, Transport, TransportConfig};
 
 /// Ticks in one election timeout: the contract's "heartbeats every tenth of it".
@@ -136,6 +136,14 @@ pub struct RaftNode {
     /// The leader's connection closed: campaign then, and so many more times a tick apart
     /// while there is no leader ([`RaftNode::peer_closed`]).
     campaign_at: Option<(Instant, u32)>,
+    /// Makes written `Ready`s durable off the owner's thread.
+    syncer: Syncer,
+    /// The last `Ready` handed to the sync thread, and the last one known durable.
+    requested: u64,
+    durable: u64,
+    /// Messages that promise a `Ready`'s state (votes, acknowledgements), each batch behind
+    /// the number of the `Ready` that must be durable first.
+    promised: std::collections::VecDeque<(u64, Vec<Message>)>,
     tick: Duration,
     next_tick: Instant,
     applied: u64,
@@ -225,6 +233,10 @@ impl RaftNode {
             confirmed: None,
             awaiting: std::collections::VecDeque::new(),
             campaign_at: None,
+            syncer: Syncer::start()?,
+            requested: 0,
+            durable: 0,
+            promised: std::collections::VecDeque::new(),
             tick,
             next_tick: now + tick,
             applied,
@@ -387,7 +399,19 @@ impl RaftNode {
     }
 
     /// Tick raft for every tick interval that has passed by `now`.
-    pub fn tick(&mut self, now: Instant) {
+    pub fn tick(&mut self, now: Instant) -> Result<(), String> {
+        if now >= self.next_tick && !self.is_leader() && self.sole_voter() {
+            // A sole voter elects itself within a tick, and raft-rs requires a new leader's
+            // own log to be durable first: wait for the sync thread (it takes milliseconds).
+            while self.requested > self.durable {
+                let done = self
+                    .syncer
+                    .done
+                    .recv()
+                    .unwrap_or_else(|_| Err("the sync thread has stopped".into()));
+                self.on_synced(done)?;
+            }
+        }
         while now >= self.next_tick {
             self.raw.tick();
             self.next_tick += self.tick;
@@ -396,6 +420,12 @@ impl RaftNode {
             self.peer_event(ev, now);
         }
         self.fast_campaign(now);
+        Ok(())
+    }
+
+    fn sole_voter(&self) -> bool {
+        let cs = self.conf_state();
+        cs.voters == [self.id()] && cs.voters_outgoing.is_empty()
     }
 
     /// A peer event from [`RaftNode::events`] (or drained by [`RaftNode::tick`]).
@@ -464,12 +494,27 @@ impl RaftNode {
         self.next_tick
     }
 
-    /// Handle every `Ready`: persist and sync what raft asks (one sync per `Ready`: every
-    /// proposal since the last one shares it), apply what is committed, send messages. An
-    /// error is a storage failure: the node must stop acknowledging (the caller stops it).
+    /// Handle every `Ready`: persist what raft asks, apply what is committed, send messages.
+    ///
+    /// The log is synced by the node's sync thread ([`Syncer`]), not here: each `Ready`'s
+    /// records are written to the file at once (one `write`), then the thread makes them
+    /// durable with one fdatasync for every `Ready` written meanwhile (group commit), and
+    /// [`RaftNode::on_synced`] tells raft (`on_persist_ready`). Meanwhile the owner goes on:
+    /// it applies what is committed, answers clients, takes in peers' acknowledgements and
+    /// proposes the next batch. What a `Ready` promises about this node's disk (a vote, a
+    /// follower's acknowledgement) is held until that `Ready` is durable; a leader's own
+    /// entries count for the quorum only once durable; committed entries are applied only up
+    /// to what is durable here (raft-rs bounds them by its persisted index). A snapshot, and
+    /// a snapshot installed from the leader, are synced on the spot (they are rare).
+    ///
+    /// An error is a storage failure: the node must stop acknowledging (the caller stops it).
     pub fn ready(&mut self, machine: &mut impl Machine) -> Result<(), String> {
+        while let Ok(done) = self.syncer.done.try_recv() {
+            self.on_synced(done)?;
+        }
         while self.raw.has_ready() {
             let mut rd = self.raw.ready();
+            let number = rd.number();
             // Messages that promise nothing about our disk (a leader's appends) go at once.
             for m in rd.take_messages() {
                 self.transport.send(m);
@@ -477,7 +522,8 @@ impl RaftNode {
             for rs in rd.take_read_states() {
                 self.probe_answered(&rs.request_ctx, rs.index);
             }
-            if !rd.snapshot().is_empty() {
+            let installed = !rd.snapshot().is_empty();
+            if installed {
                 let snap = rd.snapshot().clone();
                 self.raw
                     .mut_store()
@@ -503,28 +549,72 @@ impl RaftNode {
             if let Some(hs) = rd.hs() {
                 store.set_hard_state(hs).map_err(|e| e.to_string())?;
             }
-            store.sync().map_err(|e| e.to_string())?;
-            for m in rd.take_persisted_messages() {
-                self.transport.send(m);
+            let must_sync = rd.must_sync();
+            let promised = rd.take_persisted_messages();
+            self.raw.advance_append_async(rd);
+            // What this Ready's messages wait for: itself if it wrote what must be durable,
+            // else only the Readies before it.
+            let needs = if must_sync { number } else { self.requested };
+            if !promised.is_empty() {
+                self.promised.push_back((needs, promised));
             }
-            let mut light = self.raw.advance(rd);
-            if let Some(commit) = light.commit_index() {
-                let mut hs = self.raw.store().hard_state().clone();
-                hs.commit = commit;
-                self.raw
-                    .mut_store()
-                    .set_hard_state(&hs)
-                    .map_err(|e| e.to_string())?;
+            if installed {
+                self.raw.mut_store().sync().map_err(|e| e.to_string())?;
+                self.durable_through(number);
+            } else {
+                match self.raw.mut_store().write().map_err(|e| e.to_string())? {
+                    Written::Durable => self.durable_through(number),
+                    Written::Pending(log) if must_sync => {
+                        self.requested = number;
+                        self.syncer.request(number, log)?;
+                    }
+                    Written::Pending(_) => {}
+                }
             }
-            for m in light.take_messages() {
-                self.transport.send(m);
-            }
-            self.apply(machine, light.take_committed_entries())?;
+            // (After an installed snapshot is durable: raft-rs checks that what is applied
+            // is persisted.)
             self.raw.advance_apply();
+            self.send_promised();
             self.maybe_snapshot(machine)?;
         }
         self.count_confirmations();
         Ok(())
+    }
+
+    /// The sync thread's answers (to `select!` on).
+    pub fn synced(&self) -> &Receiver<Result<u64, String>> {
+        &self.syncer.done
+    }
+
+    /// The sync thread made every `Ready` through `done` durable (or failed: the caller stops).
+    pub fn on_synced(&mut self, done: Result<u64, String>) -> Result<(), String> {
+        let number = done?;
+        if number > self.durable {
+            self.durable_through(number);
+            self.send_promised();
+        }
+        Ok(())
+    }
+
+    /// Every `Ready` through `number` is durable.
+    fn durable_through(&mut self, number: u64) {
+        if number > self.durable {
+            self.durable = number;
+            self.raw.on_persist_ready(number);
+        }
+    }
+
+    /// Send, in order, the messages whose `Ready` is durable.
+    fn send_promised(&mut self) {
+        while let Some((needs, _)) = self.promised.front() {
+            if *needs > self.durable {
+                break;
+            }
+            let (_, msgs) = self.promised.pop_front().expect("checked");
+            for m in msgs {
+                self.transport.send(m);
+            }
+        }
     }
 
     fn apply(&mut self, machine: &mut impl Machine, entries: Vec<Entry>) -> Result<(), String> {
@@ -615,6 +705,9 @@ impl RaftNode {
             .and_then(|()| store.compact(self.applied.saturating_sub(keep)))
             .and_then(|()| store.sync())
             .map_err(|e| e.to_string())?;
+        // That sync covered every Ready written so far.
+        self.durable_through(self.requested);
+        self.send_promised();
         self.last_snapshot = self.applied;
         Ok(())
     }
@@ -652,4 +745,52 @@ fn v1_to_v2(c: ConfChange) -> ConfChangeV2 {
     v2.mut_changes().push(single);
     v2.context = c.context;
     v2
+}
+
+/// The node's sync thread: makes written log records durable while the owner works on. Each
+/// request names a `Ready` and the file it was written to; the thread takes every request
+/// queued, syncs each file once (one fdatasync covers every write before it) and answers with
+/// the last `Ready` covered.
+struct Syncer {
+    requests: crossbeam_channel::Sender<(u64, PendingLog)>,
+    done: Receiver<Result<u64, String>>,
+}
+
+impl Syncer {
+    fn start() -> Result<Syncer, String> {
+        let (requests, rx) = crossbeam_channel::unbounded::<(u64, PendingLog)>();
+        let (tx, done) = crossbeam_channel::unbounded();
+        std::thread::Builder::new()
+            .name("holdfast-sync".into())
+            .spawn(move || {
+                let mut files: Vec<PendingLog> = Vec::new();
+                while let Ok((mut number, log)) = rx.recv() {
+                    files.clear();
+                    files.push(log);
+                    while let Ok((n, log)) = rx.try_recv() {
+                        number = n;
+                        if !files.iter().any(|f| f.same_file(&log)) {
+                            files.push(log);
+                        }
+                    }
+                    let synced = files.iter().try_for_each(PendingLog::sync);
+                    let failed = synced.is_err();
+                    if tx
+                        .send(synced.map(|()| number).map_err(|e| e.to_string()))
+                        .is_err()
+                        || failed
+                    {
+                        return;
+                    }
+                }
+            })
+            .map_err(|e| format!("cannot start the sync thread: {e}"))?;
+        Ok(Syncer { requests, done })
+    }
+
+    fn request(&self, number: u64, log: PendingLog) -> Result<(), String> {
+        self.requests
+            .send((number, log))
+            .map_err(|_| "the sync thread has stopped".to_string())
+    }
 }

@@ -44,7 +44,7 @@ use std::collections::{BTreeMap, BinaryHeap};
 use protobuf::Message as _;
 use raft::prelude::{
     ConfChange, ConfChangeSingle, ConfChangeTransition, ConfChangeType, ConfChangeV2, ConfState,
-    Entry, EntryType, HardState, Message, MessageType, Snapshot, SnapshotMetadata,
+    Entry, EntryType, Message, MessageType, Snapshot, SnapshotMetadata,
 };
 use raft::{Config, RawNode, SnapshotStatus, StateRole, Storage, StorageError};
 
@@ -402,6 +402,10 @@ pub struct Report {
 /// Ticks: every 10 ms of a node's clock; elections after 10 to 20 ticks, heartbeats every
 /// tick (a tenth of the election timeout, as `--election-timeout` specifies).
 const TICK_US: u64 = 10_000;
+/// How long a log sync takes: an fdatasync of a few hundred microseconds to a few
+/// milliseconds, as measured on this kind of machine under load.
+const SYNC_MIN_US: u64 = 200;
+const SYNC_SPREAD_US: u64 = 3_000;
 const ELECTION_TICKS: usize = 10;
 /// A client re-proposes after this long without seeing its request applied.
 const RETRY_US: u64 = 300_000;
@@ -448,6 +452,12 @@ enum Ev {
     Heal,
     /// The operator's look at a membership change in flight.
     Operator,
+    /// Node `i`'s log sync through `Ready` `number` finished (in its run `life`).
+    Synced {
+        i: usize,
+        life: u64,
+        number: u64,
+    },
 }
 
 struct Queued {
@@ -500,6 +510,15 @@ struct Node<M> {
     /// removed leader running (the next acknowledgement panics: its own progress is gone), so
     /// a node stops as soon as it applies its own removal, as TiKV destroys a removed peer.
     retired: bool,
+    /// The node's asynchronous log sync, as the daemon's (`cluster::node`): this run of the
+    /// process (a sync of an earlier run is lost with it), the last `Ready` handed to the
+    /// sync, the last one durable, what each sync in flight will make durable, and the
+    /// messages each `Ready` promised, held until the `Ready` they need is durable.
+    life: u64,
+    requested: u64,
+    synced: u64,
+    syncing: std::collections::VecDeque<(u64, MemLog)>,
+    promised: std::collections::VecDeque<(u64, Vec<Message>)>,
 }
 
 impl<M> Node<M> {
@@ -614,6 +633,11 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
                 refuses: Vec::new(),
                 joiner: false,
                 retired: false,
+                life: 0,
+                requested: 0,
+                synced: 0,
+                syncing: Default::default(),
+                promised: Default::default(),
             });
         }
         let clients = (0..opts.clients)
@@ -726,6 +750,11 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
             Err(e) => return Some(format!("node {} restart: {}", node.id, e)),
         }
         node.seen = None;
+        node.life += 1;
+        node.requested = 0;
+        node.synced = 0;
+        node.syncing.clear();
+        node.promised.clear();
         let (idx, snap) = (node.applied, node.machine.snapshot());
         if idx > 0 {
             return self.check_snapshot(i, idx, snap).err();
@@ -735,6 +764,7 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
 
     fn crash(&mut self, i: usize) {
         self.nodes[i].raw = None;
+        self.forget_syncs(i);
         self.report.crashes += 1;
         let after = 100_000 + self.rng.below(2_000_000);
         self.push(after, Ev::Restart(i));
@@ -852,8 +882,48 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
                 self.operator()?;
                 self.push(OPERATOR_US, Ev::Operator);
             }
+            Ev::Synced { i, life, number } => {
+                let node = &mut self.nodes[i];
+                if node.life != life || node.raw.is_none() || number <= node.synced {
+                    return Ok(());
+                }
+                while node.syncing.front().is_some_and(|(n, _)| *n <= number) {
+                    let (_, log) = node.syncing.pop_front().expect("checked");
+                    node.durable = log;
+                }
+                self.durable_through(i, number);
+                self.drive(i)?;
+            }
         }
         Ok(())
+    }
+
+    /// A crash: the syncs in flight and the messages waiting for them are lost.
+    fn forget_syncs(&mut self, i: usize) {
+        let node = &mut self.nodes[i];
+        node.life += 1;
+        node.syncing.clear();
+        node.promised.clear();
+    }
+
+    /// Every `Ready` of node `i` through `number` is durable: tell raft, send what waited.
+    fn durable_through(&mut self, i: usize, number: u64) {
+        let node = &mut self.nodes[i];
+        if number > node.synced {
+            node.synced = number;
+            if let Some(raw) = node.raw.as_mut() {
+                raw.on_persist_ready(number);
+            }
+        }
+        let mut out = Vec::new();
+        while node
+            .promised
+            .front()
+            .is_some_and(|(n, _)| *n <= node.synced)
+        {
+            out.extend(node.promised.pop_front().expect("checked").1);
+        }
+        self.send_all(i, out);
     }
 
     fn fault(&mut self) -> Result<(), String> {
@@ -990,6 +1060,11 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
             refuses: Vec::new(),
             joiner: true,
             retired: false,
+            life: 0,
+            requested: 0,
+            synced: 0,
+            syncing: Default::default(),
+            promised: Default::default(),
         });
         for row in &mut self.blocked {
             row.push(false);
@@ -1169,7 +1244,8 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
             let mut rd = raw.ready();
             let msgs = rd.take_messages();
             self.send_all(i, msgs);
-            if !rd.snapshot().is_empty() {
+            let installed = !rd.snapshot().is_empty();
+            if installed {
                 let snap = rd.snapshot().clone();
                 let before = raw.store().state.conf_state.clone();
                 raw.mut_store().apply_snapshot(&snap);
@@ -1211,17 +1287,39 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
                 self.crash(i);
                 return Ok(());
             }
-            if !(self.opts.bug_ack_before_sync && self.rng.chance(50)) {
-                self.nodes[i].durable = raw.store().clone();
+            // The daemon's asynchronous sync: the Ready's records are written now, a sync
+            // thread makes them durable a little later (every Ready written meanwhile with
+            // them), and what the Ready promised waits for that; raft goes on meanwhile.
+            let number = rd.number();
+            let must_sync = rd.must_sync();
+            let promised = rd.take_persisted_messages();
+            raw.advance_append_async(rd);
+            let node = &mut self.nodes[i];
+            let needs = if must_sync { number } else { node.requested };
+            if !promised.is_empty() {
+                node.promised.push_back((needs, promised));
             }
-            let persisted = rd.take_persisted_messages();
-            self.send_all(i, persisted);
-            let mut light = raw.advance(rd);
-            if let Some(commit) = light.commit_index() {
-                set_commit(&mut raw.mut_store().state.hard_state, commit);
+            self.nodes[i].raw = Some(raw);
+            if installed {
+                // Synced on the spot, as the daemon does.
+                self.nodes[i].durable = self.nodes[i].raw.as_ref().expect("set").store().clone();
+                self.nodes[i].syncing.clear();
+                self.durable_through(i, number);
+            } else if must_sync {
+                self.nodes[i].requested = number;
+                if self.opts.bug_ack_before_sync && self.rng.chance(50) {
+                    // The broken driver: acknowledges what it has not synced.
+                    self.durable_through(i, number);
+                } else {
+                    let log = self.nodes[i].raw.as_ref().expect("set").store().clone();
+                    let life = self.nodes[i].life;
+                    self.nodes[i].syncing.push_back((number, log));
+                    let took = SYNC_MIN_US + self.rng.below(SYNC_SPREAD_US);
+                    self.push(took, Ev::Synced { i, life, number });
+                }
             }
-            self.send_all(i, light.take_messages());
-            self.apply_entries(i, &mut raw, light.take_committed_entries())?;
+            self.durable_through(i, self.nodes[i].synced);
+            let mut raw = self.nodes[i].raw.take().expect("set");
             raw.advance_apply();
             let node = &mut self.nodes[i];
             let wanted = raw.store().snapshot_wanted.replace(false);
@@ -1233,10 +1331,20 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
                 raw.mut_store()
                     .compact(node.applied.saturating_sub(KEEP_ENTRIES))?;
                 node.last_snapshot = node.applied;
+                // The daemon syncs a snapshot on the spot: every Ready written is durable.
+                node.durable = raw.store().clone();
+                node.syncing.clear();
+                let through = node.requested;
+                self.nodes[i].raw = Some(raw);
+                self.durable_through(i, through);
+                raw = self.nodes[i].raw.take().expect("set");
             }
-            if node.retired {
+            if self.nodes[i].retired {
                 // What this `Ready` promised is synced and sent; the node stops here.
                 self.nodes[i].durable = raw.store().clone();
+                self.nodes[i].syncing.clear();
+                let through = self.nodes[i].requested;
+                self.durable_through(i, through);
                 self.report_snapshot_failures();
                 return Ok(());
             }
@@ -1506,10 +1614,6 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
         }
         Ok(self.report.clone())
     }
-}
-
-fn set_commit(hs: &mut HardState, commit: u64) {
-    hs.commit = commit;
 }
 
 fn packet_clone(p: &Packet) -> Packet {

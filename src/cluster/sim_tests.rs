@@ -187,7 +187,7 @@ fn damaged_dedup_snapshots_are_errors() {
     assert!(a.restore(&huge).is_err());
 }
 
-/// Replays one seed: `HOLDFAST_SIM_SEED=28 cargo test --lib cluster::sim::tests::one_seed --
+/// Replays one seed: `HOLDFAST_SIM_SEED=264 cargo test --lib cluster::sim::tests::one_seed --
 /// --ignored --nocapture`.
 #[test]
 #[ignore]
@@ -204,22 +204,34 @@ fn one_seed_from_the_environment() {
 // Regressions: seeds that once failed, each with its post-mortem.
 
 /// A snapshot message lost on the way (or sent to a crashed node) was never reported to the
-/// leader, which then waited for that follower's snapshot forever: one node stuck at 20 of 83.
+/// leader, which then waited for that follower's snapshot forever: one node stuck at 20 of 83
+/// (seed 28 then). The schedules changed since (membership changes, the asynchronous log
+/// sync draw from the same stream); without the report, seed 264 of today's schedules
+/// leaves a node stuck at 11 of 88.
 #[test]
-fn regression_seed_28_lost_snapshot_is_reported_to_the_leader() {
-    // The seed's schedule from before membership changes (seed 28 has them now).
-    run_holdfast(28, Options::for_seed_without_membership(28)).unwrap();
+fn regression_seed_264_lost_snapshot_is_reported_to_the_leader() {
+    run_holdfast(264, Options::for_seed_without_membership(264)).unwrap();
 }
 
 /// The checks are not vacuous: a driver that acknowledges before it syncs loses acknowledged
 /// entries in crashes, and some seed shows replicas disagreeing.
 #[test]
 fn a_driver_that_acks_before_syncing_is_caught() {
+    // Caught by a check of the simulator's, or by raft-rs itself: a leader told that a
+    // follower has entries it lost in a crash panics ("to_commit ... is out of range").
     let caught = (0..200u64).find_map(|seed| {
         let mut opts = Options::for_seed_without_membership(seed);
         opts.bug_ack_before_sync = true;
         opts.crashes = true;
-        run_holdfast(seed, opts).err()
+        match std::panic::catch_unwind(|| run_holdfast(seed, opts)) {
+            Ok(result) => result.err(),
+            Err(panic) => Some(format!(
+                "raft-rs panicked: {}",
+                panic
+                    .downcast_ref::<String>()
+                    .map_or("(no message)", |s| s.as_str())
+            )),
+        }
     });
     let why = caught.expect("200 seeds of a broken driver passed every check");
     eprintln!("caught: {}", why);
@@ -263,38 +275,38 @@ fn assert_membership_happened(r: &Report) {
     );
 }
 
-/// Seed 11 adds three nodes and removes two voters, one change at a time through joint
+/// Seed 51 adds three nodes and removes two voters, one change at a time through joint
 /// consensus (raft-rs leaving the joint configuration by itself), while clients fight over
 /// locks: each joiner catches up from a snapshot to the others' state, every node gets the
 /// same `ConfState` from each conf entry, and a removed node's traffic is refused.
 #[test]
-fn membership_seed_11_adds_and_removes_voters_under_load() {
-    let opts = Options::for_seed(11);
+fn membership_seed_51_adds_and_removes_voters_under_load() {
+    let opts = Options::for_seed(51);
     assert!(opts.membership && !opts.explicit_leave, "{:?}", opts);
-    let r = run_holdfast(11, opts).unwrap();
+    let r = run_holdfast(51, opts).unwrap();
     assert_membership_happened(&r);
     assert!(r.nodes_added >= 3 && r.nodes_removed >= 2, "{:?}", r);
     assert_eq!(r.leave_joint_proposed, 0, "{:?}", r);
     assert!(r.commands > 50, "{:?}", r);
 }
 
-/// The same over holdfast's cluster state (`Replicated`): seed 32 makes three changes with
+/// The same over holdfast's cluster state (`Replicated`): seed 132 makes four changes with
 /// three joiners and three removals.
 #[test]
-fn membership_seed_32_on_the_cluster_state() {
-    let r = run_replicated_seed(32).unwrap();
+fn membership_seed_132_on_the_cluster_state() {
+    let r = run_replicated_seed(132).unwrap();
     assert_membership_happened(&r);
     assert!(r.nodes_added >= 3 && r.nodes_removed >= 3, "{:?}", r);
 }
 
-/// With `ConfChangeTransition::Explicit` (seed 68) raft-rs stays in the joint configuration
+/// With `ConfChangeTransition::Explicit` (seed 42) raft-rs stays in the joint configuration
 /// until told: the operator proposes each leave-joint entry, and the run ends out of joint
 /// (the final check).
 #[test]
-fn membership_seed_68_with_explicit_leave_needs_the_operator() {
-    let opts = Options::for_seed(68);
+fn membership_seed_42_with_explicit_leave_needs_the_operator() {
+    let opts = Options::for_seed(42);
     assert!(opts.membership && opts.explicit_leave, "{:?}", opts);
-    let r = run_holdfast(68, opts).unwrap();
+    let r = run_holdfast(42, opts).unwrap();
     assert_membership_happened(&r);
     assert!(r.leave_joint_proposed >= r.conf_changes, "{:?}", r);
 }
@@ -302,8 +314,8 @@ fn membership_seed_68_with_explicit_leave_needs_the_operator() {
 /// A membership seed replays identically (the joiners' clocks and ids come from the seed).
 #[test]
 fn a_membership_seed_replays_identically() {
-    let a = run_holdfast_seed(11).unwrap();
-    let b = run_holdfast_seed(11).unwrap();
+    let a = run_holdfast_seed(51).unwrap();
+    let b = run_holdfast_seed(51).unwrap();
     assert_eq!(format!("{:?}", a), format!("{:?}", b));
 }
 

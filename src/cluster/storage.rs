@@ -43,6 +43,7 @@ use std::fmt;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use protobuf::Message as PbMessage;
 use raft::prelude::{ConfState, Entry, HardState, Snapshot, SnapshotMetadata};
@@ -365,7 +366,8 @@ pub struct DiskStorage {
     dir: PathBuf,
     state: LogState,
     /// The current log file, its generation and its length on disk (written, maybe unsynced).
-    file: File,
+    /// Shared with whoever makes a [`Written::Pending`] durable (the node's sync thread).
+    file: Arc<File>,
     gen: u64,
     file_len: u64,
     /// Records not yet written.
@@ -374,6 +376,32 @@ pub struct DiskStorage {
     rewrite_at: u64,
     /// Snapshot files to remove once the record superseding them is durable.
     obsolete: Vec<PathBuf>,
+}
+
+/// What [`DiskStorage::write`] left to do.
+pub enum Written {
+    /// The records are in the file; [`PendingLog::sync`] makes them durable.
+    Pending(PendingLog),
+    /// Everything is durable already (the log was rewritten and synced).
+    Durable,
+}
+
+/// A log file with records written but maybe not yet durable.
+pub struct PendingLog {
+    file: Arc<File>,
+    path: PathBuf,
+}
+
+impl PendingLog {
+    /// One fdatasync: every record written to this file before the call is durable after it.
+    pub fn sync(&self) -> Result<(), LogError> {
+        self.file.sync_data().map_err(io_err(&self.path))
+    }
+
+    /// Whether two handles name the same file (one sync serves both).
+    pub fn same_file(&self, other: &PendingLog) -> bool {
+        Arc::ptr_eq(&self.file, &other.file)
+    }
 }
 
 fn log_path(dir: &Path, gen: u64) -> PathBuf {
@@ -488,7 +516,7 @@ impl DiskStorage {
         }
         Ok(DiskStorage {
             dir,
-            file,
+            file: Arc::new(file),
             gen,
             file_len: at as u64,
             pending: Vec::new(),
@@ -548,7 +576,7 @@ impl DiskStorage {
         Ok(DiskStorage {
             dir,
             state,
-            file,
+            file: Arc::new(file),
             gen,
             file_len: len,
             pending: Vec::new(),
@@ -747,15 +775,8 @@ impl DiskStorage {
     /// Makes every mutation so far durable: one write, one fdatasync. Call it after persisting
     /// a `Ready`'s entries, hard state and snapshot and before sending its messages.
     pub fn sync(&mut self) -> Result<(), LogError> {
-        let path = log_path(&self.dir, self.gen);
-        if !self.pending.is_empty() {
-            self.file.write_all(&self.pending).map_err(io_err(&path))?;
-            self.file_len += self.pending.len() as u64;
-            self.pending.clear();
-            self.file.sync_data().map_err(io_err(&path))?;
-        }
-        if self.file_len >= self.rewrite_at {
-            self.rewrite()?;
+        if let Written::Pending(log) = self.write()? {
+            log.sync()?;
         }
         for p in self.obsolete.drain(..) {
             match fs::remove_file(&p) {
@@ -765,6 +786,30 @@ impl DiskStorage {
             }
         }
         Ok(())
+    }
+
+    /// Writes every mutation so far to the log file with one `write`, without waiting for the
+    /// disk: the caller makes it durable with [`PendingLog::sync`], on any thread, before it
+    /// sends what promised that state (the group commit of a node whose owner goes on working
+    /// while the disk syncs). A log file that has grown to twice its live size is rewritten
+    /// here, which leaves everything durable ([`Written::Durable`]).
+    pub fn write(&mut self) -> Result<Written, LogError> {
+        let path = log_path(&self.dir, self.gen);
+        if !self.pending.is_empty() {
+            (&*self.file)
+                .write_all(&self.pending)
+                .map_err(io_err(&path))?;
+            self.file_len += self.pending.len() as u64;
+            self.pending.clear();
+        }
+        if self.file_len >= self.rewrite_at {
+            self.rewrite()?;
+            return Ok(Written::Durable);
+        }
+        Ok(Written::Pending(PendingLog {
+            file: self.file.clone(),
+            path,
+        }))
     }
 
     /// Bytes recorded but not yet synced.

@@ -609,6 +609,7 @@ impl ClusterOwner {
             let wait = self.wait();
             let inbound = self.node.inbound().clone();
             let events = self.node.events().clone();
+            let synced = self.node.synced().clone();
             let take_more = self.queued.len() < MAX_QUEUED_BATCHES;
             let never = crossbeam_channel::never();
             let rx = if take_more { &self.rx } else { &never };
@@ -619,6 +620,12 @@ impl ClusterOwner {
                 },
                 recv(inbound) -> m => if let Ok(m) = m { self.step(m) },
                 recv(events) -> ev => if let Ok(ev) = ev { self.node.peer_event(ev, Instant::now()) },
+                recv(synced) -> done => {
+                    let done = done.unwrap_or_else(|_| Err("the sync thread has stopped".into()));
+                    if let Err(e) = self.node.on_synced(done) {
+                        self.storage_failed(&e);
+                    }
+                }
                 default(wait) => {}
             }
             while self.queued.len() < MAX_QUEUED_BATCHES {
@@ -634,14 +641,12 @@ impl ClusterOwner {
             while let Ok(m) = inbound.try_recv() {
                 self.step(m);
             }
-            self.node.tick(Instant::now());
+            if let Err(e) = self.node.tick(Instant::now()) {
+                self.storage_failed(&e);
+            }
             self.propose();
             if let Err(e) = self.ready() {
-                // The log could not be written or synced (a full disk, an I/O error) or a
-                // leader's snapshot did not restore: this node must not acknowledge anything
-                // more. Its clients' connections go with the process; the others go on.
-                crate::log_error!("cluster node {} stops: {e}", self.node.id());
-                std::process::exit(EXIT_STORAGE_FAILED);
+                self.storage_failed(&e);
             }
             if self.node.take_conf_changed() {
                 self.conf_changed();
@@ -669,6 +674,14 @@ impl ClusterOwner {
             }
             self.send_replies();
         }
+    }
+
+    /// The log could not be written or synced (a full disk, an I/O error) or a leader's
+    /// snapshot did not restore: this node must not acknowledge anything more. Its clients'
+    /// connections go with the process; the others go on.
+    fn storage_failed(&self, e: &str) -> ! {
+        crate::log_error!("cluster node {} stops: {e}", self.node.id());
+        std::process::exit(EXIT_STORAGE_FAILED);
     }
 
     /// This node has just been elected: restart every running lease and orphan window with
