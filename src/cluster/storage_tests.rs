@@ -318,6 +318,50 @@ fn installing_a_leaders_snapshot_replaces_the_log() {
     assert_eq!(s.snapshot(20, 1).unwrap().get_data(), b"leader state");
 }
 
+/// The owner writes, the node's sync thread syncs: a write leaves nothing pending, its
+/// handle syncs from another thread (also after the log was rewritten under it), and a write
+/// that rewrites the log says that everything is durable already.
+#[test]
+fn a_write_is_synced_from_another_thread_and_a_rewrite_is_durable_at_once() {
+    let d = TempDir::new("written");
+    let mut s = DiskStorage::open(&d.0).unwrap();
+    s.append(&[entry(1, 1, b"a")]).unwrap();
+    let Written::Pending(first) = s.write().unwrap() else {
+        panic!("a small write does not rewrite the log");
+    };
+    assert_eq!(s.unsynced_bytes(), 0);
+    let payload = vec![3u8; 64 << 10];
+    let mut rewrote = false;
+    for i in 2..=200u64 {
+        s.append(&[entry(i, 1, &payload)]).unwrap();
+        s.set_hard_state(&hs(1, 1, i)).unwrap();
+        if i % 20 == 0 {
+            s.create_snapshot(i, ConfState::from((vec![1], vec![])), vec![1; 100])
+                .unwrap();
+            s.compact(i).unwrap();
+        }
+        match s.write().unwrap() {
+            Written::Durable => rewrote = true,
+            Written::Pending(log) => {
+                std::thread::spawn(move || log.sync())
+                    .join()
+                    .unwrap()
+                    .unwrap();
+            }
+        }
+    }
+    assert!(
+        rewrote,
+        "12 MiB through a log with 1 live MiB never rewrote it"
+    );
+    // The first handle names a file that the rewrite replaced: syncing it is harmless.
+    first.sync().unwrap();
+    drop(s);
+    let s = DiskStorage::open(&d.0).unwrap();
+    assert_eq!(s.last_index().unwrap(), 200);
+    assert_eq!(s.hard_state().commit, 200);
+}
+
 #[test]
 fn compaction_and_rewrites_keep_the_directory_bounded() {
     let d = TempDir::new("bounded");
