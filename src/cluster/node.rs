@@ -120,6 +120,8 @@ pub struct RaftNode {
     conf_changed: bool,
     /// A node was added: snapshot now, so that it can be sent one that names it.
     snapshot_due: bool,
+    /// This node applied its own removal: it only finishes the `Ready` at hand.
+    removed: bool,
     /// Entry bytes applied since the last snapshot.
     bytes_since_snapshot: u64,
     /// Quorum probes (raft ReadIndex requests) in flight: number and when each was sent.
@@ -227,6 +229,7 @@ impl RaftNode {
             local_peers: cfg.peers.clone(),
             conf_changed: false,
             snapshot_due: false,
+            removed: false,
             bytes_since_snapshot: 0,
             probes: std::collections::VecDeque::new(),
             probe_seq: 0,
@@ -575,6 +578,10 @@ impl RaftNode {
             // is persisted.)
             self.raw.advance_apply();
             self.send_promised();
+            if self.removed {
+                // The owner stops this node as soon as this returns.
+                break;
+            }
             self.maybe_snapshot(machine)?;
         }
         self.count_confirmations();
@@ -600,7 +607,12 @@ impl RaftNode {
     fn durable_through(&mut self, number: u64) {
         if number > self.durable {
             self.durable = number;
-            self.raw.on_persist_ready(number);
+            // Not once this node applied its own removal: raft-rs 0.7 looks up a leader's own
+            // progress there, which the removal took away (the owner stops the node as soon
+            // as `ready` returns).
+            if !self.removed {
+                self.raw.on_persist_ready(number);
+            }
         }
     }
 
@@ -662,6 +674,9 @@ impl RaftNode {
             .set_conf_state(after.clone())
             .map_err(|e| e.to_string())?;
         machine.apply_conf_change(e.index, cc.get_context(), &before, &after);
+        if !conf_members(&after).contains(&self.id()) {
+            self.removed = true;
+        }
         if conf_members(&after)
             .difference(&conf_members(&before))
             .next()

@@ -911,7 +911,10 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
         let node = &mut self.nodes[i];
         if number > node.synced {
             node.synced = number;
-            if let Some(raw) = node.raw.as_mut() {
+            // Not on a node that applied its own removal: raft-rs 0.7 looks up a leader's own
+            // progress there, which the removal took away (it stops right after, see
+            // `retired`).
+            if let Some(raw) = node.raw.as_mut().filter(|_| !node.retired) {
                 raw.on_persist_ready(number);
             }
         }

@@ -213,6 +213,16 @@ fn regression_seed_264_lost_snapshot_is_reported_to_the_leader() {
     run_holdfast(264, Options::for_seed_without_membership(264)).unwrap();
 }
 
+/// A leader that applied its own removal was then told that its last `Ready` was synced:
+/// raft-rs 0.7 looks up the leader's own progress there, which the removal took away, and
+/// panics (found by the first 100,000-seed run after the log sync became asynchronous; the
+/// daemon had the same hole). A node that applied its own removal no longer calls
+/// `on_persist_ready`; it stops.
+#[test]
+fn regression_seed_2004326_a_leader_that_removed_itself_is_not_told_of_its_syncs() {
+    run_replicated_seed(2_004_326).unwrap();
+}
+
 /// The checks are not vacuous: a driver that acknowledges before it syncs loses acknowledged
 /// entries in crashes, and some seed shows replicas disagreeing.
 #[test]
