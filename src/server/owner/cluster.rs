@@ -40,7 +40,9 @@
 //!
 //! **Sessions.** Every node applies every node's commands; [`Outbox`] writes only the replies
 //! to this node's connections. The first proposal of a new incarnation of a node ends every
-//! session of its earlier one (that process is gone, and its connections with it).
+//! session of its earlier one (that process is gone, and its connections with it). An expiry
+//! ends a running node's sessions; their connections are dead from then on, and what the log
+//! carries of them later (proposed before the node knew it was cut off) is dropped.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
@@ -111,9 +113,19 @@ pub struct Replicated {
     leader_term: u64,
     /// Added nodes' addresses and removed ids (the configuration itself is raft's).
     membership: Membership,
+    /// Connections whose sessions an expiry ended. Their node proposed their requests before
+    /// it knew (it was cut off), and the log may carry them after the expiry: such a request
+    /// must not start a new session and act for a client that has lost everything (an
+    /// old-protocol REL, which anybody may send for any lock, would free the lock of whoever
+    /// was granted it since). Their ops are dropped until their close comes through, or the
+    /// node's next run.
+    dead: BTreeSet<ConnId>,
 }
 
-const SNAPSHOT_MAGIC: &[u8] = b"HFcl2";
+const SNAPSHOT_MAGIC: &[u8] = b"HFcl3";
+/// Connections remembered as dead at most (a node has at most `--max-connections` of them
+/// when it is expired; a snapshot claiming more is damaged).
+const MAX_DEAD_CONNS: usize = 1 << 24;
 /// The longest `ID=HOST:PORT` a membership change may carry.
 const MAX_MEMBER_ADDR: usize = 300;
 
@@ -136,6 +148,7 @@ impl Replicated {
             expired: 0,
             leader_term: 0,
             membership: Membership::default(),
+            dead: BTreeSet::new(),
         }
     }
 
@@ -197,6 +210,7 @@ impl Replicated {
                 if earlier.is_some() {
                     self.end_sessions_of(node16, false);
                 }
+                self.dead.retain(|c| c.node != node16);
             }
         }
         self.nodes.insert(node, (incarnation, seq));
@@ -205,6 +219,18 @@ impl Replicated {
             return Err(DecodeError::Invalid(
                 "a proposal names another node's connection",
             ));
+        }
+        if !self.dead.is_empty() {
+            let dead = &mut self.dead;
+            self.batch.ops.retain(|m| {
+                if !dead.contains(&m.conn) {
+                    return true;
+                }
+                if matches!(m.op, Op::Close) {
+                    dead.remove(&m.conn);
+                }
+                false
+            });
         }
         self.clock_ms = self.clock_ms.max(time);
         apply_turn(
@@ -271,6 +297,9 @@ impl Replicated {
                 &[],
                 now,
             );
+            if close_connections && self.dead.len() < MAX_DEAD_CONNS {
+                self.dead.insert(conn);
+            }
         }
     }
 
@@ -359,13 +388,25 @@ impl Machine for Replicated {
         for &id in &self.membership.removed {
             codec::put_u64(&mut out, id);
         }
+        codec::put_u64(&mut out, self.dead.len() as u64);
+        for conn in &self.dead {
+            conn.encode(&mut out);
+        }
         self.tables.snapshot(&mut out);
         out
     }
 
     fn restore(&mut self, data: &[u8]) -> Result<(), String> {
         let mut r = Reader::new(data);
-        type Head = (u64, BTreeMap<u64, (u64, u64)>, u64, u64, u64, Membership);
+        type Head = (
+            u64,
+            BTreeMap<u64, (u64, u64)>,
+            u64,
+            u64,
+            u64,
+            Membership,
+            BTreeSet<ConnId>,
+        );
         let head = (|| -> Result<Head, DecodeError> {
             r.expect(SNAPSHOT_MAGIC, "cluster snapshot magic")?;
             let clock_ms = r.u64()?;
@@ -391,7 +432,23 @@ impl Machine for Replicated {
             for _ in 0..r.count(1)? {
                 membership.removed.insert(r.u64()?);
             }
-            Ok((clock_ms, nodes, refused, expired, leader_term, membership))
+            let n = r.count(3)?;
+            if n > MAX_DEAD_CONNS {
+                return Err(DecodeError::Invalid("too many dead connections"));
+            }
+            let mut dead = BTreeSet::new();
+            for _ in 0..n {
+                dead.insert(ConnId::decode(&mut r)?);
+            }
+            Ok((
+                clock_ms,
+                nodes,
+                refused,
+                expired,
+                leader_term,
+                membership,
+                dead,
+            ))
         })()
         .map_err(|e| e.to_string())?;
         let used = data.len() - r.remaining();
@@ -404,6 +461,7 @@ impl Machine for Replicated {
             self.expired,
             self.leader_term,
             self.membership,
+            self.dead,
         ) = head;
         self.tables = tables;
         self.mine_applied = self

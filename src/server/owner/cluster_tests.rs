@@ -163,6 +163,66 @@ fn an_expiry_ends_a_nodes_sessions_and_closes_the_connections_on_that_node() {
     assert!(one.clock_ms() >= T0 + 50);
 }
 
+/// A cut-off node proposed a client's REL before it knew it was cut off, and the log carries it
+/// after the expiry of that node's sessions: the connection is dead (its client was told so
+/// by the close), its REL must not start a new session and free the lock of whoever was
+/// granted it since (an old-protocol REL frees any lock). Found by the simulator's liveness
+/// mode and by a 10-minute cluster soak (a double grant). Its close, when it comes, ends that;
+/// the set is replicated state, in the snapshot.
+#[test]
+fn requests_of_a_connection_whose_session_an_expiry_ended_are_dropped_until_its_close() {
+    let (a, b) = (ConnId::on_node(1, 0, 5, 0), ConnId::on_node(2, 0, 5, 0));
+    let log = [
+        proposal(1, 1, 1, T0, &[(a, ld::op::ACQ, JOB)]),
+        expiry(1, T0 + 50),
+        // The orphan's window ends (100 ms) and node 2's client takes the lock.
+        proposal(2, 1, 1, T0 + 200, &[(b, ld::op::ACQ, JOB)]),
+        // Node 1's stale REL, proposed before it was cut off.
+        proposal(1, 1, 2, T0 + 210, &[(a, ld::op::REL, JOB)]),
+    ];
+    let (mut one, mut two) = (replica(1), replica(2));
+    for e in &log {
+        one.apply(0, e);
+        two.apply(0, e);
+    }
+    assert_eq!(state(&one), state(&two));
+    assert!(
+        matches!(two.tables.lockd.state(b"job"), LockState::Held(_)),
+        "{:?}",
+        two.tables.lockd.state(b"job")
+    );
+    assert_eq!(replies(&mut two), [(b, ld::op::ACQUIRED, false)]);
+    assert!(!one.has_sessions_of(1), "the stale REL started no session");
+    // Through a snapshot: the dead connection is remembered.
+    let mut three = replica(3);
+    three.restore(&state(&two)).unwrap();
+    let rel_again = proposal(1, 1, 3, T0 + 220, &[(a, ld::op::REL, JOB)]);
+    three.apply(0, &rel_again);
+    two.apply(0, &rel_again);
+    assert!(matches!(
+        three.tables.lockd.state(b"job"),
+        LockState::Held(_)
+    ));
+    assert_eq!(state(&two), state(&three));
+    // Its close ends that: the same connection number is a live one again.
+    let mut close = Batch::default();
+    close.ops.push(OpMsg {
+        conn: a,
+        op: Op::Close,
+    });
+    let mut data = vec![KIND_COMMANDS];
+    for v in [1u64, 1, 4] {
+        data.extend_from_slice(&v.to_le_bytes());
+    }
+    command::encode_entry_of_batches(T0 + 230, std::iter::once(&close), &mut data);
+    two.apply(0, &data);
+    two.apply(
+        0,
+        &proposal(1, 1, 5, T0 + 240, &[(a, ld::op::TRY, b"other\0")]),
+    );
+    assert!(two.has_sessions_of(1));
+}
+
 #[test]
 fn hostile_proposals_are_refused_the_same_way_on_every_replica_and_never_panic() {
     let a = ConnId::on_node(1, 0, 5, 0);
