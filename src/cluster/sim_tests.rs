@@ -328,3 +328,20 @@ fn a_joiner_replaying_the_log_from_index_1_is_caught() {
         why
     );
 }
+
+// Liveness mode: the daemon's liveness decisions (`liveness.rs`) on every simulated node, real
+// cluster proposals, lockd clients on the nodes, and the client-view checks (`sim_live.rs`).
+
+/// Replays one liveness-mode seed: `HOLDFAST_SIM_SEED=3 cargo test --lib
+/// cluster::sim::tests::one_live_seed -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn one_live_seed_from_the_environment() {
+    let seed: u64 = std::env::var("HOLDFAST_SIM_SEED")
+        .expect("HOLDFAST_SIM_SEED")
+        .parse()
+        .expect("a number");
+    eprintln!("{:?}", live_options(seed));
+    let r = run_live_seed(seed).unwrap_or_else(|e| panic!("{}", e));
+    eprintln!("{:?}", r);
+}

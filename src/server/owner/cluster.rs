@@ -283,6 +283,27 @@ impl Replicated {
             .is_some_and(|&(inc, _)| inc == self.incarnation)
     }
 
+    /// An expiry of `node`'s sessions, proposed by the leader at its time `time_ms`.
+    pub fn encode_expire(node: u64, time_ms: u64, out: &mut Vec<u8>) {
+        out.push(KIND_EXPIRE);
+        out.extend_from_slice(&node.to_le_bytes());
+        out.extend_from_slice(&time_ms.to_le_bytes());
+    }
+
+    /// A new leader's entry: `node` leads `term`, running leases and orphan windows get
+    /// `extend_ms` more, at its time `time_ms`.
+    pub fn encode_leader(term: u64, node: u64, extend_ms: u64, time_ms: u64, out: &mut Vec<u8>) {
+        out.push(KIND_LEADER);
+        for v in [term, node, extend_ms, time_ms] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+    }
+
+    /// `node`'s latest run applied and the last sequence number applied from it.
+    pub fn run_of(&self, node: u64) -> Option<(u64, u64)> {
+        self.nodes.get(&node).copied()
+    }
+
     /// Whether any session of `node` is live.
     pub fn has_sessions_of(&self, node: u16) -> bool {
         !self.tables.sessions.conns_of_node(node).is_empty()
@@ -635,10 +656,8 @@ impl ClusterOwner {
         });
         for e in due {
             let mut data = Vec::with_capacity(EXPIRE_LEN);
-            data.push(KIND_EXPIRE);
-            data.extend_from_slice(&e.node.to_le_bytes());
             let time = clock(&self.shared).ms.max(self.state.clock_ms());
-            data.extend_from_slice(&time.to_le_bytes());
+            Replicated::encode_expire(e.node, time, &mut data);
             if self.node.propose(data) {
                 crate::log_warn!(
                     "cluster: node {} unheard from for {} ms: expiring its sessions",
