@@ -365,6 +365,13 @@ pub struct Options {
     /// node that writes replies past its write deadline.
     pub bug_late_fence: bool,
     pub bug_ignore_write_deadline: bool,
+    /// A mutation: a new leader expires nodes a session timeout after it last heard from
+    /// them, without waiting a session timeout from its own election.
+    pub bug_leader_does_not_wait: bool,
+    /// Liveness mode: fail on the known daemon bug too (a release proposed by a connection
+    /// before its node's sessions were expired, applied after the expiry, frees the next
+    /// holder's lock: `sim_live.rs`); without it, such overlaps are counted and excused.
+    pub strict_stale_release: bool,
 }
 
 impl Options {
@@ -400,6 +407,8 @@ impl Options {
             pauses: false,
             bug_late_fence: false,
             bug_ignore_write_deadline: false,
+            bug_leader_does_not_wait: false,
+            strict_stale_release: false,
         };
         // Drawn last, so that the knobs above stay what they were for every seed.
         if r.chance(MEMBERSHIP_PERCENT) && membership {
@@ -452,6 +461,10 @@ pub struct Report {
     pub expiries: u64,
     pub deadline_closes: u64,
     pub client_give_ups: u64,
+    /// Releases applied for connections whose sessions an expiry had ended, and overlaps they
+    /// caused (excused unless [`Options::strict_stale_release`]).
+    pub stale_releases: u64,
+    pub stale_release_overlaps: u64,
 }
 
 /// Ticks: every 10 ms of a node's clock; elections after 10 to 20 ticks, heartbeats every
@@ -1415,6 +1428,9 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
                 ));
             }
             let closed = self.live_closed_by(i, e.get_data());
+            if self.live.is_some() && !self.log.contains_key(&e.index) {
+                self.live_first(i, e.index, e.get_data());
+            }
             let node = &mut self.nodes[i];
             let effects = match e.get_entry_type() {
                 // Liveness mode: the machine's own exactly-once rules, not the client table.

@@ -25,7 +25,7 @@
 //! carries a larger token. lockd's ACQUIRED does not carry the token, so it is read from the
 //! state the node applied when it wrote the grant (`LockdTable::token_of`).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use super::*;
 use crate::cluster::liveness::{Fence, Liveness, Micros, Probes};
@@ -106,6 +106,8 @@ struct Claim {
     client: usize,
     name: Vec<u8>,
     node: usize,
+    /// The log index of the entry that granted it.
+    index: u64,
     start: u64,
     /// The lease view's end, once known (lapsed, released or closed).
     lease_end: Option<u64>,
@@ -125,6 +127,12 @@ pub struct LiveWorld {
     claims: Vec<Claim>,
     /// Per lock: (received at, token) of every grant a client received.
     grants: BTreeMap<Vec<u8>, Vec<(u64, u64)>>,
+    /// The known bug: connections whose sessions an expiry ended, and per lock the log
+    /// indexes where a release of such a connection was applied.
+    expired_conns: BTreeSet<ConnId>,
+    stale_releases: BTreeMap<Vec<u8>, Vec<u64>>,
+    /// HOLDFAST_SIM_TRACE=1: every client event on stderr (to read a failing seed's story).
+    trace: bool,
 }
 
 impl LiveWorld {
@@ -138,6 +146,9 @@ impl LiveWorld {
             conn_client: BTreeMap::new(),
             claims: Vec::new(),
             grants: BTreeMap::new(),
+            expired_conns: BTreeSet::new(),
+            stale_releases: BTreeMap::new(),
+            trace: std::env::var("HOLDFAST_SIM_TRACE").is_ok_and(|v| v == "1"),
         }
     }
 }
@@ -322,6 +333,9 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
             raw.read_index(ctx.to_vec());
         }
         n.liveness.confirmed(n.probes.confirmed());
+        if self.opts.bug_leader_does_not_wait && is_leader {
+            n.liveness.leader_since.get_or_insert(0);
+        }
         let machine = &self.nodes[i].machine.inner;
         let due = n
             .liveness
@@ -455,6 +469,13 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
         command::encode_entry(time, &ops, &arena.bytes, &mut entry);
         n.seq += 1;
         let (seq, inc) = (n.seq, n.incarnation);
+        if self.live.as_ref().is_some_and(|l| l.trace) {
+            eprintln!(
+                "{} node {id}: proposes #{seq} with {} ops",
+                self.now,
+                ops.len()
+            );
+        }
         let mut data = Vec::new();
         Replicated::encode_commands(id, inc, seq, &entry, &mut data);
         let sent = self.live_send(i, data.clone());
@@ -465,6 +486,47 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
                 tried: now,
                 sent,
             });
+        }
+    }
+
+    /// The entry at `index` is applied for the first time (by node `i`, about to): note the
+    /// connections an expiry ends, and the releases applied for such connections after it.
+    pub(super) fn live_first(&mut self, i: usize, index: u64, data: &[u8]) {
+        if self.live().trace {
+            let head: Vec<u64> = (0..3)
+                .filter_map(|w| data.get(1 + 8 * w..9 + 8 * w))
+                .map(|b| b.iter().rev().fold(0, |a, &x| a << 8 | u64::from(x)))
+                .collect();
+            eprintln!("{} log {index}: kind {:?} {head:?}", self.now, data.first());
+        }
+        let word = |at: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&data[at..at + 8]);
+            u64::from_le_bytes(w)
+        };
+        match data.first() {
+            Some(2) if data.len() == 17 => {
+                let conns = self.nodes[i].machine.inner.conns_of_node(word(1));
+                self.live().expired_conns.extend(conns);
+            }
+            Some(1) if data.len() > 25 => {
+                let mut batch = crate::server::msg::Batch::default();
+                if command::decode_entry(&data[25..], command::Limits::default(), &mut batch)
+                    .is_err()
+                {
+                    return;
+                }
+                let live = self.live.as_mut().expect("liveness mode");
+                for m in &batch.ops {
+                    let Op::Lockd(o) = m.op else { continue };
+                    if o.opcode == op::REL && live.expired_conns.contains(&m.conn) {
+                        let name = name_of(o.payload.get(&batch.arena.bytes)).to_vec();
+                        live.stale_releases.entry(name).or_default().push(index);
+                        self.report.stale_releases += 1;
+                    }
+                }
+            }
+            _ => {}
         }
     }
 
@@ -550,6 +612,9 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
         let Some((i, _)) = c.conn.take() else {
             return;
         };
+        if live.trace {
+            eprintln!("{now} client {k}: {conn:?} closed (node runs: {node_runs})");
+        }
         c.pending = None;
         c.waiting = None;
         c.owned.clear();
@@ -599,6 +664,13 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
         token: Option<u64>,
     ) -> Result<(), String> {
         self.live_lapse(k);
+        if self.live().trace {
+            let n = String::from_utf8_lossy(&name);
+            eprintln!(
+                "{} client {k}: receives {opcode} {n} (token {token:?})",
+                self.now
+            );
+        }
         let c = &mut self.live().clients[k];
         let pending_is = |c: &Client, ops: &[u8]| {
             c.pending
@@ -648,12 +720,29 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
         token: Option<u64>,
     ) -> Result<(), String> {
         let now = self.now;
+        let strict = self.opts.strict_stale_release;
         let live = self.live.as_mut().expect("liveness mode");
         let (own_node, _) = live.clients[k]
             .conn
             .expect("a client with a reply has a connection");
+        let own_index = self.nodes[own_node].applied;
         let own_lease_open = lease_deadline(&live.clients[k]) > now;
-        for cl in live.claims.iter().filter(|cl| cl.name == name) {
+        let mut robbed = Vec::new();
+        for (at, cl) in live.claims.iter().enumerate() {
+            if cl.name != name {
+                continue;
+            }
+            // The known bug: a stale release freed this claim's lock after its grant.
+            let stale = live
+                .stale_releases
+                .get(&name)
+                .is_some_and(|v| v.iter().any(|&s| s > cl.index && s <= own_index));
+            let open = cl.conn_end.is_none_or(|e| e > now);
+            if stale && !strict && open {
+                self.report.stale_release_overlaps += 1;
+                robbed.push(at);
+                continue;
+            }
             let holder = &live.clients[cl.client];
             let lease_end = cl
                 .lease_end
@@ -675,7 +764,7 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
             let paused = live.pauses[cl.node]
                 .iter()
                 .any(|&(a, b)| a <= now && b >= cl.start);
-            if cl.conn_end.is_none_or(|e| e > now) && !paused {
+            if open && !paused {
                 return Err(format!(
                     "connection view: {} granted to client {} (node {}) at {} µs while client {} \
                      (node {}, not paused) holds it since {} and its connection is open",
@@ -688,9 +777,18 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
                     cl.start
                 ));
             }
-            if cl.conn_end.is_none_or(|e| e > now) {
+            if open {
                 self.report.conn_view_excused += 1;
             }
+        }
+        // The robbed holder is told (no client could be; this keeps it from releasing the lock
+        // of the one granted now, and the checks meaningful for the rest of the run).
+        for at in robbed {
+            let cl = &mut live.claims[at];
+            cl.conn_end = Some(now);
+            cl.lease_end = Some(cl.lease_end.unwrap_or(now).min(now));
+            let c = cl.client;
+            live.clients[c].owned.retain(|n| *n != name);
         }
         if let Some(token) = token {
             let list = live.grants.entry(name.clone()).or_default();
@@ -716,6 +814,7 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
             client: k,
             name: name.clone(),
             node: own_node,
+            index: own_index,
             start: now,
             lease_end: (!own_lease_open).then_some(now),
             conn_end: None,
@@ -749,6 +848,9 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
             let id = self.nodes[i].id as u16;
             let live = self.live();
             let conn = ConnId::on_node(id, 0, live.next_slot, 1);
+            if live.trace {
+                eprintln!("{now} client {k}: connects {conn:?}");
+            }
             live.next_slot += 1;
             live.conn_client.insert(conn, k);
             live.clients[k] = Client {
@@ -795,6 +897,10 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
                 cl.conn_end = Some(now);
                 cl.lease_end.get_or_insert(lease.min(now));
             }
+        }
+        if live.trace {
+            let n = String::from_utf8_lossy(&name);
+            eprintln!("{now} client {k}: sends {opcode} {n} on {conn:?}");
         }
         let c = &mut live.clients[k];
         c.pending = Some(Request {

@@ -50,6 +50,15 @@ fn run_seeds(seeds: std::ops::Range<u64>, run: fn(u64) -> Result<Report, String>
         total.joiner_snapshots += r.joiner_snapshots;
         total.refused_from_removed += r.refused_from_removed;
         total.leave_joint_proposed += r.leave_joint_proposed;
+        total.live_grants += r.live_grants;
+        total.tokens_checked += r.tokens_checked;
+        total.claims_lapsed += r.claims_lapsed;
+        total.conn_view_excused += r.conn_view_excused;
+        total.pauses += r.pauses;
+        total.fences += r.fences;
+        total.expiries += r.expiries;
+        total.deadline_closes += r.deadline_closes;
+        total.client_give_ups += r.client_give_ups;
     }
     eprintln!(
         "seeds {:?} ({} with membership changes) in {:?}: {:?}",
@@ -344,4 +353,37 @@ fn one_live_seed_from_the_environment() {
     eprintln!("{:?}", live_options(seed));
     let r = run_live_seed(seed).unwrap_or_else(|e| panic!("{}", e));
     eprintln!("{:?}", r);
+}
+
+/// Which seeds a mutation of the liveness logic fails, and how: `HOLDFAST_SIM_MUTATION=
+/// late-fence|ignore-deadline|leader-no-wait HOLDFAST_SIM_SEEDS=200 cargo test --release --lib
+/// cluster::sim::tests::scan_a_mutation -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn scan_a_mutation() {
+    let which = std::env::var("HOLDFAST_SIM_MUTATION").expect("HOLDFAST_SIM_MUTATION");
+    let n: u64 = std::env::var("HOLDFAST_SIM_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(200);
+    let mut failed = 0;
+    for seed in 0..n {
+        if let Err(e) = run_live(seed, mutated(seed, &which)) {
+            failed += 1;
+            eprintln!("{}", e.lines().next().unwrap_or_default());
+        }
+    }
+    eprintln!("{which}: {failed} of {n} seeds failed");
+}
+
+fn mutated(seed: u64, which: &str) -> Options {
+    let mut o = live_options(seed);
+    match which {
+        "none" => {}
+        "late-fence" => o.bug_late_fence = true,
+        "ignore-deadline" => o.bug_ignore_write_deadline = true,
+        "leader-no-wait" => o.bug_leader_does_not_wait = true,
+        other => panic!("no mutation {other}"),
+    }
+    o
 }
