@@ -510,6 +510,7 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
                 self.live().expired_conns.extend(conns);
             }
             Some(1) if data.len() > 25 => {
+                let machine = &self.nodes[i].machine.inner;
                 let mut batch = crate::server::msg::Batch::default();
                 if command::decode_entry(&data[25..], command::Limits::default(), &mut batch)
                     .is_err()
@@ -518,9 +519,17 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
                 }
                 let live = self.live.as_mut().expect("liveness mode");
                 for m in &batch.ops {
+                    if live.trace {
+                        eprintln!("    op {:?} {:?}", m.conn, m.op);
+                    }
                     let Op::Lockd(o) = m.op else { continue };
-                    if o.opcode == op::REL && live.expired_conns.contains(&m.conn) {
-                        let name = name_of(o.payload.get(&batch.arena.bytes)).to_vec();
+                    let name = name_of(o.payload.get(&batch.arena.bytes));
+                    // A release by a connection whose session the log ended (or, after such
+                    // a release, by a client robbed of the lock it believes it holds): it
+                    // frees whoever holds the lock now ("anybody may release any lock").
+                    let foreign = machine.token_of(m.conn, name).is_none();
+                    if o.opcode == op::REL && (live.expired_conns.contains(&m.conn) || foreign) {
+                        let name = name.to_vec();
                         live.stale_releases.entry(name).or_default().push(index);
                         self.report.stale_releases += 1;
                     }
@@ -736,7 +745,7 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
             let stale = live
                 .stale_releases
                 .get(&name)
-                .is_some_and(|v| v.iter().any(|&s| s > cl.index && s <= own_index));
+                .is_some_and(|v| v.iter().any(|&s| s >= cl.index && s <= own_index));
             let open = cl.conn_end.is_none_or(|e| e > now);
             if stale && !strict && open {
                 self.report.stale_release_overlaps += 1;
