@@ -742,10 +742,11 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
                 continue;
             }
             // The known bug: a stale release freed this claim's lock after its grant.
-            let stale = live
-                .stale_releases
-                .get(&name)
-                .is_some_and(|v| v.iter().any(|&s| s >= cl.index && s <= own_index));
+            let stale = live.stale_releases.get(&name).is_some_and(|v| {
+                // Between the two grants' entries, whichever node delivered first.
+                let (lo, hi) = (cl.index.min(own_index), cl.index.max(own_index));
+                v.iter().any(|&s| s >= lo && s <= hi)
+            });
             let open = cl.conn_end.is_none_or(|e| e > now);
             if stale && !strict && open {
                 self.report.stale_release_overlaps += 1;
