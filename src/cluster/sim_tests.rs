@@ -59,6 +59,8 @@ fn run_seeds(seeds: std::ops::Range<u64>, run: fn(u64) -> Result<Report, String>
         total.expiries += r.expiries;
         total.deadline_closes += r.deadline_closes;
         total.client_give_ups += r.client_give_ups;
+        total.stale_releases += r.stale_releases;
+        total.stale_release_overlaps += r.stale_release_overlaps;
     }
     eprintln!(
         "seeds {:?} ({} with membership changes) in {:?}: {:?}",
