@@ -9,6 +9,7 @@
 //! described in `docs/state-machine.md`.
 
 pub mod crc32c;
+pub mod liveness;
 pub mod node;
 pub mod sim;
 pub mod storage;

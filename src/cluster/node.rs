@@ -24,6 +24,7 @@ use raft::prelude::{
 };
 use raft::{Config, RawNode, SnapshotStatus, StateRole, Storage};
 
+use super::liveness::{Micros, Probes};
 use super::storage::{DiskStorage, PendingLog, Written};
 use super::transport::{PeerEvent, Transport, TransportConfig};
 
@@ -44,9 +45,6 @@ pub const KEEP_LARGE_ENTRIES: u64 = 16;
 /// The largest append message (raft-rs's `max_size_per_msg`): one owner turn's entry fits.
 const MAX_MSG_BYTES: u64 = 1 << 20;
 const MAX_INFLIGHT_MSGS: usize = 256;
-/// Quorum probes remembered: one per tick, so more than an election timeout's worth; older
-/// ones are forgotten (their answers, if they ever come, prove nothing newer).
-const MAX_PROBES: usize = 2 * TICKS_PER_ELECTION;
 /// Campaigns after a leader's connection closed, a tick apart: half an election timeout's
 /// worth, then the ordinary election timeout takes over.
 const FAST_CAMPAIGNS: u32 = TICKS_PER_ELECTION as u32 / 2;
@@ -124,17 +122,8 @@ pub struct RaftNode {
     removed: bool,
     /// Entry bytes applied since the last snapshot.
     bytes_since_snapshot: u64,
-    /// Quorum probes (raft ReadIndex requests) in flight: number and when each was sent.
-    probes: std::collections::VecDeque<(u64, Instant)>,
-    probe_seq: u64,
-    /// When the latest probe that a leader confirmed with a quorum was sent.
-    confirmed: Option<Instant>,
-    /// Confirmed probes (sent when, the leader's commit index then) not yet counted: a probe
-    /// counts once this node has applied up to that index, because the log up to it may end
-    /// this node's sessions (a node that wakes from a stop hears the leader at once, but its
-    /// sessions' expiry is in entries it has yet to apply; replies it makes before applying
-    /// them must not be written).
-    awaiting: std::collections::VecDeque<(Instant, u64)>,
+    /// Quorum probes (raft ReadIndex requests): sent, answered, confirmed (`liveness.rs`).
+    probes: Probes,
     /// The leader's connection closed: campaign then, and so many more times a tick apart
     /// while there is no leader ([`RaftNode::peer_closed`]).
     campaign_at: Option<(Instant, u32)>,
@@ -231,10 +220,7 @@ impl RaftNode {
             snapshot_due: false,
             removed: false,
             bytes_since_snapshot: 0,
-            probes: std::collections::VecDeque::new(),
-            probe_seq: 0,
-            confirmed: None,
-            awaiting: std::collections::VecDeque::new(),
+            probes: Probes::new(tick.as_micros() as Micros),
             campaign_at: None,
             syncer: Syncer::start()?,
             requested: 0,
@@ -250,61 +236,29 @@ impl RaftNode {
     /// Ask the leader to confirm, with a quorum, that it still leads (raft's ReadIndex, which
     /// writes nothing): at most one probe per tick. A confirmed probe proves that the leader
     /// received it, so the leader heard from this node no earlier than the probe was sent;
-    /// see [`RaftNode::quorum_confirmed`].
-    pub fn probe_quorum(&mut self, now: Instant) {
-        if self.leader() == 0
-            || self
-                .probes
-                .back()
-                .is_some_and(|&(_, t)| now < t + self.tick)
-        {
-            return;
-        }
-        self.probe_seq += 1;
-        let mut ctx = Vec::with_capacity(16);
-        ctx.extend_from_slice(&self.id().to_le_bytes());
-        ctx.extend_from_slice(&self.probe_seq.to_le_bytes());
-        self.raw.read_index(ctx);
-        self.probes.push_back((self.probe_seq, now));
-        while self.probes.len() > MAX_PROBES {
-            self.probes.pop_front();
+    /// see [`RaftNode::quorum_confirmed`]. `now`: the caller's monotonic clock in microseconds.
+    pub fn probe_quorum(&mut self, now: Micros) {
+        let (me, has_leader) = (self.id(), self.leader() != 0);
+        if let Some(ctx) = self.probes.due(me, has_leader, now) {
+            self.raw.read_index(ctx.to_vec());
         }
     }
 
-    /// When the latest probe a leader confirmed with a quorum was sent: the leader heard from
-    /// this node, and a quorum from the leader, no earlier than that.
-    pub fn quorum_confirmed(&self) -> Option<Instant> {
-        self.confirmed
+    /// When (on the clock of [`RaftNode::probe_quorum`]) the latest probe a leader confirmed
+    /// with a quorum was sent: the leader heard from this node, and a quorum from the leader,
+    /// no earlier than that.
+    pub fn quorum_confirmed(&self) -> Option<Micros> {
+        self.probes.confirmed()
     }
 
     fn probe_answered(&mut self, ctx: &[u8], index: u64) {
-        if ctx.len() != 16 || ctx[..8] != self.id().to_le_bytes() {
-            return;
-        }
-        let seq = u64::from_le_bytes(ctx[8..].try_into().unwrap_or_default());
-        while let Some(&(s, sent)) = self.probes.front() {
-            if s > seq {
-                break;
-            }
-            self.probes.pop_front();
-            if s == seq {
-                self.awaiting.push_back((sent, index));
-                if self.awaiting.len() > MAX_PROBES {
-                    self.awaiting.pop_front();
-                }
-            }
-        }
+        let me = self.id();
+        self.probes.answered(me, ctx, index);
     }
 
     /// Count the confirmed probes whose read index this node has applied.
     fn count_confirmations(&mut self) {
-        while let Some(&(sent, index)) = self.awaiting.front() {
-            if index > self.applied {
-                break;
-            }
-            self.awaiting.pop_front();
-            self.confirmed = Some(self.confirmed.map_or(sent, |c| c.max(sent)));
-        }
+        self.probes.count(self.applied);
     }
 
     /// The configuration (joint while a membership change is under way).

@@ -50,6 +50,11 @@ use raft::{Config, RawNode, SnapshotStatus, StateRole, Storage, StorageError};
 
 use super::storage::{log_state_reads, LogState};
 use crate::rng::Rng;
+use crate::server::msg::ConnId;
+
+#[path = "sim_live.rs"]
+mod live;
+pub use live::{ELECTION_US, SESSION_TIMEOUT_US};
 
 /// A replicated state machine: deterministic, fed committed commands in log order.
 pub trait StateMachine {
@@ -65,6 +70,27 @@ pub trait StateMachine {
     fn snapshot(&self) -> Vec<u8>;
     /// Replace the state by one restored from `snapshot` (hostile input: an error, no panic).
     fn restore(&mut self, snapshot: &[u8]) -> Result<(), String>;
+    /// Liveness mode ([`Options::liveness`]): apply a cluster proposal as it is (the machine's
+    /// own exactly-once rules apply).
+    fn apply_proposal(&mut self, proposal: &[u8]) -> Vec<u8> {
+        self.apply(proposal)
+    }
+    /// Liveness mode: whether any session of cluster node `node` is live.
+    fn has_sessions_of(&self, _node: u64) -> bool {
+        false
+    }
+    /// Liveness mode: the connections of `node`'s sessions.
+    fn conns_of_node(&self, _node: u64) -> Vec<ConnId> {
+        Vec::new()
+    }
+    /// Liveness mode: `node`'s latest run applied and its last sequence number applied.
+    fn run_of(&self, _node: u64) -> Option<(u64, u64)> {
+        None
+    }
+    /// Liveness mode: the fencing token of lockd lock `name` if `conn`'s session holds it.
+    fn token_of(&self, _conn: ConnId, _name: &[u8]) -> Option<u64> {
+        None
+    }
 }
 
 /// What clients do against a [`StateMachine`], and what must hold of its effects.
@@ -95,6 +121,8 @@ pub enum Applied {
     },
     /// A re-proposal of a request already applied: nothing happened.
     Duplicate { client: u64, seq: u64 },
+    /// Liveness mode: a cluster proposal, applied by the machine's own rules.
+    Raw { effects: Vec<u8> },
     /// Not a proposal (too short): ignored on every replica alike.
     Ignored,
 }
@@ -327,6 +355,19 @@ pub struct Options {
     /// Founders start from a snapshot at index 1 ([`MemLog::bootstrapped`]); without it a node
     /// that joins may replay the log from index 1 on an empty `ConfState`.
     pub bootstrap_snapshot: bool,
+    /// Liveness mode (`sim_live.rs`): nodes run the daemon's liveness decisions and propose
+    /// real cluster proposals; lockd clients on the nodes; the client-view checks.
+    pub liveness: bool,
+    /// Liveness mode: nodes are paused (not driven, their timers and messages held).
+    pub pauses: bool,
+    /// Mutations that the client-view checks must catch: a node fences a session timeout
+    /// plus an election timeout after its last contact (after the majority expired it), and a
+    /// node that writes replies past its write deadline.
+    pub bug_late_fence: bool,
+    pub bug_ignore_write_deadline: bool,
+    /// A mutation: a new leader expires nodes a session timeout after it last heard from
+    /// them, without waiting a session timeout from its own election.
+    pub bug_leader_does_not_wait: bool,
 }
 
 impl Options {
@@ -358,6 +399,11 @@ impl Options {
             membership: false,
             explicit_leave: false,
             bootstrap_snapshot: false,
+            liveness: false,
+            pauses: false,
+            bug_late_fence: false,
+            bug_ignore_write_deadline: false,
+            bug_leader_does_not_wait: false,
         };
         // Drawn last, so that the knobs above stay what they were for every seed.
         if r.chance(MEMBERSHIP_PERCENT) && membership {
@@ -397,6 +443,22 @@ pub struct Report {
     /// Leave-joint entries the operator proposed because no leader left the joint
     /// configuration by itself (an `Explicit` change, or raft-rs's auto-leave lost).
     pub leave_joint_proposed: u64,
+    /// Liveness mode: grants clients received, tokens compared, claims that lapsed by the
+    /// lease rule, open claims of paused nodes' clients excused in the connection view, pauses,
+    /// fences, expiries proposed, connections closed at the write deadline, clients that gave
+    /// up on a request.
+    pub live_grants: u64,
+    pub tokens_checked: u64,
+    pub claims_lapsed: u64,
+    pub conn_view_excused: u64,
+    pub pauses: u64,
+    pub fences: u64,
+    pub expiries: u64,
+    pub deadline_closes: u64,
+    pub client_give_ups: u64,
+    /// Releases in the log by connections whose sessions an expiry had ended (the state
+    /// drops them since the fix; before it, each freed whoever held the lock then).
+    pub stale_releases: u64,
 }
 
 /// Ticks: every 10 ms of a node's clock; elections after 10 to 20 ticks, heartbeats every
@@ -581,6 +643,8 @@ pub struct Cluster<M, W> {
     joiners: u64,
     logger: slog::Logger,
     pub report: Report,
+    /// Liveness mode's world ([`Options::liveness`]).
+    live: Option<live::LiveWorld>,
 }
 
 fn raft_config(id: u64, applied: u64) -> Config {
@@ -649,6 +713,7 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
             })
             .collect();
         let n = opts.nodes;
+        let live = opts.liveness.then(|| live::LiveWorld::new(n, opts.clients));
         let mut c = Cluster {
             opts,
             rng,
@@ -673,6 +738,7 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
             joiners: 0,
             logger,
             report: Report::default(),
+            live,
         };
         for i in 0..n {
             c.start_node(i);
@@ -683,7 +749,7 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
             let at = 1_000 + c.rng.below(50_000);
             c.push(at, Ev::Client(k));
         }
-        if c.opts.crashes || c.opts.partitions || c.opts.membership {
+        if c.opts.crashes || c.opts.partitions || c.opts.membership || c.opts.pauses {
             let at = 300_000 + c.rng.below(500_000);
             c.push(at, Ev::Fault);
         }
@@ -756,6 +822,9 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
         node.syncing.clear();
         node.promised.clear();
         let (idx, snap) = (node.applied, node.machine.snapshot());
+        if self.live.is_some() {
+            self.live_start(i);
+        }
         if idx > 0 {
             return self.check_snapshot(i, idx, snap).err();
         }
@@ -765,6 +834,9 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
     fn crash(&mut self, i: usize) {
         self.nodes[i].raw = None;
         self.forget_syncs(i);
+        if self.live.is_some() {
+            self.live_crash(i);
+        }
         self.report.crashes += 1;
         let after = 100_000 + self.rng.below(2_000_000);
         self.push(after, Ev::Restart(i));
@@ -807,6 +879,9 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
     }
 
     fn event(&mut self, ev: Ev, quiet: bool) -> Result<(), String> {
+        let Some(ev) = self.live_held(ev) else {
+            return Ok(()); // for a paused node: held until it resumes
+        };
         match ev {
             Ev::Tick(i) => {
                 if let Some(raw) = self.nodes[i].raw.as_mut() {
@@ -815,7 +890,11 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
                 let jitter = self.rng.below(TICK_US / 20);
                 let every = TICK_US * 1000 / self.nodes[i].rate + jitter;
                 self.push(every, Ev::Tick(i));
-                self.drive(i)?;
+                if self.live.is_some() {
+                    self.live_round(i)?;
+                } else {
+                    self.drive(i)?;
+                }
             }
             Ev::Deliver { from, to, packet } => {
                 // The receiver's transport refuses a sender it saw removed.
@@ -834,6 +913,9 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
                         }
                     }
                     return Ok(());
+                }
+                if self.live.is_some() {
+                    self.live_heard(to, from)?;
                 }
                 match packet {
                     Packet::Raft(m) => {
@@ -855,8 +937,13 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
                         request,
                     } => self.propose_at(to, client, seq, &request),
                 }
-                self.drive(to)?;
+                if self.live.is_some() {
+                    self.live_round(to)?;
+                } else {
+                    self.drive(to)?;
+                }
             }
+            Ev::Client(k) if self.live.is_some() => self.live_client_event(k)?,
             Ev::Client(k) => self.client_event(k, quiet)?,
             Ev::Fault => {
                 if !quiet {
@@ -870,7 +957,11 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
                     if let Some(e) = self.start_node(i) {
                         return Err(e);
                     }
-                    self.drive(i)?;
+                    if self.live.is_some() {
+                        self.live_round(i)?;
+                    } else {
+                        self.drive(i)?;
+                    }
                 }
             }
             Ev::Heal => {
@@ -931,8 +1022,13 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
 
     fn fault(&mut self) -> Result<(), String> {
         let n = self.nodes.len();
-        let kinds = if self.opts.membership { 6 } else { 4 };
+        let kinds = if self.opts.membership || self.opts.pauses {
+            6
+        } else {
+            4
+        };
         match self.rng.below(kinds) {
+            4 | 5 if self.opts.pauses => self.live_pause(),
             0 | 1 if self.opts.crashes => {
                 let i = self.rng.index(n);
                 if self.nodes[i].raw.is_some() {
@@ -1242,11 +1338,17 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
             }
             if !raw.has_ready() {
                 self.nodes[i].raw = Some(raw);
+                if self.live.is_some() {
+                    self.live_count(i);
+                }
                 return Ok(());
             }
             let mut rd = raw.ready();
             let msgs = rd.take_messages();
             self.send_all(i, msgs);
+            for rs in rd.take_read_states() {
+                self.live_read_state(i, &rs.request_ctx, rs.index);
+            }
             let installed = !rd.snapshot().is_empty();
             if installed {
                 let snap = rd.snapshot().clone();
@@ -1430,7 +1532,18 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
                     node.id, e.index, node.applied
                 ));
             }
+            let closed = self.live_closed_by(i, e.get_data());
+            if self.live.is_some() && !self.log.contains_key(&e.index) {
+                self.live_first(i, e.index, e.get_data());
+            }
+            let node = &mut self.nodes[i];
             let effects = match e.get_entry_type() {
+                // Liveness mode: the machine's own exactly-once rules, not the client table.
+                EntryType::EntryNormal if !e.get_data().is_empty() && self.live.is_some() => {
+                    Applied::Raw {
+                        effects: node.machine.inner.apply_proposal(e.get_data()),
+                    }
+                }
                 EntryType::EntryNormal if !e.get_data().is_empty() => {
                     node.machine.apply(e.get_data())
                 }
@@ -1444,10 +1557,11 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
             node.applied = e.index;
             let snap = node.machine.snapshot();
             let effect_bytes = match &effects {
-                Applied::Command { effects, .. } => effects.clone(),
+                Applied::Command { effects, .. } | Applied::Raw { effects } => effects.clone(),
                 _ => Vec::new(),
             };
             let id = node.id;
+            self.live_applied(i, &effect_bytes, closed)?;
             match self.log.get(&e.index) {
                 Some((term, data, eff)) => {
                     if *term != e.term || data[..] != e.get_data()[..] {
@@ -1540,6 +1654,10 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
             }
             Applied::Duplicate { .. } => {
                 self.report.duplicates += 1;
+                Ok(())
+            }
+            Applied::Raw { .. } => {
+                self.report.commands += 1;
                 Ok(())
             }
             Applied::Ignored => Ok(()),
@@ -1662,6 +1780,32 @@ pub fn run_replicated_seed(seed: u64) -> Result<Report, String> {
         .map_err(|e| format!("seed {} (cluster state): {}", seed, e))
 }
 
+/// Liveness mode ([`Options::liveness`], `sim_live.rs`) over holdfast's cluster state: seed's
+/// faults without membership changes, pauses in 70% of the seeds.
+pub fn run_live_seed(seed: u64) -> Result<Report, String> {
+    run_live(seed, live_options(seed))
+}
+
+/// The liveness mode's options for `seed`.
+pub fn live_options(seed: u64) -> Options {
+    let mut opts = Options::for_seed_without_membership(seed);
+    opts.liveness = true;
+    opts.pauses = Rng::new(seed ^ 0x7061_7573_6573).chance(70);
+    opts
+}
+
+/// [`run_live_seed`] with other options.
+pub fn run_live(seed: u64, opts: Options) -> Result<Report, String> {
+    let mut c = Cluster::new(
+        seed,
+        opts,
+        Box::new(holdfast::ReplicatedMachine::without_orphan_windows),
+        holdfast::LockWorkload::default(),
+    );
+    c.run()
+        .map_err(|e| format!("seed {} (liveness mode): {}", seed, e))
+}
+
 /// holdfast's `Replayer` as the replicated state machine, with lockd ACQ/TRY/REL clients.
 pub mod holdfast {
     use std::collections::BTreeMap;
@@ -1773,7 +1917,20 @@ pub mod holdfast {
 
     impl ReplicatedMachine {
         pub fn new() -> ReplicatedMachine {
-            let shared = std::sync::Arc::new(crate::server::sim::sim_shared(config()));
+            ReplicatedMachine::with_config(config())
+        }
+
+        /// The liveness mode's machine: a lockd lock whose session ends is free at once (no
+        /// orphan window), so the next holder's grant comes as early as the expiry allows.
+        pub fn without_orphan_windows() -> ReplicatedMachine {
+            match config::parse(["--orphan-timeout", "0"]) {
+                Ok(Command::Run(c)) => ReplicatedMachine::with_config(c),
+                _ => unreachable!("fixed flags parse"),
+            }
+        }
+
+        fn with_config(config: Config) -> ReplicatedMachine {
+            let shared = std::sync::Arc::new(crate::server::sim::sim_shared(config));
             ReplicatedMachine {
                 state: Replicated::new(shared, 1, 0, 1),
                 buf: Vec::new(),
@@ -1806,6 +1963,32 @@ pub mod holdfast {
 
         fn restore(&mut self, bytes: &[u8]) -> Result<(), String> {
             crate::cluster::node::Machine::restore(&mut self.state, bytes)
+        }
+
+        fn apply_proposal(&mut self, proposal: &[u8]) -> Vec<u8> {
+            let mut effects = Vec::new();
+            self.state.apply_canonical(proposal, &mut effects);
+            effects
+        }
+
+        fn has_sessions_of(&self, node: u64) -> bool {
+            u16::try_from(node).is_ok_and(|n| self.state.has_sessions_of(n))
+        }
+
+        fn conns_of_node(&self, node: u64) -> Vec<ConnId> {
+            match u16::try_from(node) {
+                Ok(n) => self.state.tables.sessions.conns_of_node(n),
+                Err(_) => Vec::new(),
+            }
+        }
+
+        fn run_of(&self, node: u64) -> Option<(u64, u64)> {
+            self.state.run_of(node)
+        }
+
+        fn token_of(&self, conn: ConnId, name: &[u8]) -> Option<u64> {
+            let session = self.state.tables.sessions.find(conn)?;
+            self.state.tables.lockd.token_of(session, name)
         }
     }
 

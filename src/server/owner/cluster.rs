@@ -52,6 +52,7 @@ use crossbeam_channel::{select, Receiver, Sender};
 use mio::Waker;
 
 use super::{apply_op, apply_turn, clock, command, exec_admin, Outbox, Pools, Tables};
+use crate::cluster::liveness::{Fence, Liveness, Micros};
 use crate::cluster::node::{conf_members, Machine, Membership, NodeConfig, RaftNode};
 use crate::config::ClusterConfig;
 use crate::core::codec::{self, DecodeError, Reader};
@@ -311,6 +312,27 @@ impl Replicated {
             .is_some_and(|&(inc, _)| inc == self.incarnation)
     }
 
+    /// An expiry of `node`'s sessions, proposed by the leader at its time `time_ms`.
+    pub fn encode_expire(node: u64, time_ms: u64, out: &mut Vec<u8>) {
+        out.push(KIND_EXPIRE);
+        out.extend_from_slice(&node.to_le_bytes());
+        out.extend_from_slice(&time_ms.to_le_bytes());
+    }
+
+    /// A new leader's entry: `node` leads `term`, running leases and orphan windows get
+    /// `extend_ms` more, at its time `time_ms`.
+    pub fn encode_leader(term: u64, node: u64, extend_ms: u64, time_ms: u64, out: &mut Vec<u8>) {
+        out.push(KIND_LEADER);
+        for v in [term, node, extend_ms, time_ms] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+    }
+
+    /// `node`'s latest run applied and the last sequence number applied from it.
+    pub fn run_of(&self, node: u64) -> Option<(u64, u64)> {
+        self.nodes.get(&node).copied()
+    }
+
     /// Whether any session of `node` is live.
     pub fn has_sessions_of(&self, node: u16) -> bool {
         !self.tables.sessions.conns_of_node(node).is_empty()
@@ -500,7 +522,10 @@ pub struct ClusterOwner {
     /// The leader the last [`ClusterOwner::propose`] saw.
     leader_seen: u64,
     election: Duration,
+    /// Who is reachable, fencing, expiries (`cluster::liveness`).
     liveness: Liveness,
+    /// The Great Poncio (`--on-quorum-loss`).
+    on_quorum_loss: Option<String>,
     peers: BTreeMap<u64, std::net::SocketAddr>,
     /// Connections whose requests were answered "no quorum" (and which close after that):
     /// their later requests get the same answer, replies the log makes for them are dropped,
@@ -508,96 +533,10 @@ pub struct ClusterOwner {
     poisoned: HashSet<ConnId>,
 }
 
-/// What this node knows of who is reachable: for the leader's expiry of unreachable nodes'
-/// sessions, for fencing itself when it is cut off, and for the Great Poncio.
-struct Liveness {
-    me: u64,
-    /// The configuration's voters (and the old configuration's, during a change).
-    voters: Vec<u64>,
-    outgoing: Vec<u64>,
-    /// Nodes removed whose sessions may still be live: the leader expires them like an
-    /// unreachable member's, a session timeout after it last heard from them.
-    departed: BTreeSet<u64>,
-    session_timeout: Duration,
-    /// Cut off this long (no leader heard from, or as leader no quorum), the node fences itself:
-    /// comfortably before the majority's session timeout runs out for it.
-    fence_after: Duration,
-    /// When each peer was last heard from.
-    heard: BTreeMap<u64, Instant>,
-    /// When the latest quorum probe a leader confirmed was sent (see [`fence_after`]).
-    contact: Instant,
-    /// When this node became leader (a new leader waits a whole session timeout before it
-    /// expires anybody: it cannot know when the others last heard from a node).
-    leader_since: Option<Instant>,
-    /// Expiries proposed and when (proposed again after an election timeout if not applied).
-    expiring: BTreeMap<u64, Instant>,
-    fenced: bool,
-    on_quorum_loss: Option<String>,
-}
-
-impl Liveness {
-    fn new(cfg: &ClusterConfig, now: Instant) -> Liveness {
-        let election = Duration::from_millis(cfg.election_timeout_ms);
-        let session_timeout = Duration::from_millis(cfg.session_timeout_ms);
-        Liveness {
-            me: u64::from(cfg.node_id),
-            voters: cfg.peers.keys().copied().collect(),
-            outgoing: Vec::new(),
-            departed: BTreeSet::new(),
-            session_timeout,
-            fence_after: fence_after(session_timeout, election),
-            heard: BTreeMap::new(),
-            contact: now,
-            leader_since: None,
-            expiring: BTreeMap::new(),
-            fenced: false,
-            on_quorum_loss: cfg.on_quorum_loss.clone(),
-        }
-    }
-
-    /// A message from `from`.
-    fn heard(&mut self, from: u64, now: Instant) {
-        self.heard.insert(from, now);
-    }
-
-    /// Who may have sessions for the leader to expire: every other member, and departed nodes.
-    fn others(&self) -> Vec<u64> {
-        let mut ids: BTreeSet<u64> = self.voters.iter().chain(&self.outgoing).copied().collect();
-        ids.extend(&self.departed);
-        ids.remove(&self.me);
-        ids.into_iter().collect()
-    }
-
-    fn reachable(&self, now: Instant, within: Duration) -> String {
-        let mut ids: Vec<String> = self
-            .heard
-            .iter()
-            .filter(|(_, &t)| now.duration_since(t) <= within)
-            .map(|(id, _)| id.to_string())
-            .collect();
-        ids.push(self.me.to_string());
-        ids.sort();
-        ids.join(",")
-    }
-}
-
-/// How long a node may be cut off before it fences itself: the session timeout less half an
-/// election timeout, or half the session timeout when that is shorter.
-///
-/// "Cut off" is measured from the sending of the latest quorum probe (raft ReadIndex) that a
-/// leader confirmed ([`RaftNode::quorum_confirmed`]). That leader received the probe, so it
-/// last heard from this node no earlier, and it expires this node's sessions a whole session
-/// timeout after it last heard from it; a leader elected later waits a whole session timeout
-/// from its election, which comes after that confirmation. The margin covers this node's own
-/// check (once per tick, a tenth of an election timeout) and its scheduling. Measuring from
-/// messages received instead would not do: under a one-way partition a node goes on hearing a
-/// leader that no longer hears it.
-fn fence_after(session_timeout: Duration, election: Duration) -> Duration {
-    if session_timeout >= 2 * election {
-        session_timeout - election / 2
-    } else {
-        session_timeout / 2
-    }
+/// This node's clock for its liveness decisions (`cluster::liveness`): microseconds since the
+/// process started, the clock the workers' write deadline (`Shared::write_deadline_ms`) reads.
+fn micros(shared: &Shared, t: Instant) -> Micros {
+    t.saturating_duration_since(shared.started).as_micros() as Micros
 }
 
 impl ClusterOwner {
@@ -634,8 +573,14 @@ impl ClusterOwner {
             node.peer_addr(),
             cfg.data_dir.display()
         );
-        let mut liveness = Liveness::new(cfg, Instant::now());
-        publish_write_deadline(&shared, liveness.contact + liveness.fence_after);
+        let mut liveness = Liveness::new(
+            me,
+            cfg.peers.keys().copied().collect(),
+            cfg.session_timeout_ms * 1_000,
+            cfg.election_timeout_ms * 1_000,
+            micros(&shared, Instant::now()),
+        );
+        publish_write_deadline(&shared, liveness.write_deadline());
         let cs = node.conf_state();
         liveness.voters = cs.voters;
         liveness.outgoing = cs.voters_outgoing;
@@ -656,6 +601,7 @@ impl ClusterOwner {
             leader_seen: 0,
             election: Duration::from_millis(cfg.election_timeout_ms),
             liveness,
+            on_quorum_loss: cfg.on_quorum_loss.clone(),
             peers,
             poisoned: HashSet::new(),
         })
@@ -761,86 +707,67 @@ impl ClusterOwner {
     fn step(&mut self, m: raft::prelude::Message) {
         // Messages that waited while this process was stopped must not hide that it was cut
         // off meanwhile: look first, then count them.
-        self.fence_check(Instant::now());
-        self.liveness.heard(m.from, Instant::now());
+        let now = micros(&self.shared, Instant::now());
+        self.fence_check(now);
+        self.liveness.heard(m.from, now);
         self.node.step(m);
     }
 
     /// After each round: as leader, expire the sessions of nodes unheard from for the session
     /// timeout; on every node, fence or unfence on losing or regaining contact with a quorum.
     fn watch(&mut self) {
-        let now = Instant::now();
+        let now = micros(&self.shared, Instant::now());
         self.node.probe_quorum(now);
-        let l = &mut self.liveness;
-        if let Some(confirmed) = self.node.quorum_confirmed() {
-            if confirmed > l.contact {
-                l.contact = confirmed;
-                publish_write_deadline(&self.shared, l.contact + l.fence_after);
-            }
+        if let Some(deadline) = self.liveness.confirmed(self.node.quorum_confirmed()) {
+            publish_write_deadline(&self.shared, deadline);
         }
-        if self.node.is_leader() {
-            let since = *l.leader_since.get_or_insert(now);
-            for p in l.others() {
-                let heard = l.heard.get(&p).copied().unwrap_or(since).max(since);
-                let again = l
-                    .expiring
-                    .get(&p)
-                    .is_none_or(|&t| now.duration_since(t) >= self.election);
-                if now.duration_since(heard) < l.session_timeout || !again {
-                    continue;
-                }
-                // Looked at (the sessions are counted) at most once per election timeout.
-                l.expiring.insert(p, now);
-                if !self.state.has_sessions_of(p as u16) {
-                    l.departed.remove(&p);
-                    continue;
-                }
-                let mut data = Vec::with_capacity(EXPIRE_LEN);
-                data.push(KIND_EXPIRE);
-                data.extend_from_slice(&p.to_le_bytes());
-                let time = clock(&self.shared).ms.max(self.state.clock_ms());
-                data.extend_from_slice(&time.to_le_bytes());
-                if self.node.propose(data) {
-                    crate::log_warn!(
-                        "cluster: node {p} unheard from for {} ms: expiring its sessions",
-                        now.duration_since(heard).as_millis()
-                    );
-                }
+        let state = &self.state;
+        let due = self.liveness.expiries(self.node.is_leader(), now, |p| {
+            state.has_sessions_of(p as u16)
+        });
+        for e in due {
+            let mut data = Vec::with_capacity(EXPIRE_LEN);
+            let time = clock(&self.shared).ms.max(self.state.clock_ms());
+            Replicated::encode_expire(e.node, time, &mut data);
+            if self.node.propose(data) {
+                crate::log_warn!(
+                    "cluster: node {} unheard from for {} ms: expiring its sessions",
+                    e.node,
+                    e.unheard_us / 1_000
+                );
             }
-        } else {
-            l.leader_since = None;
         }
         self.fence_check(now);
     }
 
     /// Fence this node on losing contact with a quorum, unfence it on regaining it.
-    fn fence_check(&mut self, now: Instant) {
-        let l = &mut self.liveness;
-        let cut_off = now.duration_since(l.contact) >= l.fence_after;
-        if cut_off != l.fenced {
-            l.fenced = cut_off;
-            let event = if cut_off {
-                "quorum-lost"
-            } else {
-                "quorum-regained"
-            };
-            if cut_off {
+    fn fence_check(&mut self, now: Micros) {
+        let Some(fence) = self.liveness.fence_check(now) else {
+            return;
+        };
+        let me = self.liveness.me;
+        let event = match fence {
+            Fence::Lost { for_us } => {
                 crate::log_warn!(
-                    "cluster node {}: no quorum for {} ms: closing this node's client connections",
-                    l.me,
-                    now.duration_since(l.contact).as_millis()
+                    "cluster node {me}: no quorum for {} ms: closing this node's client connections",
+                    for_us / 1_000
                 );
-                for conn in self.state.tables.sessions.conns_of_node(l.me as u16) {
+                for conn in self.state.tables.sessions.conns_of_node(me as u16) {
                     self.state.outbox.abort(conn);
                 }
-            } else {
-                crate::log_info!("cluster node {}: quorum regained", l.me);
+                "quorum-lost"
             }
-            if let Some(program) = l.on_quorum_loss.clone() {
-                let role = format!("{:?}", self.node.role()).to_lowercase();
-                let reachable = l.reachable(now, self.election);
-                poncio(program, l.me, event, role, reachable);
+            Fence::Regained => {
+                crate::log_info!("cluster node {me}: quorum regained");
+                "quorum-regained"
             }
+        };
+        if let Some(program) = self.on_quorum_loss.clone() {
+            let role = format!("{:?}", self.node.role()).to_lowercase();
+            let reachable = self
+                .liveness
+                .reachable(now, self.election.as_micros() as Micros);
+            poncio(program, me, event, role, reachable);
         }
     }
 
@@ -858,7 +785,7 @@ impl ClusterOwner {
     }
 
     fn status(&self) -> crate::admin::data::ClusterStatus {
-        let now = Instant::now();
+        let now = micros(&self.shared, Instant::now());
         let l = &self.liveness;
         crate::admin::data::ClusterStatus {
             node: l.me,
@@ -872,10 +799,7 @@ impl ClusterOwner {
                 .peers
                 .iter()
                 .map(|(&id, addr)| {
-                    let heard = l
-                        .heard
-                        .get(&id)
-                        .map(|&t| now.duration_since(t).as_millis() as u64);
+                    let heard = l.heard.get(&id).map(|&t| now.saturating_sub(t) / 1_000);
                     (id, addr.to_string(), heard)
                 })
                 .collect(),
@@ -1146,9 +1070,9 @@ impl ClusterOwner {
     }
 }
 
-/// Let the workers write replies until `until` (see `Shared::write_deadline_ms`).
-fn publish_write_deadline(shared: &Shared, until: Instant) {
-    let ms = until.saturating_duration_since(shared.started).as_millis() as u64;
+/// Let the workers write replies until `until` ([`micros`]; see `Shared::write_deadline_ms`).
+fn publish_write_deadline(shared: &Shared, until: Micros) {
+    let ms = until / 1_000;
     shared
         .write_deadline_ms
         .store(ms.max(1), std::sync::atomic::Ordering::Relaxed);
