@@ -1992,6 +1992,22 @@ pub mod holdfast {
         }
     }
 
+    /// The next effect of an entry's effects in canonical form (`server::effect`): session,
+    /// the connection it routes to, completions, close, then its body. Returns the
+    /// connection, the close and the body.
+    pub fn next_effect<'a>(r: &mut Reader<'a>) -> Result<(Option<ConnId>, bool, &'a [u8]), String> {
+        let err = |e| format!("effects: {:?}", e);
+        let _session = r.u64().map_err(err)?;
+        let to = match r.bool().map_err(err)? {
+            true => Some(ConnId::decode(r).map_err(err)?),
+            false => None,
+        };
+        let _done = r.u64().map_err(err)?;
+        let close = r.bool().map_err(err)?;
+        let body = r.bytes(usize::MAX).map_err(err)?;
+        Ok((to, close, body))
+    }
+
     fn name(i: u64) -> Vec<u8> {
         format!("lock-{}\0", i).into_bytes()
     }
@@ -2050,16 +2066,8 @@ pub mod holdfast {
             // routes to, completions, close, then its body; lockd frames are
             // `LOCKD_FRAME opcode payload`.
             let mut r = Reader::new(effects);
-            let err = |e| format!("effects: {:?}", e);
             while r.remaining() > 0 {
-                let _session = r.u64().map_err(err)?;
-                let to = match r.bool().map_err(err)? {
-                    true => Some(ConnId::decode(&mut r).map_err(err)?),
-                    false => None,
-                };
-                let _done = r.u64().map_err(err)?;
-                let _close = r.bool().map_err(err)?;
-                let body = r.bytes(usize::MAX).map_err(err)?;
+                let (to, _close, body) = next_effect(&mut r)?;
                 let (Some(to), [tag::LOCKD_FRAME, opcode, payload @ ..]) = (to, body) else {
                     continue;
                 };

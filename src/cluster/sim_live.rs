@@ -564,16 +564,8 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
             .and_then(|l| l.nodes[i].as_ref())
             .is_some_and(|n| self.opts.bug_ignore_write_deadline || n.liveness.may_write(now));
         let mut r = Reader::new(effects);
-        let err = |e| format!("effects: {:?}", e);
         while r.remaining() > 0 {
-            let _session = r.u64().map_err(err)?;
-            let to = match r.bool().map_err(err)? {
-                true => Some(ConnId::decode(&mut r).map_err(err)?),
-                false => None,
-            };
-            let _done = r.u64().map_err(err)?;
-            let close = r.bool().map_err(err)?;
-            let body = r.bytes(usize::MAX).map_err(err)?;
+            let (to, close, body) = holdfast::next_effect(&mut r)?;
             let Some(to) = to.filter(|c| c.node == id) else {
                 continue;
             };
