@@ -27,11 +27,23 @@ struct Cluster {
     mesh: Option<proxy::Mesh>,
 }
 
+/// A port for a node's peer listener, free when asked. Drawn below Linux's ephemeral range
+/// (32768-60999): a port the kernel handed out for `bind(0)` or an outgoing connection (every
+/// other test's daemons make many) can be taken again before the node binds it, and a node
+/// then failed to start with "Address already in use" under parallel tests.
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static DRAWS: AtomicU64 = AtomicU64::new(0);
+    let seed = u64::from(std::process::id()) << 20 ^ DRAWS.fetch_add(1, Ordering::Relaxed);
+    for k in 0..10_000u64 {
+        // A multiplicative hash of (seed, k) over 20000..32000.
+        let x = (seed ^ k.wrapping_mul(0x9E37_79B9_7F4A_7C15)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        let port = 20_000 + (x >> 40) as u16 % 12_000;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port in 20000..32000")
 }
 
 impl Cluster {
