@@ -367,7 +367,7 @@ pub struct DiskStorage {
     state: LogState,
     /// The current log file, its generation and its length on disk (written, maybe unsynced).
     /// Shared with whoever makes a [`Written::Pending`] durable (the node's sync thread).
-    file: Arc<File>,
+    file: Arc<LogFile>,
     gen: u64,
     file_len: u64,
     /// Records not yet written.
@@ -386,21 +386,24 @@ pub enum Written {
     Durable,
 }
 
-/// A log file with records written but maybe not yet durable.
-pub struct PendingLog {
-    file: Arc<File>,
+/// The open log file and its path (for error messages), shared with the sync thread.
+struct LogFile {
+    file: File,
     path: PathBuf,
 }
+
+/// A log file with records written but maybe not yet durable.
+pub struct PendingLog(Arc<LogFile>);
 
 impl PendingLog {
     /// One fdatasync: every record written to this file before the call is durable after it.
     pub fn sync(&self) -> Result<(), LogError> {
-        self.file.sync_data().map_err(io_err(&self.path))
+        self.0.file.sync_data().map_err(io_err(&self.0.path))
     }
 
     /// Whether two handles name the same file (one sync serves both).
     pub fn same_file(&self, other: &PendingLog) -> bool {
-        Arc::ptr_eq(&self.file, &other.file)
+        Arc::ptr_eq(&self.0, &other.0)
     }
 }
 
@@ -516,7 +519,7 @@ impl DiskStorage {
         }
         Ok(DiskStorage {
             dir,
-            file: Arc::new(file),
+            file: Arc::new(LogFile { file, path }),
             gen,
             file_len: at as u64,
             pending: Vec::new(),
@@ -576,7 +579,7 @@ impl DiskStorage {
         Ok(DiskStorage {
             dir,
             state,
-            file: Arc::new(file),
+            file: Arc::new(LogFile { file, path }),
             gen,
             file_len: len,
             pending: Vec::new(),
@@ -794,11 +797,11 @@ impl DiskStorage {
     /// while the disk syncs). A log file that has grown to twice its live size is rewritten
     /// here, which leaves everything durable ([`Written::Durable`]).
     pub fn write(&mut self) -> Result<Written, LogError> {
-        let path = log_path(&self.dir, self.gen);
         if !self.pending.is_empty() {
-            (&*self.file)
+            let log = &*self.file;
+            (&log.file)
                 .write_all(&self.pending)
-                .map_err(io_err(&path))?;
+                .map_err(io_err(&log.path))?;
             self.file_len += self.pending.len() as u64;
             self.pending.clear();
         }
@@ -806,10 +809,7 @@ impl DiskStorage {
             self.rewrite()?;
             return Ok(Written::Durable);
         }
-        Ok(Written::Pending(PendingLog {
-            file: self.file.clone(),
-            path,
-        }))
+        Ok(Written::Pending(PendingLog(self.file.clone())))
     }
 
     /// Bytes recorded but not yet synced.
