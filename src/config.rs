@@ -40,6 +40,24 @@ pub struct Config {
     pub compat: Compat,
     /// Cluster mode (`--peers`); `None`: the single-node daemon.
     pub cluster: Option<ClusterConfig>,
+    /// Certificates, keys and token files (`--tls-*`, `--peer-tls-*`, `--*-token-file`,
+    /// `--memcache-auth-file`); loaded and checked at start by [`crate::tls::SecretStore`].
+    pub secrets: crate::tls::SecretFiles,
+    /// Listeners given with the `notls:` prefix: plain TCP even with `--tls-cert`.
+    pub notls: NoTls,
+    /// A TLS connection that has not finished its handshake this long after it was accepted is
+    /// closed.
+    pub tls_handshake_timeout_ms: u64,
+}
+
+/// Which listeners were given as `notls:ADDR`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NoTls {
+    pub memcache: bool,
+    pub lockd: bool,
+    pub dlock: bool,
+    pub counter: bool,
+    pub admin: bool,
 }
 
 /// The contract's cluster flags, validated.
@@ -93,6 +111,8 @@ const DEFAULT_DLOCK_MAX_MESSAGE: usize = 1024 * 1024;
 /// A client that takes none of its replies for 10 s is gone or hostile; one that reads at all,
 /// however slowly, resets the clock. Long enough for a paused process or a congested link.
 const DEFAULT_CLIENT_STALL_TIMEOUT_MS: u64 = 10_000;
+/// The contract's `--tls-handshake-timeout` default (a handshake takes a few round trips).
+const DEFAULT_TLS_HANDSHAKE_TIMEOUT_MS: u64 = 10_000;
 /// The smallest item limit that still holds a key and a useful value; memcached's own minimum
 /// (`-I`) is 1 KiB.
 const MIN_ITEM_SIZE: usize = 1024;
@@ -229,6 +249,66 @@ fn options() -> getopts::Options {
         "cluster mode: program run when this node loses and regains the quorum",
         "PROGRAM",
     )
+    .optopt(
+        "",
+        "tls-cert",
+        "PEM certificate chain: every client listener not given as notls:ADDR speaks TLS",
+        "FILE",
+    )
+    .optopt(
+        "",
+        "tls-key",
+        "PEM private key of --tls-cert (PKCS#8, PKCS#1 or SEC1; mode 600)",
+        "FILE",
+    )
+    .optopt(
+        "",
+        "tls-client-ca",
+        "TLS clients must present a certificate signed by one of these CAs",
+        "FILE",
+    )
+    .optopt(
+        "",
+        "tls-handshake-timeout",
+        "close a TLS connection whose handshake has not finished this long (default 10000)",
+        "MS",
+    )
+    .optopt(
+        "",
+        "peer-tls-cert",
+        "cluster mode: this node's certificate for its peers (mutual TLS)",
+        "FILE",
+    )
+    .optopt(
+        "",
+        "peer-tls-key",
+        "cluster mode: the private key of --peer-tls-cert (mode 600)",
+        "FILE",
+    )
+    .optopt(
+        "",
+        "peer-tls-ca",
+        "cluster mode: peers must present a certificate signed by this CA",
+        "FILE",
+    )
+    .optopt(
+        "",
+        "memcache-auth-file",
+        "memcached clients must authenticate (SASL PLAIN or text auth) as a user:password line of FILE",
+        "FILE",
+    )
+    .optopt(
+        "",
+        "dlock-token-file",
+        "dlock access token, the first line of FILE (mode 600)",
+        "FILE",
+    )
+    .optopt(
+        "",
+        "admin-token-file",
+        "admin requests but /healthz and /metrics need this token (Bearer, or Basic password)",
+        "FILE",
+    )
     .optflag("h", "help", "print this help")
     .optflag("V", "version", "print the version");
     o
@@ -270,11 +350,12 @@ where
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let default_threads = default_threads(cores);
     let memory_mib: usize = number(&m, "memory", DEFAULT_MEMORY_MIB, 1, 1 << 30)?;
+    let mut notls = NoTls::default();
     let config = Config {
-        memcache: address(&m, "memcache", DEFAULT_MEMCACHE)?,
-        lockd: address(&m, "lockd", DEFAULT_LOCKD)?,
-        dlock: address(&m, "dlock", DEFAULT_DLOCK)?,
-        counter: address(&m, "counter", DEFAULT_COUNTER)?,
+        memcache: address(&m, "memcache", DEFAULT_MEMCACHE, &mut notls.memcache)?,
+        lockd: address(&m, "lockd", DEFAULT_LOCKD, &mut notls.lockd)?,
+        dlock: address(&m, "dlock", DEFAULT_DLOCK, &mut notls.dlock)?,
+        counter: address(&m, "counter", DEFAULT_COUNTER, &mut notls.counter)?,
         threads: number(&m, "threads", default_threads, 1, 1024)?,
         memory_limit: memory_mib.saturating_mul(1024 * 1024),
         max_item_size: number(
@@ -315,7 +396,7 @@ where
             0,
             u32::MAX as u64,
         )?,
-        admin: address(&m, "admin", DEFAULT_ADMIN)?,
+        admin: address(&m, "admin", DEFAULT_ADMIN, &mut notls.admin)?,
         admin_explicit: m.opt_present("admin"),
         log_level: match m.opt_str("log-level") {
             None => crate::log::Level::Info,
@@ -328,7 +409,22 @@ where
             Some(other) => return Err(format!("--compat {other}: must be memcached or yrmcds")),
         },
         cluster: cluster(&m)?,
+        secrets: secret_files(&m)?,
+        notls,
+        tls_handshake_timeout_ms: number(
+            &m,
+            "tls-handshake-timeout",
+            DEFAULT_TLS_HANDSHAKE_TIMEOUT_MS,
+            1,
+            u32::MAX as u64,
+        )?,
     };
+    if config.dlock_token.is_some() && config.secrets.dlock_token.is_some() {
+        return Err("--dlock-token and --dlock-token-file: give one".into());
+    }
+    if config.secrets.peer.is_some() && config.cluster.is_none() {
+        return Err("--peer-tls-cert needs --peers (cluster mode)".into());
+    }
     if config.memcache.is_none()
         && config.lockd.is_none()
         && config.dlock.is_none()
@@ -424,8 +520,54 @@ pub fn parse_peers(list: &str) -> Result<BTreeMap<u64, SocketAddr>, String> {
     Ok(peers)
 }
 
-fn address(m: &getopts::Matches, name: &str, default: &str) -> Result<Option<SocketAddr>, String> {
-    let text = m.opt_str(name).unwrap_or_else(|| default.to_string());
+/// The secret and certificate files: pairs that go together must come together.
+fn secret_files(m: &getopts::Matches) -> Result<crate::tls::SecretFiles, String> {
+    let path = |name: &str| m.opt_str(name).map(PathBuf::from);
+    let tls = match (path("tls-cert"), path("tls-key")) {
+        (Some(c), Some(k)) => Some((c, k)),
+        (None, None) => None,
+        (Some(_), None) => return Err("--tls-cert needs --tls-key".into()),
+        (None, Some(_)) => return Err("--tls-key needs --tls-cert".into()),
+    };
+    let tls_client_ca = path("tls-client-ca");
+    if tls_client_ca.is_some() && tls.is_none() {
+        return Err("--tls-client-ca needs --tls-cert and --tls-key".into());
+    }
+    let peer = match (
+        path("peer-tls-cert"),
+        path("peer-tls-key"),
+        path("peer-tls-ca"),
+    ) {
+        (Some(cert), Some(key), Some(ca)) => Some(crate::tls::PeerFiles { cert, key, ca }),
+        (None, None, None) => None,
+        _ => return Err("--peer-tls-cert, --peer-tls-key and --peer-tls-ca go together".into()),
+    };
+    Ok(crate::tls::SecretFiles {
+        tls,
+        tls_client_ca,
+        peer,
+        memcache_auth: path("memcache-auth-file"),
+        dlock_token: path("dlock-token-file"),
+        admin_token: path("admin-token-file"),
+    })
+}
+
+/// A listener's address: `off`, `HOST:PORT`, or `notls:HOST:PORT` (plain TCP even with
+/// `--tls-cert`, memcached's convention), which sets `notls`.
+fn address(
+    m: &getopts::Matches,
+    name: &str,
+    default: &str,
+    notls: &mut bool,
+) -> Result<Option<SocketAddr>, String> {
+    let given = m.opt_str(name).unwrap_or_else(|| default.to_string());
+    let text = match given.strip_prefix("notls:") {
+        Some(rest) => {
+            *notls = true;
+            rest.to_string()
+        }
+        None => given,
+    };
     if text == "off" {
         return Ok(None);
     }

@@ -47,3 +47,4 @@ pub mod log;
 pub mod proto;
 pub mod rng;
 pub mod server;
+pub mod tls;

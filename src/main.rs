@@ -30,13 +30,25 @@ fn main() -> ExitCode {
     holdfast::log_info!("starting {}", settings(&config));
     // As memcached does: --max-connections must not be cut short by a low default soft limit.
     holdfast::fdlimit::raise_to_hard();
-    // Block the stop signals in every thread (threads inherit the mask); this thread waits for
+    // Block the stop signals and SIGHUP (reload) in every thread (threads inherit the mask); this thread waits for
     // them with sigwait, so no handler runs in the middle of anything.
     let signals = stop_signals();
     // SAFETY: `signals` is an initialised sigset; pthread_sigmask only changes this thread's mask.
     unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &signals, std::ptr::null_mut()) };
 
-    let server = match Server::start(config) {
+    // Certificates, keys and tokens: a file that cannot be used (missing, malformed, readable by
+    // other users) is a bad flag.
+    let secrets = match holdfast::tls::SecretStore::load(
+        config.secrets.clone(),
+        config.dlock_token.clone(),
+    ) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("holdfast: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let server = match Server::start_with(config, secrets) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("holdfast: {e}");
@@ -56,8 +68,14 @@ fn main() -> ExitCode {
     }
     holdfast::server::notify::ready();
     let mut signal = 0;
-    // SAFETY: both pointers are valid for the duration of the call.
-    unsafe { libc::sigwait(&signals, &mut signal) };
+    loop {
+        // SAFETY: both pointers are valid for the duration of the call.
+        unsafe { libc::sigwait(&signals, &mut signal) };
+        if signal != libc::SIGHUP {
+            break;
+        }
+        server.reload();
+    }
     holdfast::log_info!("signal {signal}: shutting down");
     holdfast::server::notify::stopping();
     server.stop();
@@ -107,6 +125,7 @@ fn stop_signals() -> libc::sigset_t {
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, libc::SIGINT);
         libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGHUP);
         set
     }
 }

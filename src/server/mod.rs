@@ -66,6 +66,8 @@ pub struct Shared {
     /// worker writes nothing more: a reply decided before the node was cut off or stopped
     /// (SIGSTOP) must not reach its client after the majority may have given its locks away.
     pub write_deadline_ms: AtomicU64,
+    /// Certificates, keys and tokens in force (replaced by SIGHUP's [`Server::reload`]).
+    pub secrets: crate::tls::SecretStore,
 }
 
 /// A started daemon.
@@ -81,8 +83,17 @@ pub struct Server {
 }
 
 impl Server {
-    /// Bind every listener and start the threads.
+    /// Load the secret files, bind every listener and start the threads.
     pub fn start(config: Config) -> io::Result<Server> {
+        let secrets =
+            crate::tls::SecretStore::load(config.secrets.clone(), config.dlock_token.clone())
+                .map_err(io::Error::other)?;
+        Server::start_with(config, secrets)
+    }
+
+    /// Bind every listener and start the threads, with secrets already loaded (the daemon loads
+    /// them first: a file that cannot be used is a bad flag, exit status 2).
+    pub fn start_with(config: Config, secrets: crate::tls::SecretStore) -> io::Result<Server> {
         let started = Instant::now();
         let started_unix_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -97,32 +108,42 @@ impl Server {
             started,
             started_unix_ms,
             pid: std::process::id(),
+            secrets,
         });
 
-        // Each worker binds its own listener on every address (SO_REUSEPORT). The first bind
-        // resolves port 0; the others bind that same port.
+        // One listening socket per address, shared by every worker (each registers a duplicate
+        // of the descriptor): exclusive, so a second daemon on the same address fails to start.
+        let tls_on = config.secrets.tls.is_some();
         let wanted = [
-            (Proto::Memcache, config.memcache),
-            (Proto::Lockd, config.lockd),
-            (Proto::Dlock, config.dlock),
-            (Proto::Counter, config.counter),
+            (Proto::Memcache, config.memcache, config.notls.memcache),
+            (Proto::Lockd, config.lockd, config.notls.lockd),
+            (Proto::Dlock, config.dlock, config.notls.dlock),
+            (Proto::Counter, config.counter, config.notls.counter),
         ];
         let mut addresses = Vec::new();
-        let mut per_worker: Vec<Vec<(mio::net::TcpListener, Proto)>> =
+        let mut per_worker: Vec<Vec<worker::Listener>> =
             (0..config.threads).map(|_| Vec::new()).collect();
-        for (proto, addr) in wanted {
-            let Some(mut addr) = addr else { continue };
+        for (proto, addr, notls) in wanted {
+            let Some(addr) = addr else { continue };
+            let l = worker::bind(addr).map_err(|e| {
+                let why = if e.kind() == io::ErrorKind::AddrInUse {
+                    "address in use".to_string()
+                } else {
+                    e.to_string()
+                };
+                io::Error::new(
+                    e.kind(),
+                    format!("cannot listen for {} on {addr}: {why}", proto.name()),
+                )
+            })?;
             for listeners in per_worker.iter_mut() {
-                let l = worker::bind(addr).map_err(|e| {
-                    io::Error::new(
-                        e.kind(),
-                        format!("cannot listen for {} on {addr}: {e}", proto.name()),
-                    )
-                })?;
-                addr = l.local_addr()?;
-                listeners.push((l, proto));
+                listeners.push(worker::Listener {
+                    socket: mio::net::TcpListener::from_std(l.try_clone()?),
+                    proto,
+                    tls: tls_on && !notls,
+                });
             }
-            addresses.push((proto, addr));
+            addresses.push((proto, l.local_addr()?));
         }
 
         let admin_listener = bind_admin(&config)?;
@@ -219,6 +240,20 @@ impl Server {
         })
     }
 
+    /// SIGHUP: read every certificate, key, CA and token file again. New connections use the
+    /// new ones; open connections keep theirs. A file that fails to load keeps the old one in
+    /// force; each such failure is logged.
+    pub fn reload(&self) {
+        let errors = self.shared.secrets.reload();
+        for e in &errors {
+            crate::log_warn!("{e}");
+        }
+        crate::log_info!(
+            "reloaded certificates, keys and tokens ({} kept from before)",
+            errors.len()
+        );
+    }
+
     /// Stop accepting, close every connection, stop every thread.
     pub fn stop(self) {
         self.shared.shutdown.store(true, Ordering::Release);
@@ -246,7 +281,11 @@ fn bind_admin(config: &Config) -> io::Result<Option<std::net::TcpListener>> {
         }
         Err(e) => Err(io::Error::new(
             e.kind(),
-            format!("cannot listen for admin on {addr}: {e}"),
+            if e.kind() == io::ErrorKind::AddrInUse {
+                format!("cannot listen for admin on {addr}: address in use")
+            } else {
+                format!("cannot listen for admin on {addr}: {e}")
+            },
         )),
     }
 }

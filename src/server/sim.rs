@@ -13,7 +13,7 @@ use super::command;
 use super::effect::Effects;
 use super::msg::{Batch, Op, OpMsg};
 use super::owner::{apply_turn, Outbox, Tables};
-use super::worker::Conn;
+use super::worker::{Conn, Cx};
 use super::{Proto, Shared};
 use crate::config::Config;
 use crate::core::{Now, Session};
@@ -133,6 +133,7 @@ impl Replayer {
 
 /// The process-wide values a sim or a replayer reports (`stats`): fixed, so that runs compare.
 pub(crate) fn sim_shared(config: Config) -> Shared {
+    let config_secrets = (config.secrets.clone(), config.dlock_token.clone());
     Shared {
         write_deadline_ms: AtomicU64::new(0),
         config,
@@ -143,6 +144,8 @@ pub(crate) fn sim_shared(config: Config) -> Shared {
         started: Instant::now(),
         started_unix_ms: SIM_UNIX_START * 1000,
         pid: 1,
+        secrets: crate::tls::SecretStore::load(config_secrets.0, config_secrets.1)
+            .expect("a sim's secrets are given inline, not read from files"),
     }
 }
 
@@ -271,7 +274,12 @@ impl Sim {
             return;
         }
         let from = conn.wbuf.len();
-        conn.receive(bytes, id, &self.shared.config, &mut self.batch);
+        let secrets = self.shared.secrets.current();
+        let cx = Cx {
+            config: &self.shared.config,
+            secrets: &secrets,
+        };
+        conn.receive(bytes, id, cx, &mut self.batch);
         Self::note(&mut self.log, id, conn, from);
         self.run();
     }
@@ -359,7 +367,12 @@ impl Sim {
                 conn.continue_dump(id, &mut self.batch);
                 if !conn.closing && !conn.rbuf.is_empty() && conn.can_parse() {
                     let from = conn.wbuf.len();
-                    conn.parse_buffered(id, &self.shared.config, &mut self.batch);
+                    let secrets = self.shared.secrets.current();
+                    let cx = Cx {
+                        config: &self.shared.config,
+                        secrets: &secrets,
+                    };
+                    conn.parse_buffered(id, cx, &mut self.batch);
                     Self::note(&mut self.log, id, conn, from);
                 }
                 if conn.closing && conn.inflight == 0 {

@@ -4,7 +4,7 @@
 //! (parse, owner, reply) runs in tests and fuzzing without threads or sockets.
 
 use super::decode;
-use crate::config::Config;
+use super::decode::Cx;
 use crate::server::effect::Effect;
 use crate::server::msg::ConnId;
 use crate::server::msg::{Batch, Op, OpMsg};
@@ -120,12 +120,12 @@ impl Conn {
     /// Parse bytes just received. Whole requests are parsed straight out of `data`; only a
     /// partial request is copied, into `rbuf`. Returns true when the connection must close once
     /// its queued output is written.
-    pub fn receive(&mut self, data: &[u8], id: ConnId, config: &Config, batch: &mut Batch) -> bool {
+    pub fn receive(&mut self, data: &[u8], id: ConnId, cx: Cx<'_>, batch: &mut Batch) -> bool {
         if !self.rbuf.is_empty() {
             self.rbuf.extend_from_slice(data);
-            return self.parse_buffered(id, config, batch);
+            return self.parse_buffered(id, cx, batch);
         }
-        let (consumed, fatal) = decode::parse(self, data, id, config, batch);
+        let (consumed, fatal) = decode::parse(self, data, id, cx, batch);
         if fatal {
             self.closing = true;
         } else if consumed < data.len() {
@@ -135,9 +135,9 @@ impl Conn {
     }
 
     /// Parse what is buffered (after backpressure cleared, or after more bytes arrived).
-    pub fn parse_buffered(&mut self, id: ConnId, config: &Config, batch: &mut Batch) -> bool {
+    pub fn parse_buffered(&mut self, id: ConnId, cx: Cx<'_>, batch: &mut Batch) -> bool {
         let data = std::mem::take(&mut self.rbuf);
-        let (consumed, fatal) = decode::parse(self, &data, id, config, batch);
+        let (consumed, fatal) = decode::parse(self, &data, id, cx, batch);
         self.rbuf = data;
         self.rbuf.drain(..consumed);
         if self.rbuf.is_empty() && self.rbuf.capacity() > KEEP_BUF {

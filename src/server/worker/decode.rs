@@ -21,15 +21,24 @@ use crate::server::Proto;
 pub const VERSION_REPLY: &[u8] =
     concat!("VERSION 1.6.0-holdfast-", env!("CARGO_PKG_VERSION"), "\r\n").as_bytes();
 
+/// What parsing reads besides the bytes: the flags, and the secrets in force this turn (the
+/// worker takes the current set once per turn, never per request).
+#[derive(Clone, Copy)]
+pub struct Cx<'a> {
+    pub config: &'a Config,
+    pub secrets: &'a crate::tls::Secrets,
+}
+
 /// Parse as many requests from `data` as backpressure allows. Returns the bytes consumed and
 /// whether the connection must be closed (after what was queued for it is written).
 pub fn parse(
     conn: &mut Conn,
     data: &[u8],
     id: ConnId,
-    config: &Config,
+    cx: Cx<'_>,
     batch: &mut Batch,
 ) -> (usize, bool) {
+    let config = cx.config;
     let mut pos = 0;
     while pos < data.len() {
         if conn.skip > 0 {
@@ -45,7 +54,7 @@ pub fn parse(
         let step = match conn.proto {
             Proto::Memcache => memcache(conn, rest, id, config, batch),
             Proto::Lockd => lockd(conn, rest, id, batch),
-            Proto::Dlock => dlock(conn, rest, id, config, batch),
+            Proto::Dlock => dlock(conn, rest, id, cx, batch),
             Proto::Counter => counter(conn, rest, id, batch),
         };
         match step {
@@ -645,7 +654,8 @@ fn lockd(conn: &mut Conn, buf: &[u8], id: ConnId, batch: &mut Batch) -> Step {
     Step::Consumed(n)
 }
 
-fn dlock(conn: &mut Conn, buf: &[u8], id: ConnId, config: &Config, batch: &mut Batch) -> Step {
+fn dlock(conn: &mut Conn, buf: &[u8], id: ConnId, cx: Cx<'_>, batch: &mut Batch) -> Step {
+    let config = cx.config;
     let (body, n) = match dl::parse_frame(buf, config.dlock_max_message) {
         Ok(x) => x,
         Err(dl::FrameError::Incomplete) => return Step::Incomplete,
@@ -669,19 +679,21 @@ fn dlock(conn: &mut Conn, buf: &[u8], id: ConnId, config: &Config, batch: &mut B
             return Step::Fatal;
         }
     };
-    let kind = dlock_kind(&req, config, batch);
+    let kind = dlock_kind(&req, cx, batch);
     push(conn, id, Op::Dlock(DlockOp { id: req.id, kind }), batch);
     Step::Consumed(n)
 }
 
 /// Checks in this order: version, access token, type, keys.
-fn dlock_kind(req: &dl::Request<'_>, config: &Config, batch: &mut Batch) -> DlockKind {
+fn dlock_kind(req: &dl::Request<'_>, cx: Cx<'_>, batch: &mut Batch) -> DlockKind {
+    let config = cx.config;
     let refuse = |status, text| DlockKind::Refuse { status, text };
     if !matches!(req.version, None | Some(0) | Some(2)) {
         return refuse(dl::status::VERSION, "unsupported version");
     }
-    if let Some(token) = &config.dlock_token {
-        if req.access_token != Some(token.as_bytes()) {
+    if let Some(token) = &cx.secrets.dlock_token {
+        let given = req.access_token.unwrap_or_default();
+        if req.access_token.is_none() || !crate::tls::constant_time_eq(given, token) {
             return refuse(dl::status::GENERAL, "access denied");
         }
     }

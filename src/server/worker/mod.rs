@@ -1,6 +1,6 @@
 //! One I/O worker thread: a mio event loop that owns its connections.
 //!
-//! It accepts on its own listeners (SO_REUSEPORT: the kernel spreads connections over workers),
+//! It accepts on the daemon's listeners (one socket per address, shared by the workers),
 //! reads until WouldBlock, parses every complete request zero-copy and copies it once into the
 //! batch it sends the owner at the end of the loop turn. It applies the owner's replies, writes
 //! each touched connection once per turn, and closes connections. It never touches lock state:
@@ -34,7 +34,7 @@ mod decode;
 pub(crate) mod encode;
 
 pub use conn::{MAX_INFLIGHT, REPLY_BUDGET, WBUF_HIGH, WBUF_MAX};
-pub use decode::VERSION_REPLY;
+pub use decode::{Cx, VERSION_REPLY};
 
 use super::effect::Effect;
 use super::msg::{Arena, Batch, Op, OpMsg, Pool, Replies, ToOwner};
@@ -82,6 +82,13 @@ struct Socket {
     stream: TcpStream,
     gen: u32,
     conn: Conn,
+    /// A TLS listener's connection: rustls decrypts what is read into the parser's input and
+    /// encrypts the write buffer on its way out.
+    tls: Option<Box<rustls::ServerConnection>>,
+    /// Whether the owner knows this connection (`Op::Open` sent): a TLS connection is opened
+    /// only once its handshake has finished, so nothing is parsed or held before it.
+    opened: bool,
+    peer: SocketAddr,
     /// Stopped reading before WouldBlock (backpressure): read again when it clears.
     read_pending: bool,
     write_interest: bool,
@@ -106,7 +113,7 @@ pub struct Worker {
     node: u16,
     shared: Arc<Shared>,
     poll: Poll,
-    listeners: Vec<(TcpListener, Proto)>,
+    listeners: Vec<Listener>,
     sockets: Slab<Socket>,
     /// Generation of each slab slot, bumped on close; indexed by slot.
     gens: Vec<u32>,
@@ -122,6 +129,16 @@ pub struct Worker {
     pool_effects: Pool<Effect>,
     pool_reply_arena: Pool<u8>,
     scratch: Vec<u8>,
+    /// Decrypted bytes of a TLS connection, parsed from here as `scratch` is for plain ones.
+    plain: Vec<u8>,
+    /// The secrets in force, taken from `Shared::secrets` when its generation moves (at most once
+    /// a turn) so that no request takes a lock to read them.
+    secrets: Arc<crate::tls::Secrets>,
+    secrets_gen: u64,
+    /// TLS connections still in their handshake, in the order of their deadlines (one timeout
+    /// for all, so a queue is sorted by construction): (slot, generation, deadline).
+    handshakes: std::collections::VecDeque<(usize, u32, Instant)>,
+    handshake_timeout: Duration,
     /// Connections written to this turn (flushed once at its end).
     dirty: Vec<usize>,
     /// Connections to look at again at the end of the turn (closing, read pending).
@@ -140,17 +157,34 @@ pub struct Worker {
     /// Closes for stalling or bad input are logged at most once a second per worker.
     stall_log: crate::log::Limiter,
     bad_input_log: crate::log::Limiter,
+    tls_log: crate::log::Limiter,
 }
+
+/// A listening socket shared by every worker (one per address: no other process can bind it
+/// beside us), and whether its connections speak TLS.
+pub struct Listener {
+    pub socket: TcpListener,
+    pub proto: Proto,
+    pub tls: bool,
+}
+
+/// Plaintext a TLS connection's rustls may hold on its way out before the worker stops moving
+/// the write buffer into it: writing resumes as the socket takes the ciphertext. Bounds the
+/// copy per connection without limiting throughput (several records per write).
+const TLS_SEND_BUFFER: usize = 256 * 1024;
 
 impl Worker {
     pub fn new(
         id: u16,
         shared: Arc<Shared>,
         poll: Poll,
-        listeners: Vec<(TcpListener, Proto)>,
+        listeners: Vec<Listener>,
         to_owner: Sender<ToOwner>,
         from_owner: Receiver<Replies>,
     ) -> io::Result<Worker> {
+        let secrets = shared.secrets.current();
+        let secrets_gen = shared.secrets.generation();
+        let handshake_timeout = Duration::from_millis(shared.config.tls_handshake_timeout_ms);
         let mut worker = Worker {
             id,
             node: shared.config.cluster.as_ref().map_or(0, |c| c.node_id),
@@ -171,6 +205,11 @@ impl Worker {
             pool_effects: Pool::default(),
             pool_reply_arena: Pool::default(),
             scratch: vec![0; READ_CHUNK],
+            plain: Vec::new(),
+            secrets,
+            secrets_gen,
+            handshakes: Default::default(),
+            handshake_timeout,
             dirty: Vec::new(),
             recheck: Vec::new(),
             accept_paused: false,
@@ -181,14 +220,15 @@ impl Worker {
             fds_logged: false,
             stall_log: Default::default(),
             bad_input_log: Default::default(),
+            tls_log: Default::default(),
         };
         let ms = worker.shared.config.client_stall_timeout_ms;
         worker.stall_timeout = (ms > 0).then(|| Duration::from_millis(ms));
-        for (i, (l, _)) in worker.listeners.iter_mut().enumerate() {
+        for (i, l) in worker.listeners.iter_mut().enumerate() {
             worker
                 .poll
                 .registry()
-                .register(l, Token(1 + i), Interest::READABLE)?;
+                .register(&mut l.socket, Token(1 + i), Interest::READABLE)?;
         }
         Ok(worker)
     }
@@ -219,6 +259,10 @@ impl Worker {
             if let Some(due) = self.inline.as_ref().and_then(|o| o.until_due()) {
                 timeout = Some(timeout.map_or(due, |t| t.min(due)));
             }
+            if let Some(&(_, _, deadline)) = self.handshakes.front() {
+                let left = deadline.saturating_duration_since(Instant::now());
+                timeout = Some(timeout.map_or(left, |t| t.min(left)));
+            }
             if let Err(e) = self.poll.poll(&mut events, timeout) {
                 if e.kind() != ErrorKind::Interrupted {
                     eprintln!("holdfast: worker {}: poll failed: {e}", self.id);
@@ -231,6 +275,14 @@ impl Worker {
             // One clock read per turn (vDSO, no syscall), none per request: the owner's latency
             // histograms count each lock request of this turn's batch from here.
             self.batch.stamp = Some(Instant::now());
+            let generation = self.shared.secrets.generation();
+            if generation != self.secrets_gen {
+                self.secrets = self.shared.secrets.current();
+                self.secrets_gen = generation;
+            }
+            if !self.handshakes.is_empty() {
+                self.expire_handshakes(Instant::now());
+            }
             if self.accept_paused {
                 self.accept_paused = false;
                 for i in 0..self.listeners.len() {
@@ -285,11 +337,11 @@ impl Worker {
     }
 
     fn accept(&mut self, index: usize) {
-        let Some(&(_, proto)) = self.listeners.get(index) else {
+        let Some(&Listener { proto, tls, .. }) = self.listeners.get(index) else {
             return;
         };
         loop {
-            match self.listeners[index].0.accept() {
+            match self.listeners[index].socket.accept() {
                 Ok((stream, peer)) => {
                     let shared = &self.shared;
                     let open = shared.curr_connections.fetch_add(1, Ordering::Relaxed);
@@ -311,7 +363,7 @@ impl Worker {
                     self.limit_logged = false;
                     self.fds_logged = false;
                     let _ = stream.set_nodelay(true);
-                    self.add_socket(stream, proto, peer);
+                    self.add_socket(stream, proto, peer, tls);
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
@@ -337,7 +389,27 @@ impl Worker {
         }
     }
 
-    fn add_socket(&mut self, mut stream: TcpStream, proto: Proto, peer: SocketAddr) {
+    fn add_socket(&mut self, mut stream: TcpStream, proto: Proto, peer: SocketAddr, tls: bool) {
+        let tls = if tls {
+            // The configuration in force now (a SIGHUP's new certificate serves the connections
+            // accepted after it).
+            let Some(config) = self.secrets.server.clone() else {
+                self.shared.curr_connections.fetch_sub(1, Ordering::Relaxed);
+                return;
+            };
+            match rustls::ServerConnection::new(config) {
+                Ok(mut c) => {
+                    c.set_buffer_limit(Some(TLS_SEND_BUFFER));
+                    Some(Box::new(c))
+                }
+                Err(_) => {
+                    self.shared.curr_connections.fetch_sub(1, Ordering::Relaxed);
+                    return;
+                }
+            }
+        } else {
+            None
+        };
         let entry = self.sockets.vacant_entry();
         let slot = entry.key();
         let token = Token(slot + FIRST_CONN);
@@ -354,25 +426,60 @@ impl Worker {
             self.gens.resize(slot + 1, 0);
         }
         let gen = self.gens[slot];
+        let handshaking = tls.is_some();
         entry.insert(Socket {
             stream,
             gen,
             conn: Conn::new(proto),
+            tls,
+            opened: false,
+            peer,
             read_pending: false,
             write_interest: false,
             sent: 0,
             stall: None,
         });
-        let conn = ConnId::on_node(self.node, self.id, slot as u32, gen);
-        self.batch.ops.push(OpMsg {
-            conn,
-            op: Op::Open { proto, peer },
-        });
-        if proto == Proto::Dlock {
-            self.batch.ops.push(OpMsg {
-                conn,
-                op: Op::DlockOpen,
-            });
+        if handshaking {
+            let deadline = Instant::now() + self.handshake_timeout;
+            self.handshakes.push_back((slot, gen, deadline));
+        } else {
+            self.open(slot);
+        }
+    }
+
+    /// Tell the owner of a connection: from now on its requests are parsed.
+    fn open(&mut self, slot: usize) {
+        let Some(s) = self.sockets.get_mut(slot) else {
+            return;
+        };
+        let conn = ConnId::on_node(self.node, self.id, slot as u32, s.gen);
+        push_open(&mut self.batch, conn, s);
+    }
+
+    /// Close the TLS connections whose handshake did not finish in time (the queue is in
+    /// deadline order; an entry whose connection finished or closed is simply dropped).
+    fn expire_handshakes(&mut self, now: Instant) {
+        while let Some(&(slot, gen, deadline)) = self.handshakes.front() {
+            let Some(s) = self.sockets.get(slot).filter(|s| s.gen == gen) else {
+                self.handshakes.pop_front();
+                continue;
+            };
+            if s.opened {
+                self.handshakes.pop_front();
+                continue;
+            }
+            if deadline > now {
+                break;
+            }
+            self.handshakes.pop_front();
+            if let Some(more) = self.tls_log.ready(crate::log::Level::Info) {
+                crate::log_info!(
+                    "closed a {} client whose TLS handshake took over {} ms ({more} more since the last line)",
+                    s.conn.proto.name(),
+                    self.handshake_timeout.as_millis()
+                );
+            }
+            self.close(slot);
         }
     }
 
@@ -405,11 +512,50 @@ impl Worker {
                     self.recheck.push(slot);
                     break;
                 }
+                Ok(n) if s.tls.is_some() => {
+                    let id = ConnId::on_node(self.node, self.id, slot as u32, s.gen);
+                    let cx = Cx {
+                        config: &self.shared.config,
+                        secrets: &self.secrets,
+                    };
+                    match tls_receive(s, &scratch[..n], &mut self.plain, id, cx, &mut self.batch) {
+                        TlsInput::Failed(why) => {
+                            if let Some(more) = self.tls_log.ready(crate::log::Level::Info) {
+                                crate::log_info!(
+                                    "closing a {} client: TLS: {why} ({more} more since the last line)",
+                                    s.conn.proto.name()
+                                );
+                            }
+                            // The alert rustls queued goes out if the socket takes it at once.
+                            if let Some(tls) = s.tls.as_mut() {
+                                let _ = tls.write_tls(&mut s.stream);
+                            }
+                            self.close(slot);
+                            break;
+                        }
+                        TlsInput::Opened => push_open(&mut self.batch, id, s),
+                        TlsInput::Ok => {}
+                    }
+                    let Some(s) = self.sockets.get_mut(slot) else {
+                        break;
+                    };
+                    if s.conn.pending_output() > 0
+                        || s.tls.as_ref().is_some_and(|t| t.wants_write())
+                    {
+                        self.dirty.push(slot);
+                    }
+                    if s.conn.closing {
+                        self.recheck.push(slot);
+                        break;
+                    }
+                }
                 Ok(n) => {
                     let id = ConnId::on_node(self.node, self.id, slot as u32, s.gen);
-                    let fatal =
-                        s.conn
-                            .receive(&scratch[..n], id, &self.shared.config, &mut self.batch);
+                    let cx = Cx {
+                        config: &self.shared.config,
+                        secrets: &self.secrets,
+                    };
+                    let fatal = s.conn.receive(&scratch[..n], id, cx, &mut self.batch);
                     if fatal {
                         if let Some(more) = self.bad_input_log.ready(crate::log::Level::Info) {
                             crate::log_info!(
@@ -443,8 +589,11 @@ impl Worker {
         };
         if !s.conn.rbuf.is_empty() && s.conn.can_parse() {
             let id = ConnId::on_node(self.node, self.id, slot as u32, s.gen);
-            s.conn
-                .parse_buffered(id, &self.shared.config, &mut self.batch);
+            let cx = Cx {
+                config: &self.shared.config,
+                secrets: &self.secrets,
+            };
+            s.conn.parse_buffered(id, cx, &mut self.batch);
             self.dirty.push(slot);
         }
         if s.read_pending && s.conn.can_parse() {
@@ -586,19 +735,15 @@ impl Worker {
         let Some(s) = self.sockets.get_mut(slot) else {
             return;
         };
-        while s.conn.pending_output() > 0 {
-            match s.stream.write(s.conn.output()) {
-                Ok(0) => return self.close(slot),
-                Ok(n) => {
-                    s.conn.written(n);
-                    s.sent += n as u64;
-                }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                Err(_) => return self.close(slot),
-            }
+        let ok = match s.tls.as_mut() {
+            Some(tls) => tls_flush(tls, &mut s.stream, &mut s.conn, &mut s.sent),
+            None => plain_flush(&mut s.stream, &mut s.conn, &mut s.sent),
+        };
+        if !ok {
+            return self.close(slot);
         }
-        let drained = s.conn.pending_output() == 0;
+        let drained =
+            s.conn.pending_output() == 0 && !s.tls.as_ref().is_some_and(|t| t.wants_write());
         if !drained
             && s.stall.is_none()
             && self.stall_timeout.is_some()
@@ -689,6 +834,14 @@ impl Worker {
         let _ = self.poll.registry().deregister(&mut s.stream);
         self.gens[slot] = s.gen.wrapping_add(1);
         self.shared.curr_connections.fetch_sub(1, Ordering::Relaxed);
+        if let Some(tls) = s.tls.as_mut().filter(|_| s.opened) {
+            // A courtesy: tell a TLS client the close is deliberate, if the socket takes it now.
+            tls.send_close_notify();
+            let _ = tls.write_tls(&mut s.stream);
+        }
+        if !s.opened {
+            return; // the owner never heard of it (a TLS handshake that did not finish)
+        }
         let conn = ConnId::on_node(self.node, self.id, slot as u32, s.gen);
         self.batch.ops.push(OpMsg {
             conn,
@@ -697,18 +850,148 @@ impl Worker {
     }
 }
 
-/// Bind one listener socket for a worker: SO_REUSEADDR and SO_REUSEPORT so that every worker can
-/// bind the same address and the kernel spreads connections over them.
-pub fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
+/// Bind an address's one listening socket, which every worker then accepts on (a duplicate of
+/// its descriptor each). SO_REUSEADDR only (a restart may bind while old connections linger in
+/// TIME_WAIT), never SO_REUSEPORT: with it a second daemon started on the same address would
+/// bind beside this one, and the kernel would spread new clients over two lock tables.
+pub fn bind(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
     use socket2::{Domain, Protocol, Socket, Type};
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
     socket.set_reuse_address(true)?;
-    socket.set_reuse_port(true)?;
     socket.set_nonblocking(true)?;
     socket.bind(&addr.into())?;
     // memcached's default backlog is 1024; deep enough for a burst of reconnecting clients.
     socket.listen(1024)?;
-    Ok(TcpListener::from_std(socket.into()))
+    Ok(socket.into())
+}
+
+/// Queue a connection's opening for the owner: from now on its requests are parsed.
+fn push_open(batch: &mut Batch, conn: ConnId, s: &mut Socket) {
+    s.opened = true;
+    let proto = s.conn.proto;
+    batch.ops.push(OpMsg {
+        conn,
+        op: Op::Open {
+            proto,
+            peer: s.peer,
+        },
+    });
+    if proto == Proto::Dlock {
+        batch.ops.push(OpMsg {
+            conn,
+            op: Op::DlockOpen,
+        });
+    }
+}
+
+/// What feeding a TLS connection's bytes did.
+enum TlsInput {
+    Ok,
+    /// The handshake finished with these bytes: open the connection.
+    Opened,
+    /// Not TLS, a failed handshake, a bad record: close (the alert is queued).
+    Failed(String),
+}
+
+/// Feed ciphertext just read to rustls, and parse the plaintext it yields (a `plain` buffer's
+/// worth at a time, straight out of that buffer, as plain connections parse out of `scratch`).
+fn tls_receive(
+    s: &mut Socket,
+    mut input: &[u8],
+    plain: &mut Vec<u8>,
+    id: ConnId,
+    cx: Cx<'_>,
+    batch: &mut Batch,
+) -> TlsInput {
+    let Some(tls) = s.tls.as_mut() else {
+        return TlsInput::Ok;
+    };
+    let was_handshaking = tls.is_handshaking();
+    if plain.len() < READ_CHUNK {
+        plain.resize(READ_CHUNK, 0);
+    }
+    while !input.is_empty() {
+        match tls.read_tls(&mut input) {
+            Ok(0) => return TlsInput::Failed("rustls took no bytes".into()),
+            Ok(_) => {}
+            Err(e) => return TlsInput::Failed(e.to_string()),
+        }
+        if let Err(e) = tls.process_new_packets() {
+            return TlsInput::Failed(e.to_string());
+        }
+        loop {
+            match tls.reader().read(plain) {
+                Ok(0) => {
+                    // close_notify: the client is done sending; answer what it asked, then close.
+                    s.conn.closing = true;
+                    break;
+                }
+                Ok(n) => {
+                    if s.conn.closing {
+                        continue; // bytes after a fatal request are discarded, as on plain TCP
+                    }
+                    s.conn.receive(&plain[..n], id, cx, batch);
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) => return TlsInput::Failed(e.to_string()),
+            }
+        }
+    }
+    if was_handshaking && !tls.is_handshaking() {
+        TlsInput::Opened
+    } else {
+        TlsInput::Ok
+    }
+}
+
+/// Write a plain connection's output until the socket takes no more. False: close it.
+fn plain_flush(stream: &mut TcpStream, conn: &mut Conn, sent: &mut u64) -> bool {
+    while conn.pending_output() > 0 {
+        match stream.write(conn.output()) {
+            Ok(0) => return false,
+            Ok(n) => {
+                conn.written(n);
+                *sent += n as u64;
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            Err(_) => return false,
+        }
+    }
+    true
+}
+
+/// Encrypt a TLS connection's output into rustls (up to its buffer limit) and write the records
+/// until the socket takes no more. False: close it.
+fn tls_flush(
+    tls: &mut rustls::ServerConnection,
+    stream: &mut TcpStream,
+    conn: &mut Conn,
+    sent: &mut u64,
+) -> bool {
+    loop {
+        if conn.pending_output() > 0 && !tls.is_handshaking() {
+            match tls.writer().write(conn.output()) {
+                Ok(n) => conn.written(n),
+                Err(_) => return false,
+            }
+        }
+        if !tls.wants_write() {
+            return true;
+        }
+        while tls.wants_write() {
+            match tls.write_tls(stream) {
+                Ok(0) => return false,
+                Ok(n) => *sent += n as u64,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return true,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(_) => return false,
+            }
+        }
+        if conn.pending_output() == 0 {
+            return true;
+        }
+    }
 }
 
 /// The waker token, for the server module.

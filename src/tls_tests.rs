@@ -1,0 +1,83 @@
+use super::*;
+
+fn dir() -> PathBuf {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let d = std::env::temp_dir().join(format!(
+        "holdfast-tls-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn write(path: &Path, text: &str, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, text).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+#[test]
+fn a_secret_file_others_can_read_is_refused() {
+    let d = dir();
+    let p = d.join("token");
+    for mode in [0o644, 0o640, 0o604, 0o660, 0o602] {
+        write(&p, "secret\n", mode);
+        let e = read_token(&p).unwrap_err();
+        assert!(e.contains("other users can access"), "{mode:o}: {e}");
+    }
+    write(&p, "secret\r\nsecond line\n", 0o600);
+    assert_eq!(&*read_token(&p).unwrap(), b"secret");
+    write(&p, "secret", 0o400);
+    assert_eq!(&*read_token(&p).unwrap(), b"secret");
+    write(&p, "\nsecret\n", 0o600);
+    assert!(read_token(&p).unwrap_err().contains("empty"));
+    std::fs::remove_dir_all(d).unwrap();
+}
+
+#[test]
+fn users_parse_memcacheds_format_and_check_passwords() {
+    let u = Users::parse(b"alice:s3cret\r\n\nbob:with:colon\n").unwrap();
+    assert_eq!(u.len(), 2);
+    assert!(u.check(b"alice", b"s3cret"));
+    assert!(!u.check(b"alice", b"s3cre"));
+    assert!(!u.check(b"alice", b"s3cret "));
+    assert!(u.check(b"bob", b"with:colon"));
+    assert!(!u.check(b"carol", b""));
+    assert!(Users::parse(b"nocolon\n").is_err());
+    assert!(Users::parse(b"\n\n").is_err());
+}
+
+#[test]
+fn constant_time_eq_is_equality() {
+    assert!(constant_time_eq(b"", b""));
+    assert!(constant_time_eq(b"abc", b"abc"));
+    assert!(!constant_time_eq(b"abc", b"abd"));
+    assert!(!constant_time_eq(b"abc", b"ab"));
+}
+
+#[test]
+fn a_reload_keeps_an_item_whose_file_went_bad() {
+    let d = dir();
+    let dl = d.join("dlock");
+    let ad = d.join("admin");
+    write(&dl, "one\n", 0o600);
+    write(&ad, "adm\n", 0o600);
+    let files = SecretFiles {
+        dlock_token: Some(dl.clone()),
+        admin_token: Some(ad.clone()),
+        ..SecretFiles::default()
+    };
+    let store = SecretStore::load(files, None).unwrap();
+    let g = store.generation();
+    write(&dl, "two\n", 0o600);
+    write(&ad, "bad\n", 0o644);
+    let errors = store.reload();
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(errors[0].contains("admin token kept"), "{errors:?}");
+    let now = store.current();
+    assert_eq!(now.dlock_token.as_deref(), Some(&b"two"[..]));
+    assert_eq!(now.admin_token.as_deref(), Some(&b"adm"[..]));
+    assert!(store.generation() > g);
+    std::fs::remove_dir_all(d).unwrap();
+}
