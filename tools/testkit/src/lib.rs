@@ -7,6 +7,8 @@
 //! daemon (it is a dev-dependency of `holdfast` and a dependency of `holdfast-tools` only), signal
 //! any process but the child it started and has not reaped, or wait without a deadline.
 
+pub mod pki;
+
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::process::{Child, ChildStderr, Command, ExitStatus, Stdio};
