@@ -14,6 +14,8 @@ Environment (all optional):
   BENCH_CLIENT_THREADS   holdfast-bench threads (default 1)
   BENCH_HOLDFAST_THREADS holdfast --threads (default: holdfast's own default, i.e. default flags)
   BENCH_ROWS             comma-separated row ids to run (default: all; see ROWS)
+  BENCH_TLS              0 skips the TLS rows (holdfast and memcached -Z over TLS, each against its
+                         own plaintext listener, and new TLS connections per second)
   YRMCDS                 path to a yrmcds binary (cybozu/yrmcds, built by you; nothing here
                          builds it): the counter rows then compare with yrmcds's own counter
                          server; without it they run holdfast alone
@@ -51,8 +53,11 @@ YRMCDS = os.environ.get("YRMCDS")
 START_DEADLINE = 10.0
 # A run may take its own time plus preparation and drain, plus this margin, then it is killed.
 RUN_MARGIN = 30.0
-# Debian packages of the baselines.
-APT_PACKAGES = {"memcached": "memcached", "redis-server": "redis-server"}
+# Debian packages of the baselines (openssl makes the TLS rows' certificates).
+APT_PACKAGES = {"memcached": "memcached", "redis-server": "redis-server", "openssl": "openssl"}
+TLS_ROWS = os.environ.get("BENCH_TLS", "1") != "0"
+# memcached over TLS (-Z), at the same thread counts as the plain ones.
+MEMCACHED_TLS_THREADS = {"memcached-tls-t1": ["-t", "1"], "memcached-tls-default": []}
 
 # Each row: (id, label, A = holdfast side, B = baseline side). A side is (server, protocol,
 # workload, pipeline); server is "holdfast-mc", "holdfast-lockd", "holdfast-dlock", "memcached"
@@ -86,6 +91,24 @@ ROWS = [
      ("holdfast-counter", "counter", "lock", 16), ("yrmcds", "counter", "lock", 16)),
     ("contended", "1000 clients on 10 names, old ACQ (hand-off)",
      ("holdfast-lockd", "lockd", "contended", 1), None),
+    # TLS: holdfast's TLS listener (--tls-cert) against memcached -Z, and each against its own
+    # plaintext listener; a side whose server name ends in "-tls" speaks TLS.
+    ("tls1", "TLS: memcached binary Lock+Unlock, depth 1 vs memcached -Z add+delete",
+     ("holdfast-mc-tls", "memcache-binary", "lock", 1),
+     ("memcached-tls", "memcache-binary", "add-delete", 1)),
+    ("tls16", "TLS: memcached binary Lock+Unlock, depth 16 vs memcached -Z add+delete",
+     ("holdfast-mc-tls", "memcache-binary", "lock", 16),
+     ("memcached-tls", "memcache-binary", "add-delete", 16)),
+    ("tlsplain1", "TLS: holdfast over TLS vs holdfast plain, binary Lock+Unlock, depth 1",
+     ("holdfast-mc-tls", "memcache-binary", "lock", 1), ("holdfast-mc", "memcache-binary", "lock", 1)),
+    ("tlsplain16", "TLS: holdfast over TLS vs holdfast plain, binary Lock+Unlock, depth 16",
+     ("holdfast-mc-tls", "memcache-binary", "lock", 16), ("holdfast-mc", "memcache-binary", "lock", 16)),
+    ("mctlsplain16", "TLS: memcached -Z over TLS vs memcached plain, add+delete, depth 16 (context)",
+     ("memcached-tls", "memcache-binary", "add-delete", 16),
+     ("memcached", "memcache-binary", "add-delete", 16)),
+    ("handshakes", "TLS: new connections per second (full handshake + one request), 4 client threads",
+     ("holdfast-mc-tls", "memcache-text", "handshakes", 1),
+     ("memcached-tls", "memcache-text", "handshakes", 1)),
 ]
 
 
@@ -141,10 +164,35 @@ class Servers:
         self.procs.append((name, proc))
         return proc
 
-    def start_holdfast(self, name, listeners):
+    def make_certificates(self):
+        """A CA and a certificate for 127.0.0.1 (openssl, P-256), in the log directory: the key
+        0600 for holdfast, a copy the unprivileged memcached user can read."""
+        d = self.logdir
+        ca_key, ca, key, csr, cert = (os.path.join(d, n) for n in
+                                      ("ca.key", "ca.pem", "server.key", "server.csr", "server.pem"))
+        ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+        quiet = dict(check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
+        subprocess.run(["openssl", "req", "-x509", *ec, "-keyout", ca_key, "-out", ca,
+                        "-days", "2", "-subj", "/CN=holdfast bench CA"], **quiet)
+        subprocess.run(["openssl", "req", *ec, "-keyout", key, "-out", csr,
+                        "-subj", "/CN=127.0.0.1"], **quiet)
+        ext = os.path.join(d, "san.ext")
+        with open(ext, "w") as f:
+            f.write("subjectAltName=IP:127.0.0.1\n")
+        subprocess.run(["openssl", "x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key,
+                        "-CAcreateserial", "-out", cert, "-days", "2", "-extfile", ext], **quiet)
+        os.chmod(key, 0o600)
+        mc_key = os.path.join(d, "server-memcached.key")
+        shutil.copyfile(key, mc_key)
+        os.chmod(mc_key, 0o644)  # memcached reads it after dropping to nobody
+        os.chmod(d, 0o755)
+        self.tls_ca, self.tls_cert, self.tls_key, self.tls_mc_key = ca, cert, key, mc_key
+
+    def start_holdfast(self, name, listeners, extra=()):
         """holdfast with the given listeners on port 0; returns its process and {listener: port}
         read from the lines it prints (its output goes to a log file, kept for post-mortems)."""
         args = [HOLDFAST] + (["--threads", HOLDFAST_THREADS] if HOLDFAST_THREADS else [])
+        args += list(extra)
         for listener in ("memcache", "lockd", "dlock", "counter"):
             args += [f"--{listener}", "127.0.0.1:0" if listener in listeners else "off"]
         log_path = os.path.join(self.logdir, f"{name}.log")
@@ -200,6 +248,21 @@ class Servers:
             wait_accepting(port, proc, name)
             self.addr[name] = port
         self.addr["holdfast-counter"] = ports["counter"]
+        if TLS_ROWS:
+            self.make_certificates()
+            _, ports = self.start_holdfast(
+                "holdfast-tls", ("memcache",), ["--admin", "off", "--tls-cert", self.tls_cert,
+                                                "--tls-key", self.tls_key])
+            self.addr["holdfast-mc-tls"] = ports["memcache"]
+            for name, threads in MEMCACHED_TLS_THREADS.items():
+                port = free_port()
+                argv = ["memcached", "-U", "0", "-p", str(port), "-l", "127.0.0.1", "-Z", "-o",
+                        f"ssl_chain_cert={self.tls_cert},ssl_key={self.tls_mc_key}"] + threads
+                if os.geteuid() == 0:
+                    argv += ["-u", "nobody"]
+                proc = self.spawn(name, argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                wait_accepting(port, proc, name)
+                self.addr[name] = port
         if YRMCDS:
             self.start_yrmcds()
         port = free_port()
@@ -268,10 +331,21 @@ def run_bench(servers, side, seconds=None, warmup=None, connections=None):
     server, protocol, workload, pipeline = side
     seconds = SECONDS if seconds is None else seconds
     warmup = WARMUP if warmup is None else warmup
+    threads = CLIENT_THREADS
+    if workload == "handshakes":
+        # Handshakes are bound by the client's own crypto: several threads keep the server busy.
+        workload, threads = "lock", 4
+        extra = ["--handshakes"]
+    else:
+        extra = []
     args = [BENCH, "--server", f"127.0.0.1:{servers.addr[server]}", "--protocol", protocol,
-            "--workload", workload, "--pipeline", str(pipeline), "--threads", str(CLIENT_THREADS),
-            "--duration", str(seconds), "--warmup", str(warmup)]
-    if workload == "contended":
+            "--workload", workload, "--pipeline", str(pipeline), "--threads", str(threads),
+            "--duration", str(seconds), "--warmup", str(warmup)] + extra
+    if "-tls" in server:
+        args += ["--tls", "--tls-ca", servers.tls_ca]
+    if extra:
+        args += ["--connections", str(threads)]
+    elif workload == "contended":
         args += ["--connections", "1000", "--keys", "10"]
     else:
         args += ["--connections", str(connections or CONNECTIONS)]
@@ -347,6 +421,8 @@ def main():
     ensure_packages()
     wanted = os.environ.get("BENCH_ROWS")
     rows = [r for r in ROWS if not wanted or r[0] in wanted.split(",")]
+    if not TLS_ROWS:
+        rows = [r for r in rows if not r[0].startswith(("tls", "mctls", "handshakes"))]
     if not YRMCDS:
         # No yrmcds binary: the counter rows run holdfast alone.
         rows = [(i, l, a, None if b and b[0] == "yrmcds" else b) for i, l, a, b in rows]
@@ -373,23 +449,34 @@ def main():
             # The baseline sides of this row: both memcacheds for a memcached row.
             bsides = []
             if b is not None:
-                names = list(MEMCACHED_THREADS) if b[0] == "memcached" else [b[0]]
+                names = (list(MEMCACHED_THREADS) if b[0] == "memcached"
+                         else list(MEMCACHED_TLS_THREADS) if b[0] == "memcached-tls" else [b[0]])
                 bsides = [(n,) + tuple(b[1:]) for n in names]
+            # The measured side of a row may itself be memcached (the TLS context row): the
+            # faster of its thread counts, as for a baseline.
+            asides = ([(n,) + tuple(a[1:]) for n in MEMCACHED_TLS_THREADS]
+                      if a[0] == "memcached-tls" else [a])
             ra, rbs = [], {s[0]: [] for s in bsides}
+            ras = {s[0]: [] for s in asides}
             for rnd in range(ROUNDS):
-                log(f"[{row_id}] round {rnd + 1}/{ROUNDS}: holdfast")
-                ra.append(run_bench(servers, a))
+                for side in asides:
+                    log(f"[{row_id}] round {rnd + 1}/{ROUNDS}: {side[0]}")
+                    ras[side[0]].append(run_bench(servers, side))
+                    servers.check_alive()
                 servers.check_alive()
                 for side in bsides:
                     log(f"[{row_id}] round {rnd + 1}/{ROUNDS}: {side[0]}")
                     rbs[side[0]].append(run_bench(servers, side))
                     servers.check_alive()
+            best_a = max(ras, key=lambda n: median(ras[n], "rate") or 0)
+            ra = ras[best_a]
+            a = (best_a,) + tuple(a[1:])
             # The faster baseline (by median rate) stands for the row.
             best = max(rbs, key=lambda n: median(rbs[n], "rate") or 0) if rbs else None
             rb = rbs[best] if best else []
             if best:
                 b = (best,) + tuple(b[1:])
-            for side, results in [("holdfast", ra)] + list(rbs.items()):
+            for side, results in list(ras.items()) + list(rbs.items()):
                 for r in results:
                     if "failed" in r:
                         notes.append(f"{label} ({side}): run failed: {r['failed']}")

@@ -9,13 +9,22 @@ valgrind, so only the daemon's instructions are counted (user space; syscalls th
 
 usage: tools/instr_per_op.py BINARY [WORKLOAD] [REQUESTS] [CONNS] [DEPTH]
 workloads: mc-binary-lock (Lock+Unlock), mc-text-lock, lockd-acq (ACQ+REL), dlock-lock
+
+With HOLDFAST_TLS_CERT, HOLDFAST_TLS_KEY and HOLDFAST_TLS_CA set, the daemon serves TLS
+(--tls-cert/--tls-key) and the client speaks TLS: the count then includes the handshakes (the
+handshakes are part of the load run: keep REQUESTS large against CONNS).
 """
-import os, re, signal, socket, struct, subprocess, sys, tempfile, time
+import os, re, signal, socket, ssl, struct, subprocess, sys, tempfile, time
+
+TLS = (os.environ.get("HOLDFAST_TLS_CERT"), os.environ.get("HOLDFAST_TLS_KEY"),
+       os.environ.get("HOLDFAST_TLS_CA"))
 
 def start(binary, out):
     cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
            binary, "--memcache", "127.0.0.1:0", "--lockd", "127.0.0.1:0", "--dlock", "127.0.0.1:0", "--counter", "off",
            "--threads", "1"]
+    if all(TLS):
+        cmd += ["--tls-cert", TLS[0], "--tls-key", TLS[1]]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     addrs = {}
     for _ in range(3):
@@ -67,6 +76,9 @@ def pairs(workload, key):
 def run_load(addrs, workload, requests, conns, depth):
     proto = {"mc": "memcache", "lockd": "lockd", "dlock": "dlock"}[workload.split("-")[0]]
     socks = [socket.create_connection(("127.0.0.1", addrs[proto])) for _ in range(conns)]
+    if all(TLS):
+        ctx = ssl.create_default_context(cafile=TLS[2])
+        socks = [ctx.wrap_socket(s, server_hostname="127.0.0.1") for s in socks]
     for i, s in enumerate(socks):
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if proto == "memcache":  # the item must exist to be locked

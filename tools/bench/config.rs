@@ -4,7 +4,11 @@
 //! Must not: touch the network.
 
 use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
+
+use holdfast::tls::rustls;
 
 use crate::codec::{supports, Protocol, Req};
 
@@ -105,6 +109,11 @@ pub struct Config {
     pub value_size: usize,
     /// Open-loop target in ops/s over all threads; `None`: closed loop.
     pub rate: Option<f64>,
+    /// `--tls`: every connection speaks TLS, with this client configuration.
+    pub tls: Option<Arc<rustls::ClientConfig>>,
+    /// `--handshakes`: instead of the workload, open connections with a full TLS handshake (no
+    /// session resumption) and one `version` round trip each, as fast as `--threads` allow.
+    pub handshakes: bool,
 }
 
 impl Config {
@@ -212,8 +221,48 @@ fn options() -> getopts::Options {
         "etcd: pipeline --pipeline requests on each HTTP/1.1 connection (etcd answers them one \
          after another) instead of opening --pipeline connections per connection",
     )
+    .optflag(
+        "",
+        "tls",
+        "speak TLS to the server (the system's CAs unless --tls-ca)",
+    )
+    .optopt("", "tls-ca", "trust the server certificates this CA signs", "FILE")
+    .optopt("", "tls-cert", "client certificate for mutual TLS", "FILE")
+    .optopt("", "tls-key", "private key of --tls-cert", "FILE")
+    .optflag(
+        "",
+        "handshakes",
+        "measure new TLS connections per second (full handshake and one version request each) \
+         instead of the workload",
+    )
     .optflag("h", "help", "print this help");
     o
+}
+
+/// `--tls` and its files: the client configuration, or `None` without `--tls`.
+fn tls(m: &getopts::Matches) -> Result<Option<Arc<rustls::ClientConfig>>, String> {
+    let wants = ["tls-ca", "tls-cert", "tls-key"]
+        .iter()
+        .any(|f| m.opt_present(f));
+    if !m.opt_present("tls") {
+        if wants {
+            return Err("--tls-ca, --tls-cert and --tls-key go with --tls".into());
+        }
+        return Ok(None);
+    }
+    let ca = m.opt_str("tls-ca");
+    let identity = match (m.opt_str("tls-cert"), m.opt_str("tls-key")) {
+        (Some(c), Some(k)) => Some((c, k)),
+        (None, None) => None,
+        _ => return Err("--tls-cert and --tls-key go together".into()),
+    };
+    holdfast::tls::client_config(
+        ca.as_deref().map(Path::new),
+        identity
+            .as_ref()
+            .map(|(c, k)| (Path::new(c.as_str()), Path::new(k.as_str()))),
+    )
+    .map(Some)
 }
 
 fn number<T: std::str::FromStr>(m: &getopts::Matches, name: &str, default: T) -> Result<T, String> {
@@ -378,6 +427,17 @@ pub fn parse<I: IntoIterator<Item = std::ffi::OsString>>(args: I) -> Result<Comm
         keys,
         value_size,
         rate,
+        tls: tls(&m)?,
+        handshakes: {
+            let on = m.opt_present("handshakes");
+            if on && !m.opt_present("tls") {
+                return Err("--handshakes measures TLS handshakes: it needs --tls".into());
+            }
+            if on && !matches!(protocol, Protocol::McText) {
+                return Err("--handshakes runs over --protocol memcache-text".into());
+            }
+            on
+        },
     }))
 }
 

@@ -60,6 +60,9 @@ fn main() -> ExitCode {
 }
 
 fn run(config: Config) -> Result<(), String> {
+    if config.handshakes {
+        return run_handshakes(&config);
+    }
     // Lock tables cannot be cleared of a killed run's leftovers (old keeps orphans for seconds),
     // so their names are made distinct per run; stores are prepared, so their keys are stable.
     let prefix = if config.prepare().is_some() {
@@ -231,7 +234,7 @@ fn print_header(config: &Config) {
     println!(
         "holdfast-bench: {} {} against {}, {} connections x pipeline {}{sockets}, {} thread{}, {}, {:.1} s (+{:.1} s warmup)",
         config.protocol.name(),
-        config.workload.name(),
+        workload_name(config),
         servers.join(","),
         connections,
         pipeline,
@@ -305,7 +308,7 @@ fn print_result(config: &Config, t: &ThreadResult) {
     let mut summary = format!(
         "summary protocol={} workload={} conns={} pipeline={} sockets={} threads={} ops={} rate={rate:.0} errors={} p50_us={} p90_us={} p99_us={} p999_us={} max_us={}",
         config.protocol.name(),
-        config.workload.name(),
+        workload_name(config),
         connections,
         pipeline,
         config.connections,
@@ -328,4 +331,90 @@ fn print_result(config: &Config, t: &ThreadResult) {
         );
     }
     println!("{summary}");
+}
+
+/// `--handshakes`: each thread opens connections one after another, each with a full TLS
+/// handshake (session resumption off) and one `version` round trip, for the warm-up and the
+/// duration; the rate counts connections finished in the measured window, the latency is from
+/// `connect` to the reply.
+fn run_handshakes(config: &Config) -> Result<(), String> {
+    use std::io::{Read, Write};
+    let Some(tls) = &config.tls else {
+        return Err("--handshakes needs --tls".into());
+    };
+    let mut tls = (**tls).clone();
+    tls.resumption = holdfast::tls::rustls::client::Resumption::disabled();
+    let tls = Arc::new(tls);
+    print_header(config);
+    let epoch = Instant::now();
+    let warm = config.warmup;
+    let end = warm + config.duration;
+    let mut handles = Vec::new();
+    for thread in 0..config.threads {
+        let (tls, server) = (tls.clone(), config.servers[thread % config.servers.len()]);
+        handles.push(std::thread::spawn(move || {
+            let mut hist = Histogram::new();
+            let mut errors = 0u64;
+            let mut first_error = None;
+            let mut reply = [0u8; 256];
+            while epoch.elapsed() < end {
+                let t0 = Instant::now();
+                let one = (|| -> Result<(), String> {
+                    let tcp =
+                        std::net::TcpStream::connect_timeout(&server, worker::CONNECT_TIMEOUT)
+                            .map_err(|e| e.to_string())?;
+                    let _ = tcp.set_nodelay(true);
+                    let mut s = worker::tls_connect(&tls, server, tcp)?;
+                    s.sock
+                        .set_read_timeout(Some(worker::CONNECT_TIMEOUT))
+                        .map_err(|e| e.to_string())?;
+                    s.write_all(b"version\r\n").map_err(|e| e.to_string())?;
+                    let mut got = 0;
+                    while !reply[..got].ends_with(b"\r\n") {
+                        let n = s.read(&mut reply[got..]).map_err(|e| e.to_string())?;
+                        if n == 0 || got + n == reply.len() {
+                            return Err("no version reply".into());
+                        }
+                        got += n;
+                    }
+                    if !reply.starts_with(b"VERSION ") {
+                        return Err("not a version reply".into());
+                    }
+                    Ok(())
+                })();
+                let measured = t0.duration_since(epoch) >= warm && epoch.elapsed() <= end;
+                match one {
+                    Ok(()) if measured => hist.record(t0.elapsed().as_nanos() as u64),
+                    Ok(()) => {}
+                    Err(e) => {
+                        errors += 1;
+                        first_error.get_or_insert(e);
+                    }
+                }
+            }
+            (hist, errors, first_error)
+        }));
+    }
+    let mut total = ThreadResult::default();
+    for h in handles {
+        let (hist, errors, first) = h.join().map_err(|_| "a thread panicked".to_string())?;
+        total.ops += hist.count();
+        total.hist.merge(&hist);
+        total.errors += errors;
+        total.first_errors.extend(first);
+    }
+    print_result(config, &total);
+    if total.ops == 0 {
+        return Err("no handshake succeeded".into());
+    }
+    Ok(())
+}
+
+/// The workload as reported: `--handshakes` replaces the workload.
+fn workload_name(config: &Config) -> &'static str {
+    if config.handshakes {
+        "handshakes"
+    } else {
+        config.workload.name()
+    }
 }

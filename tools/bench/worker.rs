@@ -35,6 +35,7 @@ use slab::Slab;
 
 use holdfast::proto::lockd;
 use holdfast::rng::Rng;
+use holdfast::tls::rustls;
 
 use crate::codec::{self, check_reply, describe, encode, Checked, Expect, Protocol, Req};
 use crate::config::{Config, Workload};
@@ -137,6 +138,8 @@ enum Contend {
 
 struct Conn {
     stream: TcpStream,
+    /// `--tls`: requests go through rustls on their way out, replies on their way in.
+    tls: Option<Box<rustls::ClientConnection>>,
     global: u64,
     rbuf: Vec<u8>,
     wbuf: Vec<u8>,
@@ -238,7 +241,16 @@ fn connect_all(shared: &Shared, a: &Assignment) -> Result<(Poll, Slab<Conn>), St
         let std = StdStream::connect_timeout(&server, CONNECT_TIMEOUT)
             .map_err(|e| format!("connecting to {server}: {e}"))?;
         std.set_nodelay(true)
-            .and_then(|()| std.set_nonblocking(true))
+            .map_err(|e| format!("configuring a connection: {e}"))?;
+        // The handshake is done before the run, blocking: the run measures requests.
+        let (std, tls) = match &config.tls {
+            Some(tls) => {
+                let s = tls_connect(tls, server, std)?;
+                (s.sock, Some(Box::new(s.conn)))
+            }
+            None => (std, None),
+        };
+        std.set_nonblocking(true)
             .map_err(|e| format!("configuring a connection: {e}"))?;
         let mut stream = TcpStream::from_std(std);
         let entry = conns.vacant_entry();
@@ -252,6 +264,7 @@ fn connect_all(shared: &Shared, a: &Assignment) -> Result<(Poll, Slab<Conn>), St
         };
         entry.insert(Conn {
             stream,
+            tls,
             global,
             rbuf: Vec::new(),
             wbuf: Vec::new(),
@@ -511,6 +524,25 @@ impl Worker<'_> {
     /// Write until done or WouldBlock; ask for writability only while bytes are left.
     fn flush(&mut self, slot: usize) {
         let c = &mut self.conns[slot];
+        if let Some(tls) = c.tls.as_mut() {
+            // rustls takes the whole plaintext (a client's buffer is unlimited) and holds the
+            // records the socket does not take yet.
+            if c.wpos < c.wbuf.len() {
+                if let Err(e) = tls.writer().write_all(&c.wbuf[c.wpos..]) {
+                    return self.kill(slot, format!("TLS write: {e}"));
+                }
+                c.wpos = c.wbuf.len();
+            }
+            while tls.wants_write() {
+                match tls.write_tls(&mut c.stream) {
+                    Ok(0) => return self.kill(slot, "connection closed while writing".into()),
+                    Ok(_) => {}
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return self.kill(slot, format!("write: {e}")),
+                }
+            }
+        }
         while c.wpos < c.wbuf.len() {
             match c.stream.write(&c.wbuf[c.wpos..]) {
                 Ok(0) => return self.kill(slot, "connection closed while writing".into()),
@@ -524,7 +556,7 @@ impl Worker<'_> {
             c.wbuf.clear();
             c.wpos = 0;
         }
-        let want = c.wpos < c.wbuf.len();
+        let want = c.wpos < c.wbuf.len() || c.tls.as_ref().is_some_and(|t| t.wants_write());
         if want != c.writable_interest {
             c.writable_interest = want;
             let interest = if want {
@@ -551,7 +583,14 @@ impl Worker<'_> {
                     return self.kill(slot, "server closed the connection".into());
                 }
                 Ok(n) => {
-                    c.rbuf.extend_from_slice(&self.scratch[..n]);
+                    match c.tls.as_mut() {
+                        Some(tls) => {
+                            if let Err(e) = tls_decrypt(tls, &self.scratch[..n], &mut c.rbuf) {
+                                return self.kill(slot, format!("TLS: {e}"));
+                            }
+                        }
+                        None => c.rbuf.extend_from_slice(&self.scratch[..n]),
+                    }
                     let outcome = if self.shared.config.workload == Workload::Contended {
                         self.contend_replies(slot, running)
                     } else {
@@ -828,6 +867,50 @@ pub fn make_key<'b>(buf: &'b mut [u8; 64], prefix: &[u8], index: u64) -> &'b [u8
     &buf[..plen + d.len()]
 }
 
+/// A blocking stream, plain or TLS.
+pub trait ReadWrite: Read + Write {}
+impl<T: Read + Write> ReadWrite for T {}
+
+/// Connect TLS over `tcp` (blocking, bounded by [`CONNECT_TIMEOUT`]); the server name is the
+/// server's IP address.
+pub fn tls_connect(
+    config: &Arc<rustls::ClientConfig>,
+    server: std::net::SocketAddr,
+    tcp: StdStream,
+) -> Result<rustls::StreamOwned<rustls::ClientConnection, StdStream>, String> {
+    let name = holdfast::tls::server_name(&server.ip().to_string())?;
+    tcp.set_read_timeout(Some(CONNECT_TIMEOUT))
+        .and_then(|()| tcp.set_write_timeout(Some(CONNECT_TIMEOUT)))
+        .map_err(|e| format!("configuring a connection: {e}"))?;
+    let s = holdfast::tls::connect_blocking(config.clone(), name, tcp)
+        .map_err(|e| format!("TLS handshake with {server}: {e}"))?;
+    s.sock
+        .set_read_timeout(None)
+        .and_then(|()| s.sock.set_write_timeout(None))
+        .map_err(|e| format!("configuring a connection: {e}"))?;
+    Ok(s)
+}
+
+/// Feed ciphertext to rustls and append the plaintext it yields to `out`.
+fn tls_decrypt(
+    tls: &mut rustls::ClientConnection,
+    mut input: &[u8],
+    out: &mut Vec<u8>,
+) -> Result<(), String> {
+    while !input.is_empty() {
+        if tls.read_tls(&mut input).map_err(|e| e.to_string())? == 0 {
+            return Err("rustls took no bytes".into());
+        }
+        tls.process_new_packets().map_err(|e| e.to_string())?;
+        match tls.reader().read_to_end(out) {
+            Ok(_) => return Err("the server closed the TLS session".into()),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    Ok(())
+}
+
 /// Make every key exist (`Req::Set`) or make sure none does (`Req::Clear`) before the run, over
 /// one blocking connection, in pipelined batches, checking each reply.
 pub fn prepare(shared: &Shared, req: Req, deadline: Instant) -> Result<(), String> {
@@ -836,9 +919,16 @@ pub fn prepare(shared: &Shared, req: Req, deadline: Instant) -> Result<(), Strin
     let config = &shared.config;
     let proto: Protocol = config.protocol;
     let server = config.servers[0];
-    let mut stream = StdStream::connect_timeout(&server, CONNECT_TIMEOUT)
+    let tcp = StdStream::connect_timeout(&server, CONNECT_TIMEOUT)
         .map_err(|e| format!("connecting to {server}: {e}"))?;
-    let _ = stream.set_nodelay(true);
+    let _ = tcp.set_nodelay(true);
+    let timeouts = tcp
+        .try_clone()
+        .map_err(|e| format!("preparing keys: {e}"))?;
+    let mut stream: Box<dyn ReadWrite> = match &config.tls {
+        Some(tls) => Box::new(tls_connect(tls, server, tcp)?),
+        None => Box::new(tcp),
+    };
     let mut out = Vec::new();
     let mut rbuf = Vec::new();
     let mut chunk = vec![0u8; READ_CHUNK];
@@ -877,7 +967,7 @@ pub fn prepare(shared: &Shared, req: Req, deadline: Instant) -> Result<(), Strin
                     if left.is_zero() {
                         return Err("preparing keys: out of time".into());
                     }
-                    stream
+                    timeouts
                         .set_read_timeout(Some(left))
                         .map_err(|e| format!("preparing keys: {e}"))?;
                     let n = stream
