@@ -147,8 +147,8 @@ fn every_lock_is_granted_once_when_a_second_daemon_tries_the_same_port() {
     }
     if status.is_none() {
         let _ = second.kill();
-        let _ = second.wait();
     }
+    let _ = second.wait();
     assert_eq!(granted, 1, "the lock must be granted exactly once");
     assert_eq!(
         status.and_then(|s| s.code()),
