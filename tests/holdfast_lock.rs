@@ -326,3 +326,73 @@ fn slots_time_out_when_all_are_taken() {
     assert_eq!(st.code(), Some(75));
     assert!(wait_with_deadline(&mut holder, Duration::from_secs(10)).success());
 }
+
+/// `--tls`: the lock is taken over TLS (the dlock listener and the counter listener), the server's
+/// certificate checked against `--tls-ca`; a certificate from another CA, or plain TCP to the
+/// TLS listener, gets nothing run.
+#[test]
+fn tls_takes_the_lock_and_a_wrong_ca_or_plain_tcp_runs_nothing() {
+    use holdfast_testkit::pki;
+    let dir = pki::temp_dir("lock-tls");
+    let ca = pki::Ca::new("lock CA");
+    let ca_file = ca.write(&dir.join("ca.pem"));
+    let other = pki::Ca::new("other CA").write(&dir.join("other.pem"));
+    let server = ca.issue(&dir, "server", &["127.0.0.1"]);
+    let d = Daemon::start(&[
+        "--tls-cert",
+        server.cert.to_str().unwrap(),
+        "--tls-key",
+        server.key.to_str().unwrap(),
+    ]);
+    let ca_s = ca_file.to_str().unwrap();
+    let out = lock_cmd(&d)
+        .args([
+            "--tls",
+            "--tls-ca",
+            ca_s,
+            "--print-fence",
+            "k",
+            "--",
+            "true",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run");
+    assert!(out.status.success(), "{out:?}");
+    let fence: u64 = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .expect("a fence");
+    assert!(fence > 0);
+    let counter = d.counter.unwrap().to_string();
+    let out = Command::new(env!("CARGO_BIN_EXE_holdfast-lock"))
+        .args([
+            "--tls",
+            "--tls-ca",
+            ca_s,
+            "--counter",
+            &counter,
+            "--slots",
+            "2",
+            "c",
+            "--",
+            "true",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run");
+    assert!(out.status.success(), "slots over TLS: {out:?}");
+    for args in [vec!["--tls", "--tls-ca", other.to_str().unwrap()], vec![]] {
+        let mut c = lock_cmd(&d);
+        c.args(&args)
+            .args(["--wait", "2s", "k", "--", "sh", "-c", "echo ran"]);
+        let out = c.stdin(Stdio::null()).output().expect("run");
+        assert!(!out.status.success(), "{args:?}: {out:?}");
+        assert!(
+            !String::from_utf8_lossy(&out.stdout).contains("ran"),
+            "{args:?} ran the command: {out:?}"
+        );
+    }
+    drop(d);
+    let _ = std::fs::remove_dir_all(dir);
+}

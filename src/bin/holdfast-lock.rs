@@ -62,6 +62,9 @@ struct Args {
     /// `--slots N`: take one of N slots of a yrmcds counter instead of a dlock lock.
     slots: Option<u32>,
     counter: String,
+    /// `--tls`: the client configuration (the server's certificate checked against `--tls-ca`,
+    /// else the system's CAs; `--tls-cert`/`--tls-key` for mutual TLS).
+    tls: Option<std::sync::Arc<holdfast::tls::rustls::ClientConfig>>,
 }
 
 fn usage(opts: &getopts::Options) -> String {
@@ -112,6 +115,24 @@ fn parse_args() -> Result<Args, String> {
         "yrmcds counter server for --slots (default 127.0.0.1:11215)",
         "HOST:PORT",
     )
+    .optflag(
+        "",
+        "tls",
+        "speak TLS to the server (its certificate checked against --tls-ca, else the system's CAs)",
+    )
+    .optopt(
+        "",
+        "tls-ca",
+        "CA certificates that sign the server's",
+        "FILE",
+    )
+    .optopt(
+        "",
+        "tls-cert",
+        "client certificate, for servers that ask for one",
+        "FILE",
+    )
+    .optopt("", "tls-key", "private key of --tls-cert", "FILE")
     .optflag("h", "help", "print this help");
     let all: Vec<String> = std::env::args().skip(1).collect();
     let split = all.iter().position(|a| a == "--");
@@ -152,6 +173,7 @@ fn parse_args() -> Result<Args, String> {
         counter: m
             .opt_str("counter")
             .unwrap_or_else(|| "127.0.0.1:11215".into()),
+        tls: tls_config(&m)?,
     };
     if args.slots.is_some() && args.keys.len() != 1 {
         return Err("--slots takes exactly one KEY (the counter's name)".into());
@@ -166,6 +188,35 @@ fn parse_args() -> Result<Args, String> {
         return Err("--heartbeat must be positive".into());
     }
     Ok(args)
+}
+
+/// `--tls` and its files.
+fn tls_config(
+    m: &getopts::Matches,
+) -> Result<Option<std::sync::Arc<holdfast::tls::rustls::ClientConfig>>, String> {
+    use std::path::Path;
+    if !m.opt_present("tls") {
+        if ["tls-ca", "tls-cert", "tls-key"]
+            .iter()
+            .any(|f| m.opt_present(f))
+        {
+            return Err("--tls-ca, --tls-cert and --tls-key go with --tls".into());
+        }
+        return Ok(None);
+    }
+    let ca = m.opt_str("tls-ca");
+    let identity = match (m.opt_str("tls-cert"), m.opt_str("tls-key")) {
+        (Some(c), Some(k)) => Some((c, k)),
+        (None, None) => None,
+        _ => return Err("--tls-cert and --tls-key go together".into()),
+    };
+    holdfast::tls::client_config(
+        ca.as_deref().map(Path::new),
+        identity
+            .as_ref()
+            .map(|(c, k)| (Path::new(c.as_str()), Path::new(k.as_str()))),
+    )
+    .map(Some)
 }
 
 /// `1.5s`, `250ms`, `2m`, `1h`, `10us`; a bare number is seconds.
@@ -201,7 +252,7 @@ fn main() -> ExitCode {
 }
 
 fn run(args: &Args) -> u8 {
-    let mut conn = match Conn::connect(&args.server) {
+    let mut conn = match Conn::connect(&args.server, args.tls.as_ref()) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("holdfast-lock: cannot reach {}: {e}", args.server);
@@ -374,19 +425,85 @@ fn install_forwarding() {
     }
 }
 
+/// A connection to the server, plain or TLS.
+enum Stream {
+    Plain(TcpStream),
+    Tls(Box<holdfast::tls::ClientStream>),
+}
+
+impl Stream {
+    fn tcp(&self) -> &TcpStream {
+        match self {
+            Stream::Plain(s) => s,
+            Stream::Tls(s) => &s.sock,
+        }
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Plain(s) => s.read(buf),
+            Stream::Tls(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Plain(s) => s.write(buf),
+            Stream::Tls(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Stream::Plain(s) => s.flush(),
+            Stream::Tls(s) => s.flush(),
+        }
+    }
+}
+
+impl AsRawFd for Stream {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.tcp().as_raw_fd()
+    }
+}
+
 struct Conn {
-    stream: TcpStream,
+    stream: Stream,
     buf: Vec<u8>,
     alive: bool,
 }
 
 impl Conn {
-    fn connect(server: &str) -> std::io::Result<Conn> {
+    fn connect(
+        server: &str,
+        tls: Option<&std::sync::Arc<holdfast::tls::rustls::ClientConfig>>,
+    ) -> std::io::Result<Conn> {
         let mut last = None;
         for addr in server.to_socket_addrs()? {
             match TcpStream::connect_timeout(&addr, Duration::from_secs(5)) {
-                Ok(stream) => {
-                    stream.set_nodelay(true)?;
+                Ok(tcp) => {
+                    tcp.set_nodelay(true)?;
+                    let stream = match tls {
+                        Some(config) => {
+                            // The name checked is the host as given (an IP address or a DNS name).
+                            let host = server
+                                .rsplit_once(':')
+                                .map_or(server, |(h, _)| h)
+                                .trim_start_matches('[')
+                                .trim_end_matches(']');
+                            let name = holdfast::tls::server_name(host)
+                                .map_err(|e| std::io::Error::new(ErrorKind::InvalidInput, e))?;
+                            tcp.set_read_timeout(Some(Duration::from_secs(5)))?;
+                            let s = holdfast::tls::connect_blocking(config.clone(), name, tcp)?;
+                            s.sock.set_read_timeout(None)?;
+                            Stream::Tls(Box::new(s))
+                        }
+                        None => Stream::Plain(tcp),
+                    };
                     return Ok(Conn {
                         stream,
                         buf: Vec::new(),
@@ -409,7 +526,7 @@ impl Conn {
             if let Some(r) = self.take_response()? {
                 return Ok(r);
             }
-            let mut chunk = [0u8; 4096];
+            let mut chunk = [0u8; 65536];
             match self.stream.read(&mut chunk) {
                 Ok(0) => return Err(ErrorKind::UnexpectedEof.into()),
                 Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
@@ -445,7 +562,7 @@ impl Conn {
 
     /// Read and discard what arrived (ping answers); an error or EOF means the connection is lost.
     fn drain(&mut self) -> std::io::Result<()> {
-        let mut chunk = [0u8; 4096];
+        let mut chunk = [0u8; 65536];
         match self.stream.read(&mut chunk) {
             Ok(0) => Err(ErrorKind::UnexpectedEof.into()),
             Ok(n) => {
@@ -477,7 +594,7 @@ mod slots {
         body: Vec<u8>,
     }
 
-    fn read_reply(stream: &mut TcpStream) -> std::io::Result<Reply> {
+    fn read_reply(stream: &mut Stream) -> std::io::Result<Reply> {
         let mut h = [0u8; ct::HEADER_LEN];
         stream.read_exact(&mut h)?;
         let len = u32::from_be_bytes([h[4], h[5], h[6], h[7]]) as usize;
@@ -494,7 +611,7 @@ mod slots {
 
     pub fn run(args: &Args, n: u32) -> u8 {
         let name = args.keys[0].as_bytes();
-        let mut stream = match Conn::connect(&args.counter) {
+        let mut stream = match Conn::connect(&args.counter, args.tls.as_ref()) {
             Ok(c) => c.stream,
             Err(e) => {
                 eprintln!("holdfast-lock: cannot reach {}: {e}", args.counter);
@@ -563,7 +680,7 @@ mod slots {
 
     /// Wait for the child, forwarding signals and watching the connection (the counter
     /// protocol has no idle timeout, so nothing needs to be sent meanwhile).
-    fn supervise(stream: &mut TcpStream, child: &mut Child, args: &Args) -> u8 {
+    fn supervise(stream: &mut Stream, child: &mut Child, args: &Args) -> u8 {
         let mut alive = true;
         loop {
             let sig = PENDING_SIGNAL.swap(0, Ordering::AcqRel);
