@@ -81,3 +81,29 @@ fn a_reload_keeps_an_item_whose_file_went_bad() {
     assert!(store.generation() > g);
     std::fs::remove_dir_all(d).unwrap();
 }
+
+#[test]
+fn a_server_configuration_needs_a_matching_private_key_and_real_pem() {
+    use holdfast_testkit::pki;
+    let d = pki::temp_dir("tls-config");
+    let ca = pki::Ca::new("unit CA");
+    let ca_file = ca.write(&d.join("ca.pem"));
+    let a = ca.issue(&d, "a", &["127.0.0.1"]);
+    let b = ca.issue(&d, "b", &["127.0.0.1"]);
+    assert!(server_config(&a.cert, &a.key, None).is_ok());
+    assert!(server_config(&a.cert, &a.key, Some(&ca_file)).is_ok());
+    let e = server_config(&a.cert, &b.key, None).unwrap_err();
+    assert!(e.contains("a.pem"), "{e}");
+    // A key file is a secret: readable by others, refused.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&a.key, std::fs::Permissions::from_mode(0o640)).unwrap();
+    assert!(server_config(&a.cert, &a.key, None)
+        .unwrap_err()
+        .contains("other users can access"));
+    // Not PEM at all, or PEM without a certificate.
+    std::fs::write(d.join("junk.pem"), "not a certificate\n").unwrap();
+    assert!(read_certs(&d.join("junk.pem")).is_err());
+    assert!(read_certs(&b.key).is_err());
+    assert!(client_config(Some(&ca_file), Some((&b.cert, &b.key))).is_ok());
+    std::fs::remove_dir_all(d).unwrap();
+}
