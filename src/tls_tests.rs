@@ -107,3 +107,18 @@ fn a_server_configuration_needs_a_matching_private_key_and_real_pem() {
     assert!(client_config(Some(&ca_file), Some((&b.cert, &b.key))).is_ok());
     std::fs::remove_dir_all(d).unwrap();
 }
+
+#[test]
+fn the_provider_prefers_aes_128_gcm_and_keeps_every_suite() {
+    let p = provider();
+    let names: Vec<String> = p
+        .cipher_suites
+        .iter()
+        .map(|s| format!("{:?}", s.suite()))
+        .collect();
+    assert_eq!(names[0], "TLS13_AES_128_GCM_SHA256", "{names:?}");
+    assert_eq!(names.len(), rustls::crypto::ring::ALL_CIPHER_SUITES.len());
+    let first12 = names.iter().position(|n| !n.starts_with("TLS13")).unwrap();
+    assert!(names[first12..].iter().all(|n| !n.starts_with("TLS13")));
+    assert!(names[first12].contains("AES_128_GCM"), "{names:?}");
+}
