@@ -738,12 +738,18 @@ impl Reader {
                     self.stats.handshakes.fetch_add(1, Ordering::Relaxed);
                     Stream::Server(Box::new(s))
                 }
-                Err(e) => {
-                    if !self.shutdown.load(Ordering::Relaxed) {
-                        self.refuse(from, &format!("TLS handshake: {e}"));
-                    }
+                // Bytes that are not a good handshake, a certificate not of the peer CA, or no
+                // end in time: refused. A peer that went away meanwhile only closed.
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::InvalidData | io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    self.refuse(from, &format!("TLS handshake: {e}"));
                     return;
                 }
+                Err(_) => return,
             },
         };
         let mut sender: Option<u64> = None;
