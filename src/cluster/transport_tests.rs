@@ -673,3 +673,45 @@ fn stalled_handshakes_cannot_hold_the_inbound_slots() {
     }
     assert!(refused(&a) >= MAX_INBOUND_CONNECTIONS as u64);
 }
+
+/// The dialing node checks the accepting node's certificate against the name of that peer's
+/// `--peers` entry: a DNS name given there is checked as such, and a certificate without the
+/// name is not accepted.
+#[test]
+fn the_dialer_checks_the_name_of_the_peers_entry() {
+    let pki = Pki::new();
+    let (la, lb, lc) = (listener(), listener(), listener());
+    let peers: BTreeMap<u64, SocketAddr> = [
+        (1, la.local_addr().unwrap()),
+        (2, lb.local_addr().unwrap()),
+        (3, lc.local_addr().unwrap()),
+    ]
+    .into_iter()
+    .collect();
+    let named = |stem: &str, names: &[&str]| {
+        let i = pki.ca.issue(&pki.dir, stem, names);
+        PeerTls::fixed(
+            crate::tls::server_config(&i.cert, &i.key, Some(&pki.ca_path)).unwrap(),
+            crate::tls::client_config(Some(&pki.ca_path), Some((&i.cert, &i.key))).unwrap(),
+        )
+    };
+    // 1 reaches 2 as "localhost" and 3 as "peer3.test"; both listen on 127.0.0.1.
+    let mut cfg = tls_config(1, &peers, pki.tls("a", &pki.ca));
+    cfg.names = [(2, "localhost".to_string()), (3, "peer3.test".to_string())]
+        .into_iter()
+        .collect();
+    let a = Transport::start(cfg, la).unwrap();
+    let b = Transport::start(tls_config(2, &peers, named("b", &["localhost"])), lb).unwrap();
+    let c = Transport::start(tls_config(3, &peers, named("c", &["127.0.0.1"])), lc).unwrap();
+    let got = wait_for("b, certified as localhost, hears from a", || {
+        a.send(msg(1, 2, 1));
+        b.recv_timeout(Duration::from_millis(50))
+    });
+    assert_eq!(got.term, 1);
+    wait_for("c, not certified as peer3.test, is unreachable", || {
+        a.send(msg(1, 3, 2));
+        thread::sleep(Duration::from_millis(20));
+        std::iter::from_fn(|| a.try_event()).find(|e| *e == PeerEvent::Unreachable(3))
+    });
+    assert!(c.try_recv().is_none(), "c heard from a");
+}
