@@ -8,6 +8,7 @@
 #   make scale  memory per idle connection and per held lock, lease expiry accuracy, at 10k/1M
 #   make soak   mixed hostile traffic on all three protocols for SOAK_SECONDS (CI: 60)
 #   make soak-cluster  the same against three nodes with kills, pauses and partitions
+#   make soak-cluster-tls  the cluster soak with mutual TLS between the nodes
 #   make owner-ceiling  ops/s of one owner thread at 100% and its instructions per op
 #   make determinism  the replay/determinism check over REPLAY_SEEDS seeds (release)
 #   make install  the daemon, holdfast-lock, the systemd unit and the man page under DESTDIR/PREFIX
@@ -41,7 +42,7 @@ BINDIR  := $(PREFIX)/bin
 MANDIR  := $(PREFIX)/share/man/man1
 UNITDIR ?= $(PREFIX)/lib/systemd/system
 
-.PHONY: run run-cluster build release test test-rust test-clients conformance deps deps-apt deps-browser deps-go deps-systemd deps-python deps-etcd install verify-service lint fmt bench bench-cluster owner-ceiling scale soak soak-cluster fuzz fuzz-smoke fuzz-deps clean
+.PHONY: run run-cluster build release test test-rust test-clients conformance deps deps-apt deps-browser deps-go deps-systemd deps-python deps-etcd install verify-service lint fmt bench bench-cluster owner-ceiling scale soak soak-cluster soak-cluster-tls fuzz fuzz-smoke fuzz-deps clean
 
 run: release
 	./target/release/holdfast
@@ -200,6 +201,11 @@ soak: release
 # one way); then nothing may be left locked on any node. Data and node logs are kept on FAIL.
 soak-cluster: release
 	./target/release/holdfast-soak --cluster 3 --seconds $(SOAK_SECONDS) --holdfast ./target/release/holdfast -- $(SOAK_CLUSTER_FLAGS)
+
+# The same with mutual TLS between the nodes: a CA and a certificate per node are made in the
+# soak's directory; the proxies forward the TLS bytes unchanged.
+soak-cluster-tls: release
+	./target/release/holdfast-soak --cluster 3 --peer-tls --seconds $(SOAK_SECONDS) --holdfast ./target/release/holdfast -- $(SOAK_CLUSTER_FLAGS)
 
 # The owner thread alone at 100% (no sockets): ops/s and callgrind instructions per op.
 owner-ceiling:

@@ -67,6 +67,9 @@ pub struct ClusterConfig {
     pub node_id: u16,
     /// Every node of the initial cluster, this one included, and where it listens for peers.
     pub peers: BTreeMap<u64, SocketAddr>,
+    /// The host of each `--peers` entry as given (an IP address or a DNS name, without
+    /// brackets): with peer TLS, the name that node's certificate must carry.
+    pub peer_hosts: BTreeMap<u64, String>,
     pub data_dir: PathBuf,
     pub election_timeout_ms: u64,
     pub session_timeout_ms: u64,
@@ -484,6 +487,7 @@ fn cluster(m: &getopts::Matches) -> Result<Option<ClusterConfig>, String> {
     )?;
     Ok(Some(ClusterConfig {
         node_id,
+        peer_hosts: peer_hosts(&list),
         peers,
         data_dir,
         election_timeout_ms,
@@ -518,6 +522,43 @@ pub fn parse_peers(list: &str) -> Result<BTreeMap<u64, SocketAddr>, String> {
         return Err("--peers: no nodes".into());
     }
     Ok(peers)
+}
+
+/// The host part of each `ID=HOST:PORT` of a list that [`parse_peers`] accepted: `[::1]:2628`
+/// gives `::1`, `node2.example:2628` gives `node2.example`.
+pub fn peer_hosts(list: &str) -> BTreeMap<u64, String> {
+    list.split(',')
+        .filter_map(|item| {
+            let (id, addr) = item.split_once('=')?;
+            let (host, _port) = addr.rsplit_once(':')?;
+            let host = host
+                .strip_prefix('[')
+                .and_then(|h| h.strip_suffix(']'))
+                .unwrap_or(host);
+            Some((id.parse().ok()?, host.to_string()))
+        })
+        .collect()
+}
+
+/// The line a cluster node logs at start when its peer traffic crosses a network in the clear:
+/// without peer TLS, a `--peers` address that is not loopback. None otherwise.
+pub fn plaintext_peers_warning(cluster: &ClusterConfig, peer_tls: bool) -> Option<String> {
+    if peer_tls {
+        return None;
+    }
+    let exposed: Vec<String> = cluster
+        .peers
+        .iter()
+        .filter(|(_, a)| !a.ip().to_canonical().is_loopback())
+        .map(|(id, a)| format!("{id}={a}"))
+        .collect();
+    (!exposed.is_empty()).then(|| {
+        format!(
+            "peer traffic is neither encrypted nor authenticated: --peers names {} (not \
+             loopback) without --peer-tls-cert/--peer-tls-key/--peer-tls-ca",
+            exposed.join(",")
+        )
+    })
 }
 
 /// The secret and certificate files: pairs that go together must come together.
@@ -661,6 +702,46 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(c.cluster.unwrap().session_timeout_ms, 600);
+    }
+
+    #[test]
+    fn peer_hosts_keep_the_names_given() {
+        let c = run(&[
+            "--peers",
+            "1=127.0.0.1:2628,2=localhost:3628,3=[::1]:4628",
+            "--node-id",
+            "1",
+            "--data-dir",
+            "d",
+        ])
+        .unwrap();
+        let k = c.cluster.unwrap();
+        let hosts: Vec<(u64, &str)> = k.peer_hosts.iter().map(|(&i, h)| (i, h.as_str())).collect();
+        assert_eq!(hosts, [(1, "127.0.0.1"), (2, "localhost"), (3, "::1")]);
+    }
+
+    #[test]
+    fn plain_peer_traffic_off_loopback_is_warned_about_once() {
+        let cluster = |list: &str| {
+            run(&["--peers", list, "--node-id", "1", "--data-dir", "d"])
+                .unwrap()
+                .cluster
+                .unwrap()
+        };
+        let local = cluster("1=127.0.0.1:2628,2=127.0.0.2:3628,3=[::1]:4628");
+        assert_eq!(plaintext_peers_warning(&local, false), None);
+        let remote = cluster("1=127.0.0.1:2628,2=192.0.2.7:2628,3=[2001:db8::1]:2628");
+        let line = plaintext_peers_warning(&remote, false).expect("a warning");
+        assert!(
+            line.starts_with("peer traffic is neither encrypted nor authenticated: "),
+            "{line}"
+        );
+        assert!(
+            line.contains("2=192.0.2.7:2628,3=[2001:db8::1]:2628"),
+            "{line}"
+        );
+        assert!(!line.contains('\n'));
+        assert_eq!(plaintext_peers_warning(&remote, true), None, "peer TLS on");
     }
 
     #[test]

@@ -9,7 +9,7 @@ mod common;
 mod proxy;
 
 use std::net::{SocketAddr, TcpListener};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::{Client, Daemon};
@@ -25,6 +25,63 @@ struct Cluster {
     extra: Vec<String>,
     /// Set by [`Cluster::start_proxied`]: every peer link goes through a proxy of its own.
     mesh: Option<proxy::Mesh>,
+    /// Flags of one node each (its peer TLS certificate), after `extra`.
+    node_flags: Vec<Vec<String>>,
+    /// Set by [`Cluster::start_tls`]: the peer CA and where its files are.
+    pki: Option<Pki>,
+}
+
+/// The peer TLS files of a test cluster.
+struct Pki {
+    dir: PathBuf,
+    ca: holdfast_testkit::pki::Ca,
+    ca_path: PathBuf,
+}
+
+impl Pki {
+    /// A CA in `dir`, a certificate for 127.0.0.1 per node, and each node's flags: node i's
+    /// certificate is the CA's, except for the nodes in `foreign`, whose certificate is of
+    /// another CA (they trust the cluster's CA all the same).
+    fn create(dir: &Path, n: usize, foreign: &[usize]) -> (Pki, Vec<Vec<String>>) {
+        std::fs::create_dir_all(dir).expect("pki directory");
+        let ca = holdfast_testkit::pki::Ca::new("holdfast test peer CA");
+        let ca_path = ca.write(&dir.join("ca.pem"));
+        let other = holdfast_testkit::pki::Ca::new("a foreign CA");
+        let flags = (1..=n)
+            .map(|i| {
+                let signer = if foreign.contains(&i) { &other } else { &ca };
+                let cert = signer.issue(dir, &format!("node{i}"), &["127.0.0.1"]);
+                [
+                    ("--peer-tls-cert", &cert.cert),
+                    ("--peer-tls-key", &cert.key),
+                    ("--peer-tls-ca", &ca_path),
+                ]
+                .iter()
+                .flat_map(|(f, p)| [f.to_string(), p.to_string_lossy().into_owned()])
+                .collect()
+            })
+            .collect();
+        let pki = Pki {
+            dir: dir.to_path_buf(),
+            ca,
+            ca_path,
+        };
+        (pki, flags)
+    }
+
+    /// A TLS client of a node's peer port with a certificate of the cluster's CA: the
+    /// handshake done.
+    fn client(&self, addr: SocketAddr) -> holdfast::tls::ClientStream {
+        let cert = self.ca.issue(&self.dir, "intruder", &["127.0.0.1"]);
+        let config =
+            holdfast::tls::client_config(Some(&self.ca_path), Some((&cert.cert, &cert.key)))
+                .expect("client config");
+        let tcp = std::net::TcpStream::connect(addr).expect("connect to the peer port");
+        tcp.set_read_timeout(Some(common::DEADLINE))
+            .expect("timeout");
+        let name = holdfast::tls::server_name("127.0.0.1").expect("name");
+        holdfast::tls::connect_blocking(config, name, tcp).expect("handshake")
+    }
 }
 
 /// A port for a node's peer listener, free when asked. Drawn below Linux's ephemeral range
@@ -72,12 +129,40 @@ impl Cluster {
         c
     }
 
+    /// With peer TLS: every node has a certificate of one CA, except those in `foreign` (see
+    /// [`Pki::create`]). Proxied or not; committing through every node that is not foreign.
+    fn start_tls(
+        n: usize,
+        name: &str,
+        extra: &[&str],
+        proxied: bool,
+        foreign: &[usize],
+    ) -> Cluster {
+        let c = Cluster::start_full(n, name, extra, |_| {}, proxied, Some(foreign));
+        for id in (1..=n).filter(|i| !foreign.contains(i)) {
+            wait_for_quorum(c.node(id).memcache.expect("memcache"));
+        }
+        c
+    }
+
     fn start_with(
         n: usize,
         name: &str,
         extra: &[&str],
         prepare: impl FnOnce(&[PathBuf]),
         proxied: bool,
+    ) -> Cluster {
+        Cluster::start_full(n, name, extra, prepare, proxied, None)
+    }
+
+    /// `tls`: peer TLS, with these nodes' certificates of a foreign CA.
+    fn start_full(
+        n: usize,
+        name: &str,
+        extra: &[&str],
+        prepare: impl FnOnce(&[PathBuf]),
+        proxied: bool,
+        tls: Option<&[usize]>,
     ) -> Cluster {
         let peers: Vec<String> = (1..=n)
             .map(|i| format!("{i}=127.0.0.1:{}", free_port()))
@@ -89,6 +174,13 @@ impl Cluster {
             std::fs::create_dir_all(d).expect("data directory");
         }
         prepare(&dirs);
+        let (pki, node_flags) = match tls {
+            Some(foreign) => {
+                let (pki, flags) = Pki::create(&base.join("pki"), n, foreign);
+                (Some(pki), flags)
+            }
+            None => (None, Vec::new()),
+        };
         let mesh = proxied.then(|| {
             let real: Vec<SocketAddr> = peers
                 .iter()
@@ -114,6 +206,8 @@ impl Cluster {
             nodes: Vec::new(),
             extra: extra.iter().map(|s| s.to_string()).collect(),
             mesh,
+            node_flags,
+            pki,
         };
         for i in 1..=n {
             let d = c.spawn(i);
@@ -149,7 +243,22 @@ impl Cluster {
             ELECTION_MS,
         ];
         args.extend(self.extra.iter().map(String::as_str));
+        if let Some(flags) = self.node_flags.get(id - 1) {
+            args.extend(flags.iter().map(String::as_str));
+        }
         Daemon::start(&args)
+    }
+
+    /// Where node `id` listens for its peers (its own `--peers` entry).
+    fn peer_addr(&self, id: usize) -> SocketAddr {
+        self.peers
+            .split(',')
+            .find_map(|p| {
+                p.split_once('=')
+                    .filter(|(i, _)| *i == id.to_string())
+                    .and_then(|(_, a)| a.parse().ok())
+            })
+            .expect("the node's peer address")
     }
 
     fn node(&self, id: usize) -> &Daemon {
@@ -1198,5 +1307,214 @@ fn a_busy_log_is_snapshotted_by_its_size_and_the_directory_stays_bounded() {
             i + 1,
             total
         );
+    }
+}
+
+/// Inbound peer connections a node refused since it started.
+fn peer_refused(d: &Daemon) -> u64 {
+    status(d)["peer_refused"].as_u64().expect("peer_refused")
+}
+
+/// The two nodes of three that are not `id`.
+fn the_others(id: usize) -> (usize, usize) {
+    match id {
+        1 => (2, 3),
+        2 => (1, 3),
+        _ => (1, 2),
+    }
+}
+
+/// Reads until the other side closes: true when it did (EOF, a reset, or through TLS an
+/// unclean close or an alert) within the deadline.
+fn closed_by_peer(s: &mut impl std::io::Read) -> bool {
+    let deadline = Instant::now() + common::DEADLINE;
+    let mut buf = [0u8; 4096];
+    while Instant::now() < deadline {
+        match s.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return false
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return true,
+        }
+    }
+    false
+}
+
+/// What a node sends back to `request` on a fresh connection within `within` (empty when
+/// nothing, or when it closes the connection first).
+fn first_bytes(addr: SocketAddr, request: &[u8], within: Duration) -> Vec<u8> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(within)).expect("timeout");
+    s.write_all(request).expect("write");
+    let mut buf = vec![0u8; 256];
+    match s.read(&mut buf) {
+        Ok(n) => buf[..n].to_vec(),
+        Err(_) => Vec::new(),
+    }
+}
+
+/// Waits until `d` has refused more than `than` inbound peer connections.
+fn wait_refused(d: &Daemon, than: u64, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while peer_refused(d) <= than {
+        assert!(Instant::now() < deadline, "{what}: no refusal counted");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Peer TLS on every link, each also through a proxy (which forwards the TLS bytes as they
+/// are): the cluster elects, serves a lock, and goes through the plain cluster's faults: the
+/// leader killed and restarted, a follower paused past the session timeout, a follower cut
+/// off both ways.
+#[test]
+fn a_peer_tls_cluster_survives_a_leader_kill_a_pause_and_a_partition() {
+    let session = PART_SESSION_MS.to_string();
+    let mut cluster =
+        Cluster::start_tls(3, "tls-faults", &["--session-timeout", &session], true, &[]);
+    for id in 1..=3 {
+        assert_eq!(status(cluster.node(id))["peer_tls"], true);
+    }
+    // A lock through a follower, held on every node.
+    let lead = leader(&cluster);
+    let (f1, f2) = the_others(lead);
+    let mut holder = cluster.node(f1).lockd();
+    assert_eq!(ask(&mut holder, ld::op::ACQ, b"job\0"), ld::op::ACQUIRED);
+    for id in [lead, f2] {
+        let mut probe = cluster.node(id).lockd();
+        assert_eq!(ask(&mut probe, ld::op::TRY, b"job\0"), ld::op::WBLOCK);
+    }
+
+    // The leader killed: the other two elect one and keep the lock; restarted, it catches up.
+    kill9(cluster.node(lead));
+    wait_for_quorum(cluster.node(f2).memcache.expect("memcache"));
+    let mut probe = cluster.node(f2).lockd();
+    assert_eq!(ask(&mut probe, ld::op::TRY, b"job\0"), ld::op::WBLOCK);
+    cluster.restart(lead);
+    wait_for_quorum(cluster.node(lead).memcache.expect("memcache"));
+    let mut late = cluster.node(lead).lockd();
+    assert_eq!(ask(&mut late, ld::op::TRY, b"job\0"), ld::op::WBLOCK);
+    assert_eq!(ask(&mut holder, ld::op::REL, b"job\0"), ld::op::RELEASED);
+
+    // A follower paused past the session timeout: the other two keep granting; woken, it
+    // serves again.
+    let lead = leader(&cluster);
+    let (x, other) = the_others(lead);
+    let pid = cluster.node(x).pid() as libc::pid_t;
+    // SAFETY: signalling a child process this test started and has not reaped.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    wait_stopped(pid);
+    let paused = Instant::now();
+    for (id, key) in [(lead, "paused1"), (other, "paused2")] {
+        keeps_granting(cluster.node(id).memcache.expect("memcache"), key, 3, SLACK);
+    }
+    std::thread::sleep(
+        Duration::from_millis(PART_SESSION_MS + 300).saturating_sub(paused.elapsed()),
+    );
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+    wait_for_quorum(cluster.node(x).memcache.expect("memcache"));
+
+    // A follower cut off both ways through its proxies: the majority grants; healed, the
+    // follower catches up.
+    let lead = leader(&cluster);
+    let (x, other) = the_others(lead);
+    let mesh = cluster.mesh.as_ref().expect("proxied");
+    mesh.isolate(x, proxy::Mode::Drop);
+    let cut = Instant::now();
+    for (id, key) in [(lead, "cut1"), (other, "cut2")] {
+        keeps_granting(cluster.node(id).memcache.expect("memcache"), key, 5, SLACK);
+    }
+    let mut w = cluster.node(lead).memcache();
+    w.expect(b"set during-cut 0 0 1\r\nv\r\n", b"STORED\r\n");
+    // Past the session timeout: the cut-off node fences itself, then comes back.
+    std::thread::sleep(Duration::from_millis(PART_SESSION_MS + 300).saturating_sub(cut.elapsed()));
+    mesh.heal();
+    wait_for_quorum(cluster.node(x).memcache.expect("memcache"));
+    let mut m = cluster.node(x).memcache();
+    m.expect(
+        b"get during-cut\r\n",
+        b"VALUE during-cut 0 1\r\nv\r\nEND\r\n",
+    );
+}
+
+/// A node whose certificate is of another CA never takes part: the two others refuse its
+/// connections (and count them), and do not accept its certificate when they dial it, so none
+/// of its bytes is read and none of theirs reaches it. Nodes 1 and 2 are a quorum of the three
+/// and serve; node 3 never hears of a leader.
+#[test]
+fn a_node_with_a_foreign_certificate_never_takes_part() {
+    let cluster = Cluster::start_tls(3, "tls-foreign", &[], false, &[3]);
+    let mut a = cluster.node(1).lockd();
+    assert_eq!(ask(&mut a, ld::op::ACQ, b"job\0"), ld::op::ACQUIRED);
+    let mut b = cluster.node(2).lockd();
+    assert_eq!(ask(&mut b, ld::op::TRY, b"job\0"), ld::op::WBLOCK);
+    keeps_granting(
+        cluster.node(2).memcache.expect("memcache"),
+        "pair",
+        3,
+        SLACK,
+    );
+    wait_refused(cluster.node(1), 0, "node 1 refuses node 3");
+    wait_refused(cluster.node(2), 0, "node 2 refuses node 3");
+    // Many election timeouts: node 3 knows no leader and commits nothing (a write through it is
+    // never STORED: it answers no quorum, closes, or says nothing).
+    let foreign = cluster.node(3).memcache.expect("memcache");
+    let until = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < until {
+        let s = status(cluster.node(3));
+        assert_eq!(s["leader"], 0, "the foreign node heard of a leader: {s}");
+        let answer = first_bytes(foreign, b"set x 0 0 1\r\nv\r\n", Duration::from_millis(700));
+        assert!(
+            !answer.starts_with(b"STORED"),
+            "the foreign node stored a value"
+        );
+    }
+    let lead = status(cluster.node(1))["leader"].as_u64().unwrap_or(0);
+    assert!(lead == 1 || lead == 2, "leader {lead}");
+    assert!(applied(cluster.node(3)) < applied(cluster.node(1)));
+    assert_eq!(status(cluster.node(2))["leader"].as_u64(), Some(lead));
+}
+
+/// Bytes that are not TLS, sent to a node's peer port, and bytes that are not frames, sent
+/// after a valid handshake (a client certificate of the cluster's CA), each close that
+/// connection and are counted; the cluster keeps serving through every node.
+#[test]
+fn garbage_on_a_tls_peer_port_is_refused_and_the_cluster_keeps_serving() {
+    use std::io::Write;
+    let cluster = Cluster::start_tls(3, "tls-garbage", &[], false, &[]);
+    let peer = cluster.peer_addr(1);
+    let before = peer_refused(cluster.node(1));
+    let mut s = std::net::TcpStream::connect(peer).expect("connect");
+    s.set_read_timeout(Some(common::DEADLINE)).expect("timeout");
+    s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .expect("write");
+    assert!(
+        closed_by_peer(&mut s),
+        "garbage before a handshake: not closed"
+    );
+    wait_refused(cluster.node(1), before, "garbage before a handshake");
+
+    let before = peer_refused(cluster.node(1));
+    let mut c = cluster.pki.as_ref().expect("pki").client(peer);
+    c.write_all(&[0xde; 64]).expect("write");
+    c.flush().expect("flush");
+    assert!(
+        closed_by_peer(&mut c),
+        "garbage after a handshake: not closed"
+    );
+    wait_refused(cluster.node(1), before, "garbage after a handshake");
+
+    for id in 1..=3 {
+        let key = format!("after{id}");
+        keeps_granting(cluster.node(id).memcache.expect("memcache"), &key, 2, SLACK);
     }
 }

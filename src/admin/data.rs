@@ -100,6 +100,11 @@ pub struct ClusterStatus {
     /// The voters; while a change is under way, also the old configuration's (joint consensus).
     pub voters: Vec<u64>,
     pub voters_outgoing: Vec<u64>,
+    /// Whether the peer links are mutual TLS.
+    pub peer_tls: bool,
+    /// Inbound peer connections refused since start (a failed TLS handshake, a bad frame, a
+    /// sender that is not a member).
+    pub peer_refused: u64,
 }
 
 #[derive(Debug)]

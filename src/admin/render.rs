@@ -415,6 +415,8 @@ pub fn cluster(c: &super::data::ClusterStatus) -> Vec<u8> {
         "voters": c.voters,
         "voters_outgoing": c.voters_outgoing,
         "peers": peers,
+        "peer_tls": c.peer_tls,
+        "peer_refused": c.peer_refused,
     });
     let mut out = serde_json::to_vec_pretty(&v).unwrap_or_default();
     out.push(b'\n');

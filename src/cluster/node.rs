@@ -26,7 +26,7 @@ use raft::{Config, RawNode, SnapshotStatus, StateRole, Storage};
 
 use super::liveness::{Micros, Probes};
 use super::storage::{DiskStorage, PendingLog, Written};
-use super::transport::{PeerEvent, Transport, TransportConfig};
+use super::transport::{PeerEvent, PeerTls, Transport, TransportConfig, TransportStats};
 
 /// Ticks in one election timeout: the contract's "heartbeats every tenth of it".
 pub const TICKS_PER_ELECTION: usize = 10;
@@ -107,6 +107,11 @@ pub struct NodeConfig {
     pub election_timeout: Duration,
     /// Start outside the cluster, to be added by `cluster add` (`--join`).
     pub join: bool,
+    /// Mutual TLS between the nodes (`--peer-tls-*`); None: plain TCP.
+    pub peer_tls: Option<PeerTls>,
+    /// The host of each `--peers` entry as given (an IP address or a DNS name): the name a
+    /// peer's certificate must carry.
+    pub peer_names: BTreeMap<u64, String>,
 }
 
 pub struct RaftNode {
@@ -208,8 +213,11 @@ impl RaftNode {
             &cfg.peers,
             &machine.membership(),
         );
-        let mut transport = Transport::start(TransportConfig::new(cfg.id, peers), listener)
-            .map_err(|e| format!("peer transport: {e}"))?;
+        let mut tcfg = TransportConfig::new(cfg.id, peers);
+        tcfg.tls = cfg.peer_tls.clone();
+        tcfg.names = cfg.peer_names.clone();
+        let mut transport =
+            Transport::start(tcfg, listener).map_err(|e| format!("peer transport: {e}"))?;
         transport.set_removed(&machine.membership().removed);
         let tick = (cfg.election_timeout / TICKS_PER_ELECTION as u32).max(Duration::from_millis(1));
         Ok(RaftNode {
@@ -274,6 +282,16 @@ impl RaftNode {
     /// The peers the transport sends to, and where.
     pub fn peers(&self) -> BTreeMap<u64, SocketAddr> {
         self.transport.peers()
+    }
+
+    /// The peer transport's counters.
+    pub fn transport_stats(&self) -> &TransportStats {
+        self.transport.stats()
+    }
+
+    /// Whether the peer links are mutual TLS.
+    pub fn peer_tls(&self) -> bool {
+        self.transport.tls()
     }
 
     /// Propose a membership change (through the leader, as raft-rs forwards it). Raft turns a

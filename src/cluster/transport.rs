@@ -22,6 +22,15 @@
 //! departed one's writer stops, and frames from an id that is no longer a member are refused
 //! from the next frame on, on connections already open too.
 //!
+//! With peer TLS ([`TransportConfig::tls`]) every connection is mutual TLS (rustls): an inbound
+//! connection is read only after a handshake in which the peer proved a certificate signed by
+//! the peer CA, before a single frame byte; the handshake has [`HANDSHAKE_TIMEOUT`], so that
+//! stalled strangers cannot hold the inbound slots, and a failed one is counted in
+//! [`TransportStats::refused`]. A dialing writer checks the accepting node's certificate against
+//! the same CA, with the host of that peer's `--peers` entry as the name. The configurations are
+//! taken once per new connection: a certificate reload (SIGHUP) applies to the connections made
+//! after it; open ones keep theirs.
+//!
 //! Outbound connections reconnect with exponential backoff ([`BACKOFF_MIN`] doubling to
 //! [`BACKOFF_MAX`]); the driver hears [`PeerEvent::Unreachable`] once per failed attempt (for
 //! `report_unreachable`) and [`PeerEvent::SnapshotFailed`] for a snapshot message that was
@@ -30,14 +39,17 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender, TrySendError};
 use protobuf::Message as PbMessage;
 use raft::prelude::{Message, MessageType};
+
+use crate::tls::rustls;
 
 pub const MAGIC: &[u8; 4] = b"HFRT";
 pub const VERSION: u8 = 1;
@@ -62,6 +74,12 @@ pub const MAX_INBOUND_CONNECTIONS: usize = 32;
 /// A connection that has not sent one whole valid frame this long after it was accepted is
 /// closed, so that idle strangers cannot hold the inbound slots.
 pub const FIRST_FRAME_TIMEOUT: Duration = Duration::from_secs(5);
+/// A TLS handshake, inbound or outbound, that has not ended this long after the connection was
+/// made fails: an inbound one frees its slot, an outbound one is retried with the backoff.
+pub const HANDSHAKE_TIMEOUT: Duration = FIRST_FRAME_TIMEOUT;
+/// At most one log line about refused inbound connections this often (a stranger that
+/// reconnects in a loop must not flood the log); the lines in between are counted.
+const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(10);
 /// How often blocked threads look at the shutdown flag.
 const POLL: Duration = Duration::from_millis(50);
 
@@ -72,8 +90,13 @@ pub enum FrameError {
     BadVersion(u8),
     TooLarge(usize),
     NotMember(u64),
-    SenderChanged { was: u64, now: u64 },
+    SenderChanged {
+        was: u64,
+        now: u64,
+    },
     BadMessage(String),
+    /// With peer TLS: bytes that are not this connection's TLS records.
+    BadTls(String),
 }
 
 /// A frame header, checked.
@@ -144,9 +167,46 @@ pub struct TransportStats {
     pub dropped: AtomicU64,
     /// Inbound messages dropped because the driver's queue was full.
     pub dropped_inbound: AtomicU64,
-    /// Inbound connections closed for a bad frame.
+    /// Inbound connections closed for a bad frame, a failed TLS handshake (a certificate not
+    /// of the peer CA, bytes that are not TLS, a handshake past its deadline) or over the cap.
     pub refused: AtomicU64,
     pub connects: AtomicU64,
+    /// Inbound TLS handshakes that ended with a peer certificate of the peer CA.
+    pub handshakes: AtomicU64,
+}
+
+/// The TLS configurations of the peer links at one moment.
+pub struct PeerTlsConfigs {
+    /// Accepting: our certificate, and the CA whose certificate a peer must present.
+    pub server: Arc<rustls::ServerConfig>,
+    /// Dialing: our certificate, and the CA that must have signed the accepting peer's.
+    pub client: Arc<rustls::ClientConfig>,
+}
+
+/// Peer TLS: where the transport takes the configurations in force, once per new connection
+/// (the daemon's reads its `SecretStore`, which SIGHUP reloads). None at a given moment refuses
+/// that connection: with peer TLS on, nothing is ever sent or read in the clear.
+#[derive(Clone)]
+pub struct PeerTls(Arc<dyn Fn() -> Option<PeerTlsConfigs> + Send + Sync>);
+
+impl PeerTls {
+    pub fn new(current: impl Fn() -> Option<PeerTlsConfigs> + Send + Sync + 'static) -> PeerTls {
+        PeerTls(Arc::new(current))
+    }
+
+    /// The same configurations for every connection.
+    pub fn fixed(server: Arc<rustls::ServerConfig>, client: Arc<rustls::ClientConfig>) -> PeerTls {
+        PeerTls::new(move || {
+            Some(PeerTlsConfigs {
+                server: server.clone(),
+                client: client.clone(),
+            })
+        })
+    }
+
+    fn current(&self) -> Option<PeerTlsConfigs> {
+        (self.0)()
+    }
 }
 
 pub struct TransportConfig {
@@ -156,6 +216,11 @@ pub struct TransportConfig {
     pub max_frame: usize,
     pub queue_len: usize,
     pub inbound_len: usize,
+    /// Mutual TLS on every connection; None: plain TCP.
+    pub tls: Option<PeerTls>,
+    /// The name a peer's certificate must carry (the host of its `--peers` entry: an IP address
+    /// or a DNS name); a peer not named here: the IP address it is reached at.
+    pub names: BTreeMap<u64, String>,
 }
 
 impl TransportConfig {
@@ -166,6 +231,8 @@ impl TransportConfig {
             max_frame: DEFAULT_MAX_FRAME,
             queue_len: DEFAULT_QUEUE_LEN,
             inbound_len: DEFAULT_INBOUND_LEN,
+            tls: None,
+            names: BTreeMap::new(),
         }
     }
 }
@@ -179,6 +246,8 @@ pub struct Transport {
     /// The ids whose frames are accepted (this node's own included), shared with the readers.
     members: Members,
     queue_len: usize,
+    tls: Option<PeerTls>,
+    names: BTreeMap<u64, String>,
     inbound: Receiver<Message>,
     events: Receiver<PeerEvent>,
     event_tx: Sender<PeerEvent>,
@@ -209,6 +278,8 @@ impl Transport {
                 events: ev_tx.clone(),
                 stats: stats.clone(),
                 shutdown: shutdown.clone(),
+                tls: cfg.tls.clone(),
+                refusals: Arc::new(Mutex::new(RefusalLog::default())),
             };
             threads.push(
                 thread::Builder::new()
@@ -222,6 +293,8 @@ impl Transport {
             outbound: BTreeMap::new(),
             members,
             queue_len: cfg.queue_len,
+            tls: cfg.tls,
+            names: cfg.names,
             inbound: in_rx,
             events: ev_rx,
             event_tx: ev_tx,
@@ -250,6 +323,12 @@ impl Transport {
                 id: self.id,
                 peer,
                 addr,
+                name: self
+                    .names
+                    .get(&peer)
+                    .cloned()
+                    .unwrap_or_else(|| addr.ip().to_string()),
+                tls: self.tls.clone(),
                 rx,
                 events: self.event_tx.clone(),
                 stats: self.stats.clone(),
@@ -339,6 +418,11 @@ impl Transport {
     pub fn stats(&self) -> &TransportStats {
         &self.stats
     }
+
+    /// Whether every connection is mutual TLS.
+    pub fn tls(&self) -> bool {
+        self.tls.is_some()
+    }
 }
 
 impl Drop for Transport {
@@ -355,6 +439,9 @@ struct Writer {
     id: u64,
     peer: u64,
     addr: SocketAddr,
+    /// The name the peer's certificate must carry (with TLS).
+    name: String,
+    tls: Option<PeerTls>,
     rx: Receiver<Message>,
     events: Sender<PeerEvent>,
     stats: Arc<TransportStats>,
@@ -365,7 +452,7 @@ impl Writer {
     fn run(self) {
         let mut buf = Vec::new();
         let mut backoff = BACKOFF_MIN;
-        let mut conn: Option<TcpStream> = None;
+        let mut conn: Option<Stream> = None;
         let mut retry_at = Instant::now();
         loop {
             if self.shutdown.load(Ordering::Relaxed) {
@@ -377,10 +464,8 @@ impl Writer {
                 Err(RecvTimeoutError::Disconnected) => return,
             };
             if conn.is_none() && Instant::now() >= retry_at {
-                match TcpStream::connect_timeout(&self.addr, BACKOFF_MAX) {
+                match self.connect() {
                     Ok(s) => {
-                        let _ = s.set_nodelay(true);
-                        let _ = s.set_write_timeout(Some(WRITE_TIMEOUT));
                         self.stats.connects.fetch_add(1, Ordering::Relaxed);
                         backoff = BACKOFF_MIN;
                         conn = Some(s);
@@ -410,7 +495,8 @@ impl Writer {
                     self.lost(m);
                 }
             }
-            if s.write_all(&buf).is_err() {
+            // Whole frames, and through TLS all of them handed to the socket (`flush`).
+            if s.write_all(&buf).and_then(|()| s.flush()).is_err() {
                 conn = None;
                 retry_at = Instant::now() + backoff;
                 for m in &batch {
@@ -431,6 +517,28 @@ impl Writer {
         }
     }
 
+    /// A new connection to the peer: TCP, and with peer TLS a handshake in which the peer
+    /// proved a certificate of the peer CA for this peer's name.
+    fn connect(&self) -> io::Result<Stream> {
+        let tcp = TcpStream::connect_timeout(&self.addr, BACKOFF_MAX)?;
+        let _ = tcp.set_nodelay(true);
+        tcp.set_write_timeout(Some(WRITE_TIMEOUT))?;
+        let Some(tls) = &self.tls else {
+            return Ok(Stream::Plain(tcp));
+        };
+        // Nothing is read on this side but the handshake and what TLS sends after it (tickets,
+        // alerts): rustls reads those while it waits to write, so a read must not block either.
+        tcp.set_read_timeout(Some(POLL))?;
+        let configs = tls
+            .current()
+            .ok_or_else(|| io::Error::other("no peer TLS configuration"))?;
+        let name = crate::tls::server_name(&self.name).map_err(io::Error::other)?;
+        let conn = rustls::ClientConnection::new(configs.client, name).map_err(io::Error::other)?;
+        let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
+        let s = handshake(conn, tcp, deadline, &self.shutdown)?;
+        Ok(Stream::Client(Box::new(s)))
+    }
+
     fn lost(&self, m: &Message) {
         self.stats.dropped.fetch_add(1, Ordering::Relaxed);
         if m.get_msg_type() == MessageType::MsgSnapshot {
@@ -441,21 +549,21 @@ impl Writer {
 
 /// Accepts peers' connections, each read by a thread of its own (a clone of `template`).
 fn accept_loop(listener: TcpListener, template: Reader) {
-    let (stats, shutdown) = (template.stats.clone(), template.shutdown.clone());
+    let shutdown = template.shutdown.clone();
     let mut readers: Vec<JoinHandle<()>> = Vec::new();
     while !shutdown.load(Ordering::Relaxed) {
         match listener.accept() {
-            Ok((s, _)) => {
+            Ok((s, from)) => {
                 readers.retain(|h| !h.is_finished());
                 if readers.len() >= MAX_INBOUND_CONNECTIONS {
-                    stats.refused.fetch_add(1, Ordering::Relaxed);
+                    template.refuse(from, "too many inbound connections");
                     drop(s);
                     continue;
                 }
                 let r = template.clone();
                 if let Ok(h) = thread::Builder::new()
                     .name(format!("raft-recv-{}", template.id))
-                    .spawn(move || r.run(s))
+                    .spawn(move || r.run(s, from))
                 {
                     readers.push(h);
                 }
@@ -467,6 +575,98 @@ fn accept_loop(listener: TcpListener, template: Reader) {
     for h in readers {
         let _ = h.join();
     }
+}
+
+/// One peer connection: plain TCP, or TLS over it (inbound: this node is the TLS server;
+/// outbound: the client). Reads and writes go through rustls's `StreamOwned`: a read that the
+/// socket's timeout interrupts (`WouldBlock`) leaves a partly received record in rustls's
+/// buffer, and the next read goes on from there.
+enum Stream {
+    Plain(TcpStream),
+    Server(Box<crate::tls::ServerStream>),
+    Client(Box<crate::tls::ClientStream>),
+}
+
+impl Stream {
+    fn tcp(&self) -> &TcpStream {
+        match self {
+            Stream::Plain(s) => s,
+            Stream::Server(s) => &s.sock,
+            Stream::Client(s) => &s.sock,
+        }
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Plain(s) => s.read(buf),
+            Stream::Server(s) => s.read(buf),
+            Stream::Client(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Plain(s) => s.write(buf),
+            Stream::Server(s) => s.write(buf),
+            Stream::Client(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Stream::Plain(s) => s.flush(),
+            Stream::Server(s) => s.flush(),
+            Stream::Client(s) => s.flush(),
+        }
+    }
+}
+
+/// Runs a TLS handshake over `tcp` (whose read timeout is short: each call of `complete_io`
+/// returns within it) until it ends, fails, `deadline` passes or the transport stops.
+fn handshake<C, S>(
+    mut conn: C,
+    mut tcp: TcpStream,
+    deadline: Instant,
+    shutdown: &AtomicBool,
+) -> io::Result<rustls::StreamOwned<C, TcpStream>>
+where
+    C: DerefMut + Deref<Target = rustls::ConnectionCommon<S>>,
+    S: rustls::SideData,
+{
+    while conn.is_handshaking() {
+        if shutdown.load(Ordering::Relaxed) {
+            return Err(io::Error::new(io::ErrorKind::Interrupted, "shutting down"));
+        }
+        if Instant::now() > deadline {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the TLS handshake did not end in time",
+            ));
+        }
+        match conn.complete_io(&mut tcp) {
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock
+                        | io::ErrorKind::TimedOut
+                        | io::ErrorKind::Interrupted
+                ) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(rustls::StreamOwned::new(conn, tcp))
+}
+
+/// Refusals since the last log line about them.
+#[derive(Default)]
+struct RefusalLog {
+    last: Option<Instant>,
+    unlogged: u64,
 }
 
 /// Who may send to us; written on a membership change, read once per frame.
@@ -511,6 +711,8 @@ struct Reader {
     events: Sender<PeerEvent>,
     stats: Arc<TransportStats>,
     shutdown: Arc<AtomicBool>,
+    tls: Option<PeerTls>,
+    refusals: Arc<Mutex<RefusalLog>>,
 }
 
 /// What reading one frame gave.
@@ -520,10 +722,36 @@ enum Got {
 }
 
 impl Reader {
-    fn run(self, mut s: TcpStream) {
-        if s.set_nonblocking(false).is_err() || s.set_read_timeout(Some(POLL)).is_err() {
+    fn run(self, tcp: TcpStream, from: SocketAddr) {
+        let accepted = Instant::now();
+        if tcp.set_nonblocking(false).is_err()
+            || tcp.set_read_timeout(Some(POLL)).is_err()
+            || tcp.set_write_timeout(Some(WRITE_TIMEOUT)).is_err()
+        {
             return;
         }
+        let mut s = match &self.tls {
+            None => Stream::Plain(tcp),
+            // Not one byte of a frame is read before the peer has proved its certificate.
+            Some(tls) => match self.accept_tls(tls, tcp, accepted + HANDSHAKE_TIMEOUT) {
+                Ok(s) => {
+                    self.stats.handshakes.fetch_add(1, Ordering::Relaxed);
+                    Stream::Server(Box::new(s))
+                }
+                // Bytes that are not a good handshake, a certificate not of the peer CA, or no
+                // end in time: refused. A peer that went away meanwhile only closed.
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::InvalidData | io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    self.refuse(from, &format!("TLS handshake: {e}"));
+                    return;
+                }
+                Err(_) => return,
+            },
+        };
         let mut sender: Option<u64> = None;
         let mut body = Vec::new();
         loop {
@@ -535,25 +763,66 @@ impl Reader {
                     }
                     return;
                 }
-                Err(_refused) => {
-                    self.stats.refused.fetch_add(1, Ordering::Relaxed);
-                    let _ = s.shutdown(std::net::Shutdown::Both);
+                Err(refused) => {
+                    self.refuse(from, &format!("{refused:?}"));
+                    let _ = s.tcp().shutdown(std::net::Shutdown::Both);
                     return;
                 }
             }
         }
     }
 
-    /// Reads exactly `buf.len()` bytes; false at EOF, error, shutdown or the deadline.
-    fn fill(&self, s: &mut TcpStream, buf: &mut [u8], deadline: Option<Instant>) -> bool {
+    fn accept_tls(
+        &self,
+        tls: &PeerTls,
+        tcp: TcpStream,
+        deadline: Instant,
+    ) -> io::Result<crate::tls::ServerStream> {
+        let configs = tls
+            .current()
+            .ok_or_else(|| io::Error::other("no peer TLS configuration"))?;
+        let conn = rustls::ServerConnection::new(configs.server).map_err(io::Error::other)?;
+        handshake(conn, tcp, deadline, &self.shutdown)
+    }
+
+    /// Counts a refused connection, and logs it unless a line was logged lately.
+    fn refuse(&self, from: SocketAddr, why: &str) {
+        self.stats.refused.fetch_add(1, Ordering::Relaxed);
+        let mut log = self.refusals.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        if log.last.is_some_and(|t| now < t + REFUSAL_LOG_EVERY) {
+            log.unlogged += 1;
+            return;
+        }
+        let more = std::mem::take(&mut log.unlogged);
+        log.last = Some(now);
+        drop(log);
+        if more > 0 {
+            crate::log_warn!(
+                "peer transport: refused a connection from {from}: {why} ({more} more refused \
+                 since the last line)"
+            );
+        } else {
+            crate::log_warn!("peer transport: refused a connection from {from}: {why}");
+        }
+    }
+
+    /// Reads exactly `buf.len()` bytes; false at EOF, error, shutdown or the deadline. Bytes
+    /// that are not TLS records of this connection (with peer TLS) are an error.
+    fn fill(
+        &self,
+        s: &mut Stream,
+        buf: &mut [u8],
+        deadline: Option<Instant>,
+    ) -> Result<bool, FrameError> {
         let mut at = 0;
         while at < buf.len() {
             if self.shutdown.load(Ordering::Relaxed) || deadline.is_some_and(|d| Instant::now() > d)
             {
-                return false;
+                return Ok(false);
             }
             match s.read(&mut buf[at..]) {
-                Ok(0) => return false,
+                Ok(0) => return Ok(false),
                 Ok(n) => at += n,
                 Err(e)
                     if matches!(
@@ -561,15 +830,19 @@ impl Reader {
                         io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
                     ) => {}
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => return false,
+                // rustls: a record that does not decrypt, or not a record at all.
+                Err(e) if e.kind() == io::ErrorKind::InvalidData => {
+                    return Err(FrameError::BadTls(e.to_string()))
+                }
+                Err(_) => return Ok(false),
             }
         }
-        true
+        Ok(true)
     }
 
     fn frame(
         &self,
-        s: &mut TcpStream,
+        s: &mut Stream,
         sender: &mut Option<u64>,
         body: &mut Vec<u8>,
     ) -> Result<Got, FrameError> {
@@ -578,7 +851,7 @@ impl Reader {
             .is_none()
             .then(|| Instant::now() + FIRST_FRAME_TIMEOUT);
         let mut h = [0u8; HEADER_LEN];
-        if !self.fill(s, &mut h, deadline) {
+        if !self.fill(s, &mut h, deadline)? {
             return Ok(Got::Closed);
         }
         let head = decode_header(&h, self.max_frame)?;
@@ -605,7 +878,7 @@ impl Reader {
             let start = body.len();
             let n = (head.len - start).min(CHUNK);
             body.resize(start + n, 0);
-            if !self.fill(s, &mut body[start..], deadline) {
+            if !self.fill(s, &mut body[start..], deadline)? {
                 return Ok(Got::Closed);
             }
         }

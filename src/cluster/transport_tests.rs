@@ -1,4 +1,5 @@
 use std::net::Shutdown;
+use std::sync::Mutex;
 
 use super::*;
 
@@ -325,4 +326,392 @@ fn a_peer_that_goes_away_is_reported_closed() {
         a.try_event().is_none(),
         "the stranger's close is not reported"
     );
+}
+
+/// Test certificates: one CA for the nodes, and a foreign one.
+struct Pki {
+    dir: std::path::PathBuf,
+    ca: holdfast_testkit::pki::Ca,
+    ca_path: std::path::PathBuf,
+    foreign: holdfast_testkit::pki::Ca,
+}
+
+impl Pki {
+    fn new() -> Pki {
+        let dir = holdfast_testkit::pki::temp_dir("transport-tls");
+        let ca = holdfast_testkit::pki::Ca::new("peer CA");
+        let ca_path = ca.write(&dir.join("ca.pem"));
+        Pki {
+            dir,
+            ca,
+            ca_path,
+            foreign: holdfast_testkit::pki::Ca::new("foreign CA"),
+        }
+    }
+
+    /// A node's peer TLS: its certificate signed by `signer`, trusting the peer CA.
+    fn tls(&self, stem: &str, signer: &holdfast_testkit::pki::Ca) -> PeerTls {
+        let (server, client) = self.configs(stem, signer);
+        PeerTls::fixed(server, client)
+    }
+
+    fn configs(
+        &self,
+        stem: &str,
+        signer: &holdfast_testkit::pki::Ca,
+    ) -> (Arc<rustls::ServerConfig>, Arc<rustls::ClientConfig>) {
+        let i = signer.issue(&self.dir, stem, &["127.0.0.1"]);
+        let server = crate::tls::server_config(&i.cert, &i.key, Some(&self.ca_path)).unwrap();
+        let client =
+            crate::tls::client_config(Some(&self.ca_path), Some((&i.cert, &i.key))).unwrap();
+        (server, client)
+    }
+
+    /// A TLS client of `addr` with a certificate signed by `signer`, trusting the peer CA (the
+    /// handshake done, as far as the client can tell).
+    fn client(
+        &self,
+        addr: SocketAddr,
+        signer: &holdfast_testkit::pki::Ca,
+    ) -> crate::tls::ClientStream {
+        self.try_client(addr, signer).expect("handshake")
+    }
+
+    fn try_client(
+        &self,
+        addr: SocketAddr,
+        signer: &holdfast_testkit::pki::Ca,
+    ) -> io::Result<crate::tls::ClientStream> {
+        let (_, config) = self.configs("client", signer);
+        let tcp = TcpStream::connect(addr).unwrap();
+        tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        crate::tls::connect_blocking(config, crate::tls::server_name("127.0.0.1").unwrap(), tcp)
+    }
+}
+
+impl Drop for Pki {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn tls_config(id: u64, peers: &BTreeMap<u64, SocketAddr>, tls: PeerTls) -> TransportConfig {
+    let mut cfg = TransportConfig::new(id, peers.clone());
+    cfg.tls = Some(tls);
+    cfg
+}
+
+/// Reads until the other side closes: true when it did (EOF or reset) within 10 s.
+fn closed(s: &mut impl Read) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut buf = [0u8; 4096];
+    while Instant::now() < deadline {
+        match s.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                return false
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            // A reset, or (through TLS) the server's alert or an unclean close.
+            Err(_) => return true,
+        }
+    }
+    false
+}
+
+fn refused(t: &Transport) -> u64 {
+    t.stats().refused.load(Ordering::Relaxed)
+}
+
+/// Two nodes with peer TLS: messages flow both ways, each inbound connection after a handshake.
+#[test]
+fn tls_peers_exchange_messages() {
+    let pki = Pki::new();
+    let (la, lb) = (listener(), listener());
+    let peers: BTreeMap<u64, SocketAddr> =
+        [(1, la.local_addr().unwrap()), (2, lb.local_addr().unwrap())]
+            .into_iter()
+            .collect();
+    let a = Transport::start(tls_config(1, &peers, pki.tls("a", &pki.ca)), la).unwrap();
+    let b = Transport::start(tls_config(2, &peers, pki.tls("b", &pki.ca)), lb).unwrap();
+    assert!(a.tls() && b.tls());
+    for term in 1..=3 {
+        a.send(msg(1, 2, term));
+        assert_eq!(wait_for("b receives", || b.try_recv()).term, term);
+        b.send(msg(2, 1, 10 + term));
+        assert_eq!(wait_for("a receives", || a.try_recv()).term, 10 + term);
+    }
+    // A frame larger than a TLS record (16 KiB) arrives whole.
+    let mut big = msg(1, 2, 99);
+    big.set_msg_type(MessageType::MsgAppend);
+    big.context = vec![7u8; 200 << 10].into();
+    a.send(big.clone());
+    assert_eq!(wait_for("b receives the big one", || b.try_recv()), big);
+    assert_eq!(a.stats().handshakes.load(Ordering::Relaxed), 1);
+    assert_eq!(b.stats().handshakes.load(Ordering::Relaxed), 1);
+    assert_eq!(refused(&a) + refused(&b), 0);
+}
+
+/// A plain TCP client of a TLS transport, even one that sends a perfectly good frame, is closed
+/// without any of its bytes read as a frame.
+#[test]
+fn a_plain_client_of_a_tls_transport_is_closed_before_any_frame() {
+    let pki = Pki::new();
+    let (la, lb) = (listener(), listener());
+    let peers: BTreeMap<u64, SocketAddr> =
+        [(1, la.local_addr().unwrap()), (2, lb.local_addr().unwrap())]
+            .into_iter()
+            .collect();
+    let a = Transport::start(tls_config(1, &peers, pki.tls("a", &pki.ca)), la).unwrap();
+    let mut good = Vec::new();
+    encode_frame(2, &msg(2, 1, 1), &mut good).unwrap();
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("a valid frame in the clear", good),
+        ("http", b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec()),
+        (
+            "a TLS record header, then junk",
+            vec![0x16, 0x03, 0x01, 0x00, 0x05, 1, 2, 3, 4, 5],
+        ),
+    ];
+    for (i, (what, bytes)) in cases.iter().enumerate() {
+        let mut s = TcpStream::connect(a.local_addr()).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(bytes).unwrap();
+        assert!(closed(&mut s), "{what}: not closed");
+        wait_for(what, || (refused(&a) == i as u64 + 1).then_some(()));
+    }
+    thread::sleep(Duration::from_millis(100));
+    assert!(a.try_recv().is_none(), "a frame got through");
+    assert_eq!(a.stats().handshakes.load(Ordering::Relaxed), 0);
+}
+
+/// A certificate of another CA is refused both ways: the accepting node refuses the connection
+/// of a node that presents one (nothing it sends is read), and a dialing node refuses to talk to
+/// an accepting node that presents one.
+#[test]
+fn a_foreign_certificate_is_refused_both_ways() {
+    let pki = Pki::new();
+    let (la, lb) = (listener(), listener());
+    let peers: BTreeMap<u64, SocketAddr> =
+        [(1, la.local_addr().unwrap()), (2, lb.local_addr().unwrap())]
+            .into_iter()
+            .collect();
+    let a = Transport::start(tls_config(1, &peers, pki.tls("a", &pki.ca)), la).unwrap();
+    // b trusts the peer CA, but its own certificate is the foreign CA's.
+    let b = Transport::start(tls_config(2, &peers, pki.tls("b", &pki.foreign)), lb).unwrap();
+    // b -> a: a refuses the handshake.
+    wait_for("a refuses b", || {
+        b.send(msg(2, 1, 1));
+        thread::sleep(Duration::from_millis(20));
+        (refused(&a) >= 2).then_some(())
+    });
+    // a -> b: a does not accept b's certificate and says so to raft.
+    wait_for("a finds b unreachable", || {
+        a.send(msg(1, 2, 2));
+        thread::sleep(Duration::from_millis(20));
+        std::iter::from_fn(|| a.try_event()).find(|e| *e == PeerEvent::Unreachable(2))
+    });
+    assert!(a.try_recv().is_none(), "a read a frame of b");
+    assert!(b.try_recv().is_none(), "b read a frame of a");
+    assert_eq!(a.stats().handshakes.load(Ordering::Relaxed), 0);
+    assert_eq!(a.stats().sent.load(Ordering::Relaxed), 0);
+
+    // A client of the foreign CA that sends a valid frame right after its side of the handshake
+    // (TLS 1.3: before the server has judged its certificate) gets nothing through either.
+    let before = refused(&a);
+    let mut c = pki.client(a.local_addr(), &pki.foreign);
+    let mut good = Vec::new();
+    encode_frame(2, &msg(2, 1, 3), &mut good).unwrap();
+    let _ = c.write_all(&good).and_then(|()| c.flush());
+    assert!(closed(&mut c), "the foreign client was not closed");
+    wait_for("the foreign client refused", || {
+        (refused(&a) > before).then_some(())
+    });
+    assert!(
+        a.try_recv().is_none(),
+        "a frame of a foreign client got through"
+    );
+}
+
+/// After a valid handshake, bytes that are not frames (inside TLS) or not TLS records (beside
+/// it) close the connection and are counted; a good client then still gets through.
+#[test]
+fn garbage_after_a_valid_handshake_is_refused() {
+    let pki = Pki::new();
+    let (la, lb) = (listener(), listener());
+    let peers: BTreeMap<u64, SocketAddr> =
+        [(1, la.local_addr().unwrap()), (2, lb.local_addr().unwrap())]
+            .into_iter()
+            .collect();
+    let a = Transport::start(tls_config(1, &peers, pki.tls("a", &pki.ca)), la).unwrap();
+
+    let mut c = pki.client(a.local_addr(), &pki.ca);
+    c.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    c.flush().unwrap();
+    assert!(closed(&mut c), "garbage inside TLS: not closed");
+    wait_for("garbage inside TLS refused", || {
+        (refused(&a) == 1).then_some(())
+    });
+
+    let mut c = pki.client(a.local_addr(), &pki.ca);
+    // The handshake's last flight is written with the first data: send one good frame first.
+    let mut good = Vec::new();
+    encode_frame(2, &msg(2, 1, 5), &mut good).unwrap();
+    c.write_all(&good).unwrap();
+    c.flush().unwrap();
+    assert_eq!(wait_for("the good frame", || a.try_recv()).term, 5);
+    // Then bytes that are no TLS record, straight on the socket.
+    c.sock.write_all(&[0x17, 0x03, 0x03, 0x00, 0x20]).unwrap();
+    c.sock.write_all(&[0xee; 32]).unwrap();
+    assert!(closed(&mut c.sock), "garbage beside TLS: not closed");
+    wait_for("garbage beside TLS refused", || {
+        (refused(&a) == 2).then_some(())
+    });
+    assert_eq!(a.stats().handshakes.load(Ordering::Relaxed), 2);
+    assert!(a.try_recv().is_none());
+
+    let b = Transport::start(tls_config(2, &peers, pki.tls("b", &pki.ca)), lb).unwrap();
+    b.send(msg(2, 1, 42));
+    assert_eq!(wait_for("a receives from b", || a.try_recv()).term, 42);
+}
+
+/// The configurations are taken per new connection: after a rotation to another CA, the open
+/// connection keeps working, a new client of the old CA is refused and one of the new CA is
+/// accepted.
+#[test]
+fn a_certificate_rotation_applies_to_new_connections() {
+    let pki = Pki::new();
+    let (la, lb) = (listener(), listener());
+    let peers: BTreeMap<u64, SocketAddr> =
+        [(1, la.local_addr().unwrap()), (2, lb.local_addr().unwrap())]
+            .into_iter()
+            .collect();
+    let (s1, c1) = pki.configs("a1", &pki.ca);
+    let current = Arc::new(Mutex::new((s1, c1)));
+    let cur = current.clone();
+    let rotating = PeerTls::new(move || {
+        let (server, client) = cur.lock().unwrap().clone();
+        Some(PeerTlsConfigs { server, client })
+    });
+    let a = Transport::start(tls_config(1, &peers, rotating), la).unwrap();
+    let b = Transport::start(tls_config(2, &peers, pki.tls("b", &pki.ca)), lb).unwrap();
+    b.send(msg(2, 1, 1));
+    assert_eq!(wait_for("before the rotation", || a.try_recv()).term, 1);
+
+    // a now trusts (and is certified by) another CA only.
+    let next = holdfast_testkit::pki::Ca::new("next peer CA");
+    let next_ca = next.write(&pki.dir.join("next-ca.pem"));
+    let i = next.issue(&pki.dir, "a2", &["127.0.0.1"]);
+    *current.lock().unwrap() = (
+        crate::tls::server_config(&i.cert, &i.key, Some(&next_ca)).unwrap(),
+        crate::tls::client_config(Some(&next_ca), Some((&i.cert, &i.key))).unwrap(),
+    );
+    b.send(msg(2, 1, 2));
+    assert_eq!(wait_for("on the open connection", || a.try_recv()).term, 2);
+    let before = refused(&a);
+    // A client of the old CA no longer trusts a's certificate, and a no longer trusts its.
+    if let Ok(mut old) = pki.try_client(a.local_addr(), &pki.ca) {
+        let _ = old.write_all(b"x").and_then(|()| old.flush());
+        assert!(closed(&mut old));
+    }
+    wait_for("the old CA refused", || {
+        (refused(&a) > before).then_some(())
+    });
+    // A client of the new CA (trusting it for a's certificate too).
+    let j = next.issue(&pki.dir, "c2", &["127.0.0.1"]);
+    let config = crate::tls::client_config(Some(&next_ca), Some((&j.cert, &j.key))).unwrap();
+    let tcp = TcpStream::connect(a.local_addr()).unwrap();
+    let mut new =
+        crate::tls::connect_blocking(config, crate::tls::server_name("127.0.0.1").unwrap(), tcp)
+            .expect("a handshake with the new CA");
+    let mut good = Vec::new();
+    encode_frame(2, &msg(2, 1, 3), &mut good).unwrap();
+    new.write_all(&good).unwrap();
+    new.flush().unwrap();
+    assert_eq!(wait_for("through the new CA", || a.try_recv()).term, 3);
+}
+
+/// Strangers that connect and never finish a handshake take no more than the inbound cap and
+/// are closed after the handshake timeout; the real peer gets in after them.
+#[test]
+fn stalled_handshakes_cannot_hold_the_inbound_slots() {
+    let pki = Pki::new();
+    let (la, lb) = (listener(), listener());
+    let peers: BTreeMap<u64, SocketAddr> =
+        [(1, la.local_addr().unwrap()), (2, lb.local_addr().unwrap())]
+            .into_iter()
+            .collect();
+    let a = Transport::start(tls_config(1, &peers, pki.tls("a", &pki.ca)), la).unwrap();
+    let started = Instant::now();
+    let mut idle: Vec<TcpStream> = (0..MAX_INBOUND_CONNECTIONS)
+        .map(|_| {
+            let mut s = TcpStream::connect(a.local_addr()).unwrap();
+            // Half a ClientHello's record header: the handshake has begun and stalls.
+            s.write_all(&[0x16, 0x03]).unwrap();
+            s
+        })
+        .collect();
+    let b = Transport::start(tls_config(2, &peers, pki.tls("b", &pki.ca)), lb).unwrap();
+    let got = wait_for("the real peer gets through", || {
+        b.send(msg(2, 1, 3));
+        a.recv_timeout(Duration::from_millis(50))
+    });
+    assert_eq!(got.from, 2);
+    assert!(
+        started.elapsed() >= HANDSHAKE_TIMEOUT - Duration::from_millis(100),
+        "a slot was free before the strangers' handshakes timed out"
+    );
+    for s in idle.iter_mut() {
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        assert!(closed(s), "a stalled stranger is still connected");
+    }
+    assert!(refused(&a) >= MAX_INBOUND_CONNECTIONS as u64);
+}
+
+/// The dialing node checks the accepting node's certificate against the name of that peer's
+/// `--peers` entry: a DNS name given there is checked as such, and a certificate without the
+/// name is not accepted.
+#[test]
+fn the_dialer_checks_the_name_of_the_peers_entry() {
+    let pki = Pki::new();
+    let (la, lb, lc) = (listener(), listener(), listener());
+    let peers: BTreeMap<u64, SocketAddr> = [
+        (1, la.local_addr().unwrap()),
+        (2, lb.local_addr().unwrap()),
+        (3, lc.local_addr().unwrap()),
+    ]
+    .into_iter()
+    .collect();
+    let named = |stem: &str, names: &[&str]| {
+        let i = pki.ca.issue(&pki.dir, stem, names);
+        PeerTls::fixed(
+            crate::tls::server_config(&i.cert, &i.key, Some(&pki.ca_path)).unwrap(),
+            crate::tls::client_config(Some(&pki.ca_path), Some((&i.cert, &i.key))).unwrap(),
+        )
+    };
+    // 1 reaches 2 as "localhost" and 3 as "peer3.test"; both listen on 127.0.0.1.
+    let mut cfg = tls_config(1, &peers, pki.tls("a", &pki.ca));
+    cfg.names = [(2, "localhost".to_string()), (3, "peer3.test".to_string())]
+        .into_iter()
+        .collect();
+    let a = Transport::start(cfg, la).unwrap();
+    let b = Transport::start(tls_config(2, &peers, named("b", &["localhost"])), lb).unwrap();
+    let c = Transport::start(tls_config(3, &peers, named("c", &["127.0.0.1"])), lc).unwrap();
+    let got = wait_for("b, certified as localhost, hears from a", || {
+        a.send(msg(1, 2, 1));
+        b.recv_timeout(Duration::from_millis(50))
+    });
+    assert_eq!(got.term, 1);
+    wait_for("c, not certified as peer3.test, is unreachable", || {
+        a.send(msg(1, 3, 2));
+        thread::sleep(Duration::from_millis(20));
+        std::iter::from_fn(|| a.try_event()).find(|e| *e == PeerEvent::Unreachable(3))
+    });
+    assert!(c.try_recv().is_none(), "c heard from a");
 }

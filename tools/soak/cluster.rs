@@ -84,6 +84,8 @@ struct Node {
     admin: SocketAddr,
     child: Option<holdfast_testkit::Daemon>,
     peak_rss: u64,
+    /// This node's peer TLS flags (`--peer-tls`), else empty.
+    tls_flags: Vec<String>,
 }
 
 /// The nodes, their proxies and how to start them.
@@ -124,10 +126,15 @@ impl Nodes {
         self.nodes.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn create(n: usize, bin: &str, flags: &[String]) -> Result<Nodes, String> {
+    fn create(n: usize, bin: &str, flags: &[String], peer_tls: bool) -> Result<Nodes, String> {
         let base =
             std::env::temp_dir().join(format!("holdfast-soak-cluster-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&base);
+        let tls_flags = if peer_tls {
+            peer_tls_flags(&base.join("pki"), n)?
+        } else {
+            vec![Vec::new(); n]
+        };
         let mut nodes = Vec::new();
         let mut peers = Vec::new();
         let mut held = Vec::new();
@@ -152,6 +159,7 @@ impl Nodes {
                 admin: addr()?,
                 child: None,
                 peak_rss: 0,
+                tls_flags: tls_flags[id - 1].clone(),
             });
         }
         let mesh = Mesh::start(&peers).map_err(|e| format!("start the peer proxies: {e}"))?;
@@ -184,6 +192,7 @@ impl Nodes {
             .arg("--data-dir")
             .arg(&node.dir)
             .args(&self.flags)
+            .args(&node.tls_flags)
             .stderr(Stdio::from(log));
         // SAFETY: prctl is async-signal-safe; between fork and exec it only asks the kernel to
         // kill the node should the soak die first (SIGKILL: a stopped node gets it too).
@@ -286,6 +295,28 @@ impl Nodes {
     }
 }
 
+/// `--peer-tls`: a CA in `dir` and a certificate for 127.0.0.1 (every node's and every proxy's
+/// address: a node checks the name of its `--peers` entry, a proxy's) per node; each node's
+/// flags.
+fn peer_tls_flags(dir: &Path, n: usize) -> Result<Vec<Vec<String>>, String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let ca = holdfast_testkit::pki::Ca::new("holdfast soak peer CA");
+    let ca_path = ca.write(&dir.join("ca.pem"));
+    Ok((1..=n)
+        .map(|id| {
+            let cert = ca.issue(dir, &format!("node{id}"), &["127.0.0.1"]);
+            [
+                ("--peer-tls-cert", &cert.cert),
+                ("--peer-tls-key", &cert.key),
+                ("--peer-tls-ca", &ca_path),
+            ]
+            .iter()
+            .flat_map(|(flag, path)| [flag.to_string(), path.to_string_lossy().into_owned()])
+            .collect()
+        })
+        .collect())
+}
+
 /// One HTTP/1.0 GET on the admin port: the body of a 200 answer.
 fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
@@ -307,6 +338,28 @@ fn json_u64(text: &str, field: &str) -> Option<u64> {
     let rest = text[at..].trim_start().strip_prefix(':')?.trim_start();
     let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
     digits.parse().ok()
+}
+
+/// The boolean after `"field":` in a JSON text.
+fn json_bool(text: &str, field: &str) -> Option<bool> {
+    let at = text.find(&format!("\"{field}\""))? + field.len() + 2;
+    let rest = text[at..].trim_start().strip_prefix(':')?.trim_start();
+    if rest.starts_with("true") {
+        Some(true)
+    } else if rest.starts_with("false") {
+        Some(false)
+    } else {
+        None
+    }
+}
+
+/// Every node's `/cluster` field `field` (a number; None for a node that does not answer).
+fn cluster_u64(nodes: &Nodes, field: &str) -> Vec<Option<u64>> {
+    let admins: Vec<SocketAddr> = nodes.lock().iter().map(|n| n.admin).collect();
+    admins
+        .into_iter()
+        .map(|a| http_get(a, "/cluster").and_then(|b| json_u64(&b, field)))
+        .collect()
 }
 
 /// Whether a `set` through `addr` is STORED (the cluster commits through that node).
@@ -568,7 +621,7 @@ pub fn main(args: &Args, bin: &str) -> ExitCode {
     if !flags.iter().any(|f| f == "--threads") {
         flags.extend(["--threads".to_string(), "1".to_string()]);
     }
-    let nodes = match Nodes::create(args.cluster, bin, &flags) {
+    let nodes = match Nodes::create(args.cluster, bin, &flags, args.peer_tls) {
         Ok(n) => Arc::new(n),
         Err(e) => {
             eprintln!("holdfast-soak: {e}");
@@ -603,6 +656,19 @@ fn run(args: &Args, nodes: &Arc<Nodes>, session: Duration, election: u64) -> boo
     if !wait_all_serving(nodes, Duration::from_secs(60)) {
         eprintln!("soak-cluster: error: no quorum through every node within 60 s of the start");
         return false;
+    }
+    if args.peer_tls {
+        let admins: Vec<SocketAddr> = nodes.lock().iter().map(|n| n.admin).collect();
+        for (i, a) in admins.into_iter().enumerate() {
+            let tls = http_get(a, "/cluster").and_then(|b| json_bool(&b, "peer_tls"));
+            if tls != Some(true) {
+                eprintln!(
+                    "soak-cluster: error: node {} does not say its peer links are TLS ({tls:?})",
+                    i + 1
+                );
+                return false;
+            }
+        }
     }
     let (mc, ld, dl) = nodes.addrs();
     let settings = Conn::connect(mc[0])
@@ -799,6 +865,7 @@ fn run(args: &Args, nodes: &Arc<Nodes>, session: Duration, election: u64) -> boo
             ));
         }
     }
+    let refused = cluster_u64(nodes, "peer_refused");
     // Every node must stop cleanly on SIGTERM; then the fault thread may end.
     for e in nodes.stop_all() {
         report.error(e);
@@ -825,7 +892,7 @@ fn run(args: &Args, nodes: &Arc<Nodes>, session: Duration, election: u64) -> boo
         "soak-cluster: seconds={} nodes={} ops={} grants={grants} double_grants={} \
          token_violations={} tokens_checked={} errors={} no_quorum={} closed_by_node={} \
          past_session_bound={} faults={} locks_left={locks} data_dir_kib={} rss_peak_kib={} \
-         rss_end_kib={} result={}",
+         rss_end_kib={} peer_tls={} peer_refused={} result={}",
         args.seconds,
         mc.len(),
         report.ops.load(Ordering::Relaxed),
@@ -840,6 +907,12 @@ fn run(args: &Args, nodes: &Arc<Nodes>, session: Duration, election: u64) -> boo
         list(&dirs),
         list(&peaks),
         list(&sample.iter().map(|s| s.1).collect::<Vec<_>>()),
+        if args.peer_tls { "on" } else { "off" },
+        refused
+            .iter()
+            .map(|r| r.map_or("-".to_string(), |v| v.to_string()))
+            .collect::<Vec<_>>()
+            .join(","),
         if pass { "PASS" } else { "FAIL" }
     );
     pass

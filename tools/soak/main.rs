@@ -4,7 +4,7 @@
 //! ```text
 //! holdfast-soak --holdfast target/release/holdfast [--seconds N] [-- DAEMON FLAGS...]
 //! holdfast-soak --memcache ADDR --lockd ADDR --dlock ADDR --pid PID [--seconds N]
-//! holdfast-soak --cluster 3 --holdfast target/release/holdfast [--seconds N] [-- NODE FLAGS...]
+//! holdfast-soak --cluster 3 --holdfast target/release/holdfast [--seconds N] [--peer-tls] [-- NODE FLAGS...]
 //! ```
 //!
 //! The first form starts the daemon (every listener on 127.0.0.1 port 0, then DAEMON FLAGS, e.g.
@@ -85,7 +85,11 @@
 //! (blackhole or refused connections) for 1-3 s, one direction between the leader and a
 //! follower cut for 1-3 s. Each fault ends (healed, restarted, continued) and every node serves
 //! again (within 30 s, else an error) before the next, so at most one node is down or cut off
-//! at a time. The contract's cluster section gives two more rules:
+//! at a time. With `--peer-tls` every node also gets a certificate of one CA (made in the
+//! soak's directory with `holdfast_testkit::pki`) and runs with `--peer-tls-cert`,
+//! `--peer-tls-key` and `--peer-tls-ca`; the proxies forward the TLS bytes unchanged, and the
+//! soak checks at the start that every node says its peer links are TLS. The contract's cluster
+//! section gives two more rules:
 //!
 //! 9. A no-quorum answer (`SERVER_ERROR no quorum`, binary status 0x0086, old ERR echoing
 //!    the payload, dlock General "no quorum") is an accepted outcome, and the connection must
@@ -192,6 +196,8 @@ struct Args {
     daemon_args: Vec<String>,
     /// Nodes of the cluster to start (0: a single daemon).
     cluster: usize,
+    /// Mutual TLS between the nodes (`--peer-tls`).
+    peer_tls: bool,
     max_data_dir_kib: u64,
     max_node_rss_kib: u64,
     memcache: Option<SocketAddr>,
@@ -246,6 +252,12 @@ fn parse_args() -> Result<Args, String> {
         "cluster",
         "start this many nodes as one cluster (with --holdfast), with faults",
         "N",
+    )
+    .optflag(
+        "",
+        "peer-tls",
+        "cluster: mutual TLS between the nodes (a CA and a certificate per node, made in the \
+         soak's directory)",
     )
     .optopt(
         "",
@@ -324,6 +336,7 @@ fn parse_args() -> Result<Args, String> {
         holdfast: m.opt_str("holdfast"),
         daemon_args: m.free.clone(),
         cluster: num(&m, "cluster", 0)?,
+        peer_tls: m.opt_present("peer-tls"),
         max_data_dir_kib: num(&m, "max-data-dir-kib", 256 << 10)?,
         max_node_rss_kib: num(&m, "max-node-rss-kib", 512 << 10)?,
         memcache: addr(&m, "memcache")?,
@@ -333,6 +346,9 @@ fn parse_args() -> Result<Args, String> {
     };
     if a.cluster > 0 && (a.holdfast.is_none() || a.cluster < 3) {
         return Err("--cluster N needs --holdfast PATH and N >= 3".into());
+    }
+    if a.peer_tls && a.cluster == 0 {
+        return Err("--peer-tls needs --cluster N".into());
     }
     let attach = a.memcache.is_some() && a.lockd.is_some() && a.dlock.is_some();
     if a.holdfast.is_none() && !(attach && a.pid.is_some_and(|p| p > 0)) {

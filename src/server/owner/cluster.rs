@@ -54,6 +54,7 @@ use mio::Waker;
 use super::{apply_op, apply_turn, clock, command, exec_admin, Outbox, Pools, Tables};
 use crate::cluster::liveness::{Fence, Liveness, Micros};
 use crate::cluster::node::{conf_members, Machine, Membership, NodeConfig, RaftNode};
+use crate::cluster::transport::{PeerTls, PeerTlsConfigs};
 use crate::config::ClusterConfig;
 use crate::core::codec::{self, DecodeError, Reader};
 use crate::core::Now;
@@ -533,6 +534,20 @@ pub struct ClusterOwner {
     poisoned: HashSet<ConnId>,
 }
 
+/// The peer links' TLS (`--peer-tls-*`), read from the secrets in force at each new connection
+/// (SIGHUP reloads them); None without it.
+fn peer_tls(shared: &Arc<Shared>) -> Option<PeerTls> {
+    shared.secrets.files().peer.as_ref()?;
+    let shared = shared.clone();
+    Some(PeerTls::new(move || {
+        let s = shared.secrets.current();
+        Some(PeerTlsConfigs {
+            server: s.peer_server.clone()?,
+            client: s.peer_client.clone()?,
+        })
+    }))
+}
+
 /// This node's clock for its liveness decisions (`cluster::liveness`): microseconds since the
 /// process started, the clock the workers' write deadline (`Shared::write_deadline_ms`) reads.
 fn micros(shared: &Shared, t: Instant) -> Micros {
@@ -558,7 +573,13 @@ impl ClusterOwner {
             data_dir: cfg.data_dir.clone(),
             election_timeout: Duration::from_millis(cfg.election_timeout_ms),
             join: cfg.join,
+            peer_tls: peer_tls(&shared),
+            peer_names: cfg.peer_hosts.clone(),
         };
+        if let Some(line) = crate::config::plaintext_peers_warning(cfg, node_cfg.peer_tls.is_some())
+        {
+            crate::log_warn!("{line}");
+        }
         let node = RaftNode::start(&node_cfg, &mut state, Instant::now())?;
         if state.membership.removed.contains(&me) {
             return Err(format!(
@@ -805,6 +826,12 @@ impl ClusterOwner {
                 .collect(),
             voters: sorted(&l.voters),
             voters_outgoing: sorted(&l.outgoing),
+            peer_tls: self.node.peer_tls(),
+            peer_refused: self
+                .node
+                .transport_stats()
+                .refused
+                .load(std::sync::atomic::Ordering::Relaxed),
         }
     }
 
