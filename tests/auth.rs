@@ -316,3 +316,397 @@ fn a_secret_file_others_can_read_stops_the_daemon_with_exit_2() {
     refused_at_start("--memcache-auth-file", 0o640);
     refused_at_start("--admin-token-file", 0o640);
 }
+
+// ---------------------------------------------------------------------------------------------
+// The admin port: token, loopback-only changes, TLS
+
+/// Send `request` on `stream` and read to EOF: (status, head, body); status 0 when the answer
+/// was no HTTP at all.
+fn exchange(
+    stream: &mut (impl std::io::Read + std::io::Write),
+    request: &str,
+) -> (u16, String, String) {
+    stream.write_all(request.as_bytes()).expect("send");
+    let mut all = Vec::new();
+    let mut buf = [0u8; 65536];
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => all.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => break,
+        }
+    }
+    let text = String::from_utf8_lossy(&all).into_owned();
+    let Some((head, body)) = text.split_once("\r\n\r\n") else {
+        return (0, text, String::new());
+    };
+    let status = head
+        .strip_prefix("HTTP/1.1 ")
+        .and_then(|h| h.get(..3))
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (status, head.to_string(), body.to_string())
+}
+
+fn request(method: &str, path: &str, auth: Option<&str>) -> String {
+    let auth = auth.map_or(String::new(), |a| format!("Authorization: {a}\r\n"));
+    format!("{method} {path} HTTP/1.1\r\nHost: x\r\n{auth}Content-Length: 0\r\n\r\n")
+}
+
+fn http(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    auth: Option<&str>,
+) -> (u16, String, String) {
+    let mut s = std::net::TcpStream::connect(addr).expect("connect admin");
+    s.set_read_timeout(Some(DEADLINE)).unwrap();
+    exchange(&mut s, &request(method, path, auth))
+}
+
+const TOKEN: &str = "adm1n-t0ken";
+/// base64("ops:adm1n-t0ken") and base64("ops:wrong").
+const BASIC: &str = "Basic b3BzOmFkbTFuLXQwa2Vu";
+const BASIC_WRONG: &str = "Basic b3BzOndyb25n";
+
+/// Every guarded request: (method, path).
+const GUARDED: &[(&str, &str)] = &[
+    ("GET", "/"),
+    ("GET", "/index.html"),
+    ("HEAD", "/"),
+    ("GET", "/locks?table=lockd"),
+    ("GET", "/cluster"),
+    ("GET", "/status.json"),
+    ("POST", "/cluster/add?id=4&addr=127.0.0.1:1"),
+    ("POST", "/cluster/remove?id=4"),
+    ("GET", "/no/such/path"),
+    ("DELETE", "/locks"),
+    ("POST", "/healthz"),
+    ("POST", "/metrics"),
+];
+
+#[test]
+fn the_admin_token_guards_every_request_but_healthz_and_metrics() {
+    let dir = temp_dir("auth-admin");
+    let token = secret(&dir, "admin.token", &format!("{TOKEN}\n"), 0o600);
+    let d = Daemon::start(&["--admin-token-file", path_str(&token)]);
+    let admin = d.admin.expect("admin port");
+    let wrong = [
+        None,
+        Some("Bearer wrong"),
+        Some("Bearer adm1n-t0ke"),
+        Some(BASIC_WRONG),
+        Some("adm1n-t0ken"),
+    ];
+    for &(method, path) in GUARDED {
+        for auth in wrong {
+            let (status, head, body) = http(admin, method, path, auth);
+            assert_eq!(status, 401, "{method} {path} with {auth:?}: {head}");
+            assert!(
+                head.contains("WWW-Authenticate: Basic realm=\"holdfast\""),
+                "{head}"
+            );
+            assert!(
+                head.contains("WWW-Authenticate: Bearer realm=\"holdfast\""),
+                "{head}"
+            );
+            assert!(
+                !body.contains("not found") && !body.contains("/locks"),
+                "{body}"
+            );
+        }
+    }
+    for path in ["/healthz", "/metrics"] {
+        assert_eq!(http(admin, "GET", path, None).0, 200, "{path}");
+        assert_eq!(http(admin, "HEAD", path, None).0, 200, "{path}");
+    }
+    let bearer = format!("Bearer {TOKEN}");
+    for auth in [bearer.as_str(), BASIC] {
+        for path in ["/", "/status.json", "/locks?table=lockd"] {
+            let (status, _, body) = http(admin, "GET", path, Some(auth));
+            assert_eq!(status, 200, "{path} with {auth}: {body}");
+        }
+        assert_eq!(http(admin, "GET", "/no/such/path", Some(auth)).0, 404);
+        assert_eq!(http(admin, "DELETE", "/locks", Some(auth)).0, 405);
+        // Past the token, a single node says it is no cluster.
+        let (status, _, body) = http(
+            admin,
+            "POST",
+            "/cluster/add?id=4&addr=127.0.0.1:1",
+            Some(auth),
+        );
+        assert_eq!(status, 404, "{body}");
+        assert!(body.contains("not a cluster"), "{body}");
+    }
+
+    // A SIGHUP replaces the token.
+    secret(&dir, "admin.token", "next-token\n", 0o600);
+    sighup(&d);
+    eventually("the new admin token accepted", || {
+        http(admin, "GET", "/status.json", Some("Bearer next-token")).0 == 200
+    });
+    assert_eq!(http(admin, "GET", "/status.json", Some(&bearer)).0, 401);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn without_a_token_membership_changes_from_loopback_reach_the_owner() {
+    let d = Daemon::start(&[]);
+    let admin = d.admin.expect("admin port");
+    let (status, _, body) = http(admin, "POST", "/cluster/remove?id=4", None);
+    assert_eq!(
+        (status, body.trim()),
+        (404, "not a cluster node (no --peers)")
+    );
+    assert_eq!(http(admin, "GET", "/status.json", None).0, 200);
+}
+
+fn tls_files(dir: &Path) -> (PathBuf, holdfast_testkit::pki::Issued) {
+    let ca = holdfast_testkit::pki::Ca::new("holdfast test CA");
+    let ca_path = ca.write(&dir.join("ca.pem"));
+    let leaf = ca.issue(dir, "server", &["127.0.0.1", "localhost"]);
+    (ca_path, leaf)
+}
+
+fn https(
+    addr: std::net::SocketAddr,
+    ca: &Path,
+    method: &str,
+    path: &str,
+    auth: Option<&str>,
+) -> (u16, String, String) {
+    let config = holdfast::tls::client_config(Some(ca), None).expect("client config");
+    let tcp = std::net::TcpStream::connect(addr).expect("connect admin");
+    tcp.set_read_timeout(Some(DEADLINE)).unwrap();
+    let name = holdfast::tls::server_name(&addr.ip().to_string()).unwrap();
+    let mut s = holdfast::tls::connect_blocking(config, name, tcp).expect("TLS handshake");
+    exchange(&mut s, &request(method, path, auth))
+}
+
+#[test]
+fn the_admin_port_speaks_https_with_tls_cert_and_plain_with_notls() {
+    let dir = temp_dir("auth-admin-tls");
+    let (ca, leaf) = tls_files(&dir);
+    let token = secret(&dir, "admin.token", &format!("{TOKEN}\n"), 0o600);
+    let d = Daemon::start(&[
+        "--tls-cert",
+        path_str(&leaf.cert),
+        "--tls-key",
+        path_str(&leaf.key),
+        "--tls-handshake-timeout",
+        "500",
+        "--admin-token-file",
+        path_str(&token),
+    ]);
+    let admin = d.admin.expect("admin port");
+    let (status, _, body) = https(admin, &ca, "GET", "/metrics", None);
+    assert_eq!(status, 200);
+    assert!(body.contains("holdfast_"), "{body}");
+    assert_eq!(https(admin, &ca, "GET", "/status.json", None).0, 401);
+    let bearer = format!("Bearer {TOKEN}");
+    assert_eq!(
+        https(admin, &ca, "GET", "/status.json", Some(&bearer)).0,
+        200
+    );
+    // Plain HTTP on the TLS port: no HTTP answer, the connection is closed.
+    let (status, text, _) = http(admin, "GET", "/metrics", None);
+    assert_eq!(status, 0, "{text}");
+    assert!(!text.contains("HTTP/"), "{text}");
+    // A client that never finishes its handshake is closed after --tls-handshake-timeout.
+    let mut idle = std::net::TcpStream::connect(admin).unwrap();
+    idle.set_read_timeout(Some(DEADLINE)).unwrap();
+    let start = Instant::now();
+    let mut buf = [0u8; 16];
+    let n = std::io::Read::read(&mut idle, &mut buf).unwrap_or(0);
+    assert_eq!(n, 0, "closed without an answer");
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
+    // The port still serves.
+    assert_eq!(https(admin, &ca, "GET", "/healthz", None).0, 200);
+    drop(d);
+
+    let d = Daemon::start(&[
+        "--tls-cert",
+        path_str(&leaf.cert),
+        "--tls-key",
+        path_str(&leaf.key),
+        "--admin",
+        "notls:127.0.0.1:0",
+    ]);
+    let admin = d.admin.expect("admin port");
+    let (status, _, body) = http(admin, "GET", "/metrics", None);
+    assert_eq!(status, 200);
+    assert!(body.contains("holdfast_"), "{body}");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// A network namespace joined to this one by a veth pair, made for one test and removed when
+/// dropped: `host` is this side's address, `inner` the namespace's (a /30 of their own).
+struct Netns {
+    name: String,
+    veth: String,
+    host: std::net::Ipv4Addr,
+}
+
+impl Netns {
+    /// `None` (after saying why) when this machine cannot make one: not root, or no `ip`.
+    fn new() -> Option<Netns> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            println!("skipped: making a network namespace needs root");
+            return None;
+        }
+        if Command::new("ip").arg("-V").output().is_err() {
+            println!("skipped: no `ip` command (iproute2)");
+            return None;
+        }
+        let pid = std::process::id();
+        // A /30 of 10.201.0.0/16 from the PID, so that parallel runs do not collide.
+        let block = (pid % 16_384) * 4;
+        let n = Netns {
+            name: format!("hfauth{pid}"),
+            veth: format!("hfa{}h", pid % 100_000),
+            host: std::net::Ipv4Addr::new(10, 201, (block >> 8) as u8, (block & 0xff) as u8 + 1),
+        };
+        let peer = format!("hfa{}n", pid % 100_000);
+        let inner = n.inner();
+        let steps: Vec<Vec<String>> = vec![
+            vec!["netns".into(), "add".into(), n.name.clone()],
+            vec![
+                "link".into(),
+                "add".into(),
+                n.veth.clone(),
+                "type".into(),
+                "veth".into(),
+                "peer".into(),
+                "name".into(),
+                peer.clone(),
+            ],
+            vec![
+                "link".into(),
+                "set".into(),
+                peer.clone(),
+                "netns".into(),
+                n.name.clone(),
+            ],
+            vec![
+                "addr".into(),
+                "add".into(),
+                format!("{}/30", n.host),
+                "dev".into(),
+                n.veth.clone(),
+            ],
+            vec!["link".into(), "set".into(), n.veth.clone(), "up".into()],
+            n.exec_args(&["ip", "addr", "add", &format!("{inner}/30"), "dev", &peer]),
+            n.exec_args(&["ip", "link", "set", &peer, "up"]),
+            n.exec_args(&["ip", "link", "set", "lo", "up"]),
+        ];
+        for step in steps {
+            let out = Command::new("ip").args(&step).output().expect("run ip");
+            assert!(
+                out.status.success(),
+                "ip {step:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Some(n)
+    }
+
+    fn inner(&self) -> std::net::Ipv4Addr {
+        let o = self.host.octets();
+        std::net::Ipv4Addr::new(o[0], o[1], o[2], o[3] + 1)
+    }
+
+    fn exec_args(&self, cmd: &[&str]) -> Vec<String> {
+        let mut v: Vec<String> = vec!["netns".into(), "exec".into(), self.name.clone()];
+        v.extend(cmd.iter().map(|s| s.to_string()));
+        v
+    }
+
+    /// One HTTP request from inside the namespace (python3 there): the status, or 0.
+    fn http(
+        &self,
+        addr: std::net::SocketAddr,
+        method: &str,
+        path: &str,
+        auth: Option<&str>,
+    ) -> u16 {
+        let script = format!(
+            "import socket\n\
+             s = socket.create_connection(('{ip}', {port}), timeout=10)\n\
+             s.sendall({req:?}.encode())\n\
+             data = b''\n\
+             while True:\n\
+             \x20   b = s.recv(65536)\n\
+             \x20   if not b: break\n\
+             \x20   data += b\n\
+             print(data.split(b' ')[1].decode() if data.startswith(b'HTTP/1.1 ') else 0)\n",
+            ip = addr.ip(),
+            port = addr.port(),
+            req = request(method, path, auth),
+        );
+        let out = Command::new("ip")
+            .args(self.exec_args(&["python3", "-c", &script]))
+            .output()
+            .expect("run python3 in the namespace");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse()
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        // Deleting one end of the pair deletes the other.
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.veth])
+            .output();
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .output();
+    }
+}
+
+#[test]
+fn without_a_token_a_membership_change_from_another_host_is_forbidden() {
+    let Some(ns) = Netns::new() else {
+        return;
+    };
+    let listen = format!("{}:0", ns.host);
+    let d = Daemon::start(&["--admin", &listen]);
+    let admin = d.admin.expect("admin port");
+    assert_eq!(
+        ns.http(admin, "POST", "/cluster/add?id=4&addr=127.0.0.1:1", None),
+        403
+    );
+    assert_eq!(ns.http(admin, "POST", "/cluster/remove?id=4", None), 403);
+    // Reading is open to it, as before.
+    assert_eq!(ns.http(admin, "GET", "/healthz", None), 200);
+    assert_eq!(ns.http(admin, "GET", "/status.json", None), 200);
+    drop(d);
+
+    // With a token, the token decides wherever the client is.
+    let dir = temp_dir("auth-netns");
+    let token = secret(&dir, "admin.token", &format!("{TOKEN}\n"), 0o600);
+    let d = Daemon::start(&["--admin", &listen, "--admin-token-file", path_str(&token)]);
+    let admin = d.admin.expect("admin port");
+    let change = "/cluster/add?id=4&addr=127.0.0.1:1";
+    assert_eq!(ns.http(admin, "POST", change, None), 401);
+    let bearer = format!("Bearer {TOKEN}");
+    assert_eq!(
+        ns.http(admin, "POST", change, Some(&bearer)),
+        404,
+        "past the token: no cluster"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
