@@ -710,3 +710,142 @@ fn without_a_token_a_membership_change_from_another_host_is_forbidden() {
     );
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+// ---------------------------------------------------------------------------------------------
+// `holdfast cluster` with a token, over HTTPS
+
+/// A port for a peer listener, drawn below the ephemeral range (a port bind(0) picked could be
+/// taken by another test's daemon before the node binds it).
+fn peer_port() -> u16 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static DRAWS: AtomicU64 = AtomicU64::new(0);
+    let seed = (u64::from(std::process::id()) << 20 ^ DRAWS.fetch_add(1, Ordering::Relaxed))
+        .wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    for k in 0..10_000u64 {
+        let x = (seed ^ k.wrapping_mul(0xBF58_476D_1CE4_E5B9)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        let port = 32_000 - 1 - (x >> 40) as u16 % 10_000;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port")
+}
+
+fn cli(args: &[&str], env_token: Option<&str>) -> std::process::Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_holdfast"));
+    cmd.arg("cluster")
+        .args(args)
+        .env_remove("HOLDFAST_ADMIN_TOKEN");
+    if let Some(t) = env_token {
+        cmd.env("HOLDFAST_ADMIN_TOKEN", t);
+    }
+    cmd.stdin(Stdio::null())
+        .output()
+        .expect("run holdfast cluster")
+}
+
+fn voters(out: &std::process::Output) -> Vec<u64> {
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)));
+    v["voters"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|x| x.as_u64()).collect())
+        .unwrap_or_default()
+}
+
+#[test]
+fn the_cluster_command_sends_the_token_over_https() {
+    let dir = temp_dir("auth-cluster");
+    let (ca, leaf) = tls_files(&dir);
+    let token = secret(&dir, "admin.token", &format!("{TOKEN}\n"), 0o600);
+    let (p1, p2) = (peer_port(), peer_port());
+    let peers1 = format!("1=127.0.0.1:{p1}");
+    let peers2 = format!("1=127.0.0.1:{p1},2=127.0.0.1:{p2}");
+    let (d1, d2) = (dir.join("node1"), dir.join("node2"));
+    std::fs::create_dir_all(&d1).unwrap();
+    std::fs::create_dir_all(&d2).unwrap();
+    let common = [
+        "--tls-cert",
+        path_str(&leaf.cert),
+        "--tls-key",
+        path_str(&leaf.key),
+        "--admin-token-file",
+        path_str(&token),
+        "--election-timeout",
+        "300",
+    ];
+    let node = |id: &str, peers: &str, data: &Path, join: bool| {
+        let mut args = vec![
+            "--node-id",
+            id,
+            "--peers",
+            peers,
+            "--data-dir",
+            path_str(data),
+        ];
+        args.extend_from_slice(&common);
+        if join {
+            args.push("--join");
+        }
+        Daemon::start(&args)
+    };
+    let n1 = node("1", &peers1, &d1, false);
+    let admin = n1.admin.expect("admin").to_string();
+    let tls = ["--admin", &admin, "--tls", "--tls-ca", path_str(&ca)];
+    let with_file = [&tls[..], &["--admin-token-file", path_str(&token)]].concat();
+
+    eventually("node 1 leads its one-node cluster", || {
+        let out = cli(&[&["status"], &with_file[..]].concat(), None);
+        out.status.success()
+            && serde_json::from_slice::<serde_json::Value>(&out.stdout)
+                .is_ok_and(|v| v["leader"] == 1)
+    });
+    let out = cli(&[&["status"], &tls[..]].concat(), Some(TOKEN));
+    assert!(
+        out.status.success(),
+        "the token from HOLDFAST_ADMIN_TOKEN: {out:?}"
+    );
+    // Refusals: no token, a wrong one, no TLS, a CA that did not sign the certificate.
+    let out = cli(&[&["status"], &tls[..]].concat(), None);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("401"),
+        "{out:?}"
+    );
+    let out = cli(&[&["status"], &tls[..]].concat(), Some("wrong"));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("401"),
+        "{out:?}"
+    );
+    let out = cli(&["status", "--admin", &admin], Some(TOKEN));
+    assert!(
+        !out.status.success(),
+        "plain HTTP to the HTTPS port: {out:?}"
+    );
+    let other = holdfast_testkit::pki::Ca::new("another CA").write(&dir.join("other.pem"));
+    let out = cli(
+        &["status", "--admin", &admin, "--tls-ca", path_str(&other)],
+        Some(TOKEN),
+    );
+    assert!(!out.status.success(), "an unknown CA: {out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("TLS"),
+        "{out:?}"
+    );
+    let out = cli(&[&["remove", "2"], &tls[..]].concat(), None);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("401"),
+        "{out:?}"
+    );
+
+    // A membership change through HTTPS with the token: node 2 joins, then leaves.
+    let _n2 = node("2", &peers2, &d2, true);
+    let member = format!("2=127.0.0.1:{p2}");
+    let out = cli(&[&["add", &member], &with_file[..]].concat(), None);
+    assert!(out.status.success(), "add: {out:?}");
+    assert_eq!(voters(&out), [1, 2]);
+    let out = cli(&[&["remove", "2"], &tls[..]].concat(), Some(TOKEN));
+    assert!(out.status.success(), "remove: {out:?}");
+    assert_eq!(voters(&out), [1]);
+    std::fs::remove_dir_all(dir).unwrap();
+}
