@@ -31,6 +31,9 @@ APT_BROWSER_PACKAGES := chromium chromium-driver
 # against the packaged gomemcache in /usr/share/gocode).
 APT_GO_PACKAGES := golang-go golang-github-bradfitz-gomemcache-dev
 GOMEMCACHE_SRC  := /usr/share/gocode/src/github.com/bradfitz/gomemcache/memcache
+# Debian package of `ip`: tests/auth.rs makes a network namespace and a veth pair to send admin
+# requests from a non-loopback address (skipped, saying so, without it or without root).
+APT_NETNS_PACKAGES := iproute2
 # Debian package of systemd-analyze, for `make verify-service`.
 APT_SYSTEMD_PACKAGES := systemd
 # Debian package of etcd (the server; 3.4 on bookworm), for `make bench-cluster`.
@@ -42,7 +45,7 @@ BINDIR  := $(PREFIX)/bin
 MANDIR  := $(PREFIX)/share/man/man1
 UNITDIR ?= $(PREFIX)/lib/systemd/system
 
-.PHONY: run run-cluster build release test test-rust test-clients conformance deps deps-apt deps-browser deps-go deps-systemd deps-python deps-etcd install verify-service lint fmt bench bench-cluster owner-ceiling scale soak soak-cluster soak-cluster-tls fuzz fuzz-smoke fuzz-deps clean
+.PHONY: run run-cluster build release test test-rust test-clients conformance deps deps-apt deps-browser deps-go deps-systemd deps-python deps-etcd deps-netns install verify-service lint fmt bench bench-cluster owner-ceiling scale soak soak-cluster soak-cluster-tls fuzz fuzz-smoke fuzz-deps clean
 
 run: release
 	./target/release/holdfast
@@ -76,7 +79,7 @@ test-clients: deps-python deps-browser deps-go release
 conformance: deps-apt release
 	$(PYTHON) tools/memccapable.py $(CURDIR)/target/release/holdfast
 
-deps: deps-apt deps-browser deps-go deps-systemd deps-python
+deps: deps-apt deps-browser deps-go deps-systemd deps-python deps-netns
 
 # Install what is missing, once (a fresh machine has only Rust, gcc, Python and git).
 deps-apt:
@@ -95,6 +98,12 @@ deps-go:
 	@if ! command -v go >/dev/null 2>&1 || ! test -d $(GOMEMCACHE_SRC); then \
 		echo "installing $(APT_GO_PACKAGES)"; \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_GO_PACKAGES)) >/dev/null; \
+	fi
+
+deps-netns:
+	@if ! command -v ip >/dev/null 2>&1; then \
+		echo "installing $(APT_NETNS_PACKAGES)"; \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_NETNS_PACKAGES)) >/dev/null; \
 	fi
 
 deps-systemd:

@@ -27,17 +27,8 @@ fn main() -> ExitCode {
         }
     };
     holdfast::log::set_level(config.log_level);
-    holdfast::log_info!("starting {}", settings(&config));
-    // As memcached does: --max-connections must not be cut short by a low default soft limit.
-    holdfast::fdlimit::raise_to_hard();
-    // Block the stop signals and SIGHUP (reload) in every thread (threads inherit the mask); this thread waits for
-    // them with sigwait, so no handler runs in the middle of anything.
-    let signals = stop_signals();
-    // SAFETY: `signals` is an initialised sigset; pthread_sigmask only changes this thread's mask.
-    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &signals, std::ptr::null_mut()) };
-
     // Certificates, keys and tokens: a file that cannot be used (missing, malformed, readable by
-    // other users) is a bad flag.
+    // other users) is a bad flag, reported alone (before the start line).
     let secrets = match holdfast::tls::SecretStore::load(
         config.secrets.clone(),
         config.dlock_token.clone(),
@@ -48,6 +39,15 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    holdfast::log_info!("starting {}", settings(&config));
+    // As memcached does: --max-connections must not be cut short by a low default soft limit.
+    holdfast::fdlimit::raise_to_hard();
+    // Block the stop signals and SIGHUP (reload) in every thread (threads inherit the mask); this thread waits for
+    // them with sigwait, so no handler runs in the middle of anything.
+    let signals = stop_signals();
+    // SAFETY: `signals` is an initialised sigset; pthread_sigmask only changes this thread's mask.
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &signals, std::ptr::null_mut()) };
+
     let server = match Server::start_with(config, secrets) {
         Ok(s) => s,
         Err(e) => {
@@ -104,7 +104,7 @@ fn settings(c: &config::Config) -> String {
         c.dlock_idle_timeout_ms,
         c.dlock_max_keys,
         c.dlock_max_message,
-        if c.dlock_token.is_some() {
+        if c.dlock_token.is_some() || c.secrets.dlock_token.is_some() {
             "set"
         } else {
             "none"
@@ -130,28 +130,55 @@ fn stop_signals() -> libc::sigset_t {
     }
 }
 
-/// `holdfast cluster status|add ID=HOST:PORT|remove ID [--admin ADDR]`: a node's view of its
-/// cluster, or a membership change, through that node's admin port.
+/// `holdfast cluster status|add ID=HOST:PORT|remove ID [--admin ADDR] [--admin-token-file FILE]
+/// [--tls] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE]`: a node's view of its cluster, or a
+/// membership change, through that node's admin port (HTTPS with `--tls`; the token from the
+/// file or from `HOLDFAST_ADMIN_TOKEN`).
 fn cluster_command(args: Vec<String>) -> ExitCode {
-    let usage = "usage: holdfast cluster status|add ID=HOST:PORT|remove ID [--admin HOST:PORT]";
+    let usage = "usage: holdfast cluster status|add ID=HOST:PORT|remove ID [--admin HOST:PORT] \
+                 [--admin-token-file FILE] [--tls] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE] \
+                 (the token may also come from HOLDFAST_ADMIN_TOKEN)";
     let mut admin = "127.0.0.1:2629".to_string();
+    let mut token_file = None;
+    let (mut tls, mut tls_ca, mut tls_cert, mut tls_key) = (false, None, None, None);
     let mut words = Vec::new();
     let mut it = args.into_iter();
     while let Some(a) = it.next() {
-        match a.as_str() {
-            "--admin" => match it.next() {
-                Some(v) => admin = v,
-                None => {
-                    eprintln!("{usage}");
-                    return ExitCode::from(2);
-                }
-            },
-            _ => words.push(a),
+        let slot = match a.as_str() {
+            "--admin" => None,
+            "--admin-token-file" => Some(&mut token_file),
+            "--tls-ca" => Some(&mut tls_ca),
+            "--tls-cert" => Some(&mut tls_cert),
+            "--tls-key" => Some(&mut tls_key),
+            "--tls" => {
+                tls = true;
+                continue;
+            }
+            _ => {
+                words.push(a);
+                continue;
+            }
+        };
+        let Some(v) = it.next() else {
+            eprintln!("{usage}");
+            return ExitCode::from(2);
+        };
+        match slot {
+            Some(slot) => *slot = Some(std::path::PathBuf::from(v)),
+            None => admin = v,
         }
     }
+    let client = match AdminClient::new(admin, token_file, tls, tls_ca, tls_cert, tls_key) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("holdfast cluster: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let admin = client.addr.clone();
     let words: Vec<&str> = words.iter().map(String::as_str).collect();
     match words.as_slice() {
-        ["status"] => match http(&admin, "GET", "/cluster") {
+        ["status"] => match client.http("GET", "/cluster") {
             Ok((200, body)) => {
                 print!("{body}");
                 ExitCode::SUCCESS
@@ -172,7 +199,7 @@ fn cluster_command(args: Vec<String>) -> ExitCode {
             Ok(p) if p.len() == 1 => {
                 let (id, addr) = p.into_iter().next().expect("one");
                 member_change(
-                    &admin,
+                    &client,
                     &format!("/cluster/add?id={id}&addr={addr}"),
                     id,
                     true,
@@ -190,7 +217,7 @@ fn cluster_command(args: Vec<String>) -> ExitCode {
         ["remove", id] => match id.parse::<u16>() {
             Ok(id) if id > 0 => {
                 let id = u64::from(id);
-                member_change(&admin, &format!("/cluster/remove?id={id}"), id, false)
+                member_change(&client, &format!("/cluster/remove?id={id}"), id, false)
             }
             _ => {
                 eprintln!("holdfast cluster remove: ID is a node id, 1 to 65535");
@@ -210,9 +237,10 @@ const MEMBER_CHANGE_WAIT: std::time::Duration = std::time::Duration::from_secs(2
 
 /// Propose a membership change, then watch `/cluster` until node `id` is (`added`) or is not a
 /// voter and the joint configuration has been left.
-fn member_change(admin: &str, path: &str, id: u64, added: bool) -> ExitCode {
+fn member_change(client: &AdminClient, path: &str, id: u64, added: bool) -> ExitCode {
     let what = if added { "add" } else { "remove" };
-    match http(admin, "POST", path) {
+    let admin = &client.addr;
+    match client.http("POST", path) {
         Ok((202, body)) => eprint!("holdfast cluster {what}: {body}"),
         Ok((code, body)) => {
             eprintln!(
@@ -228,7 +256,7 @@ fn member_change(admin: &str, path: &str, id: u64, added: bool) -> ExitCode {
     }
     let deadline = std::time::Instant::now() + MEMBER_CHANGE_WAIT;
     loop {
-        if let Ok((200, body)) = http(admin, "GET", "/cluster") {
+        if let Ok((200, body)) = client.http("GET", "/cluster") {
             if let Ok(v) = serde_json::from_str::<serde_json::Value>(&body) {
                 let ids = |k: &str| -> Vec<u64> {
                     v[k].as_array()
@@ -255,35 +283,116 @@ fn member_change(admin: &str, path: &str, id: u64, added: bool) -> ExitCode {
     }
 }
 
-/// A GET or POST (no body) of `path` on the admin port (HTTP/1.1, Connection: close), with
-/// deadlines.
-fn http(addr: &str, method: &str, path: &str) -> Result<(u16, String), String> {
-    use std::io::Read;
-    use std::net::ToSocketAddrs;
-    let deadline = std::time::Duration::from_secs(5);
-    let sa = addr
-        .to_socket_addrs()
-        .map_err(|e| e.to_string())?
-        .next()
-        .ok_or("no address")?;
-    let mut s = std::net::TcpStream::connect_timeout(&sa, deadline).map_err(|e| e.to_string())?;
-    s.set_read_timeout(Some(deadline))
-        .map_err(|e| e.to_string())?;
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-    )
-    .map_err(|e| e.to_string())?;
+/// How `holdfast cluster` reaches a node's admin port: its address, the token, TLS.
+struct AdminClient {
+    addr: String,
+    token: Option<std::sync::Arc<[u8]>>,
+    tls: Option<(
+        std::sync::Arc<holdfast::tls::rustls::ClientConfig>,
+        holdfast::tls::rustls::pki_types::ServerName<'static>,
+    )>,
+}
+
+impl AdminClient {
+    fn new(
+        addr: String,
+        token_file: Option<std::path::PathBuf>,
+        tls: bool,
+        ca: Option<std::path::PathBuf>,
+        cert: Option<std::path::PathBuf>,
+        key: Option<std::path::PathBuf>,
+    ) -> Result<AdminClient, String> {
+        let token = match token_file {
+            Some(path) => Some(holdfast::tls::read_token(&path)?),
+            None => std::env::var_os("HOLDFAST_ADMIN_TOKEN")
+                .filter(|t| !t.is_empty())
+                .map(|t| {
+                    std::sync::Arc::from(std::os::unix::ffi::OsStrExt::as_bytes(t.as_os_str()))
+                }),
+        };
+        let identity = match (&cert, &key) {
+            (Some(c), Some(k)) => Some((c.as_path(), k.as_path())),
+            (None, None) => None,
+            _ => return Err("--tls-cert and --tls-key go together".into()),
+        };
+        // Any TLS flag means TLS.
+        let tls = if tls || ca.is_some() || identity.is_some() {
+            let config = holdfast::tls::client_config(ca.as_deref(), identity)?;
+            let name = holdfast::tls::server_name(host_of(&addr))?;
+            Some((config, name))
+        } else {
+            None
+        };
+        Ok(AdminClient { addr, token, tls })
+    }
+
+    /// A GET or POST (no body) of `path` (HTTP/1.1, Connection: close), with deadlines.
+    fn http(&self, method: &str, path: &str) -> Result<(u16, String), String> {
+        use std::net::ToSocketAddrs;
+        let deadline = std::time::Duration::from_secs(5);
+        let sa = self
+            .addr
+            .to_socket_addrs()
+            .map_err(|e| e.to_string())?
+            .next()
+            .ok_or("no address")?;
+        let tcp = std::net::TcpStream::connect_timeout(&sa, deadline).map_err(|e| e.to_string())?;
+        tcp.set_read_timeout(Some(deadline))
+            .map_err(|e| e.to_string())?;
+        tcp.set_write_timeout(Some(deadline))
+            .map_err(|e| e.to_string())?;
+        let mut request =
+            format!("{method} {path} HTTP/1.1\r\nHost: {}\r\n", self.addr).into_bytes();
+        if let Some(token) = &self.token {
+            request.extend_from_slice(b"Authorization: Bearer ");
+            request.extend_from_slice(token);
+            request.extend_from_slice(b"\r\n");
+        }
+        request.extend_from_slice(b"Content-Length: 0\r\nConnection: close\r\n\r\n");
+        let raw = match &self.tls {
+            None => exchange(tcp, &request)?,
+            Some((config, name)) => {
+                let tls = holdfast::tls::connect_blocking(config.clone(), name.clone(), tcp)
+                    .map_err(|e| format!("TLS: {e}"))?;
+                exchange(tls, &request)?
+            }
+        };
+        let text = String::from_utf8_lossy(&raw).into_owned();
+        let (head, body) = text.split_once("\r\n\r\n").ok_or("no HTTP header")?;
+        let code = head
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .ok_or("no HTTP status")?;
+        Ok((code, body.to_string()))
+    }
+}
+
+/// The host of `HOST:PORT` (`[V6]:PORT` too), the name a TLS server's certificate must carry.
+fn host_of(addr: &str) -> &str {
+    let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+    host.strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host)
+}
+
+/// Send `request`, read the answer to its end (at most 16 MiB).
+fn exchange(mut s: impl std::io::Read + Write, request: &[u8]) -> Result<Vec<u8>, String> {
+    s.write_all(request).map_err(|e| e.to_string())?;
+    s.flush().map_err(|e| e.to_string())?;
     let mut raw = Vec::new();
-    s.take(16 << 20)
-        .read_to_end(&mut raw)
-        .map_err(|e| e.to_string())?;
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").ok_or("no HTTP header")?;
-    let code = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .ok_or("no HTTP status")?;
-    Ok((code, body.to_string()))
+    let mut buf = [0u8; 16 * 1024];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return Ok(raw),
+            Ok(n) if raw.len() + n > 16 << 20 => return Err("answer over 16 MiB".into()),
+            Ok(n) => raw.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            // A peer that closes without TLS's close_notify after a whole answer.
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && !raw.is_empty() => {
+                return Ok(raw)
+            }
+            Err(e) => return Err(e.to_string()),
+        }
+    }
 }

@@ -1,9 +1,10 @@
-//! One admin connection: read one request under the caps, route it, write one response, close.
+//! One admin connection: the TLS handshake when the port speaks HTTPS, then one request read
+//! under the caps, checked against the admin token, routed, answered, and the connection closed.
 //!
 //! It owns the connection's socket only; data comes from the owner through [`Ctx::ask`].
 
 use std::io::{ErrorKind, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use super::data::{Answer, Query, Table, DEFAULT_LIST, MAX_LIST};
@@ -18,6 +19,8 @@ pub struct Response {
     pub status: u16,
     pub content_type: &'static str,
     pub body: Vec<u8>,
+    /// More header lines, each ending in CRLF.
+    pub headers: &'static str,
 }
 
 impl Response {
@@ -26,6 +29,7 @@ impl Response {
             status,
             content_type,
             body: body.into(),
+            headers: "",
         }
     }
 
@@ -45,6 +49,8 @@ fn reason(status: u16) -> &'static str {
         200 => "OK",
         202 => "Accepted",
         400 => "Bad Request",
+        401 => "Unauthorized",
+        403 => "Forbidden",
         404 => "Not Found",
         405 => "Method Not Allowed",
         408 => "Request Timeout",
@@ -58,16 +64,17 @@ fn reason(status: u16) -> &'static str {
 
 /// Write the whole response (head only for HEAD).
 pub fn write_response(
-    mut stream: &TcpStream,
+    stream: &mut impl Write,
     r: &Response,
     head_only: bool,
 ) -> std::io::Result<()> {
     let mut out = format!(
-        "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nCache-Control: no-store\r\nConnection: close\r\n",
+        "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nCache-Control: no-store\r\nConnection: close\r\n{}",
         r.status,
         reason(r.status),
         r.content_type,
-        r.body.len()
+        r.body.len(),
+        r.headers,
     )
     .into_bytes();
     if r.status == 405 {
@@ -77,18 +84,70 @@ pub fn write_response(
     if !head_only {
         out.extend_from_slice(&r.body);
     }
-    stream.write_all(&out)
+    stream.write_all(&out)?;
+    stream.flush()
 }
 
-/// Serve one request on a blocking socket, then close it.
+/// A connection the admin port serves: plain TCP or TLS over it.
+trait Stream: Read + Write {
+    fn tcp(&self) -> &TcpStream;
+    /// Say that nothing more comes (TLS: close_notify), before the socket is closed.
+    fn finish(&mut self) {}
+}
+
+impl Stream for TcpStream {
+    fn tcp(&self) -> &TcpStream {
+        self
+    }
+}
+
+impl Stream for crate::tls::ServerStream {
+    fn tcp(&self) -> &TcpStream {
+        &self.sock
+    }
+
+    fn finish(&mut self) {
+        self.conn.send_close_notify();
+        let _ = self.flush();
+    }
+}
+
+/// Serve one connection on a blocking socket, then close it: over TLS when the port speaks
+/// HTTPS (the handshake bounded by `--tls-handshake-timeout`), else plain.
 pub fn serve(stream: TcpStream, peer: SocketAddr, ctx: &Ctx) {
     let _ = stream.set_nonblocking(false);
     let _ = stream.set_nodelay(true);
-    let _ = stream.set_write_timeout(Some(WRITE_DEADLINE));
+    if !ctx.tls {
+        let mut stream = stream;
+        return serve_on(&mut stream, peer, ctx);
+    }
+    // The certificate in force now (a SIGHUP's new one serves the connections after it).
+    let Some(config) = ctx.shared.secrets.current().server.clone() else {
+        return;
+    };
+    let limit = Duration::from_millis(ctx.shared.config.tls_handshake_timeout_ms.max(1));
+    let _ = stream.set_read_timeout(Some(limit));
+    let _ = stream.set_write_timeout(Some(limit));
+    let started = Instant::now();
+    match crate::tls::accept_blocking(config, stream) {
+        Ok(mut tls) => serve_on(&mut tls, peer, ctx),
+        Err(e) => {
+            let why = if started.elapsed() >= limit {
+                format!("no handshake within {} ms", limit.as_millis())
+            } else {
+                e.to_string()
+            };
+            crate::log_debug!("admin: closed {peer}: TLS handshake failed: {why}");
+        }
+    }
+}
+
+/// Read one request under the caps and deadlines, answer it, close.
+fn serve_on<S: Stream>(stream: &mut S, peer: SocketAddr, ctx: &Ctx) {
+    let _ = stream.tcp().set_write_timeout(Some(WRITE_DEADLINE));
     let deadline = Instant::now() + REQUEST_DEADLINE;
     let mut buf = vec![0u8; MAX_REQUEST_BYTES];
     let mut len = 0;
-    let mut reader = &stream;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -96,17 +155,21 @@ pub fn serve(stream: TcpStream, peer: SocketAddr, ctx: &Ctx) {
                 "admin: closed {peer}: no complete request within {} s",
                 REQUEST_DEADLINE.as_secs()
             );
-            let _ = write_response(&stream, &Response::text(408, "request timeout"), false);
+            let _ = write_response(stream, &Response::text(408, "request timeout"), false);
+            stream.finish();
             return;
         }
         if len == buf.len() {
             crate::log_info!("admin: closed {peer}: request head over {MAX_REQUEST_BYTES} bytes");
             let r = Response::text(431, "request head too large");
-            let _ = write_response(&stream, &r, false);
+            let _ = write_response(stream, &r, false);
+            stream.finish();
             return;
         }
-        let _ = stream.set_read_timeout(Some(left.max(Duration::from_millis(1))));
-        match reader.read(&mut buf[len..]) {
+        let _ = stream
+            .tcp()
+            .set_read_timeout(Some(left.max(Duration::from_millis(1))));
+        match stream.read(&mut buf[len..]) {
             Ok(0) => return,
             Ok(n) => len += n,
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => continue,
@@ -119,7 +182,13 @@ pub fn serve(stream: TcpStream, peer: SocketAddr, ctx: &Ctx) {
             Ok(httparse::Status::Partial) => continue,
             Ok(httparse::Status::Complete(_)) => {
                 let head_only = req.method == Some("HEAD");
-                (route(&req, ctx), head_only)
+                // The token before the route: an unauthenticated client learns nothing of
+                // what exists.
+                let response = match authorize(&req, peer, ctx) {
+                    Ok(()) => route(&req, ctx),
+                    Err(refusal) => refusal,
+                };
+                (response, head_only)
             }
             Err(httparse::Error::TooManyHeaders) => {
                 (Response::text(431, "too many header fields"), false)
@@ -129,16 +198,126 @@ pub fn serve(stream: TcpStream, peer: SocketAddr, ctx: &Ctx) {
         if response.status == 400 || response.status == 431 {
             crate::log_info!("admin: closed {peer}: bad request ({})", response.status);
         }
-        let _ = write_response(&stream, &response, head_only);
+        let _ = write_response(stream, &response, head_only);
+        stream.finish();
         return;
     }
+}
+
+/// The path of a request target, without its query.
+fn path_of<'a>(req: &httparse::Request<'_, 'a>) -> &'a str {
+    let target = req.path.unwrap_or("/");
+    target.split_once('?').map_or(target, |(p, _)| p)
+}
+
+/// Whether a request may go on to routing. With `--admin-token-file`, every request but a GET
+/// or HEAD of `/healthz` or `/metrics` needs the token (else 401); without it, a membership
+/// change is taken only from a loopback address (else 403).
+fn authorize(req: &httparse::Request<'_, '_>, peer: SocketAddr, ctx: &Ctx) -> Result<(), Response> {
+    let path = path_of(req);
+    let secrets = ctx.shared.secrets.current();
+    let Some(token) = secrets.admin_token.as_deref() else {
+        let change = req.method == Some("POST") && is_change(path);
+        if change && !is_loopback(peer.ip()) {
+            return Err(Response::text(
+                403,
+                "membership changes are taken from loopback addresses only (or set --admin-token-file)",
+            ));
+        }
+        return Ok(());
+    };
+    let open =
+        matches!(req.method, Some("GET" | "HEAD")) && matches!(path, "/healthz" | "/metrics");
+    if open {
+        return Ok(());
+    }
+    let given = req
+        .headers
+        .iter()
+        .find(|h| h.name.eq_ignore_ascii_case("authorization"))
+        .map(|h| h.value);
+    if given.is_some_and(|v| token_matches(v, token)) {
+        return Ok(());
+    }
+    let mut r = Response::text(
+        401,
+        "unauthorized: send the admin token (Bearer, or Basic password)",
+    );
+    r.headers = "WWW-Authenticate: Basic realm=\"holdfast\", charset=\"UTF-8\"\r\nWWW-Authenticate: Bearer realm=\"holdfast\"\r\n";
+    Err(r)
+}
+
+fn is_change(path: &str) -> bool {
+    matches!(path, "/cluster/add" | "/cluster/remove")
+}
+
+fn is_loopback(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => v4.is_loopback(),
+        IpAddr::V6(v6) => {
+            v6.is_loopback() || v6.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())
+        }
+    }
+}
+
+/// An `Authorization` value that carries `token`: `Bearer TOKEN`, or `Basic` with any user name
+/// and the token as password. Compared in constant time.
+fn token_matches(value: &[u8], token: &[u8]) -> bool {
+    let value = value.trim_ascii();
+    let Some(sp) = value.iter().position(|&b| b == b' ') else {
+        return false;
+    };
+    let (scheme, credentials) = (&value[..sp], value[sp + 1..].trim_ascii());
+    if scheme.eq_ignore_ascii_case(b"bearer") {
+        return crate::tls::constant_time_eq(credentials, token);
+    }
+    if scheme.eq_ignore_ascii_case(b"basic") {
+        let Some(decoded) = base64_decode(credentials) else {
+            return false;
+        };
+        let Some(colon) = decoded.iter().position(|&b| b == b':') else {
+            return false;
+        };
+        return crate::tls::constant_time_eq(&decoded[colon + 1..], token);
+    }
+    false
+}
+
+/// Standard base64 (RFC 4648, `=` padding optional); `None` for anything else.
+fn base64_decode(text: &[u8]) -> Option<Vec<u8>> {
+    let text = text
+        .strip_suffix(b"==")
+        .or_else(|| text.strip_suffix(b"="))
+        .unwrap_or(text);
+    if text.len() % 4 == 1 {
+        return None;
+    }
+    let mut out = Vec::with_capacity(text.len() * 3 / 4);
+    let (mut acc, mut bits) = (0u32, 0);
+    for &c in text {
+        let v = match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' => 62,
+            b'/' => 63,
+            _ => return None,
+        };
+        acc = (acc << 6) | u32::from(v);
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+        }
+    }
+    Some(out)
 }
 
 fn route(req: &httparse::Request<'_, '_>, ctx: &Ctx) -> Response {
     let target = req.path.unwrap_or("/");
     let (path, query) = target.split_once('?').unwrap_or((target, ""));
     // Membership changes are the only requests that change anything: POST, and only they.
-    let changes = matches!(path, "/cluster/add" | "/cluster/remove");
+    let changes = is_change(path);
     match req.method {
         Some("POST") if changes => {}
         Some("GET") | Some("HEAD") if !changes => {}
@@ -323,6 +502,61 @@ fn decode(s: &str) -> Result<Vec<u8>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_token_is_taken_as_bearer_or_as_a_basic_password() {
+        let t = b"s3cret-token";
+        for ok in [
+            &b"Bearer s3cret-token"[..],
+            b"bearer s3cret-token",
+            b"  Bearer   s3cret-token ",
+            // base64("admin:s3cret-token"), base64(":s3cret-token"), base64("a:b:s3cret-token")
+            b"Basic YWRtaW46czNjcmV0LXRva2Vu",
+            b"basic OnMzY3JldC10b2tlbg==",
+            b"Basic OnMzY3JldC10b2tlbg",
+        ] {
+            assert!(token_matches(ok, t), "{}", String::from_utf8_lossy(ok));
+        }
+        for bad in [
+            &b""[..],
+            b"Bearer",
+            b"Bearer s3cret-toke",
+            b"Bearer s3cret-token2",
+            b"Bearers3cret-token",
+            b"Token s3cret-token",
+            b"s3cret-token",
+            // base64("s3cret-token"): no colon; base64("admin:wrong")
+            b"Basic czNjcmV0LXRva2Vu",
+            b"Basic YWRtaW46d3Jvbmc=",
+            b"Basic !!!!",
+            b"Basic YWRtaW46czNjcmV0LXRva2Vu=x",
+        ] {
+            assert!(!token_matches(bad, t), "{}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
+    fn base64_decodes_with_and_without_padding() {
+        assert_eq!(base64_decode(b"").unwrap(), b"");
+        assert_eq!(base64_decode(b"YQ==").unwrap(), b"a");
+        assert_eq!(base64_decode(b"YWI=").unwrap(), b"ab");
+        assert_eq!(base64_decode(b"YWJj").unwrap(), b"abc");
+        assert_eq!(base64_decode(b"YWJjZA").unwrap(), b"abcd");
+        assert_eq!(base64_decode(b"+/+/").unwrap(), [0xfb, 0xff, 0xbf]);
+        for bad in [&b"Y"[..], b"Y=Q=", b"YW\n", b"YWJjZ"] {
+            assert!(base64_decode(bad).is_none(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn loopback_addresses_include_mapped_ones() {
+        for ip in ["127.0.0.1", "127.3.2.1", "::1", "::ffff:127.0.0.1"] {
+            assert!(is_loopback(ip.parse().unwrap()), "{ip}");
+        }
+        for ip in ["10.0.0.1", "0.0.0.0", "::", "::ffff:10.0.0.1", "fe80::1"] {
+            assert!(!is_loopback(ip.parse().unwrap()), "{ip}");
+        }
+    }
 
     #[test]
     fn query_strings_decode_and_refuse_what_is_malformed() {

@@ -11,6 +11,12 @@
 //! and [`MAX_HEADERS`], a request must be complete within [`REQUEST_DEADLINE`] (slowloris
 //! clients are closed then), no request body is accepted, one request per connection
 //! (`Connection: close`), and every bad method, path or parameter gets a 4xx.
+//!
+//! Security: with `--tls-cert` the port speaks HTTPS (unless its address was given as
+//! `notls:`), the handshake done on the connection's thread within `--tls-handshake-timeout`.
+//! With `--admin-token-file`, every request but a GET or HEAD of `/healthz` or `/metrics` needs
+//! the token (`Authorization: Bearer`, or Basic with the token as password), checked before the
+//! request is routed; without it, membership changes are taken from loopback addresses only.
 
 pub mod data;
 mod http;
@@ -81,6 +87,8 @@ pub struct Ctx {
     /// The lock listeners (protocol, bound address) and the admin port's own address.
     pub listeners: Vec<(Proto, SocketAddr)>,
     pub admin: SocketAddr,
+    /// Whether the port speaks HTTPS (`--tls-cert`, and the address not given as `notls:`).
+    pub tls: bool,
     /// Admin connections being served now.
     pub active: AtomicUsize,
     /// When the next heavy question may go to the owner (held while one is asked: they go one
@@ -136,7 +144,9 @@ pub fn start(
     poll.registry()
         .register(&mut listener, LISTENER, Interest::READABLE)?;
     let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
+    let tls = shared.config.secrets.tls.is_some() && !shared.config.notls.admin;
     let ctx = Arc::new(Ctx {
+        tls,
         shared,
         to_owner,
         listeners,
@@ -194,8 +204,11 @@ fn accept(stream: mio::net::TcpStream, peer: SocketAddr, ctx: &Arc<Ctx>) {
     if ctx.active.fetch_add(1, Ordering::AcqRel) >= MAX_ADMIN_CONNS {
         ctx.active.fetch_sub(1, Ordering::AcqRel);
         crate::log_debug!("admin: {peer}: too many admin connections, answered 503");
-        // Still non-blocking: a best-effort answer that never waits.
-        let _ = http::write_response(&stream, &http::Response::busy(), false);
+        if !ctx.tls {
+            // Still non-blocking: a best-effort answer that never waits (a TLS client is only
+            // closed: an answer would need a handshake).
+            let _ = http::write_response(&mut &stream, &http::Response::busy(), false);
+        }
         return;
     }
     let ctx2 = ctx.clone();

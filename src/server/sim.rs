@@ -151,7 +151,18 @@ pub(crate) fn sim_shared(config: Config) -> Shared {
 
 impl Sim {
     pub fn new(config: Config) -> Sim {
-        let shared = sim_shared(config);
+        Sim::with_shared(sim_shared(config))
+    }
+
+    /// A sim whose secrets (memcached users, dlock token) are given inline instead of read
+    /// from the files the configuration names.
+    pub fn with_secrets(config: Config, secrets: crate::tls::Secrets) -> Sim {
+        let mut shared = sim_shared(config);
+        shared.secrets = crate::tls::SecretStore::new(Default::default(), None, secrets);
+        Sim::with_shared(shared)
+    }
+
+    fn with_shared(shared: Shared) -> Sim {
         let tables = Tables::new(&shared.config, Self::at(0));
         Sim {
             shared,
@@ -233,7 +244,8 @@ impl Sim {
     pub fn connect(&mut self, proto: Proto) -> ConnId {
         let id = ConnId::new(0, self.next_slot, 0);
         self.next_slot += 1;
-        self.conns.insert(id, Conn::new(proto));
+        let secrets = self.shared.secrets.current();
+        self.conns.insert(id, Conn::accepted(proto, &secrets));
         // As a worker does on accept: the connection's Open (its session starts here), then a
         // dlock connection's idle clock.
         let peer = std::net::SocketAddr::from(([127, 0, 0, 1], (self.next_slot % 60000) as u16));
@@ -528,5 +540,67 @@ mod tests {
         let (body, _) = dl::parse_frame(&out, 1 << 20).expect("one response");
         let r = dl::decode_response(body).expect("valid");
         assert_eq!((r.request_id, r.status), (Some(2), Some(status::OK)));
+    }
+
+    #[test]
+    fn memcached_requests_before_authentication_change_nothing() {
+        let users = crate::tls::Users::parse(b"bob:hunter2\n").unwrap();
+        let secrets = crate::tls::Secrets {
+            memcache_users: Some(std::sync::Arc::new(users)),
+            ..Default::default()
+        };
+        let mut sim = Sim::with_secrets(config(), secrets);
+        sim.record();
+        let (a, b) = (sim.connect(Proto::Memcache), sim.connect(Proto::Memcache));
+        sim.send(
+            a,
+            b"set a 0 0 11\r\nbob hunter2\r\nset k 0 0 1\r\nv\r\nlock k\r\n",
+        );
+        assert_eq!(sim.output(a), b"STORED\r\nSTORED\r\nOK\r\n");
+        // b has not authenticated: none of its requests reaches the tables.
+        sim.send(
+            b,
+            b"set k 0 0 1\r\nw\r\nunlock k\r\ndelete k\r\nflush_all\r\nget k\r\n",
+        );
+        // Its `set` is taken for an authentication attempt (`w` is no `user password`).
+        let unauth = "CLIENT_ERROR unauthenticated\r\n";
+        let want = format!(
+            "CLIENT_ERROR bad authentication token format\r\n{}",
+            unauth.repeat(4)
+        );
+        assert_eq!(String::from_utf8(sim.output(b)).unwrap(), want);
+        let mut lock = Vec::new();
+        crate::proto::memcache::binary::encode_request(&mut lock, 0x40, 1, 0, &[], b"k", b"");
+        sim.send(b, &lock);
+        assert!(
+            !sim.is_open(b),
+            "a binary request before authentication closes"
+        );
+        sim.send(a, b"get k\r\n");
+        assert_eq!(sim.output(a), b"VALUE k 0 1\r\nv\r\nEND\r\n");
+        // A wrong password, then the right one: b is served from then on.
+        let c = sim.connect(Proto::Memcache);
+        sim.send(c, b"set x 0 0 7\r\nbob bad\r\nlock k\r\n");
+        assert_eq!(
+            sim.output(c),
+            b"CLIENT_ERROR authentication failure\r\nCLIENT_ERROR unauthenticated\r\n"
+        );
+        sim.send(c, b"set x 0 0 11\r\nbob hunter2\r\nlock k\r\n");
+        assert_eq!(sim.output(c), b"STORED\r\nLOCKED\r\n");
+        // The owner saw only the authenticated connections' requests (and the connections'
+        // opening and closing): its log replays to the same state.
+        let rec = sim.take_recording();
+        let mut batch = Batch::default();
+        let mut requests = 0;
+        for entry in &rec.entries {
+            command::decode_entry(entry, command::Limits::default(), &mut batch).unwrap();
+            for m in &batch.ops {
+                if matches!(m.op, Op::Mc(_)) {
+                    assert_ne!(m.conn, b, "an unauthenticated request reached the owner");
+                    requests += 1;
+                }
+            }
+        }
+        assert_eq!(requests, 4, "a's set, lock and get, c's lock");
     }
 }

@@ -13,6 +13,7 @@ from conftest import CLIENT_TIMEOUT_S
 HEADER = "!BBHBBHLLQ"
 LOCK, UNLOCK, UNLOCK_ALL, LAG, RAU = 0x40, 0x42, 0x44, 0x46, 0x4A
 STATUS_LOCKED, STATUS_NOT_LOCKED = 0x0010, 0x0011
+AUTH_ERROR = 0x0020
 
 
 def client(holdfast):
@@ -121,3 +122,52 @@ def test_disconnect_releases_the_locks(holdfast):
         assert time.monotonic() < deadline, "disconnect did not release the lock"
         time.sleep(0.05)
     assert b.set("k", "mine") is True
+
+
+@pytest.fixture
+def holdfast_with_users(tmp_path):
+    """A daemon whose memcached clients must authenticate (--memcache-auth-file, mode 0600)."""
+    from conftest import start_holdfast, stop_holdfast
+
+    users = tmp_path / "users"
+    users.write_text("alice:wonder land\nbob:hunter2\n")
+    users.chmod(0o600)
+    daemon = start_holdfast("--memcache-auth-file", str(users))
+    yield daemon
+    stop_holdfast(daemon.proc)
+    assert daemon.proc.returncode == 0, f"holdfast exited with {daemon.proc.returncode} on SIGTERM"
+
+
+def authed(holdfast, user, password):
+    return bmemcached.Client(
+        (holdfast.memcache_server,), user, password, socket_timeout=CLIENT_TIMEOUT_S
+    )
+
+
+def test_sasl_plain_authenticates_and_the_client_works(holdfast_with_users):
+    c = authed(holdfast_with_users, "alice", "wonder land")
+    assert c.set("k", "v1") is True
+    assert c.get("k") == "v1"
+    assert c.get_multi(["k", "missing"]) == {"k": "v1"}
+    assert binary(c, LOCK, b"k")[0] == 0
+    d = authed(holdfast_with_users, "bob", "hunter2")
+    assert binary(d, LOCK, b"k")[0] == STATUS_LOCKED
+    assert c.delete("k") is True
+
+
+def test_a_wrong_password_is_refused_and_nothing_is_stored(holdfast_with_users):
+    # python-binary-memcached takes 0x08 for the auth error status: memcached's (and holdfast's)
+    # 0x0020 reaches the caller as a MemcachedException with that code and "Auth failure.".
+    for user, password in [("alice", "wonderland"), ("mallory", "hunter2"), ("bob", "hunter2 ")]:
+        bad = authed(holdfast_with_users, user, password)
+        with pytest.raises(MemcachedException) as refused:
+            bad.set("k", f"from {user}")
+        assert refused.value.code == AUTH_ERROR, refused.value.message
+        assert "Auth failure." in refused.value.message
+    # Without credentials the client does not authenticate: its request is an auth error.
+    anonymous = bmemcached.Client((holdfast_with_users.memcache_server,), socket_timeout=CLIENT_TIMEOUT_S)
+    with pytest.raises(MemcachedException) as refused:
+        anonymous.set("k", "anonymous")
+    assert refused.value.code == AUTH_ERROR
+    good = authed(holdfast_with_users, "bob", "hunter2")
+    assert good.get("k") is None

@@ -183,6 +183,7 @@ pub fn status_text(code: u16, yrmcds: bool) -> &'static [u8] {
         st::NON_NUMERIC => b"Non-numeric server-side value for incr or decr",
         st::LOCKED => b"Locked",
         st::NOT_LOCKED => b"Not locked",
+        st::AUTH_ERROR => b"Auth failure.",
         st::UNKNOWN_COMMAND => b"Unknown command",
         st::OUT_OF_MEMORY => b"Out of memory",
         _ => b"",
@@ -203,6 +204,8 @@ pub mod status {
     pub const LOCKED: u16 = 0x0010;
     /// yrmcds: not locked by the caller.
     pub const NOT_LOCKED: u16 = 0x0011;
+    /// Authentication required or failed (`--memcache-auth-file`).
+    pub const AUTH_ERROR: u16 = 0x0020;
     pub const UNKNOWN_COMMAND: u16 = 0x0081;
     pub const OUT_OF_MEMORY: u16 = 0x0082;
 }

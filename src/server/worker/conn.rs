@@ -52,6 +52,9 @@ pub struct Conn {
     /// A key dump (`keys`) under way: nothing more is parsed until it ends, so that no other
     /// reply lands in the middle of it.
     pub dump: Dump,
+    /// Whether requests are served: false for a memcached connection that has yet to
+    /// authenticate (`--memcache-auth-file`; see [`super::auth`]), true otherwise.
+    pub authenticated: bool,
 }
 
 /// Where a connection's key dump is (`docs/compat.md`, "Key dump").
@@ -78,7 +81,16 @@ impl Conn {
             closing: false,
             reply_bound: 0,
             dump: Dump::Idle,
+            authenticated: true,
         }
+    }
+
+    /// A connection accepted while `secrets` are in force: a memcached connection must
+    /// authenticate first when users are configured.
+    pub fn accepted(proto: Proto, secrets: &crate::tls::Secrets) -> Conn {
+        let mut c = Conn::new(proto);
+        c.authenticated = proto != Proto::Memcache || secrets.memcache_users.is_none();
+        c
     }
 
     /// Queue bytes the worker answers itself: straight to the write buffer when nothing is in

@@ -38,7 +38,6 @@ pub fn parse(
     cx: Cx<'_>,
     batch: &mut Batch,
 ) -> (usize, bool) {
-    let config = cx.config;
     let mut pos = 0;
     while pos < data.len() {
         if conn.skip > 0 {
@@ -52,7 +51,7 @@ pub fn parse(
         }
         let rest = &data[pos..];
         let step = match conn.proto {
-            Proto::Memcache => memcache(conn, rest, id, config, batch),
+            Proto::Memcache => memcache(conn, rest, id, cx, batch),
             Proto::Lockd => lockd(conn, rest, id, batch),
             Proto::Dlock => dlock(conn, rest, id, cx, batch),
             Proto::Counter => counter(conn, rest, id, batch),
@@ -99,7 +98,11 @@ fn push(conn: &mut Conn, id: ConnId, op: Op, batch: &mut Batch) {
     conn.inflight += 1;
 }
 
-fn memcache(conn: &mut Conn, buf: &[u8], id: ConnId, config: &Config, batch: &mut Batch) -> Step {
+fn memcache(conn: &mut Conn, buf: &[u8], id: ConnId, cx: Cx<'_>, batch: &mut Batch) -> Step {
+    if !conn.authenticated {
+        return super::auth::unauthenticated(conn, buf, id, cx, batch);
+    }
+    let config = cx.config;
     // Text and binary are told apart per request, by its first byte. A text command starts with
     // an ASCII letter or space, so a first byte with the high bit set is a binary header; any
     // such byte but the request magic 0x80 is a bad magic, and the binary parser closes the
@@ -108,7 +111,7 @@ fn memcache(conn: &mut Conn, buf: &[u8], id: ConnId, config: &Config, batch: &mu
     if buf[0] & 0x80 != 0 {
         return match binary::parse(buf, config.max_item_size) {
             Ok((req, n)) => {
-                binary_request(conn, &req, id, config, batch);
+                binary_request(conn, &req, id, cx, batch);
                 Step::Consumed(n)
             }
             Err(binary::ParseError::Incomplete) => Step::Incomplete,
@@ -402,9 +405,10 @@ fn binary_request(
     conn: &mut Conn,
     req: &binary::Request<'_>,
     id: ConnId,
-    config: &Config,
+    cx: Cx<'_>,
     batch: &mut Batch,
 ) {
+    let config = cx.config;
     let yrmcds = config.compat == Compat::Yrmcds;
     let shapes = if yrmcds { &SHAPES_YRMCDS } else { &SHAPES };
     // yrmcds has no binary Verbosity: unknown there whatever its shape.
@@ -434,6 +438,13 @@ fn binary_request(
         }
         Err(status) => {
             batch.arena.bytes.truncate(mark);
+            if let (Some(users), super::auth::SASL_LIST_MECHS..=super::auth::SASL_STEP) =
+                (cx.secrets.memcache_users.as_deref(), req.opcode)
+            {
+                // Authenticated already: SASL again (without users, SASL is unknown here).
+                super::auth::sasl(conn, req, id, users, batch);
+                return;
+            }
             refuse(conn, req, id, yrmcds, batch, status);
         }
     }

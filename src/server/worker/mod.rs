@@ -29,6 +29,7 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token, Waker};
 use slab::Slab;
 
+mod auth;
 mod conn;
 mod decode;
 pub(crate) mod encode;
@@ -430,7 +431,7 @@ impl Worker {
         entry.insert(Socket {
             stream,
             gen,
-            conn: Conn::new(proto),
+            conn: Conn::accepted(proto, &self.secrets),
             tls,
             opened: false,
             peer,
