@@ -134,6 +134,11 @@ impl Tls {
         Tls::try_over(TcpStream::connect(addr)?, config, within)
     }
 
+    /// A TLS client on a connected socket.
+    fn over(tcp: TcpStream, config: Arc<ClientConfig>) -> Tls {
+        Tls::try_over(tcp, config, DEADLINE).expect("TLS handshake")
+    }
+
     fn try_over(tcp: TcpStream, config: Arc<ClientConfig>, within: Duration) -> io::Result<Tls> {
         tcp.set_nodelay(true)?;
         tcp.set_read_timeout(Some(within))?;
@@ -951,6 +956,108 @@ fn a_large_value_and_a_deep_pipeline_are_answered_whole_and_in_order_over_tls() 
         assert_eq!(t.line(), "END\r\n");
     }
     writer.join().unwrap().expect("pipeline written");
+}
+
+#[test]
+fn replies_queued_before_a_close_are_written_whole_over_tls() {
+    // A client that ends its requests (quit, close_notify, a half-close) while the end of a large
+    // reply is still inside the daemon receives every byte: the connection closes only once
+    // rustls has written its last records, not when the write buffer has moved into rustls.
+    // Where the reply's end waits (the write buffer, rustls's up to 256 KiB, the kernel's send
+    // buffer of a few MiB) depends on how far the client has read: the client stops at several
+    // distances from the end, so that one of them has the end inside rustls.
+    let _serial = serial();
+    let pki = Pki::new("tls-close-drain");
+    let d = tls_daemon(&pki, &[]);
+    let addr = d.memcache.unwrap();
+    let value: Vec<u8> = (0..1_000_000u32).map(|i| b'a' + (i % 26) as u8).collect();
+    let mut t = Tls::connect(addr, pki.client());
+    let mut set = format!("set big 0 0 {}\r\n", value.len()).into_bytes();
+    set.extend_from_slice(&value);
+    set.extend_from_slice(b"\r\n");
+    t.expect(&set, b"STORED\r\n");
+    drop(t);
+    let copies = 6;
+    let mut expected = Vec::new();
+    for _ in 0..copies {
+        expected.extend_from_slice(format!("VALUE big 0 {}\r\n", value.len()).as_bytes());
+        expected.extend_from_slice(&value);
+        expected.extend_from_slice(b"\r\n");
+    }
+    expected.extend_from_slice(b"END\r\n");
+    let request = format!("get{}\r\n", " big".repeat(copies));
+    let endings = ["quit", "close_notify", "half-close"];
+    for (i, left) in (128 * 1024..5 * 1024 * 1024)
+        .step_by(128 * 1024)
+        .enumerate()
+    {
+        let ending = endings[i % endings.len()];
+        // A fixed receive buffer (no autotuning): little of the reply waits on the client's side.
+        let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+            .expect("socket");
+        socket.set_recv_buffer_size(64 * 1024).expect("SO_RCVBUF");
+        socket.connect(&addr.into()).expect("connect");
+        let mut t = Tls::over(socket.into(), pki.client());
+        t.send(request.as_bytes());
+        t.fill(expected.len() - left);
+        // The daemon fills what it can while the client is not reading.
+        thread::sleep(Duration::from_millis(30));
+        match ending {
+            "quit" => t.send(b"quit\r\n"),
+            "close_notify" => {
+                t.conn.send_close_notify();
+                t.flush_tls().unwrap();
+            }
+            _ => {
+                t.conn.send_close_notify();
+                t.flush_tls().unwrap();
+                t.tcp.shutdown(Shutdown::Write).unwrap();
+            }
+        }
+        thread::sleep(Duration::from_millis(30));
+        let (got, clean) = t.read_to_close();
+        assert_eq!(
+            got.len(),
+            expected.len(),
+            "{ending} with {left} bytes unread: bytes received"
+        );
+        assert!(got == expected, "{ending}: the reply differs");
+        assert!(clean, "{ending}: the daemon closed without close_notify");
+    }
+}
+
+#[test]
+fn a_closing_tls_client_that_stops_reading_is_closed_by_the_stall_timeout() {
+    // The end of its reply waits inside rustls (and the kernel) while the client reads nothing:
+    // the stall timeout closes the connection, wherever the end of the reply is.
+    let _serial = serial();
+    let pki = Pki::new("tls-close-stall");
+    let d = tls_daemon(&pki, &["--client-stall-timeout", "300"]);
+    let addr = d.memcache.unwrap();
+    let value = vec![b's'; 1_000_000];
+    let mut t = Tls::connect(addr, pki.client());
+    let mut set = format!("set big 0 0 {}\r\n", value.len()).into_bytes();
+    set.extend_from_slice(&value);
+    set.extend_from_slice(b"\r\n");
+    t.expect(&set, b"STORED\r\n");
+    let copies = 6;
+    let reply_len = copies * (value.len() + "VALUE big 0 1000000\r\n\r\n".len()) + 5;
+    let request = format!("get{}\r\n", " big".repeat(copies));
+    for left in (1024 * 1024..5 * 1024 * 1024).step_by(192 * 1024) {
+        let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+            .expect("socket");
+        socket.set_recv_buffer_size(64 * 1024).expect("SO_RCVBUF");
+        socket.connect(&addr.into()).expect("connect");
+        let mut c = Tls::over(socket.into(), pki.client());
+        c.send(request.as_bytes());
+        c.fill(reply_len - left);
+        thread::sleep(Duration::from_millis(30));
+        c.send(b"quit\r\n");
+        // Not another byte read: the daemon gives up on the connection.
+        wait_until("the stalled connection is closed", || {
+            stat(&mut t, "curr_connections") == 1
+        });
+    }
 }
 
 // ---- certificates: reloads and refused key files ----

@@ -742,7 +742,9 @@ impl Worker {
             let id = ConnId::on_node(self.node, self.id, slot as u32, s.gen);
             s.conn.continue_dump(id, &mut self.batch);
             if s.conn.closing {
-                if s.conn.finished() {
+                // A TLS connection's last records may still wait in rustls (the write buffer
+                // empties into it before the socket has taken them).
+                if s.conn.finished() && !s.tls.as_ref().is_some_and(|t| t.wants_write()) {
                     self.close(slot);
                 }
             } else if s.read_pending || !s.conn.rbuf.is_empty() {
@@ -849,7 +851,9 @@ impl Worker {
                 return false; // closed meanwhile (its slot may hold another connection now)
             };
             let pending = s.conn.pending_output();
-            let still = pending > 0 && (pending >= STALL_LOW || s.conn.closing);
+            // A closing TLS connection may have all its output inside rustls.
+            let unsent = pending > 0 || s.tls.as_ref().is_some_and(|t| t.wants_write());
+            let still = unsent && (pending >= STALL_LOW || s.conn.closing);
             let Some(stall) = s.stall.as_mut().filter(|_| still) else {
                 s.stall = None;
                 return false;
