@@ -29,9 +29,12 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token, Waker};
 use slab::Slab;
 
+mod boundary;
 mod conn;
 mod decode;
 pub(crate) mod encode;
+
+pub use boundary::TlsBoundary;
 
 pub use conn::{MAX_INFLIGHT, REPLY_BUDGET, WBUF_HIGH, WBUF_MAX};
 pub use decode::{Cx, VERSION_REPLY};
@@ -953,7 +956,7 @@ fn at_eof(conn: &mut Conn, id: ConnId, batch: &mut Batch) {
 /// What feeding a TLS connection's ciphertext did (a failed handshake, a bad record or bytes
 /// that are not TLS at all are an `Err`: close, after the alert rustls queued).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-struct TlsRead {
+pub(crate) struct TlsRead {
     /// The client's close_notify arrived: it sends no more requests.
     pub eof: bool,
     /// The plaintext held bad input: the connection closes once its output is written.
@@ -964,8 +967,9 @@ struct TlsRead {
 /// worth at a time, straight out of that buffer, as plain connections parse out of `scratch`).
 /// The connection is opened to the owner (`opened`) the moment its handshake ends, before any of
 /// its plaintext is parsed: a client's first request often shares a read with its Finished.
+/// The worker's receive path of every TLS connection; [`TlsBoundary`] runs it without a socket.
 #[allow(clippy::too_many_arguments)]
-fn tls_receive(
+pub(crate) fn tls_receive(
     tls: &mut rustls::ServerConnection,
     conn: &mut Conn,
     opened: &mut bool,
@@ -1034,9 +1038,9 @@ fn plain_flush(stream: &mut TcpStream, conn: &mut Conn, sent: &mut u64) -> bool 
 
 /// Encrypt a TLS connection's output into rustls (up to its buffer limit) and write the records
 /// until the socket takes no more. False: close it.
-fn tls_flush(
+pub(crate) fn tls_flush(
     tls: &mut rustls::ServerConnection,
-    stream: &mut TcpStream,
+    stream: &mut impl Write,
     conn: &mut Conn,
     sent: &mut u64,
 ) -> bool {
