@@ -22,8 +22,9 @@ SOAK_CLUSTER_FLAGS ?= --threads 1 --election-timeout 300 --session-timeout 900 -
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
-# Debian packages the tests use: memccapable (libmemcached's conformance tool).
-APT_TEST_PACKAGES := libmemcached-tools
+# Debian packages the tests use: memccapable (libmemcached's conformance tool), openssl
+# (s_client's handshake with the TLS listeners, tests/clients/test_tls.py).
+APT_TEST_PACKAGES := libmemcached-tools openssl
 # Debian packages of the admin page's browser test (tests/clients/test_admin.py).
 APT_BROWSER_PACKAGES := chromium chromium-driver
 # Debian packages of docs/clients.md's Go example (tests/clients/test_docs.py builds it offline
@@ -79,7 +80,7 @@ deps: deps-apt deps-browser deps-go deps-systemd deps-python
 
 # Install what is missing, once (a fresh machine has only Rust, gcc, Python and git).
 deps-apt:
-	@if ! command -v memccapable >/dev/null 2>&1; then \
+	@if ! command -v memccapable >/dev/null 2>&1 || ! command -v openssl >/dev/null 2>&1; then \
 		echo "installing $(APT_TEST_PACKAGES)"; \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_TEST_PACKAGES)) >/dev/null; \
 	fi
