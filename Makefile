@@ -165,7 +165,7 @@ bench-cluster: deps-etcd release
 # without adding checks; debug assertions and overflow checks stay on (-a). Without a nightly
 # (none installed and none downloadable) the stable toolchain builds it with RUSTC_BOOTSTRAP=1,
 # which is enough for -s none.
-FUZZ_TARGETS := memcache_text memcache_binary lockd dlock connection command counter
+FUZZ_TARGETS := memcache_text memcache_binary lockd dlock connection command counter tls_boundary
 FUZZ_SECONDS ?= 600
 FUZZ_FLAGS   := -s none -a
 
