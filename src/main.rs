@@ -27,17 +27,8 @@ fn main() -> ExitCode {
         }
     };
     holdfast::log::set_level(config.log_level);
-    holdfast::log_info!("starting {}", settings(&config));
-    // As memcached does: --max-connections must not be cut short by a low default soft limit.
-    holdfast::fdlimit::raise_to_hard();
-    // Block the stop signals and SIGHUP (reload) in every thread (threads inherit the mask); this thread waits for
-    // them with sigwait, so no handler runs in the middle of anything.
-    let signals = stop_signals();
-    // SAFETY: `signals` is an initialised sigset; pthread_sigmask only changes this thread's mask.
-    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &signals, std::ptr::null_mut()) };
-
     // Certificates, keys and tokens: a file that cannot be used (missing, malformed, readable by
-    // other users) is a bad flag.
+    // other users) is a bad flag, refused with its one line before anything else is said.
     let secrets = match holdfast::tls::SecretStore::load(
         config.secrets.clone(),
         config.dlock_token.clone(),
@@ -48,6 +39,15 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    holdfast::log_info!("starting {}", settings(&config));
+    // As memcached does: --max-connections must not be cut short by a low default soft limit.
+    holdfast::fdlimit::raise_to_hard();
+    // Block the stop signals and SIGHUP (reload) in every thread (threads inherit the mask); this thread waits for
+    // them with sigwait, so no handler runs in the middle of anything.
+    let signals = stop_signals();
+    // SAFETY: `signals` is an initialised sigset; pthread_sigmask only changes this thread's mask.
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &signals, std::ptr::null_mut()) };
+
     let server = match Server::start_with(config, secrets) {
         Ok(s) => s,
         Err(e) => {
