@@ -1190,6 +1190,15 @@ fn sighup_serves_a_new_certificate_to_new_connections_and_keeps_open_ones() {
     assert_eq!(t.peer_cert(), second, "the certificate in force stays");
     t.expect(b"get k\r\n", b"VALUE k 0 1\r\n1\r\nEND\r\n");
     open.expect(b"version\r\n", holdfast::server::VERSION_REPLY);
+
+    // Made private again, the key loads at the next SIGHUP.
+    chmod(&third.key, 0o600);
+    d.sighup();
+    let third = cert_der(&third.cert);
+    wait_until("a new connection sees the third certificate", || {
+        Tls::connect(addr, pki.client()).peer_cert() == third
+    });
+    open.expect(b"get k\r\n", b"VALUE k 0 1\r\n1\r\nEND\r\n");
 }
 
 #[test]
