@@ -23,8 +23,9 @@ SOAK_CLUSTER_FLAGS ?= --threads 1 --election-timeout 300 --session-timeout 900 -
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
-# Debian packages the tests use: memccapable (libmemcached's conformance tool).
-APT_TEST_PACKAGES := libmemcached-tools
+# Debian packages the tests use: memccapable (libmemcached's conformance tool), openssl
+# (s_client's handshake with the TLS listeners, tests/clients/test_tls.py).
+APT_TEST_PACKAGES := libmemcached-tools openssl
 # Debian packages of the admin page's browser test (tests/clients/test_admin.py).
 APT_BROWSER_PACKAGES := chromium chromium-driver
 # Debian packages of docs/clients.md's Go example (tests/clients/test_docs.py builds it offline
@@ -83,7 +84,7 @@ deps: deps-apt deps-browser deps-go deps-systemd deps-python deps-netns
 
 # Install what is missing, once (a fresh machine has only Rust, gcc, Python and git).
 deps-apt:
-	@if ! command -v memccapable >/dev/null 2>&1; then \
+	@if ! command -v memccapable >/dev/null 2>&1 || ! command -v openssl >/dev/null 2>&1; then \
 		echo "installing $(APT_TEST_PACKAGES)"; \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_TEST_PACKAGES)) >/dev/null; \
 	fi
@@ -174,7 +175,7 @@ bench-cluster: deps-etcd release
 # without adding checks; debug assertions and overflow checks stay on (-a). Without a nightly
 # (none installed and none downloadable) the stable toolchain builds it with RUSTC_BOOTSTRAP=1,
 # which is enough for -s none.
-FUZZ_TARGETS := memcache_text memcache_binary lockd dlock connection command counter
+FUZZ_TARGETS := memcache_text memcache_binary lockd dlock connection command counter tls_boundary
 FUZZ_SECONDS ?= 600
 FUZZ_FLAGS   := -s none -a
 

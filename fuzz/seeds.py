@@ -256,3 +256,31 @@ COUNTER = {
     "too_large": ct(0x01, b"", length=0x7FFFFFFF),
 }
 write("counter", list(COUNTER.items()))
+
+
+# TLS boundary: protocol byte (0 memcache, 1 lockd, 2 dlock, 3 counter), mode byte (0 raw bytes,
+# 1 a real ClientHello then raw bytes, 2 a real client's session with the payload as its
+# requests, +4 with its close_notify after them, 3 the same with one byte flipped), two bytes
+# seeding the read splits, then the payload (fuzz/src/tls.rs).
+def tls(proto, mode, seed, payload):
+    return bytes([proto, mode]) + struct.pack("<H", seed) + payload
+
+
+TLS = {
+    "plaintext": tls(0, 0, 1, b"get a\r\n"),
+    "record_header": tls(0, 0, 2, b"\x16\x03\x01\x00\x05\x01\x00\x00\x01\x00"),
+    "oversized_record": tls(0, 0, 3, b"\x16\x03\x01\xff\xff" + b"\x00" * 64),
+    "hello_then_data": tls(2, 1, 4, b"\x17\x03\x03\x00\x10" + b"\x00" * 16),
+    "hello_then_alert": tls(1, 1, 5, b"\x15\x03\x03\x00\x02\x01\x00"),
+    "memcache": tls(0, 2, 6, b"set a 0 0 1\r\nx\r\nget a\r\nversion\r\nlock a\r\n"),
+    "memcache_close_notify": tls(0, 6, 7, b"get a\r\nget b\r\n"),
+    "memcache_binary": tls(0, 2, 8, bin_req(0x0a) + bin_req(0x00, b"k")),
+    "lockd": tls(1, 2, 9, ld(1, b"a\0") + ld(4, b"ping") + ld(2, b"a\0")),
+    "lockd_close_notify": tls(1, 6, 10, ld(1, b"a\0") + ld(6, b"")),
+    "dlock": tls(2, 2, 11, dl_req(1) + dl_req(2, keys=[b"k"], wait=0)),
+    "dlock_close_notify": tls(2, 6, 12, dl_req(2, keys=[b"k"])),
+    "counter": tls(3, 2, 13, ct(0x02, struct.pack(">II", 1, 1) + ct_name(b"a")) + ct(0x00)),
+    "flipped": tls(0, 3, 14, b"get a\r\n"),
+    "flipped_late": tls(2, 3, 900, dl_req(1) * 8),
+}
+write("tls_boundary", list(TLS.items()))

@@ -28,7 +28,7 @@ fn main() -> ExitCode {
     };
     holdfast::log::set_level(config.log_level);
     // Certificates, keys and tokens: a file that cannot be used (missing, malformed, readable by
-    // other users) is a bad flag, reported alone (before the start line).
+    // other users) is a bad flag, refused with its one line before anything else is said.
     let secrets = match holdfast::tls::SecretStore::load(
         config.secrets.clone(),
         config.dlock_token.clone(),

@@ -1,8 +1,10 @@
 //! Helpers shared by the fuzz targets: request encoders the main crate has no use for (a client
 //! writes memcached text and binary requests, the daemon only parses them), the parse loops that
-//! mirror the daemon's (consume, skip, stop on incomplete), and the connection script driver.
+//! mirror the daemon's (consume, skip, stop on incomplete), the connection script driver, and
+//! the TLS boundary driver.
 
 pub mod script;
+pub mod tls;
 
 use holdfast::proto::dlock as dl;
 use holdfast::proto::memcache::{binary, text, BINARY_REQUEST_MAGIC, MAX_KEY_LEN};

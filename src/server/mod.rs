@@ -24,7 +24,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use crate::config::Config;
 
 pub use owner::{LEASE_CLOCK_SLACK_MS, LOCKD_MAX_QUEUED_PER_CONN};
-pub use worker::{MAX_INFLIGHT, REPLY_BUDGET, VERSION_REPLY, WBUF_HIGH, WBUF_MAX};
+pub use worker::{TlsBoundary, MAX_INFLIGHT, REPLY_BUDGET, VERSION_REPLY, WBUF_HIGH, WBUF_MAX};
 
 /// Which wire format a listener (and so each of its connections) speaks.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]

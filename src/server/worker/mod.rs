@@ -30,9 +30,12 @@ use mio::{Events, Interest, Poll, Token, Waker};
 use slab::Slab;
 
 mod auth;
+mod boundary;
 mod conn;
 mod decode;
 pub(crate) mod encode;
+
+pub use boundary::TlsBoundary;
 
 pub use conn::{MAX_INFLIGHT, REPLY_BUDGET, WBUF_HIGH, WBUF_MAX};
 pub use decode::{Cx, VERSION_REPLY};
@@ -89,6 +92,9 @@ struct Socket {
     /// Whether the owner knows this connection (`Op::Open` sent): a TLS connection is opened
     /// only once its handshake has finished, so nothing is parsed or held before it.
     opened: bool,
+    /// The TLS client's close_notify arrived: its requests end with what is buffered, which is
+    /// parsed first (it may wait behind backpressure); then the connection is at its EOF.
+    tls_eof: bool,
     peer: SocketAddr,
     /// Stopped reading before WouldBlock (backpressure): read again when it clears.
     read_pending: bool,
@@ -434,6 +440,7 @@ impl Worker {
             conn: Conn::accepted(proto, &self.secrets),
             tls,
             opened: false,
+            tls_eof: false,
             peer,
             read_pending: false,
             write_interest: false,
@@ -503,24 +510,50 @@ impl Worker {
             s.read_pending = false;
             match s.stream.read(scratch) {
                 Ok(0) => {
-                    // EOF (perhaps only a half-close): answer what was asked, then close. A dlock
-                    // Lock that waits forever would never let that happen: tell the owner.
-                    s.conn.closing = true;
-                    if s.conn.proto == Proto::Dlock && s.conn.inflight > 0 {
-                        let conn = ConnId::on_node(self.node, self.id, slot as u32, s.gen);
-                        self.batch.ops.push(OpMsg { conn, op: Op::Eof });
-                    }
+                    // EOF (perhaps only a half-close): answer what was asked, then close.
+                    let id = ConnId::on_node(self.node, self.id, slot as u32, s.gen);
+                    at_eof(&mut s.conn, id, &mut self.batch);
                     self.recheck.push(slot);
                     break;
                 }
                 Ok(n) if s.tls.is_some() => {
                     let id = ConnId::on_node(self.node, self.id, slot as u32, s.gen);
+                    if s.tls_eof {
+                        // Bytes after the client's close_notify count for nothing; what it sent
+                        // before is parsed (the connection could parse): it is at its EOF.
+                        at_eof(&mut s.conn, id, &mut self.batch);
+                        self.recheck.push(slot);
+                        break;
+                    }
                     let cx = Cx {
                         config: &self.shared.config,
                         secrets: &self.secrets,
                     };
-                    match tls_receive(s, &scratch[..n], &mut self.plain, id, cx, &mut self.batch) {
-                        TlsInput::Failed(why) => {
+                    let Socket {
+                        tls,
+                        conn,
+                        opened,
+                        peer,
+                        ..
+                    } = s;
+                    let Some(tls) = tls.as_mut() else {
+                        break;
+                    };
+                    let input = &scratch[..n];
+                    let got = tls_receive(
+                        tls,
+                        conn,
+                        opened,
+                        *peer,
+                        input,
+                        &mut self.plain,
+                        id,
+                        cx,
+                        &mut self.batch,
+                    );
+                    let got = match got {
+                        Ok(got) => got,
+                        Err(why) => {
                             if let Some(more) = self.tls_log.ready(crate::log::Level::Info) {
                                 crate::log_info!(
                                     "closing a {} client: TLS: {why} ({more} more since the last line)",
@@ -528,22 +561,33 @@ impl Worker {
                                 );
                             }
                             // The alert rustls queued goes out if the socket takes it at once.
-                            if let Some(tls) = s.tls.as_mut() {
-                                let _ = tls.write_tls(&mut s.stream);
-                            }
+                            let _ = tls.write_tls(&mut s.stream);
                             self.close(slot);
                             break;
                         }
-                        TlsInput::Opened => push_open(&mut self.batch, id, s),
-                        TlsInput::Ok => {}
-                    }
-                    let Some(s) = self.sockets.get_mut(slot) else {
-                        break;
                     };
-                    if s.conn.pending_output() > 0
-                        || s.tls.as_ref().is_some_and(|t| t.wants_write())
-                    {
+                    if got.fatal {
+                        if let Some(more) = self.bad_input_log.ready(crate::log::Level::Info) {
+                            crate::log_info!(
+                                "closing a {} client for bad input ({more} more since the last line)",
+                                s.conn.proto.name()
+                            );
+                        }
+                    }
+                    if s.conn.pending_output() > 0 || tls.wants_write() {
                         self.dirty.push(slot);
+                    }
+                    if got.eof {
+                        // The client's close_notify: its EOF, once what it sent before is parsed
+                        // (a backpressured connection gets there when it resumes).
+                        s.tls_eof = true;
+                        if s.conn.can_parse() {
+                            at_eof(&mut s.conn, id, &mut self.batch);
+                        } else {
+                            s.read_pending = !s.conn.closing;
+                        }
+                        self.recheck.push(slot);
+                        break;
                     }
                     if s.conn.closing {
                         self.recheck.push(slot);
@@ -598,6 +642,14 @@ impl Worker {
             self.dirty.push(slot);
         }
         if s.read_pending && s.conn.can_parse() {
+            if s.tls_eof {
+                // Everything the TLS client sent before its close_notify is parsed: its EOF.
+                s.read_pending = false;
+                let id = ConnId::on_node(self.node, self.id, slot as u32, s.gen);
+                at_eof(&mut s.conn, id, &mut self.batch);
+                self.recheck.push(slot);
+                return;
+            }
             self.read(slot);
         }
     }
@@ -694,7 +746,9 @@ impl Worker {
             let id = ConnId::on_node(self.node, self.id, slot as u32, s.gen);
             s.conn.continue_dump(id, &mut self.batch);
             if s.conn.closing {
-                if s.conn.finished() {
+                // A TLS connection's last records may still wait in rustls (the write buffer
+                // empties into it before the socket has taken them).
+                if s.conn.finished() && !s.tls.as_ref().is_some_and(|t| t.wants_write()) {
                     self.close(slot);
                 }
             } else if s.read_pending || !s.conn.rbuf.is_empty() {
@@ -801,7 +855,9 @@ impl Worker {
                 return false; // closed meanwhile (its slot may hold another connection now)
             };
             let pending = s.conn.pending_output();
-            let still = pending > 0 && (pending >= STALL_LOW || s.conn.closing);
+            // A closing TLS connection may have all its output inside rustls.
+            let unsent = pending > 0 || s.tls.as_ref().is_some_and(|t| t.wants_write());
+            let still = unsent && (pending >= STALL_LOW || s.conn.closing);
             let Some(stall) = s.stall.as_mut().filter(|_| still) else {
                 s.stall = None;
                 return false;
@@ -869,13 +925,13 @@ pub fn bind(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
 /// Queue a connection's opening for the owner: from now on its requests are parsed.
 fn push_open(batch: &mut Batch, conn: ConnId, s: &mut Socket) {
     s.opened = true;
-    let proto = s.conn.proto;
+    open_op(batch, conn, s.conn.proto, s.peer);
+}
+
+fn open_op(batch: &mut Batch, conn: ConnId, proto: Proto, peer: SocketAddr) {
     batch.ops.push(OpMsg {
         conn,
-        op: Op::Open {
-            proto,
-            peer: s.peer,
-        },
+        op: Op::Open { proto, peer },
     });
     if proto == Proto::Dlock {
         batch.ops.push(OpMsg {
@@ -885,64 +941,83 @@ fn push_open(batch: &mut Batch, conn: ConnId, s: &mut Socket) {
     }
 }
 
-/// What feeding a TLS connection's bytes did.
-enum TlsInput {
-    Ok,
-    /// The handshake finished with these bytes: open the connection.
-    Opened,
-    /// Not TLS, a failed handshake, a bad record: close (the alert is queued).
-    Failed(String),
+/// The client's requests ended (EOF, or a TLS close_notify): answer what was asked, then close.
+/// A dlock Lock that waits forever would never let that happen: tell the owner.
+#[inline]
+fn at_eof(conn: &mut Conn, id: ConnId, batch: &mut Batch) {
+    conn.closing = true;
+    if conn.proto == Proto::Dlock && conn.inflight > 0 {
+        batch.ops.push(OpMsg {
+            conn: id,
+            op: Op::Eof,
+        });
+    }
+}
+
+/// What feeding a TLS connection's ciphertext did (a failed handshake, a bad record or bytes
+/// that are not TLS at all are an `Err`: close, after the alert rustls queued).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct TlsRead {
+    /// The client's close_notify arrived: it sends no more requests.
+    pub eof: bool,
+    /// The plaintext held bad input: the connection closes once its output is written.
+    pub fatal: bool,
 }
 
 /// Feed ciphertext just read to rustls, and parse the plaintext it yields (a `plain` buffer's
 /// worth at a time, straight out of that buffer, as plain connections parse out of `scratch`).
-fn tls_receive(
-    s: &mut Socket,
+/// The connection is opened to the owner (`opened`) the moment its handshake ends, before any of
+/// its plaintext is parsed: a client's first request often shares a read with its Finished.
+/// The worker's receive path of every TLS connection; [`TlsBoundary`] runs it without a socket.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn tls_receive(
+    tls: &mut rustls::ServerConnection,
+    conn: &mut Conn,
+    opened: &mut bool,
+    peer: SocketAddr,
     mut input: &[u8],
     plain: &mut Vec<u8>,
     id: ConnId,
     cx: Cx<'_>,
     batch: &mut Batch,
-) -> TlsInput {
-    let Some(tls) = s.tls.as_mut() else {
-        return TlsInput::Ok;
-    };
-    let was_handshaking = tls.is_handshaking();
+) -> Result<TlsRead, String> {
+    let mut got = TlsRead::default();
     if plain.len() < READ_CHUNK {
         plain.resize(READ_CHUNK, 0);
     }
     while !input.is_empty() {
         match tls.read_tls(&mut input) {
-            Ok(0) => return TlsInput::Failed("rustls took no bytes".into()),
+            // After the client's close_notify nothing more counts (rustls takes no bytes).
+            Ok(0) if got.eof => break,
+            Ok(0) => return Err("rustls took no bytes".into()),
             Ok(_) => {}
-            Err(e) => return TlsInput::Failed(e.to_string()),
+            Err(e) => return Err(e.to_string()),
         }
         if let Err(e) = tls.process_new_packets() {
-            return TlsInput::Failed(e.to_string());
+            return Err(e.to_string());
+        }
+        if !*opened && !tls.is_handshaking() {
+            *opened = true;
+            open_op(batch, id, conn.proto, peer);
         }
         loop {
             match tls.reader().read(plain) {
                 Ok(0) => {
-                    // close_notify: the client is done sending; answer what it asked, then close.
-                    s.conn.closing = true;
+                    got.eof = true;
                     break;
                 }
                 Ok(n) => {
-                    if s.conn.closing {
+                    if conn.closing {
                         continue; // bytes after a fatal request are discarded, as on plain TCP
                     }
-                    s.conn.receive(&plain[..n], id, cx, batch);
+                    got.fatal |= conn.receive(&plain[..n], id, cx, batch);
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                Err(e) => return TlsInput::Failed(e.to_string()),
+                Err(e) => return Err(e.to_string()),
             }
         }
     }
-    if was_handshaking && !tls.is_handshaking() {
-        TlsInput::Opened
-    } else {
-        TlsInput::Ok
-    }
+    Ok(got)
 }
 
 /// Write a plain connection's output until the socket takes no more. False: close it.
@@ -964,9 +1039,9 @@ fn plain_flush(stream: &mut TcpStream, conn: &mut Conn, sent: &mut u64) -> bool 
 
 /// Encrypt a TLS connection's output into rustls (up to its buffer limit) and write the records
 /// until the socket takes no more. False: close it.
-fn tls_flush(
+pub(crate) fn tls_flush(
     tls: &mut rustls::ServerConnection,
-    stream: &mut TcpStream,
+    stream: &mut impl Write,
     conn: &mut Conn,
     sent: &mut u64,
 ) -> bool {
