@@ -52,7 +52,14 @@ fn main() -> ExitCode {
         Ok(s) => s,
         Err(e) => {
             eprintln!("holdfast: {e}");
-            return ExitCode::FAILURE;
+            let bad_flag = e
+                .get_ref()
+                .is_some_and(|e| e.downcast_ref::<config::BadFlag>().is_some());
+            return if bad_flag {
+                ExitCode::from(2)
+            } else {
+                ExitCode::FAILURE
+            };
         }
     };
     {

@@ -25,7 +25,7 @@ use raft::prelude::{
 use raft::{Config, RawNode, SnapshotStatus, StateRole, Storage};
 
 use super::liveness::{Micros, Probes};
-use super::storage::{DiskStorage, PendingLog, Written};
+use super::storage::{claim_dir, DirLock, DiskStorage, PendingLog, Written};
 use super::transport::{PeerEvent, PeerTls, Transport, TransportConfig, TransportStats};
 
 /// Ticks in one election timeout: the contract's "heartbeats every tenth of it".
@@ -48,6 +48,30 @@ const MAX_INFLIGHT_MSGS: usize = 256;
 /// Campaigns after a leader's connection closed, a tick apart: half an election timeout's
 /// worth, then the ordinary election timeout takes over.
 const FAST_CAMPAIGNS: u32 = TICKS_PER_ELECTION as u32 / 2;
+
+/// Why a node did not start.
+#[derive(Debug)]
+pub enum StartError {
+    /// A flag that does not fit what is on disk or around it (`--data-dir`, `--peers`): the
+    /// daemon says so in one line and exits with status 2, as for any bad flag.
+    Flag(String),
+    /// Anything else (storage damage, a peer port in use).
+    Failed(String),
+}
+
+impl From<String> for StartError {
+    fn from(e: String) -> StartError {
+        StartError::Failed(e)
+    }
+}
+
+impl std::fmt::Display for StartError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StartError::Flag(e) | StartError::Failed(e) => f.write_str(e),
+        }
+    }
+}
 
 /// The replicated state machine a node drives: fed committed entries in log order.
 pub trait Machine {
@@ -144,6 +168,8 @@ pub struct RaftNode {
     next_tick: Instant,
     applied: u64,
     last_snapshot: u64,
+    /// The data directory's lock, held while the node runs.
+    _dir_lock: DirLock,
 }
 
 fn raft_config(id: u64, applied: u64) -> Config {
@@ -171,11 +197,12 @@ impl RaftNode {
         cfg: &NodeConfig,
         machine: &mut impl Machine,
         now: Instant,
-    ) -> Result<RaftNode, String> {
+    ) -> Result<RaftNode, StartError> {
         let addr = *cfg
             .peers
             .get(&cfg.id)
             .ok_or_else(|| format!("node {} is not one of the peers", cfg.id))?;
+        let dir_lock = claim_dir(&cfg.data_dir).map_err(StartError::Flag)?;
         let mut storage = DiskStorage::open(&cfg.data_dir).map_err(|e| e.to_string())?;
         let fresh = storage.initial_state().map_err(|e| e.to_string())?;
         let empty = fresh.conf_state == ConfState::default()
@@ -203,6 +230,15 @@ impl RaftNode {
                 .restore(snap.get_data())
                 .map_err(|e| format!("the snapshot in {}: {e}", cfg.data_dir.display()))?;
             applied = meta.index;
+        }
+        if !empty {
+            let changed = ids_in_conf_changes(&storage, &machine.membership());
+            let stored = conf_members(&fresh.conf_state);
+            match peers_against_stored(&cfg.peers, &stored, &changed, &cfg.data_dir) {
+                Ok(Some(warning)) => crate::log_warn!("{warning}"),
+                Ok(None) => {}
+                Err(e) => return Err(StartError::Flag(e)),
+            }
         }
         let raw = RawNode::new(&raft_config(cfg.id, applied), storage, &logger())
             .map_err(|e| format!("raft: {e}"))?;
@@ -238,6 +274,7 @@ impl RaftNode {
             next_tick: now + tick,
             applied,
             last_snapshot: applied,
+            _dir_lock: dir_lock,
         })
     }
 
@@ -336,6 +373,7 @@ impl RaftNode {
     pub fn role(&self) -> StateRole {
         self.raw.raft.state
     }
+
 
     /// Peer messages for [`RaftNode::step`] (to `select!` on).
     pub fn inbound(&self) -> &Receiver<Message> {
@@ -722,6 +760,76 @@ fn effective_peers(
         .collect()
 }
 
+/// Every node id that a membership change has touched, as far as the data directory knows:
+/// the replicated book of the snapshot (nodes added, nodes removed) and the changes in the log
+/// after it.
+fn ids_in_conf_changes(storage: &DiskStorage, book: &Membership) -> BTreeSet<u64> {
+    let mut ids: BTreeSet<u64> = book.addrs.keys().copied().collect();
+    ids.extend(&book.removed);
+    let (first, last) = (
+        storage.first_index().unwrap_or(1),
+        storage.last_index().unwrap_or(0),
+    );
+    if last >= first {
+        let entries = storage
+            .entries(first, last + 1, None, raft::GetEntriesContext::empty(false))
+            .unwrap_or_default();
+        for e in entries {
+            let cc = match e.get_entry_type() {
+                EntryType::EntryConfChange => ConfChange::parse_from_bytes(&e.data).map(v1_to_v2),
+                EntryType::EntryConfChangeV2 => ConfChangeV2::parse_from_bytes(&e.data),
+                EntryType::EntryNormal => continue,
+            };
+            if let Ok(cc) = cc {
+                ids.extend(cc.get_changes().iter().map(|c| c.node_id));
+            }
+        }
+    }
+    ids
+}
+
+/// The rule for `--peers` against the configuration stored in the data directory (see
+/// `docs/cluster.md`, "Start and restart"): every id that one names and the other does not must
+/// be explained by a membership change (`cluster add` or `cluster remove`): then the stored
+/// configuration is in force and the answer is a warning to log; anything else is an error
+/// (such a node would never find a quorum, or would count nodes that are not there).
+fn peers_against_stored(
+    given: &BTreeMap<u64, SocketAddr>,
+    stored: &BTreeSet<u64>,
+    changed: &BTreeSet<u64>,
+    dir: &std::path::Path,
+) -> Result<Option<String>, String> {
+    let given: BTreeSet<u64> = given.keys().copied().collect();
+    if stored.is_empty() || *stored == given {
+        // Nothing stored yet (a node started with --join, not added yet), or agreement.
+        return Ok(None);
+    }
+    let list = |ids: &BTreeSet<u64>| ids.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
+    let unexplained: BTreeSet<u64> = stored
+        .symmetric_difference(&given)
+        .filter(|id| !changed.contains(id))
+        .copied()
+        .collect();
+    if unexplained.is_empty() {
+        return Ok(Some(format!(
+            "--peers names nodes {}; the configuration stored in {} (changed by cluster \
+             add/remove since) has nodes {}: the stored one is in force",
+            list(&given),
+            dir.display(),
+            list(stored)
+        )));
+    }
+    Err(format!(
+        "--peers names nodes {} but the cluster stored in --data-dir {} has nodes {}, and no \
+         membership change explains the difference ({}): give --peers the stored nodes, or \
+         found a new cluster with an empty --data-dir",
+        list(&given),
+        dir.display(),
+        list(stored),
+        list(&unexplained)
+    ))
+}
+
 /// An old-style membership change as the one-step `ConfChangeV2` it means (holdfast proposes
 /// only V2; raft-rs itself may write V1 entries).
 fn v1_to_v2(c: ConfChange) -> ConfChangeV2 {
@@ -779,5 +887,51 @@ impl Syncer {
         self.requests
             .send((number, log))
             .map_err(|_| "the sync thread has stopped".to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids(v: &[u64]) -> BTreeSet<u64> {
+        v.iter().copied().collect()
+    }
+
+    fn peers(v: &[u64]) -> BTreeMap<u64, SocketAddr> {
+        v.iter()
+            .map(|&id| (id, SocketAddr::from(([127, 0, 0, 1], 2600 + id as u16))))
+            .collect()
+    }
+
+    #[test]
+    fn peers_that_disagree_with_the_stored_cluster_are_refused_unless_a_change_explains_it() {
+        let dir = std::path::Path::new("/var/lib/holdfast");
+        let check = |given: &[u64], stored: &[u64], changed: &[u64]| {
+            peers_against_stored(&peers(given), &ids(stored), &ids(changed), dir)
+        };
+        // Agreement, or nothing stored yet (a node that waits to be added).
+        assert_eq!(check(&[1, 2, 3], &[1, 2, 3], &[]), Ok(None));
+        assert_eq!(check(&[1, 2, 3], &[], &[]), Ok(None));
+        // Node 4 added and node 2 removed since the cluster was founded with 1, 2, 3.
+        let w = check(&[1, 2, 3], &[1, 3, 4], &[2, 4])
+            .unwrap()
+            .expect("a warning");
+        assert!(
+            w.contains("nodes 1,2,3") && w.contains("has nodes 1,3,4"),
+            "{w}"
+        );
+        // A node named that the stored cluster never had, or a stored one left out.
+        let e = check(&[1, 2, 4], &[1, 2, 3], &[]).unwrap_err();
+        assert_eq!(
+            e,
+            "--peers names nodes 1,2,4 but the cluster stored in --data-dir /var/lib/holdfast \
+             has nodes 1,2,3, and no membership change explains the difference (3,4): give \
+             --peers the stored nodes, or found a new cluster with an empty --data-dir"
+        );
+        assert!(check(&[1, 2], &[1], &[]).is_err());
+        // Only the unexplained ids are named.
+        let e = check(&[1, 2, 5], &[1, 2, 3, 4], &[4]).unwrap_err();
+        assert!(e.contains("difference (3,5)"), "{e}");
     }
 }

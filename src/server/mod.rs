@@ -193,7 +193,12 @@ impl Server {
                     std::mem::take(&mut worker_links),
                     cluster,
                 )
-                .map_err(io::Error::other)?,
+                .map_err(|e| match e {
+                    crate::cluster::node::StartError::Flag(why) => {
+                        io::Error::new(io::ErrorKind::InvalidInput, crate::config::BadFlag(why))
+                    }
+                    crate::cluster::node::StartError::Failed(why) => io::Error::other(why),
+                })?,
             ),
             _ => None,
         };

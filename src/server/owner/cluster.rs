@@ -53,7 +53,9 @@ use mio::Waker;
 
 use super::{apply_op, apply_turn, clock, command, exec_admin, Outbox, Pools, Tables};
 use crate::cluster::liveness::{Fence, Liveness, Micros};
-use crate::cluster::node::{conf_members, Machine, Membership, NodeConfig, RaftNode};
+use crate::cluster::node::{
+    conf_members, Machine, Membership, NodeConfig, RaftNode, StartError,
+};
 use crate::cluster::transport::{PeerTls, PeerTlsConfigs};
 use crate::config::ClusterConfig;
 use crate::core::codec::{self, DecodeError, Reader};
@@ -560,7 +562,7 @@ impl ClusterOwner {
         rx: Receiver<ToOwner>,
         workers: Vec<(Sender<Replies>, Arc<Waker>)>,
         cfg: &ClusterConfig,
-    ) -> Result<ClusterOwner, String> {
+    ) -> Result<ClusterOwner, StartError> {
         return_large_blocks_to_the_system();
         let incarnation = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -582,10 +584,10 @@ impl ClusterOwner {
         }
         let node = RaftNode::start(&node_cfg, &mut state, Instant::now())?;
         if state.membership.removed.contains(&me) {
-            return Err(format!(
+            return Err(StartError::Failed(format!(
                 "node {me} was removed from the cluster: to serve again it must be added under \
                  a new id, with an empty data directory and --join"
-            ));
+            )));
         }
         crate::log_info!(
             "cluster node {} of {} (peers on {}), data in {}",
