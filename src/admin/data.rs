@@ -153,7 +153,7 @@ impl Histogram {
 pub struct Snapshot {
     /// Every `stats` pair, in `stats` order, values as text.
     pub stats: Vec<(String, String)>,
-    /// Open connections per listener: memcache, lockd, dlock.
+    /// This process's open client sockets per listener: memcache, lockd, dlock, counter.
     pub open: [u64; PROTOCOLS],
     /// Lock-request latency per protocol: memcache, lockd, dlock.
     pub latency: [Histogram; PROTOCOLS],
@@ -164,6 +164,8 @@ pub struct Snapshot {
 pub struct Who {
     pub session: Session,
     pub peer: Option<SocketAddr>,
+    /// The node that accepted the session's connection (cluster mode only).
+    pub node: Option<u16>,
 }
 
 impl Who {
