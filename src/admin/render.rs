@@ -6,7 +6,10 @@ use std::fmt::Write;
 
 use serde_json::{json, Map, Value};
 
-use super::data::{Histogram, LockList, Snapshot, Who, LATENCY_BOUNDS};
+use super::data::{
+    ClusterMetrics, ClusterStatus, Histogram, LockList, Snapshot, Who, CLUSTER_BOUNDS,
+    LATENCY_BOUNDS,
+};
 use super::Ctx;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -301,6 +304,9 @@ pub fn metrics(s: &Snapshot, ctx: &Ctx) -> String {
         let label = format!("protocol=\"{proto}\"");
         histogram(&mut out, name, &label, &LATENCY_BOUNDS, h);
     }
+    if let Some(c) = &s.cluster {
+        cluster_metrics(&mut out, c);
+    }
     out
 }
 
@@ -323,6 +329,125 @@ fn histogram(out: &mut String, name: &str, labels: &str, bounds: &[f64], h: &His
     };
     let _ = writeln!(out, "{name}_sum{braced} {}", h.sum_ns as f64 / 1e9);
     let _ = writeln!(out, "{name}_count{braced} {}", h.count);
+}
+
+/// The roles of `holdfast_cluster_role`, one sample each.
+const ROLES: [&str; 5] = ["leader", "follower", "candidate", "precandidate", "learner"];
+
+/// Cluster mode's metrics (the contract's names: `holdfast_cluster_*`).
+fn cluster_metrics(out: &mut String, c: &ClusterMetrics) {
+    let st = &c.status;
+    let mut one = |name: &str, kind: Kind, help: &str, samples: &[(String, u64)]| {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} {}", kind.name());
+        for (labels, v) in samples {
+            let _ = writeln!(out, "{name}{labels} {v}");
+        }
+    };
+    let plain = |v: u64| vec![(String::new(), v)];
+    let roles: Vec<(String, u64)> = ROLES
+        .iter()
+        .map(|r| (format!("{{role=\"{r}\"}}"), u64::from(st.role == *r)))
+        .collect();
+    one(
+        "holdfast_cluster_role",
+        Kind::Gauge,
+        "1 for this node's Raft role, 0 for the others",
+        &roles,
+    );
+    one(
+        "holdfast_cluster_leader_id",
+        Kind::Gauge,
+        "the leader this node knows (0: none)",
+        &plain(st.leader),
+    );
+    one(
+        "holdfast_cluster_term",
+        Kind::Gauge,
+        "this node's Raft term",
+        &plain(st.term),
+    );
+    one(
+        "holdfast_cluster_commit_index",
+        Kind::Gauge,
+        "the commit index this node knows",
+        &plain(st.commit),
+    );
+    one(
+        "holdfast_cluster_applied_index",
+        Kind::Gauge,
+        "the last log index applied on this node",
+        &plain(st.applied),
+    );
+    one(
+        "holdfast_cluster_fenced",
+        Kind::Gauge,
+        "1 while this node has fenced itself (cut off from a quorum)",
+        &plain(u64::from(st.fenced)),
+    );
+    let peers: Vec<(String, u64)> = st
+        .peers
+        .iter()
+        .filter(|(id, _, _)| *id != st.node)
+        .map(|(id, _, _)| {
+            (
+                format!("{{peer=\"{id}\"}}"),
+                u64::from(st.reachable.contains(id)),
+            )
+        })
+        .collect();
+    one(
+        "holdfast_cluster_peer_reachable",
+        Kind::Gauge,
+        "1 while this node has heard from that member within one election timeout",
+        &peers,
+    );
+    one(
+        "holdfast_cluster_snapshot_bytes",
+        Kind::Gauge,
+        "size of the latest snapshot made or installed on this node",
+        &plain(c.snapshot_bytes),
+    );
+    one(
+        "holdfast_cluster_log_file_bytes",
+        Kind::Gauge,
+        "size of this node's Raft log file",
+        &plain(c.log_file_bytes),
+    );
+    one(
+        "holdfast_cluster_quorum_losses_total",
+        Kind::Counter,
+        "times this node lost contact with a quorum of the voters (reachable within one election timeout)",
+        &plain(c.quorum_losses),
+    );
+    one(
+        "holdfast_cluster_fences_total",
+        Kind::Counter,
+        "times this node fenced itself (closed its clients' connections, cut off from a quorum)",
+        &plain(c.fences),
+    );
+    one(
+        "holdfast_cluster_leader_changes_total",
+        Kind::Counter,
+        "times this node learned of a new leader (another node, or the same one elected for a new term)",
+        &plain(c.leader_changes),
+    );
+    for (name, help, h) in [
+        (
+            "holdfast_cluster_proposal_apply_seconds",
+            "from a proposal's first sending to its being applied on this node",
+            &c.proposal_apply,
+        ),
+        (
+            "holdfast_cluster_log_sync_seconds",
+            "each fdatasync of the Raft log",
+            &c.log_sync,
+        ),
+    ] {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} histogram");
+        histogram(out, name, "", &CLUSTER_BOUNDS, h);
+    }
 }
 
 fn who(w: &Who) -> Value {
@@ -417,18 +542,34 @@ pub fn status(s: &Snapshot, lists: &[LockList], ctx: &Ctx) -> Vec<u8> {
         "stats": stats,
         "latency": latency,
         "tables": tables,
+        // This node's view of its cluster, as `/cluster` shows it (null on a single node).
+        "cluster": s.cluster.as_ref().map(|c| cluster_json(&c.status)),
     });
     serde_json::to_vec(&v).unwrap_or_default()
 }
 
 /// `/cluster`: this node's view of its cluster, as JSON.
-pub fn cluster(c: &super::data::ClusterStatus) -> Vec<u8> {
+pub fn cluster(c: &ClusterStatus) -> Vec<u8> {
+    let mut out = serde_json::to_vec_pretty(&cluster_json(c)).unwrap_or_default();
+    out.push(b'\n');
+    out
+}
+
+/// `health`: `"ok"` or why the node cannot grant locks (what `/healthz` answers).
+fn cluster_json(c: &ClusterStatus) -> Value {
     let peers: Vec<Value> = c
         .peers
         .iter()
-        .map(|(id, addr, heard)| json!({"id": id, "address": addr, "last_heard_ms": heard}))
+        .map(|(id, addr, heard)| {
+            json!({
+                "id": id,
+                "address": addr,
+                "last_heard_ms": heard,
+                "reachable": *id == c.node || c.reachable.contains(id),
+            })
+        })
         .collect();
-    let v = json!({
+    json!({
         "node": c.node,
         "role": c.role,
         "leader": c.leader,
@@ -441,8 +582,11 @@ pub fn cluster(c: &super::data::ClusterStatus) -> Vec<u8> {
         "peers": peers,
         "peer_tls": c.peer_tls,
         "peer_refused": c.peer_refused,
-    });
-    let mut out = serde_json::to_vec_pretty(&v).unwrap_or_default();
-    out.push(b'\n');
-    out
+        "commit": c.commit,
+        "healthy": c.health.is_ok(),
+        "health": match &c.health {
+            Ok(()) => "ok",
+            Err(why) => why.as_str(),
+        },
+    })
 }

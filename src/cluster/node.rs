@@ -14,6 +14,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
@@ -27,6 +28,7 @@ use raft::{Config, RawNode, SnapshotStatus, StateRole, Storage};
 use super::liveness::{Micros, Probes};
 use super::storage::{claim_dir, DirLock, DiskStorage, PendingLog, Written};
 use super::transport::{PeerEvent, PeerTls, Transport, TransportConfig, TransportStats};
+use crate::admin::data::{Histogram, CLUSTER_BOUNDS};
 
 /// Ticks in one election timeout: the contract's "heartbeats every tenth of it".
 pub const TICKS_PER_ELECTION: usize = 10;
@@ -48,6 +50,9 @@ const MAX_INFLIGHT_MSGS: usize = 256;
 /// Campaigns after a leader's connection closed, a tick apart: half an election timeout's
 /// worth, then the ordinary election timeout takes over.
 const FAST_CAMPAIGNS: u32 = TICKS_PER_ELECTION as u32 / 2;
+/// A keepalive to every peer every this many ticks (a fifth of an election timeout), so that
+/// each node hears from every other member well within an election timeout (`transport.rs`).
+const KEEPALIVE_TICKS: u32 = 2;
 
 /// Why a node did not start.
 #[derive(Debug)]
@@ -166,8 +171,14 @@ pub struct RaftNode {
     promised: std::collections::VecDeque<(u64, Vec<Message>)>,
     tick: Duration,
     next_tick: Instant,
+    /// Ticks until the next keepalive.
+    keepalive_in: u32,
     applied: u64,
     last_snapshot: u64,
+    /// The size of the latest snapshot's state, made, installed or started from.
+    snapshot_bytes: u64,
+    /// How long each log sync took (the sync thread's and those made on the spot).
+    sync_times: Arc<Mutex<Histogram>>,
     /// The data directory's lock, held while the node runs.
     _dir_lock: DirLock,
 }
@@ -223,6 +234,7 @@ impl RaftNode {
                 .map_err(|e| e.to_string())?;
         }
         let mut applied = 0;
+        let mut snapshot_bytes = 0;
         storage.rewind_conf_state_to_snapshot();
         if let Some(meta) = storage.snapshot_metadata().cloned() {
             let snap = storage.snapshot(meta.index, 0).map_err(|e| e.to_string())?;
@@ -230,6 +242,7 @@ impl RaftNode {
                 .restore(snap.get_data())
                 .map_err(|e| format!("the snapshot in {}: {e}", cfg.data_dir.display()))?;
             applied = meta.index;
+            snapshot_bytes = snap.get_data().len() as u64;
         }
         if !empty {
             let changed = ids_in_conf_changes(&storage, &machine.membership());
@@ -256,6 +269,7 @@ impl RaftNode {
             Transport::start(tcfg, listener).map_err(|e| format!("peer transport: {e}"))?;
         transport.set_removed(&machine.membership().removed);
         let tick = (cfg.election_timeout / TICKS_PER_ELECTION as u32).max(Duration::from_millis(1));
+        let sync_times = Arc::new(Mutex::new(Histogram::default()));
         Ok(RaftNode {
             raw,
             transport,
@@ -266,14 +280,17 @@ impl RaftNode {
             bytes_since_snapshot: 0,
             probes: Probes::new(tick.as_micros() as Micros),
             campaign_at: None,
-            syncer: Syncer::start()?,
+            syncer: Syncer::start(sync_times.clone())?,
             requested: 0,
             durable: 0,
             promised: std::collections::VecDeque::new(),
             tick,
             next_tick: now + tick,
+            keepalive_in: 0,
             applied,
             last_snapshot: applied,
+            snapshot_bytes,
+            sync_times,
             _dir_lock: dir_lock,
         })
     }
@@ -374,6 +391,56 @@ impl RaftNode {
         self.raw.raft.state
     }
 
+    /// The role as the admin port and the metrics name it: `learner` for a learner of the
+    /// configuration, else raft's role (`leader`, `follower`, `candidate`, `precandidate`).
+    pub fn role_name(&self) -> &'static str {
+        let cs = self.raw.raft.prs().conf().to_conf_state();
+        if cs.learners.contains(&self.id()) || cs.learners_next.contains(&self.id()) {
+            return "learner";
+        }
+        match self.role() {
+            StateRole::Leader => "leader",
+            StateRole::Follower => "follower",
+            StateRole::Candidate => "candidate",
+            StateRole::PreCandidate => "precandidate",
+        }
+    }
+
+    /// The commit index this node knows.
+    pub fn commit_index(&self) -> u64 {
+        self.raw.raft.raft_log.committed
+    }
+
+    /// When each peer's latest frame arrived (raft traffic or a keepalive).
+    pub fn heard(&self) -> BTreeMap<u64, Instant> {
+        self.transport.heard()
+    }
+
+    /// The size of the latest snapshot's state (made, installed, or started from).
+    pub fn snapshot_bytes(&self) -> u64 {
+        self.snapshot_bytes
+    }
+
+    /// The size of the current log file.
+    pub fn log_file_bytes(&self) -> u64 {
+        self.raw.store().log_file_len()
+    }
+
+    /// How long the log syncs took so far.
+    pub fn log_sync_times(&self) -> Histogram {
+        self.sync_times
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// A sync made on the owner's thread (a snapshot's), timed like the sync thread's.
+    fn sync_now(&mut self) -> Result<(), String> {
+        let started = Instant::now();
+        self.raw.mut_store().sync().map_err(|e| e.to_string())?;
+        observe_sync(&self.sync_times, started.elapsed());
+        Ok(())
+    }
 
     /// Peer messages for [`RaftNode::step`] (to `select!` on).
     pub fn inbound(&self) -> &Receiver<Message> {
@@ -428,6 +495,11 @@ impl RaftNode {
         while now >= self.next_tick {
             self.raw.tick();
             self.next_tick += self.tick;
+            if self.keepalive_in == 0 {
+                self.transport.keepalive();
+                self.keepalive_in = KEEPALIVE_TICKS;
+            }
+            self.keepalive_in -= 1;
         }
         while let Some(ev) = self.transport_event() {
             self.peer_event(ev, now);
@@ -547,6 +619,7 @@ impl RaftNode {
                     .map_err(|e| format!("a leader's snapshot: {e}"))?;
                 self.applied = snap.get_metadata().index;
                 self.last_snapshot = self.applied;
+                self.snapshot_bytes = snap.get_data().len() as u64;
                 crate::log_info!(
                     "cluster node {}: installed the leader's snapshot at index {} ({} bytes)",
                     self.id(),
@@ -572,7 +645,7 @@ impl RaftNode {
                 self.promised.push_back((needs, promised));
             }
             if installed {
-                self.raw.mut_store().sync().map_err(|e| e.to_string())?;
+                self.sync_now()?;
                 self.durable_through(number);
             } else {
                 match self.raw.mut_store().write().map_err(|e| e.to_string())? {
@@ -724,12 +797,14 @@ impl RaftNode {
         self.snapshot_due = false;
         self.bytes_since_snapshot = 0;
         let cs = self.raw.raft.prs().conf().to_conf_state();
+        let data = machine.snapshot();
+        self.snapshot_bytes = data.len() as u64;
         let store = self.raw.mut_store();
         store
-            .create_snapshot(self.applied, cs, machine.snapshot())
+            .create_snapshot(self.applied, cs, data)
             .and_then(|()| store.compact(self.applied.saturating_sub(keep)))
-            .and_then(|()| store.sync())
             .map_err(|e| e.to_string())?;
+        self.sync_now()?;
         // That sync covered every Ready written so far.
         self.durable_through(self.requested);
         self.send_promised();
@@ -851,8 +926,18 @@ struct Syncer {
     done: Receiver<Result<u64, String>>,
 }
 
+/// Count one sync of `took` in `times`.
+fn observe_sync(times: &Mutex<Histogram>, took: Duration) {
+    let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+    times
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .observe_in(&CLUSTER_BOUNDS, ns, 1);
+}
+
 impl Syncer {
-    fn start() -> Result<Syncer, String> {
+    /// `times`: where each sync's duration is counted.
+    fn start(times: Arc<Mutex<Histogram>>) -> Result<Syncer, String> {
         let (requests, rx) = crossbeam_channel::unbounded::<(u64, PendingLog)>();
         let (tx, done) = crossbeam_channel::unbounded();
         std::thread::Builder::new()
@@ -868,7 +953,9 @@ impl Syncer {
                             files.push(log);
                         }
                     }
+                    let started = Instant::now();
                     let synced = files.iter().try_for_each(PendingLog::sync);
+                    observe_sync(&times, started.elapsed());
                     let failed = synced.is_err();
                     if tx
                         .send(synced.map(|()| number).map_err(|e| e.to_string()))

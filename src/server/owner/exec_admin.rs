@@ -71,6 +71,7 @@ fn snapshot(t: &Tables, shared: &Shared, now: Now) -> Snapshot {
         stats,
         open: std::array::from_fn(|i| open[i].load(std::sync::atomic::Ordering::Relaxed)),
         latency: t.admin.latency.clone(),
+        cluster: None,
     }
 }
 
