@@ -27,6 +27,9 @@ fn main() -> ExitCode {
         }
     };
     holdfast::log::set_level(config.log_level);
+    if let Some(cluster) = &config.cluster {
+        holdfast::log::set_node(u64::from(cluster.node_id));
+    }
     // Certificates, keys and tokens: a file that cannot be used (missing, malformed, readable by
     // other users) is a bad flag, reported alone (before the start line).
     let secrets = match holdfast::tls::SecretStore::load(
