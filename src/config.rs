@@ -60,6 +60,20 @@ pub struct NoTls {
     pub admin: bool,
 }
 
+/// A flag that the daemon could only find wrong once it started (a `--data-dir` in use, a
+/// `--peers` that disagrees with the data directory): reported in one line, exit status 2,
+/// like a flag refused at parsing.
+#[derive(Debug)]
+pub struct BadFlag(pub String);
+
+impl std::fmt::Display for BadFlag {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for BadFlag {}
+
 /// The contract's cluster flags, validated.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClusterConfig {

@@ -1,12 +1,13 @@
 //! Operator log lines: one line per event an operator cares about, on stderr, with an RFC 3339
-//! UTC timestamp and a level. Nothing is logged per request at the default level (`info`).
+//! UTC timestamp, a level and, on a cluster node, the node's id (`node=2`). Nothing is logged per
+//! request at the default level (`info`).
 //!
-//! It owns the process-wide level only; it must not buffer, allocate per call beyond the line
+//! It owns the process-wide level and node id only; it must not buffer, allocate per call beyond the line
 //! itself, or be called on the per-request path above `debug`.
 
 use std::fmt::Arguments;
 use std::io::Write;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
@@ -39,6 +40,13 @@ impl Level {
 }
 
 static LEVEL: AtomicU8 = AtomicU8::new(Level::Info as u8);
+/// The cluster node id every line names (0: a single node, no id).
+static NODE: AtomicU64 = AtomicU64::new(0);
+
+/// Name cluster node `id` on every line from now on (set once, at start).
+pub fn set_node(id: u64) {
+    NODE.store(id, Ordering::Relaxed);
+}
 
 pub fn set_level(level: Level) {
     LEVEL.store(level as u8, Ordering::Relaxed);
@@ -49,7 +57,8 @@ pub fn enabled(level: Level) -> bool {
     level as u8 <= LEVEL.load(Ordering::Relaxed)
 }
 
-/// Write one line if `level` is enabled: `2026-11-23T07:05:35.123Z warn holdfast: ...`.
+/// Write one line if `level` is enabled: `2026-11-23T07:05:35.123Z warn holdfast: ...`, or on
+/// a cluster node `2026-11-23T07:05:35.123Z warn node=2 holdfast: ...`.
 pub fn write(level: Level, args: Arguments<'_>) {
     if !enabled(level) {
         return;
@@ -58,9 +67,10 @@ pub fn write(level: Level, args: Arguments<'_>) {
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default();
     let line = format!(
-        "{} {} holdfast: {}\n",
+        "{} {} {}holdfast: {}\n",
         rfc3339(now.as_secs(), now.subsec_millis()),
         level.name(),
+        node_field(NODE.load(Ordering::Relaxed)),
         args
     );
     // One write per line: lines from several threads never interleave within a line.
@@ -105,6 +115,15 @@ macro_rules! log_warn { ($($t:tt)*) => { $crate::log::write($crate::log::Level::
 macro_rules! log_info { ($($t:tt)*) => { $crate::log::write($crate::log::Level::Info, format_args!($($t)*)) } }
 #[macro_export]
 macro_rules! log_debug { ($($t:tt)*) => { $crate::log::write($crate::log::Level::Debug, format_args!($($t)*)) } }
+
+/// `node=ID ` for a cluster node, nothing for a single node.
+fn node_field(id: u64) -> String {
+    if id == 0 {
+        String::new()
+    } else {
+        format!("node={id} ")
+    }
+}
 
 /// `YYYY-MM-DDTHH:MM:SS.mmmZ` for Unix seconds and milliseconds (proleptic Gregorian calendar,
 /// Howard Hinnant's days-to-civil algorithm; no crate needed for UTC).
@@ -153,6 +172,12 @@ mod tests {
         assert_eq!(l.ready(Level::Error), None);
         l.last = Some(std::time::Instant::now() - Limiter::PERIOD);
         assert_eq!(l.ready(Level::Error), Some(2));
+    }
+
+    #[test]
+    fn a_cluster_node_names_itself_after_the_level() {
+        assert_eq!(node_field(0), "");
+        assert_eq!(node_field(2), "node=2 ");
     }
 
     #[test]

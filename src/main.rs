@@ -27,6 +27,9 @@ fn main() -> ExitCode {
         }
     };
     holdfast::log::set_level(config.log_level);
+    if let Some(cluster) = &config.cluster {
+        holdfast::log::set_node(u64::from(cluster.node_id));
+    }
     // Certificates, keys and tokens: a file that cannot be used (missing, malformed, readable by
     // other users) is a bad flag, refused with its one line before anything else is said.
     let secrets = match holdfast::tls::SecretStore::load(
@@ -52,7 +55,14 @@ fn main() -> ExitCode {
         Ok(s) => s,
         Err(e) => {
             eprintln!("holdfast: {e}");
-            return ExitCode::FAILURE;
+            let bad_flag = e
+                .get_ref()
+                .is_some_and(|e| e.downcast_ref::<config::BadFlag>().is_some());
+            return if bad_flag {
+                ExitCode::from(2)
+            } else {
+                ExitCode::FAILURE
+            };
         }
     };
     {

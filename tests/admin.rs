@@ -134,10 +134,29 @@ fn metrics_show_every_table_open_connections_and_latency() {
     let mut dc = d.dlock();
     dc.send(&dlock_lock(1, b"d1"));
     dc.fill(4);
+    let mut ct = d.counter();
+    let mut noop = Vec::new();
+    holdfast::proto::counter::encode_request(&mut noop, holdfast::proto::counter::op::NOOP, 0, &[]);
+    ct.send(&noop);
+    ct.fill(holdfast::proto::counter::HEADER_LEN);
     let (status, head, body) = get(admin(&d), "/metrics");
     assert_eq!(status, 200);
     assert!(head.contains("text/plain; version=0.0.4"), "{head}");
     let text = String::from_utf8(body).unwrap();
+    // A strict parse: every family typed, counters in _total, gauges not, histograms whole.
+    let samples = common::check_exposition(&text);
+    for (name, want) in [
+        ("holdfast_counter_objects", 0.0),
+        ("holdfast_counter_acquired_total", 0.0),
+        ("holdfast_counter_released_on_close_total", 0.0),
+        ("holdfast_total_connections_total", 4.0),
+    ] {
+        assert_eq!(common::sample(&samples, name, ""), Some(want), "{name}");
+    }
+    assert!(
+        !text.contains("holdfast_cluster_"),
+        "a single node has no cluster metrics"
+    );
     for want in [
         "holdfast_locks_held{table=\"memcache\"} 1\n",
         "holdfast_locks_held{table=\"lockd\"} 1\n",
@@ -145,12 +164,17 @@ fn metrics_show_every_table_open_connections_and_latency() {
         "holdfast_lock_grants_total{table=\"lockd\"} 1\n",
         "# TYPE holdfast_lock_grants_total counter\n",
         "# TYPE holdfast_curr_connections gauge\n",
-        "holdfast_curr_connections 3\n",
+        "holdfast_curr_connections 4\n",
         "holdfast_cmd_set_total 1\n",
         "# TYPE holdfast_lock_request_duration_seconds histogram\n",
         "holdfast_build_info{version=",
     ] {
         assert!(text.contains(want), "missing {want:?} in\n{text}");
+    }
+    for proto in ["memcache", "lockd", "dlock", "counter"] {
+        let open = format!("holdfast_open_connections{{listener=\"{proto}\",");
+        let line = text.lines().find(|l| l.starts_with(&open)).expect(&open);
+        assert!(line.ends_with(" 1"), "{line}");
     }
     for proto in ["memcache", "lockd", "dlock"] {
         let open = format!("holdfast_open_connections{{listener=\"{proto}\",");

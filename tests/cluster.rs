@@ -1518,3 +1518,341 @@ fn garbage_on_a_tls_peer_port_is_refused_and_the_cluster_keeps_serving() {
         keeps_granting(cluster.node(id).memcache.expect("memcache"), &key, 2, SLACK);
     }
 }
+
+/// A GET on a node's admin port: status and body.
+fn http_get(d: &Daemon, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(d.admin.expect("admin")).expect("connect admin");
+    s.set_read_timeout(Some(common::DEADLINE)).expect("timeout");
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+        .expect("send");
+    let mut all = String::new();
+    s.read_to_string(&mut all).expect("read the answer");
+    let (head, body) = all.split_once("\r\n\r\n").expect("an HTTP answer");
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .expect("a status");
+    (code, body.to_string())
+}
+
+/// A node's `/metrics`, parsed strictly (`common::check_exposition`).
+fn metrics(d: &Daemon) -> Vec<common::Sample> {
+    let (code, text) = http_get(d, "/metrics");
+    assert_eq!(code, 200, "{text}");
+    common::check_exposition(&text)
+}
+
+fn metric(samples: &[common::Sample], name: &str, labels: &str) -> f64 {
+    common::sample(samples, name, labels).unwrap_or_else(|| panic!("no {name}{{{labels}}}"))
+}
+
+/// Polls `done` every 50 ms until it holds; fails after `within` saying `what`.
+fn wait_until(within: Duration, what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Every node's `/metrics` has the contract's cluster series; they agree with `/cluster`,
+/// `/healthz` and `/status.json`; followers reach each other (keepalives); `/locks` names the
+/// node a holder's connection is on; open connections are this node's sockets.
+#[test]
+fn cluster_metrics_health_and_holders_nodes_agree_on_every_node() {
+    let cluster = Cluster::start_ready(3, "metrics", &[]);
+    // Every node reaches both others, followers included.
+    for id in 1..=3 {
+        let (a, b) = the_others(id);
+        wait_until(Duration::from_secs(10), "peers reachable", || {
+            let m = metrics(cluster.node(id));
+            [a, b].iter().all(|p| {
+                metric(
+                    &m,
+                    "holdfast_cluster_peer_reachable",
+                    &format!("peer=\"{p}\""),
+                ) == 1.0
+            })
+        });
+    }
+    let lead = leader(&cluster);
+    let mut lockd = cluster.node(2).lockd();
+    assert_eq!(
+        ask(&mut lockd, ld::op::ACQ, b"held-on-2\0"),
+        ld::op::ACQUIRED
+    );
+    for id in 1..=3 {
+        let d = cluster.node(id);
+        let m = metrics(d);
+        let role = if id == lead { "leader" } else { "follower" };
+        for r in ["leader", "follower", "candidate", "precandidate", "learner"] {
+            let want = if r == role { 1.0 } else { 0.0 };
+            let got = metric(&m, "holdfast_cluster_role", &format!("role=\"{r}\""));
+            assert_eq!(got, want, "node {id} role {r}");
+        }
+        assert_eq!(metric(&m, "holdfast_cluster_leader_id", ""), lead as f64);
+        assert!(metric(&m, "holdfast_cluster_term", "") >= 1.0);
+        let (commit, applied) = (
+            metric(&m, "holdfast_cluster_commit_index", ""),
+            metric(&m, "holdfast_cluster_applied_index", ""),
+        );
+        assert!(applied > 1.0 && commit >= applied, "{commit} {applied}");
+        assert_eq!(metric(&m, "holdfast_cluster_fenced", ""), 0.0);
+        assert!(metric(&m, "holdfast_cluster_leader_changes_total", "") >= 1.0);
+        assert_eq!(metric(&m, "holdfast_cluster_fences_total", ""), 0.0);
+        assert!(metric(&m, "holdfast_cluster_proposal_apply_seconds_count", "") >= 1.0);
+        assert!(metric(&m, "holdfast_cluster_log_sync_seconds_count", "") >= 1.0);
+        assert!(metric(&m, "holdfast_cluster_snapshot_bytes", "") > 0.0);
+        assert!(metric(&m, "holdfast_cluster_log_file_bytes", "") > 0.0);
+        assert!(metric(&m, "holdfast_cluster_quorum_losses_total", "") >= 0.0);
+        // This node's sockets, not the cluster's sessions: only node 2 has a lockd client.
+        let open = m
+            .iter()
+            .find(|(n, l, _)| n == "holdfast_open_connections" && l.contains("\"lockd\""))
+            .expect("lockd's open connections")
+            .2;
+        assert_eq!(open, if id == 2 { 1.0 } else { 0.0 }, "node {id}");
+        // One source of truth for health.
+        assert_eq!(
+            http_get(d, "/healthz"),
+            (200, "ok\n".to_string()),
+            "node {id}"
+        );
+        let c = status(d);
+        assert_eq!(
+            (c["health"].clone(), c["healthy"].clone()),
+            ("ok".into(), true.into())
+        );
+        assert_eq!(c["commit"].as_u64().map(|v| v as f64 >= commit), Some(true));
+        let (_, body) = http_get(d, "/status.json");
+        let s: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+        assert_eq!(s["cluster"]["health"], "ok");
+        assert_eq!(s["cluster"]["node"], id);
+        // The holder's node, on every node once the log carried the grant there.
+        wait_until(Duration::from_secs(10), "the grant replicated", || {
+            let (_, body) = http_get(d, "/locks?table=lockd");
+            let v: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+            v["locks"].as_array().is_some_and(|l| {
+                l.iter()
+                    .any(|k| k["name"] == "held-on-2" && k["holder"]["node"] == 2)
+            })
+        });
+    }
+}
+
+/// Two nodes of three killed: the survivor's `/healthz` turns 503 with the reason within a
+/// few election timeouts, `/cluster` and `/metrics` say it fenced itself; the two restarted,
+/// it answers 200 again.
+#[test]
+fn a_survivor_of_two_killed_nodes_is_unhealthy_until_they_are_back() {
+    let mut cluster = Cluster::start_ready(3, "health", &[]);
+    let survivor = leader(&cluster);
+    let (a, b) = the_others(survivor);
+    kill9(cluster.node(a));
+    kill9(cluster.node(b));
+    let election = Duration::from_millis(ELECTION_MS.parse().expect("ms"));
+    let killed = Instant::now();
+    let d = cluster.node(survivor);
+    wait_until(4 * election + SLACK, "healthz still 200", || {
+        http_get(d, "/healthz").0 == 503
+    });
+    let (_, why) = http_get(d, "/healthz");
+    assert!(
+        why == "no leader\n" || why == "no quorum\n" || why.starts_with("fenced: "),
+        "{why:?}"
+    );
+    // Fenced within the session timeout (3 election timeouts) less half an election timeout.
+    wait_until(4 * election + SLACK, "never fenced", || {
+        status(d)["fenced"] == true
+    });
+    assert!(killed.elapsed() < 4 * election + SLACK + Duration::from_secs(1));
+    let (code, why) = http_get(d, "/healthz");
+    assert_eq!(code, 503);
+    assert!(why.starts_with("fenced: no quorum contact for "), "{why:?}");
+    let c = status(d);
+    assert_eq!(c["healthy"], false);
+    assert!(
+        c["health"]
+            .as_str()
+            .is_some_and(|h| h.starts_with("fenced: ")),
+        "{c}"
+    );
+    let m = metrics(d);
+    assert_eq!(metric(&m, "holdfast_cluster_fenced", ""), 1.0);
+    assert!(metric(&m, "holdfast_cluster_fences_total", "") >= 1.0);
+    assert!(metric(&m, "holdfast_cluster_quorum_losses_total", "") >= 1.0);
+    for p in [a, b] {
+        let label = format!("peer=\"{p}\"");
+        assert_eq!(metric(&m, "holdfast_cluster_peer_reachable", &label), 0.0);
+    }
+    for id in [a, b] {
+        cluster.nodes[id - 1]
+            .take()
+            .expect("killed node")
+            .terminate();
+        cluster.restart(id);
+    }
+    let d = cluster.node(survivor);
+    wait_until(Duration::from_secs(30), "healthz never 200 again", || {
+        http_get(d, "/healthz") == (200, "ok\n".to_string())
+    });
+    assert_eq!(status(d)["fenced"], false);
+    assert_eq!(metric(&metrics(d), "holdfast_cluster_fenced", ""), 0.0);
+}
+
+/// Start a daemon that must fail: its exit status and standard error.
+fn start_fails(args: &[&str]) -> (Option<i32>, String) {
+    use std::io::Read;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_holdfast"))
+        .args([
+            "--memcache",
+            "127.0.0.1:0",
+            "--lockd",
+            "off",
+            "--dlock",
+            "off",
+        ])
+        .args(["--counter", "off", "--admin", "off"])
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn holdfast");
+    let deadline = Instant::now() + common::DEADLINE;
+    loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            let mut err = String::new();
+            let _ = child
+                .stderr
+                .take()
+                .expect("stderr")
+                .read_to_string(&mut err);
+            return (status.code(), err);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("holdfast {args:?} did not stop");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The one line (besides the info lines every start logs) that says why a start failed.
+fn the_reason(err: &str) -> &str {
+    let said: Vec<&str> = err.lines().filter(|l| !l.contains(" info ")).collect();
+    assert_eq!(said.len(), 1, "one line: {err:?}");
+    said[0]
+}
+
+/// A data directory that is a file, not writable, or in use by a running node, and `--peers`
+/// that disagrees with the cluster stored there: each stops the start with one line naming
+/// the flag, and exit status 2.
+#[test]
+fn bad_data_directories_and_disagreeing_peers_stop_the_start_with_status_2() {
+    let base = std::env::temp_dir().join(format!("holdfast-startchecks-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&base);
+    std::fs::create_dir_all(&base).expect("base");
+    let peer = format!("1=127.0.0.1:{}", free_port());
+    let node = |dir: &Path, peers: &str| -> Vec<String> {
+        [
+            "--peers",
+            peers,
+            "--node-id",
+            "1",
+            "--election-timeout",
+            ELECTION_MS,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .chain(["--data-dir".to_string(), dir.to_string_lossy().into_owned()])
+        .collect()
+    };
+    let run = |args: Vec<String>| {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        start_fails(&args)
+    };
+
+    let file = base.join("a-file");
+    std::fs::write(&file, b"not a directory").expect("file");
+    let (code, err) = run(node(&file, &peer));
+    assert_eq!(code, Some(2), "{err}");
+    assert_eq!(
+        the_reason(&err),
+        format!("holdfast: --data-dir {}: not a directory", file.display())
+    );
+    // Every line of a cluster node names it.
+    assert!(err.contains(" info node=1 holdfast: starting "), "{err}");
+
+    let read_only = base.join("read-only");
+    std::fs::create_dir_all(&read_only).expect("dir");
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    if root {
+        let mounted = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "ro,size=1m", "tmpfs"])
+            .arg(&read_only)
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(mounted, "cannot mount a read-only tmpfs");
+    } else {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&read_only, std::fs::Permissions::from_mode(0o555)).unwrap();
+    }
+    let (code, err) = run(node(&read_only, &peer));
+    if root {
+        let _ = std::process::Command::new("umount")
+            .arg(&read_only)
+            .status();
+    }
+    assert_eq!(code, Some(2), "{err}");
+    let line = the_reason(&err);
+    assert!(
+        line.starts_with(&format!(
+            "holdfast: --data-dir {}: not writable: ",
+            read_only.display()
+        )),
+        "{line}"
+    );
+
+    // A running node's directory.
+    let dir = base.join("node1");
+    let args = node(&dir, &peer);
+    let args_ref: Vec<&str> = args.iter().map(String::as_str).collect();
+    let first = Daemon::start(&args_ref);
+    wait_for_quorum(first.memcache.expect("memcache"));
+    let other_peer = format!("1=127.0.0.1:{}", free_port());
+    let (code, err) = run(node(&dir, &other_peer));
+    assert_eq!(code, Some(2), "{err}");
+    assert_eq!(
+        the_reason(&err),
+        format!(
+            "holdfast: --data-dir {}: in use by another running holdfast node (process {}): \
+             one directory per node",
+            dir.display(),
+            first.pid()
+        )
+    );
+    first.terminate();
+
+    // --peers that names a node the stored one-node cluster never had.
+    let two = format!("{peer},2=127.0.0.1:{}", free_port());
+    let (code, err) = run(node(&dir, &two));
+    assert_eq!(code, Some(2), "{err}");
+    assert_eq!(
+        the_reason(&err),
+        format!(
+            "holdfast: --peers names nodes 1,2 but the cluster stored in --data-dir {} has \
+             nodes 1, and no membership change explains the difference (2): give --peers the \
+             stored nodes, or found a new cluster with an empty --data-dir",
+            dir.display()
+        )
+    );
+    // The directory is still good for the node as it was.
+    let again = Daemon::start(&args_ref);
+    wait_for_quorum(again.memcache.expect("memcache"));
+    again.terminate();
+    let _ = std::fs::remove_dir_all(&base);
+}

@@ -105,6 +105,32 @@ pub struct ClusterStatus {
     /// Inbound peer connections refused since start (a failed TLS handshake, a bad frame, a
     /// sender that is not a member).
     pub peer_refused: u64,
+    /// The commit index this node knows.
+    pub commit: u64,
+    /// The other members heard from within one election timeout (any frame: raft traffic or a
+    /// keepalive), in id order.
+    pub reachable: Vec<u64>,
+    /// Whether this node can grant locks (`/healthz`): `Err` says why not.
+    pub health: Result<(), String>,
+}
+
+/// A cluster node's figures for `/metrics`, beyond [`ClusterStatus`].
+#[derive(Clone, Debug)]
+pub struct ClusterMetrics {
+    pub status: ClusterStatus,
+    /// From a proposal's first sending to its being applied on this node.
+    pub proposal_apply: Histogram,
+    /// Each fdatasync of the Raft log (and the syncs done on the spot for snapshots).
+    pub log_sync: Histogram,
+    /// The size of the latest snapshot made or installed (bytes of state).
+    pub snapshot_bytes: u64,
+    /// The size of the current log file.
+    pub log_file_bytes: u64,
+    /// Times this node lost contact with a quorum of the voters (reachable within one election
+    /// timeout), fenced itself, and learned of a new leader (another node, or a new term).
+    pub quorum_losses: u64,
+    pub fences: u64,
+    pub leader_changes: u64,
 }
 
 #[derive(Debug)]
@@ -113,6 +139,8 @@ pub enum Answer {
     Locks(LockList),
     Status(Snapshot, Vec<LockList>),
     Pong,
+    /// The owner turns, but this cluster node cannot grant locks now: why.
+    Unhealthy(String),
     /// `None` on a single node.
     Cluster(Option<ClusterStatus>),
     /// A membership change proposed, or why not (an HTTP status and a reason).
@@ -126,7 +154,14 @@ pub const LATENCY_BOUNDS: [f64; 14] = [
     0.25, 1.0,
 ];
 
+/// Buckets (upper bounds, seconds) of the cluster's histograms (proposal to apply, log sync):
+/// from a fast local sync to past the two election timeouts after which a proposal is given up.
+pub const CLUSTER_BOUNDS: [f64; 14] = [
+    0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+];
+
 /// A Prometheus histogram: counts per bucket (not cumulative; the last is +Inf), sum, count.
+/// Its bounds are [`LATENCY_BOUNDS`] unless it was filled with [`Histogram::observe_in`].
 #[derive(Clone, Debug, Default)]
 pub struct Histogram {
     pub buckets: [u64; LATENCY_BOUNDS.len() + 1],
@@ -137,11 +172,16 @@ pub struct Histogram {
 impl Histogram {
     /// Count `n` observations of `ns` nanoseconds each.
     pub fn observe(&mut self, ns: u64, n: u64) {
+        self.observe_in(&LATENCY_BOUNDS, ns, n);
+    }
+
+    /// Count `n` observations of `ns` nanoseconds each, in buckets of `bounds`.
+    pub fn observe_in(&mut self, bounds: &[f64; LATENCY_BOUNDS.len()], ns: u64, n: u64) {
         let secs = ns as f64 / 1e9;
-        let i = LATENCY_BOUNDS
+        let i = bounds
             .iter()
             .position(|&b| secs <= b)
-            .unwrap_or(LATENCY_BOUNDS.len());
+            .unwrap_or(bounds.len());
         self.buckets[i] += n;
         self.sum_ns += u128::from(ns) * u128::from(n);
         self.count += n;
@@ -153,10 +193,12 @@ impl Histogram {
 pub struct Snapshot {
     /// Every `stats` pair, in `stats` order, values as text.
     pub stats: Vec<(String, String)>,
-    /// Open connections per listener: memcache, lockd, dlock.
+    /// This process's open client sockets per listener: memcache, lockd, dlock, counter.
     pub open: [u64; PROTOCOLS],
     /// Lock-request latency per protocol: memcache, lockd, dlock.
     pub latency: [Histogram; PROTOCOLS],
+    /// A cluster node's figures; `None` on a single node.
+    pub cluster: Option<Box<ClusterMetrics>>,
 }
 
 /// A session, as the lock listing names it: its id and its client's address.
@@ -164,6 +206,8 @@ pub struct Snapshot {
 pub struct Who {
     pub session: Session,
     pub peer: Option<SocketAddr>,
+    /// The node that accepted the session's connection (cluster mode only).
+    pub node: Option<u16>,
 }
 
 impl Who {

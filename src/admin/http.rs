@@ -426,6 +426,7 @@ fn healthz(ctx: &Ctx) -> Response {
     }
     match ctx.ask(Query::Ping) {
         Some(Answer::Pong) => Response::text(200, "ok"),
+        Some(Answer::Unhealthy(why)) => Response::text(503, why),
         _ => Response::text(
             503,
             format!(

@@ -20,7 +20,7 @@
 
 pub mod data;
 mod http;
-mod render;
+pub(crate) mod render;
 
 use std::io;
 use std::net::SocketAddr;

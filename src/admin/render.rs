@@ -6,11 +6,14 @@ use std::fmt::Write;
 
 use serde_json::{json, Map, Value};
 
-use super::data::{Histogram, LockList, Snapshot, Who, LATENCY_BOUNDS};
+use super::data::{
+    ClusterMetrics, ClusterStatus, Histogram, LockList, Snapshot, Who, CLUSTER_BOUNDS,
+    LATENCY_BOUNDS,
+};
 use super::Ctx;
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Kind {
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Kind {
     Counter,
     Gauge,
     Untyped,
@@ -28,7 +31,7 @@ impl Kind {
 
 /// How a `stats` name becomes a metric: name, type, `table` label (lock-table counters share a
 /// metric and differ by label), help.
-fn map_stat(name: &str) -> (String, Kind, Option<&'static str>, String) {
+pub(crate) fn map_stat(name: &str) -> (String, Kind, Option<&'static str>, String) {
     const TABLE: &[(&str, &str, Kind, &str)] = &[
         ("locks_held", "holdfast_locks_held", Kind::Gauge, "memcache"),
         (
@@ -117,6 +120,35 @@ fn map_stat(name: &str) -> (String, Kind, Option<&'static str>, String) {
             "dlock",
         ),
     ];
+    // yrmcds counters: their own names (an acquire takes resources, not a lock).
+    const COUNTER_TABLE: &[(&str, &str, Kind)] = &[
+        ("counter_objects", "holdfast_counter_objects", Kind::Gauge),
+        (
+            "counter_total_objects",
+            "holdfast_counter_objects_created_total",
+            Kind::Counter,
+        ),
+        (
+            "counter_acquired",
+            "holdfast_counter_acquired_total",
+            Kind::Counter,
+        ),
+        (
+            "counter_not_available",
+            "holdfast_counter_not_available_total",
+            Kind::Counter,
+        ),
+        (
+            "counter_released",
+            "holdfast_counter_released_total",
+            Kind::Counter,
+        ),
+        (
+            "counter_released_on_close",
+            "holdfast_counter_released_on_close_total",
+            Kind::Counter,
+        ),
+    ];
     const GAUGES: &[&str] = &[
         "pid",
         "uptime",
@@ -158,13 +190,17 @@ fn map_stat(name: &str) -> (String, Kind, Option<&'static str>, String) {
     if let Some(&(_, metric, kind, table)) = TABLE.iter().find(|t| t.0 == name) {
         return (metric.to_string(), kind, Some(table), help);
     }
+    if let Some(&(_, metric, kind)) = COUNTER_TABLE.iter().find(|t| t.0 == name) {
+        return (metric.to_string(), kind, None, help);
+    }
     if GAUGES.contains(&name) {
         return (format!("holdfast_{name}"), Kind::Gauge, None, help);
     }
     if COUNTERS.contains(&name) {
         return (format!("holdfast_{name}_total"), Kind::Counter, None, help);
     }
-    // A stat added since this table was written: shown, typed as unknown.
+    // A stat added since this table was written: shown, typed as unknown (a unit test,
+    // `exec_admin::tests::every_stat_has_a_metric_type`, fails until it is added above).
     (format!("holdfast_{name}"), Kind::Untyped, None, help)
 }
 
@@ -229,16 +265,15 @@ pub fn metrics(s: &Snapshot, ctx: &Ctx) -> String {
     }
     let protos = ["memcache", "lockd", "dlock", "counter"];
     for (proto, addr) in &ctx.listeners {
-        let i = protos.iter().position(|p| *p == proto.name()).unwrap_or(0);
         let f = family(
             &mut fams,
             "holdfast_open_connections",
             Kind::Gauge,
-            "open client connections per listener",
+            "this process's open client connections per listener",
         );
         f.samples.push((
             format!("{{listener=\"{}\",address=\"{addr}\"}}", proto.name()),
-            s.open[i].to_string(),
+            s.open[proto.index()].to_string(),
         ));
     }
     let active = ctx.active.load(std::sync::atomic::Ordering::Relaxed);
@@ -266,44 +301,161 @@ pub fn metrics(s: &Snapshot, ctx: &Ctx) -> String {
     );
     let _ = writeln!(out, "# TYPE {name} histogram");
     for (proto, h) in protos.iter().zip(&s.latency) {
-        histogram(&mut out, name, proto, h);
+        let label = format!("protocol=\"{proto}\"");
+        histogram(&mut out, name, &label, &LATENCY_BOUNDS, h);
     }
-    cluster_metrics(&mut out);
+    if let Some(c) = &s.cluster {
+        cluster_metrics(&mut out, c);
+    }
     out
 }
 
-fn histogram(out: &mut String, name: &str, proto: &str, h: &Histogram) {
+/// The samples of one histogram; `labels` (without braces) are put before `le`.
+fn histogram(out: &mut String, name: &str, labels: &str, bounds: &[f64], h: &Histogram) {
+    let sep = if labels.is_empty() { "" } else { "," };
     let mut cumulative = 0;
-    for (bound, n) in LATENCY_BOUNDS.iter().zip(&h.buckets) {
+    for (bound, n) in bounds.iter().zip(&h.buckets) {
         cumulative += n;
         let _ = writeln!(
             out,
-            "{name}_bucket{{protocol=\"{proto}\",le=\"{bound}\"}} {cumulative}"
+            "{name}_bucket{{{labels}{sep}le=\"{bound}\"}} {cumulative}"
         );
     }
-    let _ = writeln!(
-        out,
-        "{name}_bucket{{protocol=\"{proto}\",le=\"+Inf\"}} {}",
-        h.count
-    );
-    let _ = writeln!(
-        out,
-        "{name}_sum{{protocol=\"{proto}\"}} {}",
-        h.sum_ns as f64 / 1e9
-    );
-    let _ = writeln!(out, "{name}_count{{protocol=\"{proto}\"}} {}", h.count);
+    let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {}", h.count);
+    let braced = if labels.is_empty() {
+        String::new()
+    } else {
+        format!("{{{labels}}}")
+    };
+    let _ = writeln!(out, "{name}_sum{braced} {}", h.sum_ns as f64 / 1e9);
+    let _ = writeln!(out, "{name}_count{braced} {}", h.count);
 }
 
-/// Cluster mode's gauges (role, term, commit index, leader id, peers' reachability) go here
-/// when cluster mode exists; a single node has none.
-fn cluster_metrics(_out: &mut String) {}
+/// The roles of `holdfast_cluster_role`, one sample each.
+const ROLES: [&str; 5] = ["leader", "follower", "candidate", "precandidate", "learner"];
+
+/// Cluster mode's metrics (the contract's names: `holdfast_cluster_*`).
+fn cluster_metrics(out: &mut String, c: &ClusterMetrics) {
+    let st = &c.status;
+    let mut one = |name: &str, kind: Kind, help: &str, samples: &[(String, u64)]| {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} {}", kind.name());
+        for (labels, v) in samples {
+            let _ = writeln!(out, "{name}{labels} {v}");
+        }
+    };
+    let plain = |v: u64| vec![(String::new(), v)];
+    let roles: Vec<(String, u64)> = ROLES
+        .iter()
+        .map(|r| (format!("{{role=\"{r}\"}}"), u64::from(st.role == *r)))
+        .collect();
+    one(
+        "holdfast_cluster_role",
+        Kind::Gauge,
+        "1 for this node's Raft role, 0 for the others",
+        &roles,
+    );
+    one(
+        "holdfast_cluster_leader_id",
+        Kind::Gauge,
+        "the leader this node knows (0: none)",
+        &plain(st.leader),
+    );
+    one(
+        "holdfast_cluster_term",
+        Kind::Gauge,
+        "this node's Raft term",
+        &plain(st.term),
+    );
+    one(
+        "holdfast_cluster_commit_index",
+        Kind::Gauge,
+        "the commit index this node knows",
+        &plain(st.commit),
+    );
+    one(
+        "holdfast_cluster_applied_index",
+        Kind::Gauge,
+        "the last log index applied on this node",
+        &plain(st.applied),
+    );
+    one(
+        "holdfast_cluster_fenced",
+        Kind::Gauge,
+        "1 while this node has fenced itself (cut off from a quorum)",
+        &plain(u64::from(st.fenced)),
+    );
+    let peers: Vec<(String, u64)> = st
+        .peers
+        .iter()
+        .filter(|(id, _, _)| *id != st.node)
+        .map(|(id, _, _)| {
+            (
+                format!("{{peer=\"{id}\"}}"),
+                u64::from(st.reachable.contains(id)),
+            )
+        })
+        .collect();
+    one(
+        "holdfast_cluster_peer_reachable",
+        Kind::Gauge,
+        "1 while this node has heard from that member within one election timeout",
+        &peers,
+    );
+    one(
+        "holdfast_cluster_snapshot_bytes",
+        Kind::Gauge,
+        "size of the latest snapshot made or installed on this node",
+        &plain(c.snapshot_bytes),
+    );
+    one(
+        "holdfast_cluster_log_file_bytes",
+        Kind::Gauge,
+        "size of this node's Raft log file",
+        &plain(c.log_file_bytes),
+    );
+    one(
+        "holdfast_cluster_quorum_losses_total",
+        Kind::Counter,
+        "times this node lost contact with a quorum of the voters (reachable within one election timeout)",
+        &plain(c.quorum_losses),
+    );
+    one(
+        "holdfast_cluster_fences_total",
+        Kind::Counter,
+        "times this node fenced itself (closed its clients' connections, cut off from a quorum)",
+        &plain(c.fences),
+    );
+    one(
+        "holdfast_cluster_leader_changes_total",
+        Kind::Counter,
+        "times this node learned of a new leader (another node, or the same one elected for a new term)",
+        &plain(c.leader_changes),
+    );
+    for (name, help, h) in [
+        (
+            "holdfast_cluster_proposal_apply_seconds",
+            "from a proposal's first sending to its being applied on this node",
+            &c.proposal_apply,
+        ),
+        (
+            "holdfast_cluster_log_sync_seconds",
+            "each fdatasync of the Raft log",
+            &c.log_sync,
+        ),
+    ] {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} histogram");
+        histogram(out, name, "", &CLUSTER_BOUNDS, h);
+    }
+}
 
 fn who(w: &Who) -> Value {
     json!({
         "session": w.session(),
         "address": w.peer.map(|a| a.to_string()),
-        // Cluster mode names the node that holds the session; a single node has none.
-        "node": Value::Null,
+        // The node that accepted the session's connection (cluster mode; null on a single node).
+        "node": w.node,
     })
 }
 
@@ -361,10 +513,7 @@ pub fn status(s: &Snapshot, lists: &[LockList], ctx: &Ctx) -> Vec<u8> {
     let listeners: Vec<Value> = ctx
         .listeners
         .iter()
-        .map(|(p, a)| {
-            let i = protos.iter().position(|x| *x == p.name()).unwrap_or(0);
-            json!({"protocol": p.name(), "address": a.to_string(), "open": s.open[i]})
-        })
+        .map(|(p, a)| json!({"protocol": p.name(), "address": a.to_string(), "open": s.open[p.index()]}))
         .collect();
     let stats: Map<String, Value> = s
         .stats
@@ -393,18 +542,34 @@ pub fn status(s: &Snapshot, lists: &[LockList], ctx: &Ctx) -> Vec<u8> {
         "stats": stats,
         "latency": latency,
         "tables": tables,
+        // This node's view of its cluster, as `/cluster` shows it (null on a single node).
+        "cluster": s.cluster.as_ref().map(|c| cluster_json(&c.status)),
     });
     serde_json::to_vec(&v).unwrap_or_default()
 }
 
 /// `/cluster`: this node's view of its cluster, as JSON.
-pub fn cluster(c: &super::data::ClusterStatus) -> Vec<u8> {
+pub fn cluster(c: &ClusterStatus) -> Vec<u8> {
+    let mut out = serde_json::to_vec_pretty(&cluster_json(c)).unwrap_or_default();
+    out.push(b'\n');
+    out
+}
+
+/// `health`: `"ok"` or why the node cannot grant locks (what `/healthz` answers).
+fn cluster_json(c: &ClusterStatus) -> Value {
     let peers: Vec<Value> = c
         .peers
         .iter()
-        .map(|(id, addr, heard)| json!({"id": id, "address": addr, "last_heard_ms": heard}))
+        .map(|(id, addr, heard)| {
+            json!({
+                "id": id,
+                "address": addr,
+                "last_heard_ms": heard,
+                "reachable": *id == c.node || c.reachable.contains(id),
+            })
+        })
         .collect();
-    let v = json!({
+    json!({
         "node": c.node,
         "role": c.role,
         "leader": c.leader,
@@ -417,8 +582,11 @@ pub fn cluster(c: &super::data::ClusterStatus) -> Vec<u8> {
         "peers": peers,
         "peer_tls": c.peer_tls,
         "peer_refused": c.peer_refused,
-    });
-    let mut out = serde_json::to_vec_pretty(&v).unwrap_or_default();
-    out.push(b'\n');
-    out
+        "commit": c.commit,
+        "healthy": c.health.is_ok(),
+        "health": match &c.health {
+            Ok(()) => "ok",
+            Err(why) => why.as_str(),
+        },
+    })
 }

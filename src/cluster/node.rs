@@ -14,6 +14,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
@@ -25,8 +26,9 @@ use raft::prelude::{
 use raft::{Config, RawNode, SnapshotStatus, StateRole, Storage};
 
 use super::liveness::{Micros, Probes};
-use super::storage::{DiskStorage, PendingLog, Written};
+use super::storage::{claim_dir, DirLock, DiskStorage, PendingLog, Written};
 use super::transport::{PeerEvent, PeerTls, Transport, TransportConfig, TransportStats};
+use crate::admin::data::{Histogram, CLUSTER_BOUNDS};
 
 /// Ticks in one election timeout: the contract's "heartbeats every tenth of it".
 pub const TICKS_PER_ELECTION: usize = 10;
@@ -48,6 +50,33 @@ const MAX_INFLIGHT_MSGS: usize = 256;
 /// Campaigns after a leader's connection closed, a tick apart: half an election timeout's
 /// worth, then the ordinary election timeout takes over.
 const FAST_CAMPAIGNS: u32 = TICKS_PER_ELECTION as u32 / 2;
+/// A keepalive to every peer every this many ticks (a fifth of an election timeout), so that
+/// each node hears from every other member well within an election timeout (`transport.rs`).
+const KEEPALIVE_TICKS: u32 = 2;
+
+/// Why a node did not start.
+#[derive(Debug)]
+pub enum StartError {
+    /// A flag that does not fit what is on disk or around it (`--data-dir`, `--peers`): the
+    /// daemon says so in one line and exits with status 2, as for any bad flag.
+    Flag(String),
+    /// Anything else (storage damage, a peer port in use).
+    Failed(String),
+}
+
+impl From<String> for StartError {
+    fn from(e: String) -> StartError {
+        StartError::Failed(e)
+    }
+}
+
+impl std::fmt::Display for StartError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StartError::Flag(e) | StartError::Failed(e) => f.write_str(e),
+        }
+    }
+}
 
 /// The replicated state machine a node drives: fed committed entries in log order.
 pub trait Machine {
@@ -142,8 +171,16 @@ pub struct RaftNode {
     promised: std::collections::VecDeque<(u64, Vec<Message>)>,
     tick: Duration,
     next_tick: Instant,
+    /// Ticks until the next keepalive.
+    keepalive_in: u32,
     applied: u64,
     last_snapshot: u64,
+    /// The size of the latest snapshot's state, made, installed or started from.
+    snapshot_bytes: u64,
+    /// How long each log sync took (the sync thread's and those made on the spot).
+    sync_times: Arc<Mutex<Histogram>>,
+    /// The data directory's lock, held while the node runs.
+    _dir_lock: DirLock,
 }
 
 fn raft_config(id: u64, applied: u64) -> Config {
@@ -171,11 +208,12 @@ impl RaftNode {
         cfg: &NodeConfig,
         machine: &mut impl Machine,
         now: Instant,
-    ) -> Result<RaftNode, String> {
+    ) -> Result<RaftNode, StartError> {
         let addr = *cfg
             .peers
             .get(&cfg.id)
             .ok_or_else(|| format!("node {} is not one of the peers", cfg.id))?;
+        let dir_lock = claim_dir(&cfg.data_dir).map_err(StartError::Flag)?;
         let mut storage = DiskStorage::open(&cfg.data_dir).map_err(|e| e.to_string())?;
         let fresh = storage.initial_state().map_err(|e| e.to_string())?;
         let empty = fresh.conf_state == ConfState::default()
@@ -196,6 +234,7 @@ impl RaftNode {
                 .map_err(|e| e.to_string())?;
         }
         let mut applied = 0;
+        let mut snapshot_bytes = 0;
         storage.rewind_conf_state_to_snapshot();
         if let Some(meta) = storage.snapshot_metadata().cloned() {
             let snap = storage.snapshot(meta.index, 0).map_err(|e| e.to_string())?;
@@ -203,6 +242,16 @@ impl RaftNode {
                 .restore(snap.get_data())
                 .map_err(|e| format!("the snapshot in {}: {e}", cfg.data_dir.display()))?;
             applied = meta.index;
+            snapshot_bytes = snap.get_data().len() as u64;
+        }
+        if !empty {
+            let changed = ids_in_conf_changes(&storage, &machine.membership());
+            let stored = conf_members(&fresh.conf_state);
+            match peers_against_stored(&cfg.peers, &stored, &changed, &cfg.data_dir) {
+                Ok(Some(warning)) => crate::log_warn!("{warning}"),
+                Ok(None) => {}
+                Err(e) => return Err(StartError::Flag(e)),
+            }
         }
         let raw = RawNode::new(&raft_config(cfg.id, applied), storage, &logger())
             .map_err(|e| format!("raft: {e}"))?;
@@ -220,6 +269,7 @@ impl RaftNode {
             Transport::start(tcfg, listener).map_err(|e| format!("peer transport: {e}"))?;
         transport.set_removed(&machine.membership().removed);
         let tick = (cfg.election_timeout / TICKS_PER_ELECTION as u32).max(Duration::from_millis(1));
+        let sync_times = Arc::new(Mutex::new(Histogram::default()));
         Ok(RaftNode {
             raw,
             transport,
@@ -230,14 +280,18 @@ impl RaftNode {
             bytes_since_snapshot: 0,
             probes: Probes::new(tick.as_micros() as Micros),
             campaign_at: None,
-            syncer: Syncer::start()?,
+            syncer: Syncer::start(sync_times.clone())?,
             requested: 0,
             durable: 0,
             promised: std::collections::VecDeque::new(),
             tick,
             next_tick: now + tick,
+            keepalive_in: 0,
             applied,
             last_snapshot: applied,
+            snapshot_bytes,
+            sync_times,
+            _dir_lock: dir_lock,
         })
     }
 
@@ -337,6 +391,57 @@ impl RaftNode {
         self.raw.raft.state
     }
 
+    /// The role as the admin port and the metrics name it: `learner` for a learner of the
+    /// configuration, else raft's role (`leader`, `follower`, `candidate`, `precandidate`).
+    pub fn role_name(&self) -> &'static str {
+        let cs = self.raw.raft.prs().conf().to_conf_state();
+        if cs.learners.contains(&self.id()) || cs.learners_next.contains(&self.id()) {
+            return "learner";
+        }
+        match self.role() {
+            StateRole::Leader => "leader",
+            StateRole::Follower => "follower",
+            StateRole::Candidate => "candidate",
+            StateRole::PreCandidate => "precandidate",
+        }
+    }
+
+    /// The commit index this node knows.
+    pub fn commit_index(&self) -> u64 {
+        self.raw.raft.raft_log.committed
+    }
+
+    /// When each peer's latest frame arrived (raft traffic or a keepalive).
+    pub fn heard(&self) -> BTreeMap<u64, Instant> {
+        self.transport.heard()
+    }
+
+    /// The size of the latest snapshot's state (made, installed, or started from).
+    pub fn snapshot_bytes(&self) -> u64 {
+        self.snapshot_bytes
+    }
+
+    /// The size of the current log file.
+    pub fn log_file_bytes(&self) -> u64 {
+        self.raw.store().log_file_len()
+    }
+
+    /// How long the log syncs took so far.
+    pub fn log_sync_times(&self) -> Histogram {
+        self.sync_times
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// A sync made on the owner's thread (a snapshot's), timed like the sync thread's.
+    fn sync_now(&mut self) -> Result<(), String> {
+        let started = Instant::now();
+        self.raw.mut_store().sync().map_err(|e| e.to_string())?;
+        observe_sync(&self.sync_times, started.elapsed());
+        Ok(())
+    }
+
     /// Peer messages for [`RaftNode::step`] (to `select!` on).
     pub fn inbound(&self) -> &Receiver<Message> {
         self.transport.inbound()
@@ -390,6 +495,11 @@ impl RaftNode {
         while now >= self.next_tick {
             self.raw.tick();
             self.next_tick += self.tick;
+            if self.keepalive_in == 0 {
+                self.transport.keepalive();
+                self.keepalive_in = KEEPALIVE_TICKS;
+            }
+            self.keepalive_in -= 1;
         }
         while let Some(ev) = self.transport_event() {
             self.peer_event(ev, now);
@@ -509,6 +619,7 @@ impl RaftNode {
                     .map_err(|e| format!("a leader's snapshot: {e}"))?;
                 self.applied = snap.get_metadata().index;
                 self.last_snapshot = self.applied;
+                self.snapshot_bytes = snap.get_data().len() as u64;
                 crate::log_info!(
                     "cluster node {}: installed the leader's snapshot at index {} ({} bytes)",
                     self.id(),
@@ -534,7 +645,7 @@ impl RaftNode {
                 self.promised.push_back((needs, promised));
             }
             if installed {
-                self.raw.mut_store().sync().map_err(|e| e.to_string())?;
+                self.sync_now()?;
                 self.durable_through(number);
             } else {
                 match self.raw.mut_store().write().map_err(|e| e.to_string())? {
@@ -686,12 +797,14 @@ impl RaftNode {
         self.snapshot_due = false;
         self.bytes_since_snapshot = 0;
         let cs = self.raw.raft.prs().conf().to_conf_state();
+        let data = machine.snapshot();
+        self.snapshot_bytes = data.len() as u64;
         let store = self.raw.mut_store();
         store
-            .create_snapshot(self.applied, cs, machine.snapshot())
+            .create_snapshot(self.applied, cs, data)
             .and_then(|()| store.compact(self.applied.saturating_sub(keep)))
-            .and_then(|()| store.sync())
             .map_err(|e| e.to_string())?;
+        self.sync_now()?;
         // That sync covered every Ready written so far.
         self.durable_through(self.requested);
         self.send_promised();
@@ -722,6 +835,76 @@ fn effective_peers(
         .collect()
 }
 
+/// Every node id that a membership change has touched, as far as the data directory knows:
+/// the replicated book of the snapshot (nodes added, nodes removed) and the changes in the log
+/// after it.
+fn ids_in_conf_changes(storage: &DiskStorage, book: &Membership) -> BTreeSet<u64> {
+    let mut ids: BTreeSet<u64> = book.addrs.keys().copied().collect();
+    ids.extend(&book.removed);
+    let (first, last) = (
+        storage.first_index().unwrap_or(1),
+        storage.last_index().unwrap_or(0),
+    );
+    if last >= first {
+        let entries = storage
+            .entries(first, last + 1, None, raft::GetEntriesContext::empty(false))
+            .unwrap_or_default();
+        for e in entries {
+            let cc = match e.get_entry_type() {
+                EntryType::EntryConfChange => ConfChange::parse_from_bytes(&e.data).map(v1_to_v2),
+                EntryType::EntryConfChangeV2 => ConfChangeV2::parse_from_bytes(&e.data),
+                EntryType::EntryNormal => continue,
+            };
+            if let Ok(cc) = cc {
+                ids.extend(cc.get_changes().iter().map(|c| c.node_id));
+            }
+        }
+    }
+    ids
+}
+
+/// The rule for `--peers` against the configuration stored in the data directory (see
+/// `docs/cluster.md`, "Start and restart"): every id that one names and the other does not must
+/// be explained by a membership change (`cluster add` or `cluster remove`): then the stored
+/// configuration is in force and the answer is a warning to log; anything else is an error
+/// (such a node would never find a quorum, or would count nodes that are not there).
+fn peers_against_stored(
+    given: &BTreeMap<u64, SocketAddr>,
+    stored: &BTreeSet<u64>,
+    changed: &BTreeSet<u64>,
+    dir: &std::path::Path,
+) -> Result<Option<String>, String> {
+    let given: BTreeSet<u64> = given.keys().copied().collect();
+    if stored.is_empty() || *stored == given {
+        // Nothing stored yet (a node started with --join, not added yet), or agreement.
+        return Ok(None);
+    }
+    let list = |ids: &BTreeSet<u64>| ids.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
+    let unexplained: BTreeSet<u64> = stored
+        .symmetric_difference(&given)
+        .filter(|id| !changed.contains(id))
+        .copied()
+        .collect();
+    if unexplained.is_empty() {
+        return Ok(Some(format!(
+            "--peers names nodes {}; the configuration stored in {} (changed by cluster \
+             add/remove since) has nodes {}: the stored one is in force",
+            list(&given),
+            dir.display(),
+            list(stored)
+        )));
+    }
+    Err(format!(
+        "--peers names nodes {} but the cluster stored in --data-dir {} has nodes {}, and no \
+         membership change explains the difference ({}): give --peers the stored nodes, or \
+         found a new cluster with an empty --data-dir",
+        list(&given),
+        dir.display(),
+        list(stored),
+        list(&unexplained)
+    ))
+}
+
 /// An old-style membership change as the one-step `ConfChangeV2` it means (holdfast proposes
 /// only V2; raft-rs itself may write V1 entries).
 fn v1_to_v2(c: ConfChange) -> ConfChangeV2 {
@@ -743,8 +926,18 @@ struct Syncer {
     done: Receiver<Result<u64, String>>,
 }
 
+/// Count one sync of `took` in `times`.
+fn observe_sync(times: &Mutex<Histogram>, took: Duration) {
+    let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+    times
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .observe_in(&CLUSTER_BOUNDS, ns, 1);
+}
+
 impl Syncer {
-    fn start() -> Result<Syncer, String> {
+    /// `times`: where each sync's duration is counted.
+    fn start(times: Arc<Mutex<Histogram>>) -> Result<Syncer, String> {
         let (requests, rx) = crossbeam_channel::unbounded::<(u64, PendingLog)>();
         let (tx, done) = crossbeam_channel::unbounded();
         std::thread::Builder::new()
@@ -760,7 +953,9 @@ impl Syncer {
                             files.push(log);
                         }
                     }
+                    let started = Instant::now();
                     let synced = files.iter().try_for_each(PendingLog::sync);
+                    observe_sync(&times, started.elapsed());
                     let failed = synced.is_err();
                     if tx
                         .send(synced.map(|()| number).map_err(|e| e.to_string()))
@@ -779,5 +974,51 @@ impl Syncer {
         self.requests
             .send((number, log))
             .map_err(|_| "the sync thread has stopped".to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids(v: &[u64]) -> BTreeSet<u64> {
+        v.iter().copied().collect()
+    }
+
+    fn peers(v: &[u64]) -> BTreeMap<u64, SocketAddr> {
+        v.iter()
+            .map(|&id| (id, SocketAddr::from(([127, 0, 0, 1], 2600 + id as u16))))
+            .collect()
+    }
+
+    #[test]
+    fn peers_that_disagree_with_the_stored_cluster_are_refused_unless_a_change_explains_it() {
+        let dir = std::path::Path::new("/var/lib/holdfast");
+        let check = |given: &[u64], stored: &[u64], changed: &[u64]| {
+            peers_against_stored(&peers(given), &ids(stored), &ids(changed), dir)
+        };
+        // Agreement, or nothing stored yet (a node that waits to be added).
+        assert_eq!(check(&[1, 2, 3], &[1, 2, 3], &[]), Ok(None));
+        assert_eq!(check(&[1, 2, 3], &[], &[]), Ok(None));
+        // Node 4 added and node 2 removed since the cluster was founded with 1, 2, 3.
+        let w = check(&[1, 2, 3], &[1, 3, 4], &[2, 4])
+            .unwrap()
+            .expect("a warning");
+        assert!(
+            w.contains("nodes 1,2,3") && w.contains("has nodes 1,3,4"),
+            "{w}"
+        );
+        // A node named that the stored cluster never had, or a stored one left out.
+        let e = check(&[1, 2, 4], &[1, 2, 3], &[]).unwrap_err();
+        assert_eq!(
+            e,
+            "--peers names nodes 1,2,4 but the cluster stored in --data-dir /var/lib/holdfast \
+             has nodes 1,2,3, and no membership change explains the difference (3,4): give \
+             --peers the stored nodes, or found a new cluster with an empty --data-dir"
+        );
+        assert!(check(&[1, 2], &[1], &[]).is_err());
+        // Only the unexplained ids are named.
+        let e = check(&[1, 2, 5], &[1, 2, 3, 4], &[4]).unwrap_err();
+        assert!(e.contains("difference (3,5)"), "{e}");
     }
 }

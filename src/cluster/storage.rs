@@ -7,6 +7,7 @@
 //!
 //! ```text
 //! data-dir/
+//!   lock                 the running node's process id, under an exclusive flock ([`claim_dir`])
 //!   log.<gen>            "HFRL" version(u32 LE), then records, append-only
 //!   snap-<index>-<term>  one record: a Snapshot protobuf (metadata + state machine bytes)
 //!
@@ -359,6 +360,81 @@ fn scan_one(rest: &[u8], at: usize) -> Scan<'_> {
         body: &payload[1..],
         next: at + end,
     }
+}
+
+/// A data directory claimed by this process ([`claim_dir`]): the exclusive lock on its `lock`
+/// file is held while this value lives (and the kernel drops it when the process ends).
+#[derive(Debug)]
+pub struct DirLock {
+    _file: File,
+}
+
+/// Make `dir` this process's data directory, or say which flag is wrong and why, in a line an
+/// operator can act on: `dir` must be (or become) a directory, be writable, and not be in use by
+/// another running node (an exclusive `flock` on `dir/lock`, which names the holder's process).
+/// Two nodes on one directory would each write the log and remove the other's files.
+pub fn claim_dir(dir: &Path) -> Result<DirLock, String> {
+    use std::os::fd::AsRawFd;
+    let flag = |what: String| format!("--data-dir {}: {what}", dir.display());
+    if let Ok(m) = fs::metadata(dir) {
+        if !m.is_dir() {
+            return Err(flag("not a directory".into()));
+        }
+    }
+    fs::create_dir_all(dir).map_err(|e| flag(format!("cannot create it: {e}")))?;
+    let read_only = |e: &io::Error| {
+        matches!(
+            e.raw_os_error(),
+            Some(libc::EACCES) | Some(libc::EROFS) | Some(libc::EPERM)
+        )
+    };
+    let path = dir.join("lock");
+    let mut file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(|e| {
+            if read_only(&e) {
+                flag(format!("not writable: {e}"))
+            } else {
+                flag(format!("cannot open {}: {e}", path.display()))
+            }
+        })?;
+    // SAFETY: flock on a descriptor this function owns; no memory is involved.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            let mut holder = String::new();
+            let _ = file.read_to_string(&mut holder);
+            let holder = match holder.trim() {
+                "" => String::new(),
+                pid => format!(" (process {pid})"),
+            };
+            return Err(flag(format!(
+                "in use by another running holdfast node{holder}: one directory per node"
+            )));
+        }
+        return Err(flag(format!("cannot lock {}: {e}", path.display())));
+    }
+    // The lock file may be writable where nothing else is (a directory made read-only since):
+    // try a new file too.
+    let probe = dir.join("lock.probe.tmp");
+    File::create(&probe)
+        .and_then(|_| fs::remove_file(&probe))
+        .map_err(|e| {
+            if read_only(&e) {
+                flag(format!("not writable: {e}"))
+            } else {
+                flag(format!("cannot write in it: {e}"))
+            }
+        })?;
+    let pid = format!("{}\n", std::process::id());
+    let _ = file
+        .set_len(0)
+        .and_then(|()| file.write_all(pid.as_bytes()));
+    Ok(DirLock { _file: file })
 }
 
 /// raft-rs `Storage` over a data directory. See the module header for the format.

@@ -713,3 +713,31 @@ fn a_log_reopened_often_stays_bounded_by_what_is_live() {
         "the log file grew to {max_file} bytes across restarts"
     );
 }
+
+#[test]
+fn a_data_directory_is_claimed_by_one_node_at_a_time() {
+    let t = TempDir::new("claim");
+    let dir = t.0.join("node");
+    let first = claim_dir(&dir).expect("a new directory is made and claimed");
+    let pid = fs::read_to_string(dir.join("lock")).expect("the lock file");
+    assert_eq!(pid.trim(), std::process::id().to_string());
+    // flock belongs to the open file: a second claim fails even from this process.
+    let e = claim_dir(&dir).expect_err("claimed twice");
+    assert!(
+        e.starts_with(&format!("--data-dir {}: in use", dir.display())),
+        "{e}"
+    );
+    assert!(
+        e.contains(&format!("process {}", std::process::id())),
+        "{e}"
+    );
+    drop(first);
+    let again = claim_dir(&dir).expect("free once the first claim is gone");
+    // The lock file is not a log file: the log opens beside it.
+    DiskStorage::open(&dir).expect("the log opens in a claimed directory");
+    drop(again);
+    let file = t.0.join("a-file");
+    fs::write(&file, b"x").unwrap();
+    let e = claim_dir(&file).expect_err("a file");
+    assert_eq!(e, format!("--data-dir {}: not a directory", file.display()));
+}

@@ -12,6 +12,14 @@
 //!         | length u32 LE | length bytes: one raft `Message` (protobuf)
 //! ```
 //!
+//! **Keepalives.** Raft followers do not talk to each other, so the driver sends every peer a
+//! keepalive now and then ([`Transport::keepalive`]): a `Message` of type `MsgBeat` with only
+//! `from` and `to` set, a type raft-rs takes only from its own node, never from the network
+//! (`RawNode::step` refuses it). A reader takes it for itself: it notes the time, as for every
+//! frame ([`Transport::heard`]), and hands nothing to the driver. So every node hears from every
+//! other member, followers from each other too, and knows whom it can reach. A keepalive from an
+//! id this node does not know yet (a member added while it was down) is ignored, not refused.
+//!
 //! Every inbound byte is hostile: a wrong magic or version, a length over the cap, a sender
 //! that is not a member, a sender that changes within a connection, a message whose `from`
 //! is not its frame's sender or whose `to` is not us, or bytes that are not a `Message` close
@@ -252,8 +260,18 @@ pub struct Transport {
     events: Receiver<PeerEvent>,
     event_tx: Sender<PeerEvent>,
     stats: Arc<TransportStats>,
+    /// When each peer's latest frame arrived (any frame, keepalives included).
+    heard: Heard,
     shutdown: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
+}
+
+/// When each peer's latest frame arrived, written by the readers.
+type Heard = Arc<Mutex<BTreeMap<u64, Instant>>>;
+
+/// Whether `m` is a keepalive (see the module header).
+pub fn is_keepalive(m: &Message) -> bool {
+    m.get_msg_type() == MessageType::MsgBeat
 }
 
 impl Transport {
@@ -269,6 +287,7 @@ impl Transport {
         let (ev_tx, ev_rx) = bounded(1024);
         let mut threads = Vec::new();
         let members: Members = Arc::new(RwLock::new(MemberSet::default()));
+        let heard: Heard = Arc::new(Mutex::new(BTreeMap::new()));
         {
             let template = Reader {
                 id: cfg.id,
@@ -280,6 +299,7 @@ impl Transport {
                 shutdown: shutdown.clone(),
                 tls: cfg.tls.clone(),
                 refusals: Arc::new(Mutex::new(RefusalLog::default())),
+                heard: heard.clone(),
             };
             threads.push(
                 thread::Builder::new()
@@ -299,6 +319,7 @@ impl Transport {
             events: ev_rx,
             event_tx: ev_tx,
             stats,
+            heard,
             shutdown,
             threads,
         };
@@ -417,6 +438,22 @@ impl Transport {
 
     pub fn stats(&self) -> &TransportStats {
         &self.stats
+    }
+
+    /// Queue a keepalive for every peer (see the module header); never blocks.
+    pub fn keepalive(&self) {
+        for &to in self.outbound.keys() {
+            let mut m = Message::default();
+            m.set_msg_type(MessageType::MsgBeat);
+            m.from = self.id;
+            m.to = to;
+            self.send(m);
+        }
+    }
+
+    /// When each peer's latest frame arrived (raft traffic or a keepalive).
+    pub fn heard(&self) -> BTreeMap<u64, Instant> {
+        self.heard.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// Whether every connection is mutual TLS.
@@ -713,6 +750,7 @@ struct Reader {
     shutdown: Arc<AtomicBool>,
     tls: Option<PeerTls>,
     refusals: Arc<Mutex<RefusalLog>>,
+    heard: Heard,
 }
 
 /// What reading one frame gave.
@@ -890,10 +928,20 @@ impl Reader {
                 m.from, m.to, head.sender
             )));
         }
+        if !known && is_keepalive(&m) {
+            return Ok(Got::Frame);
+        }
         if !known && !is_leader_traffic(&m) {
             return Err(FrameError::NotMember(head.sender));
         }
         self.stats.received.fetch_add(1, Ordering::Relaxed);
+        self.heard
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(head.sender, Instant::now());
+        if is_keepalive(&m) {
+            return Ok(Got::Frame);
+        }
         if self.inbound.try_send(m).is_err() {
             self.stats.dropped_inbound.fetch_add(1, Ordering::Relaxed);
         }

@@ -715,3 +715,38 @@ fn the_dialer_checks_the_name_of_the_peers_entry() {
     });
     assert!(c.try_recv().is_none(), "c heard from a");
 }
+
+/// A keepalive reaches the reader, which notes when the peer was heard and hands raft
+/// nothing; one from an id this node does not know is dropped without closing the connection,
+/// so that a leader's traffic after it still gets through.
+#[test]
+fn keepalives_are_heard_and_kept_from_raft() {
+    let (la, lb) = (listener(), listener());
+    let (aa, ab) = (la.local_addr().unwrap(), lb.local_addr().unwrap());
+    let peers: BTreeMap<u64, SocketAddr> = [(1, aa), (2, ab)].into_iter().collect();
+    let a = Transport::start(TransportConfig::new(1, peers.clone()), la).unwrap();
+    let b = Transport::start(TransportConfig::new(2, peers), lb).unwrap();
+    assert!(a.heard().is_empty());
+    let before = Instant::now();
+    b.keepalive();
+    let heard = wait_for("a hears b", || a.heard().get(&2).copied());
+    assert!(heard >= before);
+    assert!(a.try_recv().is_none(), "a keepalive is not raft's");
+    // Raft traffic counts as heard too.
+    b.send(msg(2, 1, 3));
+    assert_eq!(wait_for("a receives", || a.try_recv()).term, 3);
+    assert!(a.heard()[&2] >= heard);
+
+    // A stranger's keepalive, then its leader traffic, on one connection.
+    let mut s = TcpStream::connect(aa).unwrap();
+    let mut beat = msg(9, 1, 0);
+    beat.set_msg_type(MessageType::MsgBeat);
+    assert!(is_keepalive(&beat));
+    let mut bytes = Vec::new();
+    encode_frame(9, &beat, &mut bytes).unwrap();
+    encode_frame(9, &msg(9, 1, 4), &mut bytes).unwrap();
+    s.write_all(&bytes).unwrap();
+    let got = wait_for("the stranger's heartbeat", || a.try_recv());
+    assert_eq!((got.from, got.term), (9, 4));
+    assert_eq!(a.stats().refused.load(Ordering::Relaxed), 0);
+}

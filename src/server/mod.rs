@@ -36,6 +36,16 @@ pub enum Proto {
 }
 
 impl Proto {
+    /// The protocol's place in per-listener arrays (memcache, lockd, dlock, counter).
+    pub fn index(self) -> usize {
+        match self {
+            Proto::Memcache => 0,
+            Proto::Lockd => 1,
+            Proto::Dlock => 2,
+            Proto::Counter => 3,
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Proto::Memcache => "memcache",
@@ -51,6 +61,9 @@ pub struct Shared {
     pub config: Config,
     pub shutdown: AtomicBool,
     pub curr_connections: AtomicU64,
+    /// This process's client sockets per listener (memcache, lockd, dlock, counter): the
+    /// workers count a socket from its accept to its close, as `curr_connections`.
+    pub open_per_listener: [AtomicU64; 4],
     pub total_connections: AtomicU64,
     pub rejected_connections: AtomicU64,
     pub started: Instant,
@@ -103,6 +116,7 @@ impl Server {
             config: config.clone(),
             shutdown: AtomicBool::new(false),
             curr_connections: AtomicU64::new(0),
+            open_per_listener: Default::default(),
             total_connections: AtomicU64::new(0),
             rejected_connections: AtomicU64::new(0),
             started,
@@ -193,7 +207,12 @@ impl Server {
                     std::mem::take(&mut worker_links),
                     cluster,
                 )
-                .map_err(io::Error::other)?,
+                .map_err(|e| match e {
+                    crate::cluster::node::StartError::Flag(why) => {
+                        io::Error::new(io::ErrorKind::InvalidInput, crate::config::BadFlag(why))
+                    }
+                    crate::cluster::node::StartError::Failed(why) => io::Error::other(why),
+                })?,
             ),
             _ => None,
         };

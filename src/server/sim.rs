@@ -139,6 +139,7 @@ pub(crate) fn sim_shared(config: Config) -> Shared {
         config,
         shutdown: AtomicBool::new(false),
         curr_connections: AtomicU64::new(0),
+        open_per_listener: Default::default(),
         total_connections: AtomicU64::new(0),
         rejected_connections: AtomicU64::new(0),
         started: Instant::now(),

@@ -91,6 +91,11 @@ def test_prometheus_parses_metrics_with_types_labels_and_histograms(daemon):
     assert status == 200
     assert ctype.startswith("text/plain; version=0.0.4")
     families = {f.name: f for f in text_string_to_metric_families(text)}
+    # Every family is typed ("unknown" is what the parser calls an untyped one).
+    untyped = sorted(n for n, f in families.items() if f.type not in ("counter", "gauge", "histogram"))
+    assert untyped == []
+    counters = families["holdfast_counter_acquired"]
+    assert counters.type == "counter" and counters.samples[0].name == "holdfast_counter_acquired_total"
     held = {s.labels["table"]: s.value for s in families["holdfast_locks_held"].samples}
     assert families["holdfast_locks_held"].type == "gauge"
     assert held == {"memcache": 1.0, "lockd": 1.0, "dlock": 0.0}

@@ -253,3 +253,211 @@ impl Client {
         }
     }
 }
+
+/// One sample of a Prometheus text exposition: metric name, labels as given (`a="x",b="y"`,
+/// without braces), value.
+pub type Sample = (String, String, f64);
+
+/// Parse `/metrics` strictly (text format 0.0.4, as Prometheus reads it) and check holdfast's
+/// rules on top: every family has one `# TYPE` before its samples, which follow it together;
+/// counters end in `_total`, gauges do not; nothing is untyped; a histogram has cumulative
+/// `_bucket`s ending in `le="+Inf"` equal to its `_count`, and a `_sum`; no sample twice.
+/// Panics with the offending line; returns every sample.
+pub fn check_exposition(text: &str) -> Vec<Sample> {
+    use std::collections::{BTreeMap, BTreeSet};
+    fn valid_name(n: &str) -> bool {
+        let mut c = n.chars();
+        c.next()
+            .is_some_and(|f| f.is_ascii_alphabetic() || f == '_' || f == ':')
+            && c.all(|x| x.is_ascii_alphanumeric() || x == '_' || x == ':')
+    }
+    /// `a="x",b="y"` into pairs (escapes: \\, \", \n).
+    fn labels(s: &str, line: &str) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        let mut rest = s;
+        while !rest.is_empty() {
+            let (k, v) = rest
+                .split_once("=\"")
+                .unwrap_or_else(|| panic!("bad labels in {line:?}"));
+            assert!(valid_name(k), "bad label name {k:?} in {line:?}");
+            let mut value = String::new();
+            let mut chars = v.char_indices();
+            let end = loop {
+                match chars.next() {
+                    Some((_, '\\')) => match chars.next() {
+                        Some((_, '\\')) => value.push('\\'),
+                        Some((_, '"')) => value.push('"'),
+                        Some((_, 'n')) => value.push('\n'),
+                        _ => panic!("bad escape in {line:?}"),
+                    },
+                    Some((i, '"')) => break i,
+                    Some((_, c)) => value.push(c),
+                    None => panic!("unterminated label value in {line:?}"),
+                }
+            };
+            out.push((k.to_string(), value));
+            rest = &v[end + 1..];
+            if let Some(r) = rest.strip_prefix(',') {
+                rest = r;
+            } else {
+                assert!(rest.is_empty(), "junk after a label in {line:?}");
+            }
+        }
+        out
+    }
+    let mut types: BTreeMap<String, String> = BTreeMap::new();
+    let mut finished: BTreeSet<String> = BTreeSet::new();
+    let mut current: Option<String> = None;
+    let mut seen: BTreeSet<(String, String)> = BTreeSet::new();
+    let mut samples: Vec<Sample> = Vec::new();
+    for line in text.lines() {
+        assert!(!line.is_empty(), "an empty line in the exposition");
+        if let Some(rest) = line.strip_prefix("# ") {
+            let mut w = rest.splitn(3, ' ');
+            let (what, name) = (w.next().unwrap_or(""), w.next().unwrap_or(""));
+            assert!(valid_name(name), "bad metric name in {line:?}");
+            match what {
+                "HELP" => {}
+                "TYPE" => {
+                    let kind = w.next().unwrap_or("");
+                    assert!(
+                        matches!(kind, "counter" | "gauge" | "histogram"),
+                        "type {kind:?} in {line:?}: counters and gauges only (and histograms)"
+                    );
+                    match kind {
+                        "counter" => {
+                            assert!(name.ends_with("_total"), "counter {name} without _total")
+                        }
+                        "gauge" => {
+                            assert!(!name.ends_with("_total"), "gauge {name} ends in _total")
+                        }
+                        _ => {}
+                    }
+                    assert!(
+                        types.insert(name.to_string(), kind.to_string()).is_none(),
+                        "two TYPE lines for {name}"
+                    );
+                    if let Some(done) = current.replace(name.to_string()) {
+                        finished.insert(done);
+                    }
+                }
+                _ => panic!("unknown comment {line:?}"),
+            }
+            continue;
+        }
+        let (series, value) = line
+            .rsplit_once(' ')
+            .unwrap_or_else(|| panic!("no value in {line:?}"));
+        let value: f64 = match value {
+            "+Inf" => f64::INFINITY,
+            "-Inf" => f64::NEG_INFINITY,
+            v => v
+                .parse()
+                .unwrap_or_else(|_| panic!("bad value in {line:?}")),
+        };
+        let (name, labelled) = match series.split_once('{') {
+            Some((n, l)) => (
+                n,
+                l.strip_suffix('}')
+                    .unwrap_or_else(|| panic!("unclosed labels in {line:?}")),
+            ),
+            None => (series, ""),
+        };
+        assert!(valid_name(name), "bad metric name in {line:?}");
+        labels(labelled, line);
+        let family = current
+            .as_deref()
+            .unwrap_or_else(|| panic!("a sample before any TYPE: {line:?}"));
+        let ok = match types[family].as_str() {
+            "histogram" => [
+                format!("{family}_bucket"),
+                format!("{family}_sum"),
+                format!("{family}_count"),
+            ]
+            .contains(&name.to_string()),
+            _ => name == family,
+        };
+        assert!(
+            ok,
+            "{line:?} is not a sample of the family {family} above it"
+        );
+        assert!(
+            !finished.contains(name),
+            "{name}'s samples are not together"
+        );
+        assert!(
+            seen.insert((name.to_string(), labelled.to_string())),
+            "{line:?} twice"
+        );
+        if types[family] == "counter" || name.ends_with("_bucket") || name.ends_with("_count") {
+            assert!(value >= 0.0, "negative count in {line:?}");
+        }
+        samples.push((name.to_string(), labelled.to_string(), value));
+    }
+    // Histograms: per label set (without le), buckets cumulative, +Inf last and equal to count.
+    for (family, kind) in &types {
+        if kind != "histogram" {
+            continue;
+        }
+        let mut series: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
+        let bucket = format!("{family}_bucket");
+        for (name, labelled, value) in &samples {
+            if *name != bucket {
+                continue;
+            }
+            let pairs = labels(labelled, labelled);
+            let le = pairs
+                .iter()
+                .find(|(k, _)| k == "le")
+                .unwrap_or_else(|| panic!("{family} bucket without le"));
+            let le: f64 = if le.1 == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.1.parse().expect("le is a number")
+            };
+            let rest: Vec<String> = pairs
+                .iter()
+                .filter(|(k, _)| k != "le")
+                .map(|(k, v)| format!("{k}=\"{v}\""))
+                .collect();
+            series.entry(rest.join(",")).or_default().push((le, *value));
+        }
+        assert!(!series.is_empty(), "histogram {family} has no buckets");
+        for (rest, buckets) in series {
+            for w in buckets.windows(2) {
+                assert!(w[0].0 < w[1].0, "{family}{{{rest}}}: bounds not increasing");
+                assert!(
+                    w[0].1 <= w[1].1,
+                    "{family}{{{rest}}}: buckets not cumulative"
+                );
+            }
+            let (le, inf) = *buckets.last().expect("a bucket");
+            assert!(
+                le.is_infinite(),
+                "{family}{{{rest}}}: the last bucket is not +Inf"
+            );
+            let find = |suffix: &str| {
+                samples
+                    .iter()
+                    .find(|(n, l, _)| *n == format!("{family}{suffix}") && *l == rest)
+                    .map(|s| s.2)
+                    .unwrap_or_else(|| panic!("{family}{suffix}{{{rest}}} missing"))
+            };
+            assert_eq!(
+                find("_count"),
+                inf,
+                "{family}{{{rest}}}: +Inf bucket != count"
+            );
+            find("_sum");
+        }
+    }
+    samples
+}
+
+/// The value of the sample `name{labels}` (labels as printed, without braces).
+pub fn sample(samples: &[Sample], name: &str, labels: &str) -> Option<f64> {
+    samples
+        .iter()
+        .find(|(n, l, _)| n == name && l == labels)
+        .map(|s| s.2)
+}

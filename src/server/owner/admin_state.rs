@@ -1,8 +1,10 @@
-//! What the owner keeps for the admin port: each session's listener and client address, open
-//! connections per listener, and the lock-request latency histograms.
+//! What the owner keeps for the admin port: each session's listener and client address, and the
+//! lock-request latency histograms. (Open connections per listener are the workers' count of
+//! this process's sockets, `Shared::open_per_listener`: in cluster mode the sessions here are
+//! every node's.)
 //!
-//! Owns: that bookkeeping (not part of the replicated state: it is this node's view of its own
-//! clients, and no snapshot carries it). Must not: change a table.
+//! Owns: that bookkeeping (not part of the replicated state: no snapshot carries it). Must not:
+//! change a table.
 
 use std::net::SocketAddr;
 use std::time::Instant;
@@ -16,36 +18,23 @@ use crate::server::Proto;
 #[derive(Default)]
 pub struct AdminState {
     peers: HashMap<Session, (Proto, SocketAddr)>,
-    pub(super) open: [u64; PROTOCOLS],
     pub(super) latency: [Histogram; PROTOCOLS],
-}
-
-fn index(p: Proto) -> usize {
-    match p {
-        Proto::Memcache => 0,
-        Proto::Lockd => 1,
-        Proto::Dlock => 2,
-        Proto::Counter => 3,
-    }
 }
 
 impl AdminState {
     pub fn opened(&mut self, session: Session, proto: Proto, peer: SocketAddr) {
-        if self.peers.insert(session, (proto, peer)).is_none() {
-            self.open[index(proto)] += 1;
-        }
+        self.peers.insert(session, (proto, peer));
     }
 
     pub fn closed(&mut self, session: Session) {
-        if let Some((proto, _)) = self.peers.remove(&session) {
-            self.open[index(proto)] -= 1;
-        }
+        self.peers.remove(&session);
     }
 
     pub(super) fn who(&self, session: Session) -> Who {
         Who {
             session,
             peer: self.peers.get(&session).map(|p| p.1),
+            node: None,
         }
     }
 

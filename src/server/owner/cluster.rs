@@ -52,8 +52,11 @@ use crossbeam_channel::{select, Receiver, Sender};
 use mio::Waker;
 
 use super::{apply_op, apply_turn, clock, command, exec_admin, Outbox, Pools, Tables};
+use crate::admin::data::{Answer, ClusterMetrics, Histogram, Query, CLUSTER_BOUNDS};
 use crate::cluster::liveness::{Fence, Liveness, Micros};
-use crate::cluster::node::{conf_members, Machine, Membership, NodeConfig, RaftNode};
+use crate::cluster::node::{
+    conf_members, Machine, Membership, NodeConfig, RaftNode, StartError, TICKS_PER_ELECTION,
+};
 use crate::cluster::transport::{PeerTls, PeerTlsConfigs};
 use crate::config::ClusterConfig;
 use crate::core::codec::{self, DecodeError, Reader};
@@ -115,6 +118,9 @@ pub struct Replicated {
     leader_term: u64,
     /// Added nodes' addresses and removed ids (the configuration itself is raft's).
     membership: Membership,
+    /// Sessions of this node's run that an expiry applied here has ended and not yet reported
+    /// (the owner logs it: the replicated state logs nothing).
+    pub own_expiry: Option<usize>,
     /// Connections whose sessions an expiry ended. Their node proposed their requests before
     /// it knew (it was cut off), and the log may carry them after the expiry: such a request
     /// must not start a new session and act for a client that has lost everything (an
@@ -150,6 +156,7 @@ impl Replicated {
             expired: 0,
             leader_term: 0,
             membership: Membership::default(),
+            own_expiry: None,
             dead: BTreeSet::new(),
         }
     }
@@ -174,6 +181,10 @@ impl Replicated {
                 }
                 let node16 = u16::try_from(node).map_err(|_| DecodeError::Invalid("node id"))?;
                 self.clock_ms = self.clock_ms.max(time);
+                if node == self.me && self.this_run_announced() {
+                    let n = self.tables.sessions.conns_of_node(node16).len();
+                    *self.own_expiry.get_or_insert(0) += n;
+                }
                 self.end_sessions_of(node16, true);
                 self.expired += 1;
                 return Ok(());
@@ -532,6 +543,29 @@ pub struct ClusterOwner {
     /// their later requests get the same answer, replies the log makes for them are dropped,
     /// until their close comes through.
     poisoned: HashSet<ConnId>,
+    /// What `/metrics` shows beyond raft's state, and what the operator's log lines need.
+    watch: Watch,
+}
+
+/// A cluster node's counters and the last state its log lines and counters compared against.
+/// Looked at once per round (cheap comparisons) and once per tick (reachability): never per
+/// request.
+struct Watch {
+    proposal_apply: Histogram,
+    quorum_losses: u64,
+    fences: u64,
+    leader_changes: u64,
+    /// The last leader known and its term (0: none yet).
+    leader: (u64, u64),
+    /// Whether a quorum of the voters was reachable at the last look (`None`: not looked yet),
+    /// and since when it has not been.
+    quorum: Option<bool>,
+    quorum_lost_at: Option<Instant>,
+    /// When reachability is looked at next (once per tick).
+    next_look: Instant,
+    /// Quorum lines (they may flap on a lossy network) and leader lines.
+    quorum_log: crate::log::Limiter,
+    leader_log: crate::log::Limiter,
 }
 
 /// The peer links' TLS (`--peer-tls-*`), read from the secrets in force at each new connection
@@ -560,7 +594,7 @@ impl ClusterOwner {
         rx: Receiver<ToOwner>,
         workers: Vec<(Sender<Replies>, Arc<Waker>)>,
         cfg: &ClusterConfig,
-    ) -> Result<ClusterOwner, String> {
+    ) -> Result<ClusterOwner, StartError> {
         return_large_blocks_to_the_system();
         let incarnation = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -582,10 +616,10 @@ impl ClusterOwner {
         }
         let node = RaftNode::start(&node_cfg, &mut state, Instant::now())?;
         if state.membership.removed.contains(&me) {
-            return Err(format!(
+            return Err(StartError::Failed(format!(
                 "node {me} was removed from the cluster: to serve again it must be added under \
                  a new id, with an empty data directory and --join"
-            ));
+            )));
         }
         crate::log_info!(
             "cluster node {} of {} (peers on {}), data in {}",
@@ -625,6 +659,20 @@ impl ClusterOwner {
             on_quorum_loss: cfg.on_quorum_loss.clone(),
             peers,
             poisoned: HashSet::new(),
+            watch: Watch {
+                proposal_apply: Histogram::default(),
+                quorum_losses: 0,
+                fences: 0,
+                leader_changes: 0,
+                leader: (0, 0),
+                quorum: None,
+                quorum_lost_at: None,
+                // The first look after an election timeout: peers started together need that
+                // long to be heard from at all.
+                next_look: Instant::now() + Duration::from_millis(cfg.election_timeout_ms),
+                quorum_log: crate::log::Limiter::default(),
+                leader_log: crate::log::Limiter::default(),
+            },
         })
     }
 
@@ -676,14 +724,21 @@ impl ClusterOwner {
             if self.node.take_conf_changed() {
                 self.conf_changed();
             }
+            let mut applied_at = None;
             while let Some(f) = self.inflight.front() {
                 if self.state.mine_applied < f.seq {
                     break;
                 }
                 let f = self.inflight.pop_front().expect("checked");
+                // One clock read per round that applied any of this node's proposals.
+                let at = *applied_at.get_or_insert_with(Instant::now);
+                let ns = at.saturating_duration_since(f.first).as_nanos();
+                let ns = u64::try_from(ns).unwrap_or(u64::MAX);
+                self.watch.proposal_apply.observe_in(&CLUSTER_BOUNDS, ns, 1);
                 self.recycle(f.batches);
             }
             self.watch();
+            self.look();
             let leader = self.node.is_leader();
             if leader && !was_leader {
                 self.announce_leadership();
@@ -750,9 +805,15 @@ impl ClusterOwner {
             let mut data = Vec::with_capacity(EXPIRE_LEN);
             let time = clock(&self.shared).ms.max(self.state.clock_ms());
             Replicated::encode_expire(e.node, time, &mut data);
+            let sessions = self
+                .state
+                .tables
+                .sessions
+                .conns_of_node(e.node as u16)
+                .len();
             if self.node.propose(data) {
                 crate::log_warn!(
-                    "cluster: node {} unheard from for {} ms: expiring its sessions",
+                    "cluster: node {} unheard from for {} ms: expiring its {sessions} sessions",
                     e.node,
                     e.unheard_us / 1_000
                 );
@@ -769,26 +830,31 @@ impl ClusterOwner {
         let me = self.liveness.me;
         let event = match fence {
             Fence::Lost { for_us } => {
+                self.watch.fences += 1;
+                let conns = self.state.tables.sessions.conns_of_node(me as u16);
                 crate::log_warn!(
-                    "cluster node {me}: no quorum for {} ms: closing this node's client connections",
-                    for_us / 1_000
+                    "cluster: fenced: no quorum contact for {} ms: closing this node's {} client \
+                     connections",
+                    for_us / 1_000,
+                    conns.len()
                 );
-                for conn in self.state.tables.sessions.conns_of_node(me as u16) {
+                for conn in conns {
                     self.state.outbox.abort(conn);
                 }
                 "quorum-lost"
             }
             Fence::Regained => {
-                crate::log_info!("cluster node {me}: quorum regained");
+                crate::log_info!("cluster: unfenced: a leader confirmed quorum contact again");
                 "quorum-regained"
             }
         };
         if let Some(program) = self.on_quorum_loss.clone() {
-            let role = format!("{:?}", self.node.role()).to_lowercase();
-            let reachable = self
-                .liveness
-                .reachable(now, self.election.as_micros() as Micros);
-            poncio(program, me, event, role, reachable);
+            let role = self.node.role_name().to_string();
+            let mut ids = self.reachable(Instant::now(), self.election);
+            ids.push(me);
+            ids.sort_unstable();
+            let reachable: Vec<String> = ids.iter().map(u64::to_string).collect();
+            poncio(program, me, event, role, reachable.join(","));
         }
     }
 
@@ -806,11 +872,12 @@ impl ClusterOwner {
     }
 
     fn status(&self) -> crate::admin::data::ClusterStatus {
-        let now = micros(&self.shared, Instant::now());
+        let now = Instant::now();
         let l = &self.liveness;
+        let heard = self.node.heard();
         crate::admin::data::ClusterStatus {
             node: l.me,
-            role: format!("{:?}", self.node.role()).to_lowercase(),
+            role: self.node.role_name().to_string(),
             leader: self.node.leader(),
             term: self.node.term(),
             applied: self.node.applied(),
@@ -820,10 +887,15 @@ impl ClusterOwner {
                 .peers
                 .iter()
                 .map(|(&id, addr)| {
-                    let heard = l.heard.get(&id).map(|&t| now.saturating_sub(t) / 1_000);
-                    (id, addr.to_string(), heard)
+                    let ago = heard
+                        .get(&id)
+                        .map(|&t| now.saturating_duration_since(t).as_millis() as u64);
+                    (id, addr.to_string(), ago)
                 })
                 .collect(),
+            commit: self.node.commit_index(),
+            reachable: self.reachable(now, self.election),
+            health: self.health(now),
             voters: sorted(&l.voters),
             voters_outgoing: sorted(&l.outgoing),
             peer_tls: self.node.peer_tls(),
@@ -832,6 +904,133 @@ impl ClusterOwner {
                 .transport_stats()
                 .refused
                 .load(std::sync::atomic::Ordering::Relaxed),
+        }
+    }
+
+    /// The other members heard from (any frame) within `within` of `now`, in id order.
+    fn reachable(&self, now: Instant, within: Duration) -> Vec<u64> {
+        let me = self.liveness.me;
+        self.node
+            .heard()
+            .into_iter()
+            .filter(|&(id, t)| id != me && now.saturating_duration_since(t) <= within)
+            .map(|(id, _)| id)
+            .collect()
+    }
+
+    /// Whether this node and the members heard from within `within` make a quorum of the
+    /// voters (of both configurations during a membership change).
+    fn quorum_within(&self, now: Instant, within: Duration) -> bool {
+        let mut reached = self.reachable(now, within);
+        reached.push(self.liveness.me);
+        let majority = |voters: &[u64]| {
+            let n = voters.iter().filter(|v| reached.contains(v)).count();
+            2 * n > voters.len()
+        };
+        let l = &self.liveness;
+        !l.voters.is_empty()
+            && majority(&l.voters)
+            && (l.outgoing.is_empty() || majority(&l.outgoing))
+    }
+
+    /// Whether this node can grant locks (`/healthz`, `/cluster`, `/status.json`): it is not
+    /// fenced, knows a leader, and has heard from a quorum within the session timeout.
+    fn health(&self, now: Instant) -> Result<(), String> {
+        let l = &self.liveness;
+        if l.fenced {
+            let cut_off = micros(&self.shared, now).saturating_sub(l.contact);
+            return Err(format!(
+                "fenced: no quorum contact for {} ms",
+                cut_off / 1_000
+            ));
+        }
+        if self.node.leader() == 0 {
+            return Err("no leader".into());
+        }
+        if !self.quorum_within(now, Duration::from_micros(l.session_timeout)) {
+            return Err("no quorum".into());
+        }
+        Ok(())
+    }
+
+    /// `/metrics`' cluster figures.
+    fn metrics(&self) -> ClusterMetrics {
+        ClusterMetrics {
+            status: self.status(),
+            proposal_apply: self.watch.proposal_apply.clone(),
+            log_sync: self.node.log_sync_times(),
+            snapshot_bytes: self.node.snapshot_bytes(),
+            log_file_bytes: self.node.log_file_bytes(),
+            quorum_losses: self.watch.quorum_losses,
+            fences: self.watch.fences,
+            leader_changes: self.watch.leader_changes,
+        }
+    }
+
+    /// After each round: a change of leader, this node's own sessions expired by the cluster,
+    /// and (once per tick) losing or regaining a quorum of reachable voters: counted, and one
+    /// log line each (the repeatable ones rate-limited).
+    fn look(&mut self) {
+        // A new leader, or the same node elected again for a new term: a new leadership.
+        let leader = (self.node.leader(), self.node.term());
+        if leader.0 != 0 && leader != self.watch.leader {
+            self.watch.leader_changes += 1;
+            if let Some(more) = self.watch.leader_log.ready(crate::log::Level::Info) {
+                let was = match self.watch.leader {
+                    (0, _) => String::new(),
+                    (n, t) => format!(", was node {n} in term {t}"),
+                };
+                crate::log_info!(
+                    "cluster: leader is node {} in term {}{was}{}",
+                    leader.0,
+                    leader.1,
+                    unlogged(more, "leader changes")
+                );
+            }
+            self.watch.leader = leader;
+        }
+        if let Some(n) = self.state.own_expiry.take() {
+            crate::log_warn!(
+                "cluster: the cluster expired this node's {n} sessions (it was cut off from the \
+                 leader for the session timeout)"
+            );
+        }
+        let now = Instant::now();
+        if now < self.watch.next_look {
+            return;
+        }
+        self.watch.next_look = now + self.election / TICKS_PER_ELECTION as u32;
+        let ok = self.quorum_within(now, self.election);
+        let was = self.watch.quorum.replace(ok);
+        if was.is_none() || was == Some(ok) {
+            return;
+        }
+        let line = self.watch.quorum_log.ready(crate::log::Level::Info);
+        if ok {
+            let after = self
+                .watch
+                .quorum_lost_at
+                .take()
+                .map_or(0, |t| now.saturating_duration_since(t).as_millis());
+            if let Some(more) = line {
+                crate::log_info!(
+                    "cluster: quorum regained after {after} ms: reachable {:?}{}",
+                    self.reachable(now, self.election),
+                    unlogged(more, "quorum changes")
+                );
+            }
+        } else {
+            self.watch.quorum_losses += 1;
+            self.watch.quorum_lost_at = Some(now);
+            if let Some(more) = line {
+                crate::log_warn!(
+                    "cluster: quorum lost: of the voters {:?}, only {:?} heard from within {} ms{}",
+                    sorted(&self.liveness.voters),
+                    self.reachable(now, self.election),
+                    self.election.as_millis(),
+                    unlogged(more, "quorum changes")
+                );
+            }
         }
     }
 
@@ -936,9 +1135,19 @@ impl ClusterOwner {
                 let answer = self.change_membership(change);
                 let _ = reply.send(crate::admin::data::Answer::ClusterChange(answer));
             }
+            ToOwner::Admin(Query::Ping, reply) => {
+                let answer = match self.health(Instant::now()) {
+                    Ok(()) => Answer::Pong,
+                    Err(why) => Answer::Unhealthy(why),
+                };
+                let _ = reply.send(answer);
+            }
             ToOwner::Admin(query, reply) => {
                 let now = Now::from_unix_ms(self.state.clock_ms().max(clock(&self.shared).ms));
-                let answer = exec_admin::answer(&self.state.tables, &self.shared, now, query);
+                let mut answer = exec_admin::answer(&self.state.tables, &self.shared, now, query);
+                if let Answer::Metrics(s) | Answer::Status(s, _) = &mut answer {
+                    s.cluster = Some(Box::new(self.metrics()));
+                }
                 let _ = reply.send(answer);
             }
         }
@@ -1230,6 +1439,16 @@ fn no_quorum(out: &mut Outbox, m: &OpMsg, arena: &Arena) {
         Op::Open { .. } | Op::Close | Op::DlockOpen | Op::Eof => return,
     };
     out.direct(m.conn, 1, close, &w);
+}
+
+/// What a rate-limited line adds about the lines it stood for: `" (N more quorum changes
+/// since the last line)"`, or nothing.
+fn unlogged(more: u64, what: &str) -> String {
+    if more == 0 {
+        String::new()
+    } else {
+        format!(" ({more} more {what} since the last line)")
+    }
 }
 
 fn sorted(ids: &[u64]) -> Vec<u64> {

@@ -66,10 +66,12 @@ fn snapshot(t: &Tables, shared: &Shared, now: Now) -> Snapshot {
     super::stats::write(t, shared, now, None, &mut |name, v| {
         stats.push((name.to_string(), String::from_utf8_lossy(v).into_owned()));
     });
+    let open = &shared.open_per_listener;
     Snapshot {
         stats,
-        open: t.admin.open,
+        open: std::array::from_fn(|i| open[i].load(std::sync::atomic::Ordering::Relaxed)),
         latency: t.admin.latency.clone(),
+        cluster: None,
     }
 }
 
@@ -87,6 +89,12 @@ fn list(t: &Tables, now: Now, table: Table, prefix: &[u8], limit: usize) -> Lock
     let mut locks = Vec::new();
     let mut matched = 0;
     let remaining = |deadline: u64| deadline.saturating_sub(now.ms);
+    // The node that accepted the session's connection (cluster mode; a single node's are 0).
+    let who = |s: Session| {
+        let mut w = a.who(s);
+        w.node = t.sessions.conn(s).map(|c| c.node).filter(|&n| n != 0);
+        w
+    };
     let mut add = |name: &[u8],
                    holder: Option<Session>,
                    since: Option<u64>,
@@ -98,13 +106,13 @@ fn list(t: &Tables, now: Now, table: Table, prefix: &[u8], limit: usize) -> Lock
         let mut total = 0;
         for w in waiters {
             if listed.len() < MAX_WAITERS_LISTED {
-                listed.push(a.who(w));
+                listed.push(who(w));
             }
             total += 1;
         }
         locks.push(LockInfo {
             name: name.to_vec(),
-            holder: holder.map(|c| a.who(c)),
+            holder: holder.map(who),
             held_for_ms: since.map(|s| now.ms.saturating_sub(s)),
             fence,
             expires_in_ms: expires.map(remaining),
@@ -185,5 +193,37 @@ fn list(t: &Tables, now: Now, table: Table, prefix: &[u8], limit: usize) -> Lock
         locks,
         matched,
         limit,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::admin::render::{map_stat, Kind};
+
+    /// `/metrics` turns every `stats` value into a typed metric: a stat added to `stats.rs`
+    /// must be given its Prometheus type (and a counter its `_total`) in `render.rs`.
+    #[test]
+    fn every_stat_has_a_metric_type() {
+        let config = match crate::config::parse(["--threads", "1"]) {
+            Ok(crate::config::Command::Run(c)) => c,
+            other => panic!("{other:?}"),
+        };
+        let shared = crate::server::sim::sim_shared(config);
+        let now = Now::from_unix_ms(1_700_000_000_000);
+        let t = Tables::new(&shared.config, now);
+        let Answer::Metrics(s) = answer(&t, &shared, now, Query::Metrics) else {
+            panic!("not metrics");
+        };
+        assert!(s.stats.len() > 40);
+        for (name, _) in s.stats.iter().filter(|(n, _)| n != "version") {
+            let (metric, kind, _, _) = map_stat(name);
+            assert_ne!(kind, Kind::Untyped, "stat {name} has no metric type");
+            assert_eq!(
+                metric.ends_with("_total"),
+                kind == Kind::Counter,
+                "{name} as {metric}: counters and only counters end in _total"
+            );
+        }
     }
 }

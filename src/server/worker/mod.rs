@@ -434,6 +434,7 @@ impl Worker {
         }
         let gen = self.gens[slot];
         let handshaking = tls.is_some();
+        self.shared.open_per_listener[proto.index()].fetch_add(1, Ordering::Relaxed);
         entry.insert(Socket {
             stream,
             gen,
@@ -891,6 +892,7 @@ impl Worker {
         let _ = self.poll.registry().deregister(&mut s.stream);
         self.gens[slot] = s.gen.wrapping_add(1);
         self.shared.curr_connections.fetch_sub(1, Ordering::Relaxed);
+        self.shared.open_per_listener[s.conn.proto.index()].fetch_sub(1, Ordering::Relaxed);
         if let Some(tls) = s.tls.as_mut().filter(|_| s.opened) {
             // A courtesy: tell a TLS client the close is deliberate, if the socket takes it now.
             tls.send_close_notify();
