@@ -164,6 +164,23 @@ impl Cluster {
         proxied: bool,
         tls: Option<&[usize]>,
     ) -> Cluster {
+        let mut c = Cluster::define(n, name, extra, prepare, proxied, tls);
+        for i in 1..=n {
+            c.restart(i);
+        }
+        c
+    }
+
+    /// A cluster of `n` nodes with their ports and data directories, none of them running yet
+    /// (each starts with [`Cluster::restart`]).
+    fn define(
+        n: usize,
+        name: &str,
+        extra: &[&str],
+        prepare: impl FnOnce(&[PathBuf]),
+        proxied: bool,
+        tls: Option<&[usize]>,
+    ) -> Cluster {
         let peers: Vec<String> = (1..=n)
             .map(|i| format!("{i}=127.0.0.1:{}", free_port()))
             .collect();
@@ -200,20 +217,15 @@ impl Cluster {
                 }
             }
         });
-        let mut c = Cluster {
+        Cluster {
             peers: peers.join(","),
             dirs,
-            nodes: Vec::new(),
+            nodes: (0..n).map(|_| None).collect(),
             extra: extra.iter().map(|s| s.to_string()).collect(),
             mesh,
             node_flags,
             pki,
-        };
-        for i in 1..=n {
-            let d = c.spawn(i);
-            c.nodes.push(Some(d));
         }
-        c
     }
 
     /// Started, and committing through every node.
@@ -271,6 +283,7 @@ impl Cluster {
         }
     }
 
+    /// Stop node `id` if it runs, and start it (again) on its data directory.
     fn restart(&mut self, id: usize) {
         self.stop(id);
         let d = self.spawn(id);
@@ -549,6 +562,79 @@ fn two_nodes_of_three_keep_serving_and_one_alone_answers_no_quorum() {
         std::thread::sleep(Duration::from_millis(20));
     }
     let _ = std::fs::remove_file(&base);
+}
+
+/// A node whose peers never started answers every request with no quorum within two election
+/// timeouts, for as long as it is alone: many more requests than it keeps proposals in flight
+/// (8), from three clients at once, spread over seconds, each on a connection that the answer
+/// closes, and binary pipelines answered in order. Then its peers start and it serves again.
+#[test]
+fn a_node_alone_answers_every_request_no_quorum_in_time_for_as_long_as_it_is_alone() {
+    use common::mcbin;
+    const CLIENTS: usize = 3;
+    const ROUNDS: usize = 9;
+    let mut cluster = Cluster::define(3, "alone", &[], |_| {}, false, None);
+    cluster.restart(3);
+    let addr = cluster.node(3).memcache.expect("memcache");
+    let election = Duration::from_millis(ELECTION_MS.parse().expect("election timeout"));
+    let within = 2 * election + SLACK;
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|t| {
+            std::thread::spawn(move || {
+                let mut keys = Vec::new();
+                for round in 0..ROUNDS {
+                    let key = format!("alone{t}x{round}");
+                    let mut c = Client::connect(addr);
+                    let asked = Instant::now();
+                    if round % 3 == 2 {
+                        // A pipeline in one write: every answer, in order.
+                        let frames: Vec<u8> = (0..3u32)
+                            .flat_map(|i| {
+                                let k = format!("{key}p{i}");
+                                mcbin::request(0x01, &[0; 8], k.as_bytes(), b"v", i, 0)
+                            })
+                            .collect();
+                        c.send(&frames);
+                        for i in 0..3u32 {
+                            let r = mcbin::read(&mut c);
+                            assert_eq!((r.status, r.opaque), (0x0086, i), "{key}: {r:?}");
+                            assert_eq!(r.value, b"no quorum");
+                            keys.push(format!("{key}p{i}"));
+                        }
+                    } else {
+                        c.send(format!("set {key} 0 0 1\r\nv\r\n").as_bytes());
+                        assert_eq!(
+                            try_line(&mut c).as_deref(),
+                            Some("SERVER_ERROR no quorum\r\n")
+                        );
+                        keys.push(key.clone());
+                    }
+                    let took = asked.elapsed();
+                    assert!(took < within, "{key} answered after {took:?}");
+                    c.expect_closed();
+                    std::thread::sleep(Duration::from_millis(250));
+                }
+                keys
+            })
+        })
+        .collect();
+    let mut refused = Vec::new();
+    for c in clients {
+        refused.extend(c.join().expect("a client of the lone node"));
+    }
+    assert!(refused.len() > 3 * 8, "{}", refused.len());
+    // Its peers start: it serves through the log again.
+    cluster.restart(1);
+    cluster.restart(2);
+    wait_for_quorum(addr);
+    let mut c = cluster.node(3).memcache();
+    c.expect(b"set after 0 0 1\r\nv\r\n", b"STORED\r\n");
+    c.expect(b"get after\r\n", b"VALUE after 0 1\r\nv\r\nEND\r\n");
+    // None of the requests it refused was applied: no proposal of this node ever reached a
+    // leader while it was alone, and what it had queued was never proposed.
+    for key in &refused {
+        c.expect(format!("get {key}\r\n").as_bytes(), b"END\r\n");
+    }
 }
 
 #[test]

@@ -26,13 +26,31 @@
 //! state machine applies a node's proposals in the order of their sequence numbers, each once:
 //! one whose predecessor has not been applied is ignored, and one of an older incarnation too.
 //! When the oldest is not applied within half an election timeout, every proposal in flight is
-//! proposed again, in order (raft-rs drops proposals silently when the leader changes). One not
-//! applied within two election timeouts is given up: its requests are answered with the
-//! contract's no-quorum replies and their connections closed, and it stays in flight with its
-//! requests taken out (the same sequence number, so whichever version is committed first is
-//! applied, and the node's later proposals can follow it). The original may still be committed;
-//! closing makes sure the client never acts on a lock it was told it did not get, and the close
-//! itself ends the session and whatever it held once the log takes it.
+//! proposed again, in order (raft-rs drops proposals silently when the leader changes).
+//!
+//! **No quorum.** Every request is answered within two election timeouts of reaching the owner,
+//! whether it is in flight or still queued behind the cap: when the oldest request of this node
+//! not yet answered has waited that long, every request of this node not yet answered is
+//! answered with the contract's no-quorum reply, in the order they came, and their connections
+//! close; what such a connection sends after that gets the same answer on arrival, until its
+//! close. A proposal given up stays in flight with its requests taken out (the same sequence
+//! number, so whichever version is committed first is applied, and the node's later proposals
+//! can follow it): a node whose cap is full of proposals given up, none of which can commit,
+//! makes no new proposal, but its later requests are still answered in time. Queued batches
+//! given up keep only their connection events, merged into one batch (a run of queued batches
+//! without requests is one batch too), in which a connection that opened and closed leaves
+//! nothing: none of its ops was ever proposed (its open comes first), so the log need never
+//! hear of it. What waits for the log while there is no quorum is therefore bounded by the
+//! cap, by the connections, and by the requests of two election timeouts (the owner stops
+//! taking batches from the workers at [`MAX_QUEUED_BATCHES`]).
+//!
+//! What a no-quorum answer guarantees, and no more: the request is applied at most once, and
+//! its client learns nothing more of it. A request given up before it was proposed is never
+//! applied. One given up in flight is applied if the original version of its proposal reached
+//! a leader's log and is committed before the version without it; its reply is then dropped,
+//! and its connection's close, which the log takes after it, ends the session and whatever it
+//! was granted (a lock, a queued wait); what it wrote stays written, as after a timeout. The
+//! close makes sure that the client never acts on a lock it was told it did not get.
 //!
 //! **Time.** Each entry carries the proposer's clock; the state's clock is the largest seen, so
 //! it never runs backwards. Timers fire only when an entry is applied: the leader proposes an
@@ -44,7 +62,7 @@
 //! ends a running node's sessions; their connections are dead from then on, and what the log
 //! carries of them later (proposed before the node knew it was cut off) is dropped.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -512,12 +530,19 @@ struct InFlight {
     seq: u64,
     data: Vec<u8>,
     batches: Vec<Batch>,
-    /// Given up: its requests answered "no quorum", `data` the version without them.
-    given_up: bool,
-    first: Instant,
+    /// When its oldest request reached the owner; None once it has no request left to answer
+    /// (given up: its requests answered "no quorum", `data` the version without them).
+    waiting_since: Option<Instant>,
     /// The last attempt, and whether it reached a leader (as far as this node can tell).
     tried: Instant,
     sent: bool,
+}
+
+/// A worker's batch waiting to be proposed.
+struct Queued {
+    batch: Batch,
+    /// When it reached the owner, if it carries requests not yet answered.
+    waiting_since: Option<Instant>,
 }
 
 pub struct ClusterOwner {
@@ -529,8 +554,8 @@ pub struct ClusterOwner {
     node: RaftNode,
     incarnation: u64,
     seq: u64,
-    queued: Vec<Batch>,
-    inflight: std::collections::VecDeque<InFlight>,
+    queued: VecDeque<Queued>,
+    inflight: VecDeque<InFlight>,
     /// The leader the last [`ClusterOwner::propose`] saw.
     leader_seen: u64,
     election: Duration,
@@ -651,8 +676,11 @@ impl ClusterOwner {
             incarnation,
             seq: 0,
             // The first proposal, empty, announces this run (ending the sessions of the last).
-            queued: vec![Batch::default()],
-            inflight: std::collections::VecDeque::new(),
+            queued: VecDeque::from([Queued {
+                batch: Batch::default(),
+                waiting_since: None,
+            }]),
+            inflight: VecDeque::new(),
             leader_seen: 0,
             election: Duration::from_millis(cfg.election_timeout_ms),
             liveness,
@@ -688,7 +716,7 @@ impl ClusterOwner {
             let rx = if take_more { &self.rx } else { &never };
             select! {
                 recv(rx) -> msg => match msg {
-                    Ok(msg) => if !self.take(msg) { return },
+                    Ok(msg) => if !self.take(msg, Instant::now()) { return },
                     Err(_) => return,
                 },
                 recv(inbound) -> m => if let Ok(m) = m { self.step(m) },
@@ -704,7 +732,7 @@ impl ClusterOwner {
             while self.queued.len() < MAX_QUEUED_BATCHES {
                 match self.rx.try_recv() {
                     Ok(msg) => {
-                        if !self.take(msg) {
+                        if !self.take(msg, Instant::now()) {
                             return;
                         }
                     }
@@ -717,7 +745,7 @@ impl ClusterOwner {
             if let Err(e) = self.node.tick(Instant::now()) {
                 self.storage_failed(&e);
             }
-            self.propose();
+            self.propose(Instant::now());
             if let Err(e) = self.ready() {
                 self.storage_failed(&e);
             }
@@ -858,12 +886,16 @@ impl ClusterOwner {
         }
     }
 
-    /// How long to wait for a message: until the next tick, a retry, or a due timer.
+    /// How long to wait for a message: until the next tick, a retry, a no-quorum answer, or a
+    /// due timer.
     fn wait(&self) -> Duration {
         let now = Instant::now();
         let mut until = self.node.next_tick();
         if let Some(f) = self.inflight.front() {
             until = until.min(f.tried + self.retry_after(f.sent));
+        }
+        if let Some(at) = self.give_up_at() {
+            until = until.min(at);
         }
         if !self.queued.is_empty() && self.inflight.len() < MAX_INFLIGHT_PROPOSALS {
             until = now;
@@ -1123,11 +1155,11 @@ impl ClusterOwner {
         retry_after(self.election, sent)
     }
 
-    /// One message from the workers or the admin port; false on shutdown.
-    fn take(&mut self, msg: ToOwner) -> bool {
+    /// One message from the workers or the admin port, received at `now`; false on shutdown.
+    fn take(&mut self, msg: ToOwner, now: Instant) -> bool {
         match msg {
             ToOwner::Shutdown => return false,
-            ToOwner::Batch(b) => self.admit(b),
+            ToOwner::Batch(b) => self.admit(b, now),
             ToOwner::Admin(crate::admin::data::Query::Cluster, reply) => {
                 let _ = reply.send(crate::admin::data::Answer::Cluster(Some(self.status())));
             }
@@ -1154,17 +1186,14 @@ impl ClusterOwner {
         true
     }
 
-    /// Give up proposals in flight for two election timeouts; propose everything in flight
-    /// again when the oldest is overdue; propose the queued batches (or, on the leader with
-    /// nothing in flight, an empty entry for a due timer) while fewer than the cap are in flight.
-    fn propose(&mut self) {
-        let now = Instant::now();
+    /// Answer with no quorum what has waited two election timeouts (see [`Self::give_up`]);
+    /// propose everything in flight again when the oldest is overdue; propose the queued
+    /// batches (or, on the leader with nothing in flight, an empty entry for a due timer) while
+    /// fewer than the cap are in flight.
+    fn propose(&mut self, now: Instant) {
         let time = clock(&self.shared).ms.max(self.state.clock_ms());
-        for i in 0..self.inflight.len() {
-            let f = &self.inflight[i];
-            if !f.given_up && now.duration_since(f.first) >= 2 * self.election {
-                self.give_up(i, time);
-            }
+        if self.give_up_at().is_some_and(|at| at <= now) {
+            self.give_up(time);
         }
         // A new leader (raft-rs dropped whatever the old one had not appended): propose again
         // at once rather than when the retry is due.
@@ -1192,7 +1221,12 @@ impl ClusterOwner {
             return;
         }
         let take = self.queued.len().min(MAX_BATCHES_PER_PROPOSAL);
-        let batches: Vec<Batch> = self.queued.drain(..take).collect();
+        let mut waiting_since = None;
+        let mut batches = Vec::with_capacity(take);
+        for q in self.queued.drain(..take) {
+            waiting_since = waiting_since.or(q.waiting_since);
+            batches.push(q.batch);
+        }
         self.seq += 1;
         let data = self.commands_proposal(self.seq, time, &batches);
         let sent = self.node.propose(data.clone());
@@ -1200,11 +1234,19 @@ impl ClusterOwner {
             seq: self.seq,
             data,
             batches,
-            given_up: false,
-            first: now,
+            waiting_since,
             tried: now,
             sent,
         });
+    }
+
+    /// When the oldest request not yet answered will have waited two election timeouts. (The
+    /// proposals in flight are older than the queued batches, and each is in the order of
+    /// arrival; no two queued batches in a row are without requests.)
+    fn give_up_at(&self) -> Option<Instant> {
+        let oldest = (self.inflight.iter().find_map(|f| f.waiting_since))
+            .or_else(|| self.queued.iter().find_map(|q| q.waiting_since))?;
+        Some(oldest + 2 * self.election)
     }
 
     fn commands_proposal(&self, seq: u64, time: u64, batches: &[Batch]) -> Vec<u8> {
@@ -1217,53 +1259,81 @@ impl ClusterOwner {
         data
     }
 
-    /// No quorum in time for the proposal at `i` in flight: answer its requests as the
-    /// contract says and close their connections; it stays in flight with only its opens and
-    /// closes, under its sequence number.
-    fn give_up(&mut self, i: usize, time: u64) {
-        crate::log_warn!(
-            "cluster node {}: no quorum for {} ms, answering requests with no-quorum errors",
-            self.node.id(),
-            (2 * self.election).as_millis()
-        );
-        let f = &mut self.inflight[i];
-        let mut keep = Batch::default();
-        for b in &f.batches {
-            for m in &b.ops {
-                if is_request(&m.op) {
-                    no_quorum(&mut self.state.outbox, m, &b.arena);
-                    self.poisoned.insert(m.conn);
-                } else {
-                    keep.ops.push(*m);
+    /// The oldest request not yet answered has waited two election timeouts for a quorum:
+    /// answer every request not yet answered, in flight and queued, in the order they came,
+    /// with the contract's no-quorum reply, closing their connections (a request waiting behind
+    /// one given up cannot be applied before it, and its connection's requests must be
+    /// answered in order). The proposals in flight stay there with only their connection
+    /// events, under their sequence numbers; the queued batches become one batch of connection
+    /// events. Every batch is looked through, those without requests too: a connection's close
+    /// there, after a request of it answered here, ends its poisoning.
+    fn give_up(&mut self, time: u64) {
+        let mut answered = 0;
+        for i in 0..self.inflight.len() {
+            let f = &mut self.inflight[i];
+            let waiting = f.waiting_since.take().is_some();
+            for b in &mut f.batches {
+                answered += refuse_requests(&mut self.poisoned, &mut self.state.outbox, b);
+            }
+            if waiting {
+                let f = &self.inflight[i];
+                let data = self.commands_proposal(f.seq, time, &f.batches);
+                self.inflight[i].data = data;
+            }
+        }
+        let mut held: Option<Batch> = None;
+        for mut q in std::mem::take(&mut self.queued) {
+            answered += refuse_requests(&mut self.poisoned, &mut self.state.outbox, &mut q.batch);
+            match &mut held {
+                None => held = Some(q.batch),
+                Some(h) => {
+                    h.ops.append(&mut q.batch.ops);
+                    super::recycle(&mut self.pools, q.batch);
                 }
             }
         }
-        let old = std::mem::replace(&mut f.batches, vec![keep]);
-        f.given_up = true;
-        let seq = f.seq;
-        let data = self.commands_proposal(seq, time, &self.inflight[i].batches);
-        self.inflight[i].data = data;
-        self.recycle(old);
-        // What those connections sent after it goes the same way, and so does every request
-        // still waiting to be proposed: there has been no quorum for two election timeouts,
-        // and the contract's answer comes within that, not after another wait.
-        for b in &self.queued {
-            for m in b.ops.iter().filter(|m| is_request(&m.op)) {
-                self.poisoned.insert(m.conn);
-            }
+        if let Some(mut batch) = held {
+            forget_unproposed_connections(&mut batch.ops, 0);
+            self.queued.push_back(Queued {
+                batch,
+                waiting_since: None,
+            });
         }
-        for b in &mut self.queued {
-            refuse_poisoned(&mut self.poisoned, &mut self.state.outbox, b);
+        if answered > 0 {
+            crate::log_warn!(
+                "cluster node {}: no quorum for {} ms, answering {answered} requests with \
+                 no-quorum errors",
+                self.node.id(),
+                (2 * self.election).as_millis()
+            );
         }
     }
 
-    /// A worker's batch, queued for the next proposal; requests of connections given up on
-    /// are answered at once instead.
-    fn admit(&mut self, mut b: Batch) {
+    /// A worker's batch, received at `now`, queued for the next proposal; requests of
+    /// connections given up on are answered at once instead. A batch without requests joins
+    /// the last queued one if that has none either.
+    fn admit(&mut self, mut b: Batch, now: Instant) {
         if !self.poisoned.is_empty() {
             refuse_poisoned(&mut self.poisoned, &mut self.state.outbox, &mut b);
         }
-        self.queued.push(b);
+        if b.ops.is_empty() {
+            super::recycle(&mut self.pools, b);
+            return;
+        }
+        let requests = b.ops.iter().any(|m| is_request(&m.op));
+        if !requests {
+            if let Some(last) = self.queued.back_mut().filter(|q| q.waiting_since.is_none()) {
+                let from = last.batch.ops.len();
+                last.batch.ops.append(&mut b.ops);
+                forget_unproposed_connections(&mut last.batch.ops, from);
+                super::recycle(&mut self.pools, b);
+                return;
+            }
+        }
+        self.queued.push_back(Queued {
+            batch: b,
+            waiting_since: requests.then_some(now),
+        });
     }
 
     /// Handle every `Ready`. Replies that the log produces for connections given up on are
@@ -1368,6 +1438,52 @@ fn retry_after(election: Duration, sent: bool) -> Duration {
 /// Whether a worker's op is a client's request (answered), not a connection event.
 fn is_request(op: &Op) -> bool {
     !matches!(op, Op::Open { .. } | Op::Close | Op::DlockOpen | Op::Eof)
+}
+
+/// Answer every request in `b` with no quorum, in order, and take it out, poisoning its
+/// connection; a connection's close after it ends that (as in [`refuse_poisoned`]). What is
+/// left are connection events, which refer to no bytes of the arena. Returns how many requests
+/// were answered.
+fn refuse_requests(poisoned: &mut HashSet<ConnId>, out: &mut Outbox, b: &mut Batch) -> usize {
+    let arena = &b.arena;
+    let mut answered = 0;
+    b.ops.retain(|m| {
+        if is_request(&m.op) {
+            no_quorum(out, m, arena);
+            poisoned.insert(m.conn);
+            answered += 1;
+            return false;
+        }
+        if matches!(m.op, Op::Close) {
+            poisoned.remove(&m.conn);
+        }
+        true
+    });
+    b.arena.bytes.clear();
+    answered
+}
+
+/// Take out of `ops`, connection events of queued batches (no request among them, nothing of
+/// them proposed yet), every connection that opened there and closed at `from` or later: none
+/// of its ops was ever proposed (a connection's open comes before anything else of it), none
+/// of its requests is waiting, so the log need never hear of it.
+fn forget_unproposed_connections(ops: &mut Vec<OpMsg>, from: usize) {
+    let closed: HashSet<ConnId> = ops[from..]
+        .iter()
+        .filter(|m| matches!(m.op, Op::Close))
+        .map(|m| m.conn)
+        .collect();
+    if closed.is_empty() {
+        return;
+    }
+    let gone: HashSet<ConnId> = ops
+        .iter()
+        .filter(|m| matches!(m.op, Op::Open { .. }) && closed.contains(&m.conn))
+        .map(|m| m.conn)
+        .collect();
+    if !gone.is_empty() {
+        ops.retain(|m| !gone.contains(&m.conn));
+    }
 }
 
 /// Answer the requests of given-up connections in `b` with no quorum and take them out; a

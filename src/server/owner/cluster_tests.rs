@@ -473,3 +473,281 @@ fn a_nodes_proposals_apply_in_sequence_order_and_a_gap_waits_for_the_proposals_a
     assert_eq!(state(&r), before);
     assert!(r.has_sessions_of(2));
 }
+
+/// The owner of node 3 of a three-node cluster whose other nodes never answer (their ports
+/// accept, and nothing reads), with a 100 ms election timeout, driven by hand: batches and
+/// proposal rounds at the times a test gives, no tick (so no election, no leader), its
+/// replies read out of its outbox.
+struct Lone {
+    owner: ClusterOwner,
+    _silent_peers: [std::net::TcpListener; 2],
+    _poll: mio::Poll,
+    _to_owner: Sender<ToOwner>,
+    _replies: Receiver<Replies>,
+    dir: std::path::PathBuf,
+}
+
+impl Lone {
+    fn start(what: &str) -> Lone {
+        let dir =
+            std::env::temp_dir().join(format!("holdfast-lone-owner-{}-{what}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("data directory");
+        let silent = || std::net::TcpListener::bind("127.0.0.1:0").expect("a silent peer");
+        let silent_peers = [silent(), silent()];
+        let addr = |l: &std::net::TcpListener| l.local_addr().expect("address");
+        let peers = BTreeMap::from([
+            (1, addr(&silent_peers[0])),
+            (2, addr(&silent_peers[1])),
+            (3, "127.0.0.1:0".parse().expect("address")),
+        ]);
+        let cfg = crate::config::ClusterConfig {
+            node_id: 3,
+            peer_hosts: peers.keys().map(|&id| (id, "127.0.0.1".into())).collect(),
+            peers,
+            data_dir: dir.clone(),
+            election_timeout_ms: 100,
+            session_timeout_ms: 300,
+            join: false,
+            on_quorum_loss: None,
+        };
+        let (to_owner, rx) = crossbeam_channel::unbounded();
+        let (reply_tx, replies) = crossbeam_channel::unbounded();
+        let poll = mio::Poll::new().expect("poll");
+        let waker = Arc::new(Waker::new(poll.registry(), mio::Token(0)).expect("waker"));
+        let owner = ClusterOwner::start(shared(), rx, vec![(reply_tx, waker)], &cfg)
+            .expect("the owner starts");
+        Lone {
+            owner,
+            _silent_peers: silent_peers,
+            _poll: poll,
+            _to_owner: to_owner,
+            _replies: replies,
+            dir,
+        }
+    }
+
+    /// Hand the owner a worker's batch at `now`, then let it propose (and give up) at `now`.
+    fn round(&mut self, now: Instant, b: Batch) {
+        if !b.ops.is_empty() {
+            assert!(self.owner.take(ToOwner::Batch(b), now));
+        }
+        self.owner.propose(now);
+        assert!(self.owner.inflight.len() <= MAX_INFLIGHT_PROPOSALS);
+    }
+
+    /// The answers written since the last call: (connection, old-protocol opcode and payload,
+    /// close).
+    fn answers(&mut self) -> Vec<(ConnId, u8, Vec<u8>, bool)> {
+        let out = std::mem::take(&mut self.owner.state.outbox.per_worker[0]);
+        out.effects
+            .iter()
+            .map(|e| {
+                let Body::Literal(span) = e.body else {
+                    panic!("not a no-quorum answer: {e:?}")
+                };
+                let (frame, _) = ld::parse(span.get(&out.arena.bytes)).expect("a frame");
+                let conn = e.conn.expect("addressed");
+                (conn, frame.opcode, frame.payload.to_vec(), e.close)
+            })
+            .collect()
+    }
+
+    /// Connection events waiting to be proposed.
+    fn queued_ops(&self) -> Vec<OpMsg> {
+        let q = self.owner.queued.iter();
+        q.flat_map(|q| q.batch.ops.iter().copied()).collect()
+    }
+
+    /// Whether every queued op is the close of a connection opened in a proposal in flight:
+    /// nothing else of a node without a quorum waits for the log once its requests are
+    /// answered.
+    fn only_closes_of_proposed_connections_wait(&self) -> bool {
+        let proposed: HashSet<ConnId> = (self.owner.inflight.iter())
+            .flat_map(|f| f.batches.iter().flat_map(|b| b.ops.iter()))
+            .filter(|m| matches!(m.op, Op::Open { .. }))
+            .map(|m| m.conn)
+            .collect();
+        (self.queued_ops().iter()).all(|m| matches!(m.op, Op::Close) && proposed.contains(&m.conn))
+    }
+}
+
+impl Drop for Lone {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn open(b: &mut Batch, conn: ConnId) {
+    let peer = "127.0.0.1:9".parse().expect("address");
+    let proto = crate::server::Proto::Lockd;
+    b.ops.push(OpMsg {
+        conn,
+        op: Op::Open { proto, peer },
+    });
+}
+
+fn request(b: &mut Batch, conn: ConnId, opcode: u8, payload: &[u8]) {
+    let payload = b.arena.push(payload);
+    b.ops.push(OpMsg {
+        conn,
+        op: Op::Lockd(LockdOp { opcode, payload }),
+    });
+}
+
+fn close(b: &mut Batch, conn: ConnId) {
+    b.ops.push(OpMsg {
+        conn,
+        op: Op::Close,
+    });
+}
+
+/// An answer a test saw: how long after its request, the opcode and payload, and close.
+type Answer = (Duration, u8, Vec<u8>, bool);
+
+/// A node with no quorum answers every request "no quorum" within two election timeouts of
+/// its arrival, in order per connection, however many arrive: far more than its proposals in
+/// flight at most, which fill up with proposals given up that cannot commit. A client's
+/// connection closes after its answers (the answer closes it), or before them (a client that
+/// gave up first).
+#[test]
+fn a_node_without_a_quorum_answers_every_request_within_two_election_timeouts_in_order() {
+    let mut lone = Lone::start("answers");
+    let limit = 2 * lone.owner.election;
+    let t0 = Instant::now();
+    let step = Duration::from_millis(5);
+    let mut asked: BTreeMap<ConnId, (Instant, Vec<Vec<u8>>)> = BTreeMap::new();
+    let mut answered: BTreeMap<ConnId, Vec<Answer>> = BTreeMap::new();
+    let mut closing = Vec::new();
+    let mut gave_up = HashSet::new();
+    // 4 s, twenty election timeouts; a new connection with two requests every 40 ms for 3 s.
+    for s in 0..800u32 {
+        let now = t0 + step * s;
+        let mut b = Batch::default();
+        for conn in closing.drain(..) {
+            close(&mut b, conn);
+        }
+        if s % 8 == 0 && s < 600 {
+            let conn = ConnId::on_node(3, 0, s, 1);
+            open(&mut b, conn);
+            let payloads = vec![
+                format!("a{s}\0").into_bytes(),
+                format!("b{s}\0").into_bytes(),
+            ];
+            request(&mut b, conn, ld::op::ACQ, &payloads[0]);
+            request(&mut b, conn, ld::op::TRY, &payloads[1]);
+            asked.insert(conn, (now, payloads));
+            if s % 24 == 0 {
+                gave_up.insert(conn);
+                closing.push(conn);
+            }
+        }
+        lone.round(now, b);
+        for (conn, opcode, payload, close) in lone.answers() {
+            let at = now.duration_since(asked[&conn].0);
+            let got = answered.entry(conn).or_default();
+            got.push((at, opcode, payload, close));
+            if got.len() == 2 && !gave_up.contains(&conn) {
+                closing.push(conn);
+            }
+        }
+    }
+    assert_eq!(asked.len(), 75);
+    for (conn, (_, payloads)) in &asked {
+        let got = answered
+            .get(conn)
+            .unwrap_or_else(|| panic!("{conn:?} unanswered"));
+        let sent: Vec<_> = payloads
+            .iter()
+            .map(|p| (ld::op::ERR, p.clone(), true))
+            .collect();
+        let seen: Vec<_> = got.iter().map(|(_, o, p, c)| (*o, p.clone(), *c)).collect();
+        assert_eq!(seen, sent, "{conn:?}: each request once, in order, closing");
+        for (at, ..) in got {
+            assert!(*at <= limit, "{conn:?} answered {at:?} after it asked");
+        }
+    }
+    // Their closes came through: nothing is poisoned any more, and what waits for the log is
+    // the closes of the connections opened by the proposals in flight.
+    assert!(lone.owner.poisoned.is_empty());
+    assert_eq!(lone.owner.inflight.len(), MAX_INFLIGHT_PROPOSALS);
+    assert!(lone.only_closes_of_proposed_connections_wait());
+}
+
+/// What a node without a quorum keeps for the log stays bounded however long it lasts: a
+/// client pipelining thousands of requests on one connection has each answered once, in
+/// order (those after the first answer at once), and thousands of connections that open, ask
+/// and close leave nothing behind.
+#[test]
+fn what_a_node_without_a_quorum_keeps_for_the_log_stays_bounded() {
+    let mut lone = Lone::start("bounded");
+    let t0 = Instant::now();
+    let step = Duration::from_millis(5);
+    let steps_per_give_up = (2 * lone.owner.election).as_millis() as usize / 5;
+    let pipeline = ConnId::on_node(3, 0, 0, 1);
+    let mut b = Batch::default();
+    open(&mut b, pipeline);
+    lone.round(t0, b);
+    let mut pipelined = Vec::new();
+    let mut pipeline_answers = Vec::new();
+    let mut live: HashSet<ConnId> = HashSet::new();
+    let mut closing = Vec::new();
+    let (mut most_queued, mut most_ops, mut most_poisoned) = (0, 0, 0);
+    // 20 s, a hundred election timeouts, a new connection every step; then the last ones'
+    // answers and closes.
+    let (last, mut most_live) = (4000u32, 0);
+    for s in 1..last + 50 {
+        let now = t0 + step * s;
+        let mut b = Batch::default();
+        for conn in closing.drain(..) {
+            close(&mut b, conn);
+            live.remove(&conn);
+        }
+        if s == last {
+            close(&mut b, pipeline);
+        }
+        if s < last {
+            let conn = ConnId::on_node(3, 0, s, 1);
+            open(&mut b, conn);
+            request(&mut b, conn, ld::op::TRY, b"job\0");
+            live.insert(conn);
+        }
+        if s <= 100 {
+            for _ in 0..20 {
+                let p = format!("p{}\0", pipelined.len()).into_bytes();
+                request(&mut b, pipeline, ld::op::TRY, &p);
+                pipelined.push(p);
+            }
+        }
+        lone.round(now, b);
+        for (c, opcode, payload, close) in lone.answers() {
+            assert_eq!((opcode, close), (ld::op::ERR, true));
+            if c == pipeline {
+                pipeline_answers.push(payload);
+            } else {
+                assert_eq!(payload, b"job\0");
+                assert!(live.contains(&c), "{c:?} answered twice");
+                closing.push(c);
+            }
+        }
+        most_live = most_live.max(live.len());
+        most_queued = most_queued.max(lone.owner.queued.len());
+        most_ops = most_ops.max(lone.queued_ops().len());
+        most_poisoned = most_poisoned.max(lone.owner.poisoned.len());
+    }
+    assert_eq!(pipelined.len(), 2000);
+    assert_eq!(pipeline_answers, pipelined, "each once, in order");
+    // A connection waits two election timeouts at most, and closes the step after its answer;
+    // what waits for the log is at most what arrives in two election timeouts.
+    assert!(live.is_empty());
+    assert!(
+        most_live <= steps_per_give_up + 2,
+        "{most_live} connections"
+    );
+    let batches = steps_per_give_up + 2;
+    assert!(most_queued <= 2 * batches, "{most_queued} batches queued");
+    assert!(most_ops <= 24 * batches, "{most_ops} ops queued");
+    assert!(most_poisoned <= batches, "{most_poisoned} poisoned");
+    assert!(lone.owner.poisoned.is_empty());
+    assert!(lone.only_closes_of_proposed_connections_wait());
+}
