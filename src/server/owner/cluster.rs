@@ -533,6 +533,8 @@ struct InFlight {
     /// When its oldest request reached the owner; None once it has no request left to answer
     /// (given up: its requests answered "no quorum", `data` the version without them).
     waiting_since: Option<Instant>,
+    /// When it was first proposed (the proposal-to-apply histogram counts from here).
+    proposed: Instant,
     /// The last attempt, and whether it reached a leader (as far as this node can tell).
     tried: Instant,
     sent: bool,
@@ -760,7 +762,7 @@ impl ClusterOwner {
                 let f = self.inflight.pop_front().expect("checked");
                 // One clock read per round that applied any of this node's proposals.
                 let at = *applied_at.get_or_insert_with(Instant::now);
-                let ns = at.saturating_duration_since(f.first).as_nanos();
+                let ns = at.saturating_duration_since(f.proposed).as_nanos();
                 let ns = u64::try_from(ns).unwrap_or(u64::MAX);
                 self.watch.proposal_apply.observe_in(&CLUSTER_BOUNDS, ns, 1);
                 self.recycle(f.batches);
@@ -1235,6 +1237,7 @@ impl ClusterOwner {
             data,
             batches,
             waiting_since,
+            proposed: now,
             tried: now,
             sent,
         });
