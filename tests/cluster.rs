@@ -546,6 +546,13 @@ fn two_nodes_of_three_keep_serving_and_one_alone_answers_no_quorum() {
     m.expect_closed();
     let mut l = node.lockd();
     assert_eq!(ask(&mut l, ld::op::TRY, b"other\0"), ld::op::ERR);
+    // Both answers counted.
+    let answered = metric(
+        &metrics(node),
+        "holdfast_cluster_no_quorum_answers_total",
+        "",
+    );
+    assert!(answered >= 2.0, "{answered}");
     // Cut off for the session timeout less an election timeout, node 1 has fenced itself:
     // its earlier client's connection is closed, and the operator's program was told.
     idle.expect_closed();
@@ -1693,6 +1700,8 @@ fn cluster_metrics_health_and_holders_nodes_agree_on_every_node() {
         assert!(metric(&m, "holdfast_cluster_snapshot_bytes", "") > 0.0);
         assert!(metric(&m, "holdfast_cluster_log_file_bytes", "") > 0.0);
         assert!(metric(&m, "holdfast_cluster_quorum_losses_total", "") >= 0.0);
+        // (The start's warm-up may have been answered no quorum while the cluster formed.)
+        assert!(metric(&m, "holdfast_cluster_no_quorum_answers_total", "") >= 0.0);
         // This node's sockets, not the cluster's sessions: only node 2 has a lockd client.
         let open = m
             .iter()

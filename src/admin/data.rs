@@ -131,6 +131,8 @@ pub struct ClusterMetrics {
     pub quorum_losses: u64,
     pub fences: u64,
     pub leader_changes: u64,
+    /// Requests this node answered no quorum (the contract's cluster section).
+    pub no_quorum_answers: u64,
 }
 
 #[derive(Debug)]

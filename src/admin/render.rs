@@ -432,6 +432,12 @@ fn cluster_metrics(out: &mut String, c: &ClusterMetrics) {
         "times this node learned of a new leader (another node, or the same one elected for a new term)",
         &plain(c.leader_changes),
     );
+    one(
+        "holdfast_cluster_no_quorum_answers_total",
+        Kind::Counter,
+        "requests this node answered no quorum (no quorum within two election timeouts)",
+        &plain(c.no_quorum_answers),
+    );
     for (name, help, h) in [
         (
             "holdfast_cluster_proposal_apply_seconds",

@@ -582,6 +582,9 @@ struct Watch {
     quorum_losses: u64,
     fences: u64,
     leader_changes: u64,
+    /// Requests answered no quorum (given up after two election timeouts, or behind one that
+    /// was on the same connection).
+    no_quorum_answers: u64,
     /// The last leader known and its term (0: none yet).
     leader: (u64, u64),
     /// Whether a quorum of the voters was reachable at the last look (`None`: not looked yet),
@@ -694,6 +697,7 @@ impl ClusterOwner {
                 quorum_losses: 0,
                 fences: 0,
                 leader_changes: 0,
+                no_quorum_answers: 0,
                 leader: (0, 0),
                 quorum: None,
                 quorum_lost_at: None,
@@ -998,6 +1002,7 @@ impl ClusterOwner {
             quorum_losses: self.watch.quorum_losses,
             fences: self.watch.fences,
             leader_changes: self.watch.leader_changes,
+            no_quorum_answers: self.watch.no_quorum_answers,
         }
     }
 
@@ -1302,6 +1307,7 @@ impl ClusterOwner {
                 waiting_since: None,
             });
         }
+        self.watch.no_quorum_answers += answered as u64;
         if answered > 0 {
             crate::log_warn!(
                 "cluster node {}: no quorum for {} ms, answering {answered} requests with \
@@ -1317,7 +1323,8 @@ impl ClusterOwner {
     /// the last queued one if that has none either.
     fn admit(&mut self, mut b: Batch, now: Instant) {
         if !self.poisoned.is_empty() {
-            refuse_poisoned(&mut self.poisoned, &mut self.state.outbox, &mut b);
+            let answered = refuse_poisoned(&mut self.poisoned, &mut self.state.outbox, &mut b);
+            self.watch.no_quorum_answers += answered as u64;
         }
         if b.ops.is_empty() {
             super::recycle(&mut self.pools, b);
@@ -1490,15 +1497,18 @@ fn forget_unproposed_connections(ops: &mut Vec<OpMsg>, from: usize) {
 }
 
 /// Answer the requests of given-up connections in `b` with no quorum and take them out; a
-/// connection's close ends its poisoning (its slot's next connection is another one).
-fn refuse_poisoned(poisoned: &mut HashSet<ConnId>, out: &mut Outbox, b: &mut Batch) {
+/// connection's close ends its poisoning (its slot's next connection is another one). Returns
+/// how many requests were answered.
+fn refuse_poisoned(poisoned: &mut HashSet<ConnId>, out: &mut Outbox, b: &mut Batch) -> usize {
     let arena = &b.arena;
+    let mut answered = 0;
     b.ops.retain(|m| {
         if !poisoned.contains(&m.conn) {
             return true;
         }
         if is_request(&m.op) {
             no_quorum(out, m, arena);
+            answered += 1;
             return false;
         }
         if matches!(m.op, Op::Close) {
@@ -1506,6 +1516,7 @@ fn refuse_poisoned(poisoned: &mut HashSet<ConnId>, out: &mut Outbox, b: &mut Bat
         }
         true
     });
+    answered
 }
 
 /// The no-quorum answer to one request (the contract's cluster section), closing its
