@@ -37,6 +37,10 @@ GOMEMCACHE_SRC  := /usr/share/gocode/src/github.com/bradfitz/gomemcache/memcache
 APT_NETNS_PACKAGES := iproute2
 # Debian package of systemd-analyze, for `make verify-service`.
 APT_SYSTEMD_PACKAGES := systemd
+# Debian package of Prometheus (the server and promtool): tests/clients/test_prometheus.py checks
+# dist/prometheus/alerts.yml with promtool and runs it in a real Prometheus against a cluster
+# (its own server, on a free loopback port; without recommends: no node exporter).
+APT_PROMETHEUS_PACKAGES := prometheus
 # Debian package of etcd (the server; 3.4 on bookworm), for `make bench-cluster`.
 APT_ETCD_PACKAGES := etcd-server
 # make install: where, and under which root (packagers set DESTDIR).
@@ -46,7 +50,7 @@ BINDIR  := $(PREFIX)/bin
 MANDIR  := $(PREFIX)/share/man/man1
 UNITDIR ?= $(PREFIX)/lib/systemd/system
 
-.PHONY: run run-cluster build release test test-rust test-clients conformance deps deps-apt deps-browser deps-go deps-systemd deps-python deps-etcd deps-netns install verify-service lint fmt bench bench-cluster owner-ceiling scale soak soak-cluster soak-cluster-tls fuzz fuzz-smoke fuzz-deps clean
+.PHONY: run run-cluster build release test test-rust test-clients conformance deps deps-apt deps-browser deps-go deps-systemd deps-python deps-etcd deps-netns deps-prometheus install verify-service lint fmt bench bench-cluster owner-ceiling scale soak soak-cluster soak-cluster-tls fuzz fuzz-smoke fuzz-deps clean
 
 run: release
 	./target/release/holdfast
@@ -72,15 +76,16 @@ test-rust:
 
 # Real client libraries (pymemcache, python-binary-memcached, protobuf, gomemcache) against the
 # real daemon. docs/clients.md's C example (libyrmcds) runs only when LIBYRMCDS_DIR names a built
-# libyrmcds (nothing here builds it); otherwise the test reports it skipped.
-test-clients: deps-python deps-browser deps-go release
+# libyrmcds (nothing here builds it); otherwise the test reports it skipped. Prometheus (promtool
+# and the server) checks the alert rules and the Grafana dashboard against a real cluster.
+test-clients: deps-python deps-browser deps-go deps-prometheus release
 	HOLDFAST_BIN=$(CURDIR)/target/release/holdfast $(PY) -m pytest -q tests/clients
 
 # libmemcached's own conformance tool against holdfast.
 conformance: deps-apt release
 	$(PYTHON) tools/memccapable.py $(CURDIR)/target/release/holdfast
 
-deps: deps-apt deps-browser deps-go deps-systemd deps-python deps-netns
+deps: deps-apt deps-browser deps-go deps-systemd deps-python deps-netns deps-prometheus
 
 # Install what is missing, once (a fresh machine has only Rust, gcc, Python and git).
 deps-apt:
@@ -130,6 +135,12 @@ verify-service: deps-systemd release
 	test -x target/install-test/usr/local/bin/holdfast-lock
 	test -f target/install-test/usr/local/share/man/man1/holdfast.1
 	$(PYTHON) tools/verify_service.py target/install-test
+
+deps-prometheus:
+	@if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then \
+		echo "installing $(APT_PROMETHEUS_PACKAGES)"; \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(APT_PROMETHEUS_PACKAGES)) >/dev/null; \
+	fi
 
 deps-etcd:
 	@if ! command -v etcd >/dev/null 2>&1; then \
