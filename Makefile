@@ -11,8 +11,8 @@
 #   make soak-cluster-tls  the cluster soak with mutual TLS between the nodes
 #   make owner-ceiling  ops/s of one owner thread at 100% and its instructions per op
 #   make determinism  the replay/determinism check over REPLAY_SEEDS seeds (release)
-#   make install  the daemon, holdfast-lock, the systemd unit and the man page under DESTDIR/PREFIX
-#   make verify-service  systemd-analyze verify of dist/holdfast.service (and an install test)
+#   make install  the daemon, holdfast-lock, the systemd units and the man page under DESTDIR/PREFIX
+#   make verify-service  systemd-analyze verify of dist/holdfast.service and dist/holdfast@.service (and an install test)
 
 CARGO  ?= cargo
 # make soak: how long the traffic runs; the daemon's timers are short so that they fire often.
@@ -118,15 +118,18 @@ deps-systemd:
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_SYSTEMD_PACKAGES)) >/dev/null; \
 	fi
 
-# Install the release binaries, the unit (its ExecStart names $(BINDIR)) and the man page.
+# Install the release binaries, the units (their ExecStart names $(BINDIR)) and the man page:
+# holdfast.service for one node, holdfast@.service for cluster node N (holdfast@N).
 install: release
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(MANDIR) $(DESTDIR)$(UNITDIR)
 	install -m 0755 target/release/holdfast target/release/holdfast-lock $(DESTDIR)$(BINDIR)/
 	install -m 0644 dist/holdfast.1 $(DESTDIR)$(MANDIR)/holdfast.1
-	sed 's|@BINDIR@|$(BINDIR)|g' dist/holdfast.service > $(DESTDIR)$(UNITDIR)/holdfast.service
-	chmod 0644 $(DESTDIR)$(UNITDIR)/holdfast.service
+	for u in holdfast.service holdfast@.service; do \
+		sed 's|@BINDIR@|$(BINDIR)|g' dist/$$u > $(DESTDIR)$(UNITDIR)/$$u && \
+		chmod 0644 $(DESTDIR)$(UNITDIR)/$$u || exit 1; \
+	done
 
-# Install into a scratch root, check what landed, and have systemd-analyze verify the unit there
+# Install into a scratch root, check what landed, and have systemd-analyze verify the units there
 # (it checks that ExecStart's binary exists, so the installed copy is the one verified).
 verify-service: deps-systemd release
 	rm -rf target/install-test
@@ -134,6 +137,7 @@ verify-service: deps-systemd release
 	test -x target/install-test/usr/local/bin/holdfast
 	test -x target/install-test/usr/local/bin/holdfast-lock
 	test -f target/install-test/usr/local/share/man/man1/holdfast.1
+	test -f target/install-test/usr/local/lib/systemd/system/holdfast@.service
 	$(PYTHON) tools/verify_service.py target/install-test
 
 deps-prometheus:
