@@ -136,8 +136,6 @@ pub struct Worker {
     pool_effects: Pool<Effect>,
     pool_reply_arena: Pool<u8>,
     scratch: Vec<u8>,
-    /// Decrypted bytes of a TLS connection, parsed from here as `scratch` is for plain ones.
-    plain: Vec<u8>,
     /// The secrets in force, taken from `Shared::secrets` when its generation moves (at most once
     /// a turn) so that no request takes a lock to read them.
     secrets: Arc<crate::tls::Secrets>,
@@ -212,7 +210,6 @@ impl Worker {
             pool_effects: Pool::default(),
             pool_reply_arena: Pool::default(),
             scratch: vec![0; READ_CHUNK],
-            plain: Vec::new(),
             secrets,
             secrets_gen,
             handshakes: Default::default(),
@@ -541,17 +538,7 @@ impl Worker {
                         break;
                     };
                     let input = &scratch[..n];
-                    let got = tls_receive(
-                        tls,
-                        conn,
-                        opened,
-                        *peer,
-                        input,
-                        &mut self.plain,
-                        id,
-                        cx,
-                        &mut self.batch,
-                    );
+                    let got = tls_receive(tls, conn, opened, *peer, input, id, cx, &mut self.batch);
                     let got = match got {
                         Ok(got) => got,
                         Err(why) => {
@@ -966,8 +953,9 @@ pub(crate) struct TlsRead {
     pub fatal: bool,
 }
 
-/// Feed ciphertext just read to rustls, and parse the plaintext it yields (a `plain` buffer's
-/// worth at a time, straight out of that buffer, as plain connections parse out of `scratch`).
+/// Feed ciphertext just read to rustls, and parse the plaintext it yields straight out of
+/// rustls's own buffer (each decrypted record in place, borrowed), as plain connections parse out
+/// of `scratch`.
 /// The connection is opened to the owner (`opened`) the moment its handshake ends, before any of
 /// its plaintext is parsed: a client's first request often shares a read with its Finished.
 /// The worker's receive path of every TLS connection; [`TlsBoundary`] runs it without a socket.
@@ -978,15 +966,12 @@ pub(crate) fn tls_receive(
     opened: &mut bool,
     peer: SocketAddr,
     mut input: &[u8],
-    plain: &mut Vec<u8>,
     id: ConnId,
     cx: Cx<'_>,
     batch: &mut Batch,
 ) -> Result<TlsRead, String> {
+    use std::io::BufRead;
     let mut got = TlsRead::default();
-    if plain.len() < READ_CHUNK {
-        plain.resize(READ_CHUNK, 0);
-    }
     while !input.is_empty() {
         match tls.read_tls(&mut input) {
             // After the client's close_notify nothing more counts (rustls takes no bytes).
@@ -1003,16 +988,20 @@ pub(crate) fn tls_receive(
             open_op(batch, id, conn.proto, peer);
         }
         loop {
-            match tls.reader().read(plain) {
-                Ok(0) => {
+            let mut reader = tls.reader();
+            match reader.fill_buf() {
+                Ok([]) => {
+                    // close_notify, and everything before it taken.
                     got.eof = true;
                     break;
                 }
-                Ok(n) => {
-                    if conn.closing {
-                        continue; // bytes after a fatal request are discarded, as on plain TCP
+                Ok(chunk) => {
+                    let n = chunk.len();
+                    // Bytes after a fatal request are discarded, as on plain TCP.
+                    if !conn.closing {
+                        got.fatal |= conn.receive(chunk, id, cx, batch);
                     }
-                    got.fatal |= conn.receive(&plain[..n], id, cx, batch);
+                    reader.consume(n);
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                 Err(e) => return Err(e.to_string()),
