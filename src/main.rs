@@ -320,19 +320,12 @@ impl AdminClient {
                     std::sync::Arc::from(std::os::unix::ffi::OsStrExt::as_bytes(t.as_os_str()))
                 }),
         };
-        let identity = match (&cert, &key) {
-            (Some(c), Some(k)) => Some((c.as_path(), k.as_path())),
-            (None, None) => None,
-            _ => return Err("--tls-cert and --tls-key go together".into()),
-        };
-        // Any TLS flag means TLS.
-        let tls = if tls || ca.is_some() || identity.is_some() {
-            let config = holdfast::tls::client_config(ca.as_deref(), identity)?;
-            let name = holdfast::tls::server_name(host_of(&addr))?;
-            Some((config, name))
-        } else {
-            None
-        };
+        let tls =
+            match holdfast::tls::client_flags(tls, ca.as_deref(), cert.as_deref(), key.as_deref())?
+            {
+                Some(config) => Some((config, holdfast::tls::server_name(host_of(&addr))?)),
+                None => None,
+            };
         Ok(AdminClient { addr, token, tls })
     }
 

@@ -443,6 +443,26 @@ pub fn client_config(
     Ok(Arc::new(config))
 }
 
+/// The client flags every holdfast tool takes (`--tls`, `--tls-ca`, `--tls-cert`, `--tls-key`)
+/// as one client configuration: `None` when none is given; any of them means TLS; a certificate
+/// needs its key and a key its certificate.
+pub fn client_flags(
+    tls: bool,
+    ca: Option<&Path>,
+    cert: Option<&Path>,
+    key: Option<&Path>,
+) -> Result<Option<Arc<ClientConfig>>, String> {
+    let identity = match (cert, key) {
+        (Some(c), Some(k)) => Some((c, k)),
+        (None, None) => None,
+        _ => return Err("--tls-cert and --tls-key go together".into()),
+    };
+    if !tls && ca.is_none() && identity.is_none() {
+        return Ok(None);
+    }
+    client_config(ca, identity).map(Some)
+}
+
 /// The name a client checks the server's certificate against: an IP address as itself, else a
 /// DNS name.
 pub fn server_name(host: &str) -> Result<ServerName<'static>, String> {

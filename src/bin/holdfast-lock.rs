@@ -194,29 +194,14 @@ fn parse_args() -> Result<Args, String> {
 fn tls_config(
     m: &getopts::Matches,
 ) -> Result<Option<std::sync::Arc<holdfast::tls::rustls::ClientConfig>>, String> {
-    use std::path::Path;
-    if !m.opt_present("tls") {
-        if ["tls-ca", "tls-cert", "tls-key"]
-            .iter()
-            .any(|f| m.opt_present(f))
-        {
-            return Err("--tls-ca, --tls-cert and --tls-key go with --tls".into());
-        }
-        return Ok(None);
-    }
-    let ca = m.opt_str("tls-ca");
-    let identity = match (m.opt_str("tls-cert"), m.opt_str("tls-key")) {
-        (Some(c), Some(k)) => Some((c, k)),
-        (None, None) => None,
-        _ => return Err("--tls-cert and --tls-key go together".into()),
-    };
-    holdfast::tls::client_config(
-        ca.as_deref().map(Path::new),
-        identity
-            .as_ref()
-            .map(|(c, k)| (Path::new(c.as_str()), Path::new(k.as_str()))),
+    let path = |f: &str| m.opt_str(f).map(std::path::PathBuf::from);
+    let (ca, cert, key) = (path("tls-ca"), path("tls-cert"), path("tls-key"));
+    holdfast::tls::client_flags(
+        m.opt_present("tls"),
+        ca.as_deref(),
+        cert.as_deref(),
+        key.as_deref(),
     )
-    .map(Some)
 }
 
 /// `1.5s`, `250ms`, `2m`, `1h`, `10us`; a bare number is seconds.

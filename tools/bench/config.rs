@@ -4,7 +4,6 @@
 //! Must not: touch the network.
 
 use std::net::{SocketAddr, ToSocketAddrs};
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -239,30 +238,16 @@ fn options() -> getopts::Options {
     o
 }
 
-/// `--tls` and its files: the client configuration, or `None` without `--tls`.
+/// `--tls` and its files: the client configuration, or `None` without any of them.
 fn tls(m: &getopts::Matches) -> Result<Option<Arc<rustls::ClientConfig>>, String> {
-    let wants = ["tls-ca", "tls-cert", "tls-key"]
-        .iter()
-        .any(|f| m.opt_present(f));
-    if !m.opt_present("tls") {
-        if wants {
-            return Err("--tls-ca, --tls-cert and --tls-key go with --tls".into());
-        }
-        return Ok(None);
-    }
-    let ca = m.opt_str("tls-ca");
-    let identity = match (m.opt_str("tls-cert"), m.opt_str("tls-key")) {
-        (Some(c), Some(k)) => Some((c, k)),
-        (None, None) => None,
-        _ => return Err("--tls-cert and --tls-key go together".into()),
-    };
-    holdfast::tls::client_config(
-        ca.as_deref().map(Path::new),
-        identity
-            .as_ref()
-            .map(|(c, k)| (Path::new(c.as_str()), Path::new(k.as_str()))),
+    let path = |f: &str| m.opt_str(f).map(std::path::PathBuf::from);
+    let (ca, cert, key) = (path("tls-ca"), path("tls-cert"), path("tls-key"));
+    holdfast::tls::client_flags(
+        m.opt_present("tls"),
+        ca.as_deref(),
+        cert.as_deref(),
+        key.as_deref(),
     )
-    .map(Some)
 }
 
 fn number<T: std::str::FromStr>(m: &getopts::Matches, name: &str, default: T) -> Result<T, String> {
@@ -430,7 +415,11 @@ pub fn parse<I: IntoIterator<Item = std::ffi::OsString>>(args: I) -> Result<Comm
         tls: tls(&m)?,
         handshakes: {
             let on = m.opt_present("handshakes");
-            if on && !m.opt_present("tls") {
+            if on
+                && !["tls", "tls-ca", "tls-cert"]
+                    .iter()
+                    .any(|f| m.opt_present(f))
+            {
                 return Err("--handshakes measures TLS handshakes: it needs --tls".into());
             }
             if on && !matches!(protocol, Protocol::McText) {
