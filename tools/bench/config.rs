@@ -110,7 +110,7 @@ pub struct Config {
     pub rate: Option<f64>,
     /// `--tls`: every connection speaks TLS, with this client configuration.
     pub tls: Option<Arc<rustls::ClientConfig>>,
-    /// `--handshakes`: instead of the workload, open connections with a full TLS handshake (no
+    /// `--handshakes`: instead of the workload, open connections (with `--tls`, a full handshake, no
     /// session resumption) and one `version` round trip each, as fast as `--threads` allow.
     pub handshakes: bool,
 }
@@ -231,8 +231,8 @@ fn options() -> getopts::Options {
     .optflag(
         "",
         "handshakes",
-        "measure new TLS connections per second (full handshake and one version request each) \
-         instead of the workload",
+        "measure new connections per second (each with a full TLS handshake under --tls, and \
+         one version request) instead of the workload",
     )
     .optflag("h", "help", "print this help");
     o
@@ -415,13 +415,6 @@ pub fn parse<I: IntoIterator<Item = std::ffi::OsString>>(args: I) -> Result<Comm
         tls: tls(&m)?,
         handshakes: {
             let on = m.opt_present("handshakes");
-            if on
-                && !["tls", "tls-ca", "tls-cert"]
-                    .iter()
-                    .any(|f| m.opt_present(f))
-            {
-                return Err("--handshakes measures TLS handshakes: it needs --tls".into());
-            }
             if on && !matches!(protocol, Protocol::McText) {
                 return Err("--handshakes runs over --protocol memcache-text".into());
             }

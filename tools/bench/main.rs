@@ -334,17 +334,16 @@ fn print_result(config: &Config, t: &ThreadResult) {
 }
 
 /// `--handshakes`: each thread opens connections one after another, each with a full TLS
-/// handshake (session resumption off) and one `version` round trip, for the warm-up and the
-/// duration; the rate counts connections finished in the measured window, the latency is from
-/// `connect` to the reply.
+/// handshake when `--tls` (session resumption off) and one `version` round trip, for the
+/// warm-up and the duration; the rate counts connections finished in the measured window, the
+/// latency is from `connect` to the reply. Without `--tls` it measures the accept path alone.
 fn run_handshakes(config: &Config) -> Result<(), String> {
     use std::io::{Read, Write};
-    let Some(tls) = &config.tls else {
-        return Err("--handshakes needs --tls".into());
-    };
-    let mut tls = (**tls).clone();
-    tls.resumption = holdfast::tls::rustls::client::Resumption::disabled();
-    let tls = Arc::new(tls);
+    let tls = config.tls.as_ref().map(|tls| {
+        let mut tls = (**tls).clone();
+        tls.resumption = holdfast::tls::rustls::client::Resumption::disabled();
+        Arc::new(tls)
+    });
     print_header(config);
     let epoch = Instant::now();
     let warm = config.warmup;
@@ -364,10 +363,18 @@ fn run_handshakes(config: &Config) -> Result<(), String> {
                         std::net::TcpStream::connect_timeout(&server, worker::CONNECT_TIMEOUT)
                             .map_err(|e| e.to_string())?;
                     let _ = tcp.set_nodelay(true);
-                    let mut s = worker::tls_connect(&tls, server, tcp)?;
-                    s.sock
-                        .set_read_timeout(Some(worker::CONNECT_TIMEOUT))
+                    tcp.set_read_timeout(Some(worker::CONNECT_TIMEOUT))
                         .map_err(|e| e.to_string())?;
+                    let mut s: Box<dyn worker::ReadWrite> = match &tls {
+                        Some(tls) => {
+                            let s = worker::tls_connect(tls, server, tcp)?;
+                            s.sock
+                                .set_read_timeout(Some(worker::CONNECT_TIMEOUT))
+                                .map_err(|e| e.to_string())?;
+                            Box::new(s)
+                        }
+                        None => Box::new(tcp),
+                    };
                     s.write_all(b"version\r\n").map_err(|e| e.to_string())?;
                     let mut got = 0;
                     while !reply[..got].ends_with(b"\r\n") {
