@@ -1,4 +1,5 @@
-"""Run every example of docs/clients.md against a real daemon (ports substituted).
+"""Run every example of docs/clients.md against a real daemon (ports substituted), and check
+that the README's flags table names every flag of `holdfast --help`.
 
 `python` blocks run with the test's Python, `sh` blocks with bash (holdfast-lock on the PATH),
 `go` blocks are built offline against Debian's gomemcache (`make deps-go`) and run, `c` blocks
@@ -111,3 +112,20 @@ def test_example_runs(index, tmp_path, gocache):
         assert r.returncode == 0, f"example {index} ({lang}) failed:\n{body}\n{r.stdout}\n{r.stderr}"
     finally:
         stop_holdfast(daemon.proc)
+
+
+README = os.path.join(os.path.dirname(__file__), "..", "..", "README.md")
+
+
+def test_the_readme_flags_table_names_every_flag_of_help():
+    help_text = subprocess.run([os.environ["HOLDFAST_BIN"], "--help"], capture_output=True,
+                               text=True, timeout=EXAMPLE_TIMEOUT_S).stdout
+    options = help_text[help_text.index("Options:"):]
+    flags = set(re.findall(r"--([a-z][a-z-]+)", options))
+    assert len(flags) > 30, help_text
+    readme = open(README).read()
+    table = readme[readme.index("\n## Flags"):]
+    table = table[:table.index("\n## ", 1)]
+    documented = set(re.findall(r"`(?:-[a-zA-Z], )?--([a-z][a-z-]+)", table))
+    documented |= set(re.findall(r", `--([a-z][a-z-]+)", table))
+    assert flags - documented == set(), "flags of --help missing from the README's table"
