@@ -13,6 +13,8 @@
 #   make determinism  the replay/determinism check over REPLAY_SEEDS seeds (release)
 #   make install  the daemon, holdfast-lock, the systemd units and the man page under DESTDIR/PREFIX
 #   make verify-service  systemd-analyze verify of dist/holdfast.service and dist/holdfast@.service (and an install test)
+# docs/development.md describes the tests, soak, cluster simulator, fuzzing and scale runs;
+# docs/benchmarks.md the benchmarks and their figures.
 
 CARGO  ?= cargo
 # make soak: how long the traffic runs; the daemon's timers are short so that they fire often.

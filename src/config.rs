@@ -355,7 +355,9 @@ where
     let opts = options();
     let m = opts.parse(args).map_err(|e| e.to_string())?;
     if m.opt_present("help") {
-        let brief = "Usage: holdfast [options]\n\nA lock server: memcached (with yrmcds locks), old and dlock.";
+        let brief = "Usage: holdfast [options]\n       holdfast cluster status|add ID=HOST:PORT|remove ID [--admin HOST:PORT]\n\n\
+                     A lock server: memcached (with yrmcds locks), the old lock-daemon protocol, \
+                     dlock and yrmcds counters; one node, or a 3-5 node cluster (--peers).";
         return Ok(Command::Help(opts.usage(brief)));
     }
     if m.opt_present("version") {

@@ -988,11 +988,10 @@ fn applied(d: &Daemon) -> u64 {
 /// timeout plus the fence time, the majority keeps granting, and after the session timeout
 /// grants the cut-off node's clients' locks to others; healed, the node catches up.
 ///
-/// It found a daemon bug: `Outbox::direct` gives every effect it makes the session
-/// `Session(0)`, and the worker delivered a run of effects with the same session to the first
-/// one's connection, so a fenced node's closes (and no-quorum answers to several connections
-/// in one turn) all went to one connection. The worker now ends a run where the connection
-/// changes too.
+/// It also guards the worker's routing: `Outbox::direct` gives every effect it makes the
+/// session `Session(0)`, so a fenced node's closes (and no-quorum answers to several
+/// connections in one turn) reach each its own connection only because the worker ends a run
+/// of effects where the connection changes, not only where the session does.
 #[test]
 fn a_follower_cut_off_both_ways_fences_its_clients_and_the_majority_takes_its_locks() {
     let session = PART_SESSION_MS.to_string();
@@ -1215,11 +1214,10 @@ fn until_closed(c: &mut Client, within: Duration) -> Option<Vec<u8>> {
 /// A node cut off fences itself by closing *every* client connection, also one whose dlock
 /// Lock is queued (a request in flight): otherwise, healed, it would deliver a grant that the
 /// log decided before the cut, after the majority had expired the session and given the key to
-/// someone else (what `make soak-cluster` found: a DOUBLE GRANT of a stale grant).
+/// someone else: a double grant.
 ///
-/// It found a daemon bug: the fence's close was delivered like a reply's close, which the
-/// worker carries out only once no request of the connection is in flight, so such a
-/// connection was never closed. A fence now closes with `Body::Abort`, at once.
+/// A reply's close waits until no request of the connection is in flight, so such a
+/// connection would never be closed that way; a fence closes with `Body::Abort`, at once.
 #[test]
 fn a_cut_off_node_closes_also_a_connection_whose_dlock_lock_waits() {
     let session = PART_SESSION_MS.to_string();
@@ -1246,11 +1244,11 @@ fn a_cut_off_node_closes_also_a_connection_whose_dlock_lock_waits() {
 
 /// A node stopped past the session timeout answers nothing when it wakes: it closes its
 /// clients' connections first, also one whose request arrived while it was stopped (the
-/// majority has ended that session and may have given its locks away; what `make
-/// soak-cluster` found: writes and unlocks of expired sessions answered after the wake).
+/// majority has ended that session and may have given its locks away: writes and unlocks of
+/// expired sessions must not be answered after the wake).
 ///
-/// It found the same bug (the fence's close waited for the requests in flight, which were then
-/// proposed and answered in a new session); fixed by `Body::Abort`.
+/// The fence closes with `Body::Abort`, not waiting for the requests in flight (which would
+/// then be proposed and answered in a new session).
 #[test]
 fn a_paused_node_answers_nothing_after_waking() {
     let session = PART_SESSION_MS.to_string();

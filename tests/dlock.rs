@@ -481,9 +481,9 @@ fn a_lease_relocked_without_lease_ends_when_its_connection_closes() {
     );
 }
 
-/// Run to completion (`--threads 1`) used to go on serving a connection that always had more
-/// requests buffered before it polled again: behind a pipelined flood, every other connection's
-/// request waited for the whole flood (1.6 s behind 1M leases in `make scale`). Now a second
+/// Run to completion (`--threads 1`) must not go on serving a connection that always has more
+/// requests buffered before it polls again: behind a pipelined flood, every other connection's
+/// request would wait for the whole flood (1.6 s behind 1M leases in `make scale`). A second
 /// connection's round trips complete while the flood is still being answered.
 #[test]
 fn a_connection_is_answered_while_another_floods_the_daemon() {

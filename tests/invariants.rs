@@ -1156,21 +1156,21 @@ fn decode_log(mut bytes: &[u8]) -> Recording {
     rec
 }
 
-/// Found by `make determinism` (seed 10018, 600 steps). One clock advance fired several timers
-/// in turn: slot 12's waiting Lock was granted a 3 ms lease (fence 21), the lease ran out at a
+/// A seed of `make determinism` (10018, 600 steps). One clock advance fires several timers
+/// in turn: slot 12's waiting Lock is granted a 3 ms lease (fence 21), the lease runs out at a
 /// later instant of the same advance, and slot 14, answered for an earlier wait in that batch,
-/// ran its backlog, whose Lock took the same keys (fences 22, 23). The daemon ran that backlog
-/// between the answers of the batch, so slot 12's answer left after slot 14's: replies out of
-/// token order, and a client history with two holders. Now every resolved wait is answered
-/// before any backlog runs (`exec_dlock::deliver_events`).
+/// runs its backlog, whose Lock takes the same keys (fences 22, 23). Run between the answers of
+/// the batch, that backlog would send slot 12's answer after slot 14's: replies out of token
+/// order, and a client history with two holders. Every resolved wait is answered before any
+/// backlog runs (`exec_dlock::deliver_events`).
 #[test]
 fn seed_10018_dlock_grants_reach_the_checker_out_of_token_order() {
     run(10018, 600);
 }
 
-/// The second seed of `make determinism` with the same cause (11210, 600 steps): slot 52's wait
-/// timed out and its backlog's Lock (fence 55) was answered before the grant (fence 54) of the
-/// 1 ms lease that slot 51 had been given earlier in the same clock advance.
+/// Another seed of `make determinism` that needs the same order (11210, 600 steps): slot 52's
+/// wait times out, and its backlog's Lock (fence 55) must not be answered before the grant
+/// (fence 54) of the 1 ms lease that slot 51 was given earlier in the same clock advance.
 #[test]
 fn seed_11210_dlock_grant_while_the_model_has_another_holder() {
     run(11210, 600);

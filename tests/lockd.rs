@@ -1226,7 +1226,7 @@ fn acqs_queued_past_the_per_connection_cap_get_err_and_the_connection_stays_usab
     greedy.want(ACQUIRED, &nul(b"busy"));
 }
 
-/// Found by the soak (`make soak`): a client that sends SYNC and closes its side at once. The SYNC
+/// A client that sends SYNC and closes its side at once (as the soak's clients do). The SYNC
 /// stops parsing (barrier) before the worker reads the EOF behind it; when the reply lifts the
 /// barrier, the worker reads the EOF while it rechecks the connection at the end of its turn, and
 /// it must still close the connection then, not leave its socket in CLOSE_WAIT forever.

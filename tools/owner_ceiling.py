@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The owner's ceiling (issue: single-node speed): operations per second of one owner thread at
+"""The owner's ceiling: operations per second of one owner thread at
 100% (examples/owner_ceiling.rs, wall clock: noisy on a shared machine), and its instructions per
 operation under callgrind (stable): two runs of different lengths, the difference divided by the
 difference in operations, so that set-up and start-up cancel out.

@@ -1,12 +1,15 @@
-//! Cluster mode (issue 10): the pieces that replicate holdfast's state machine with raft-rs.
+//! Cluster mode: the pieces that replicate holdfast's state machine with raft-rs.
 //!
 //! - [`storage`]: the durable Raft log of one node (`raft::Storage` over a data directory).
+//! - [`node`]: one node's Raft driver over that log and the transport.
+//! - [`transport`]: framed raft messages between peers over TCP (mutual TLS with peer TLS).
+//! - [`liveness`]: quorum probes, fencing, the write deadline and session expiries, as pure
+//!   functions of time.
 //! - [`sim`]: a deterministic simulator of 3 or 5 raft nodes, their network, disks and clocks,
 //!   driving any [`sim::StateMachine`], holdfast's own `Replayer` included.
-//! - [`transport`]: framed raft messages between peers over TCP.
 //!
-//! Nothing here is wired into the daemon yet; the owner-side state machine it replicates is
-//! described in `docs/state-machine.md`.
+//! The owner drives them (`server::owner::cluster`); the state machine they replicate is
+//! described in `docs/state-machine.md`, the whole of cluster mode in `docs/cluster.md`.
 
 pub mod crc32c;
 pub mod liveness;

@@ -456,8 +456,8 @@ pub struct Report {
     pub expiries: u64,
     pub deadline_closes: u64,
     pub client_give_ups: u64,
-    /// Releases in the log by connections whose sessions an expiry had ended (the state
-    /// drops them since the fix; before it, each freed whoever held the lock then).
+    /// Releases in the log by connections whose sessions an expiry had ended (the state drops
+    /// them; applied, each would free whoever held the lock then).
     pub stale_releases: u64,
 }
 

@@ -211,23 +211,21 @@ fn one_seed_from_the_environment() {
     eprintln!("{:?}", r);
 }
 
-// Regressions: seeds that once failed, each with its post-mortem.
+// Regressions: seeds that exercise a rule the driver or the state machine must keep, each
+// with what goes wrong without it.
 
-/// A snapshot message lost on the way (or sent to a crashed node) was never reported to the
-/// leader, which then waited for that follower's snapshot forever: one node stuck at 20 of 83
-/// (seed 28 then). The schedules changed since (membership changes, the asynchronous log
-/// sync draw from the same stream); without the report, seed 264 of today's schedules
-/// leaves a node stuck at 11 of 88.
+/// A snapshot message lost on the way (or sent to a crashed node) must be reported to the
+/// leader, which otherwise waits for that follower's snapshot forever: without the report,
+/// seed 264 leaves a node stuck at 11 of 88.
 #[test]
 fn regression_seed_264_lost_snapshot_is_reported_to_the_leader() {
     run_holdfast(264, Options::for_seed_without_membership(264)).unwrap();
 }
 
-/// A leader that applied its own removal was then told that its last `Ready` was synced:
+/// A leader that applied its own removal must not be told that its last `Ready` was synced:
 /// raft-rs 0.7 looks up the leader's own progress there, which the removal took away, and
-/// panics (found by the first 100,000-seed run after the log sync became asynchronous; the
-/// daemon had the same hole). A node that applied its own removal no longer calls
-/// `on_persist_ready`; it stops.
+/// panics. A node that applied its own removal does not call `on_persist_ready`; it stops
+/// (the daemon's node too).
 #[test]
 fn regression_seed_2004326_a_leader_that_removed_itself_is_not_told_of_its_syncs() {
     run_replicated_seed(2_004_326).unwrap();
@@ -451,15 +449,14 @@ fn a_late_fence_is_caught_seed_54() {
     assert!(why.contains("connection view"), "{}", why);
 }
 
-/// The daemon bug the liveness mode found (docs/cluster.md), now fixed: a cut-off node's
-/// client released a lock; the majority expired that node's sessions and granted the lock to
-/// another client; then the cut-off node's stale proposal was committed, and the release,
-/// applied in a new session ("anybody may release any lock"), freed the new holder's lock,
-/// which went to a third client while the second still held it. `Replicated` now drops what
-/// the log carries of connections an expiry ended. Seed 48 found it first; since the
-/// asynchronous sync changed the schedules, seed 24 carries a stale release and fails without
-/// the fix ("lease view: lock-2 granted to client 1 ... while client 0 ... holds it"), as do
-/// 26, 28, 29, 64, 75, 77 and 85 of the first 100.
+/// Stale requests (docs/cluster.md): a cut-off node's client releases a lock; the majority
+/// expires that node's sessions and grants the lock to another client; then the cut-off
+/// node's stale proposal is committed. Applied in a new session ("anybody may release any
+/// lock"), the release would free the new holder's lock, which would go to a third client
+/// while the second still holds it. `Replicated` drops what the log carries of connections an
+/// expiry ended. Seed 24 carries such a stale release and fails without that rule ("lease view:
+/// lock-2 granted to client 1 ... while client 0 ... holds it"), as do 26, 28, 29, 64, 75, 77
+/// and 85 of the first 100.
 #[test]
 fn regression_seed_24_a_release_applied_after_its_sessions_expiry_frees_nobodys_lock() {
     let r = run_live_seed(24).unwrap_or_else(|e| panic!("{}", e));

@@ -684,8 +684,8 @@ fn a_snapshot_file_that_is_not_the_one_named_or_has_no_log_is_an_error() {
 }
 
 /// A node restarted often keeps its log file bounded by what is live, not by the file it
-/// found: the rewrite threshold after a reopen is twice the live entries (it used to be twice
-/// the file's length, so each restart of a file full of compacted records raised it).
+/// found: the rewrite threshold after a reopen is twice the live entries (twice the file's
+/// length would rise with each restart of a file full of compacted records).
 #[test]
 fn a_log_reopened_often_stays_bounded_by_what_is_live() {
     let d = TempDir::new("reopened");

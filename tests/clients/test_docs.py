@@ -1,4 +1,6 @@
-"""Run every example of docs/clients.md against a real daemon (ports substituted).
+"""Run every example of docs/clients.md against a real daemon (ports substituted), run the
+README's protocol examples (its `python3` blocks) the same way, and check that the README's
+flags table names every flag of `holdfast --help`.
 
 `python` blocks run with the test's Python, `sh` blocks with bash (holdfast-lock on the PATH),
 `go` blocks are built offline against Debian's gomemcache (`make deps-go`) and run, `c` blocks
@@ -109,5 +111,52 @@ def test_example_runs(index, tmp_path, gocache):
         r = subprocess.run(cmd, env=env, cwd=str(tmp_path), capture_output=True, text=True,
                            timeout=EXAMPLE_TIMEOUT_S)
         assert r.returncode == 0, f"example {index} ({lang}) failed:\n{body}\n{r.stdout}\n{r.stderr}"
+    finally:
+        stop_holdfast(daemon.proc)
+
+
+README = os.path.join(os.path.dirname(__file__), "..", "..", "README.md")
+
+
+def test_the_readme_flags_table_names_every_flag_of_help():
+    help_text = subprocess.run([os.environ["HOLDFAST_BIN"], "--help"], capture_output=True,
+                               text=True, timeout=EXAMPLE_TIMEOUT_S).stdout
+    options = help_text[help_text.index("Options:"):]
+    flags = set(re.findall(r"--([a-z][a-z-]+)", options))
+    assert len(flags) > 30, help_text
+    readme = open(README).read()
+    table = readme[readme.index("\n## Flags"):]
+    table = table[:table.index("\n## ", 1)]
+    documented = set(re.findall(r"`(?:-[a-zA-Z], )?--([a-z][a-z-]+)", table))
+    documented |= set(re.findall(r", `--([a-z][a-z-]+)", table))
+    assert flags - documented == set(), "flags of --help missing from the README's table"
+
+
+def readme_python_examples():
+    text = open(README).read()
+    return [body for lang, body in re.findall(r"^```(sh)\n(.*?)^```", text, re.S | re.M)
+            if body.startswith("python3") and "cert.pem" not in body]
+
+
+def test_the_readme_protocol_examples_run():
+    bodies = readme_python_examples()
+    assert len(bodies) == 4, "one example per protocol: memcached, old, dlock, counters"
+    base = ["--threads", "2"]
+    for name in DEFAULT_PORTS:
+        base += [f"--{name}", "127.0.0.1:0"]
+    daemon = start_holdfast(base=base, want=tuple(DEFAULT_PORTS))
+    try:
+        outputs = []
+        for body in bodies:
+            for name, port in DEFAULT_PORTS.items():
+                body = body.replace(f'"127.0.0.1", {port})', '"127.0.0.1", %d)' % daemon.addresses[name][1])
+            r = subprocess.run(["bash", "-euc", body], capture_output=True, text=True,
+                               timeout=EXAMPLE_TIMEOUT_S)
+            assert r.returncode == 0, f"README example failed:\n{body}\n{r.stdout}\n{r.stderr}"
+            outputs.append(r.stdout.strip())
+        assert outputs[0] == "STORED OK TOKEN 1", outputs
+        assert outputs[1] == "ACQUIRED", outputs
+        assert outputs[2].startswith("status 0 (0: Ok), fencing token "), outputs
+        assert outputs[3] == "status 0 consumption 1", outputs
     finally:
         stop_holdfast(daemon.proc)

@@ -32,7 +32,7 @@
 //! delivery of the grant to the client counts as lateness. Releases are whole milliseconds, so
 //! the daemon's rounding up to the ms adds nothing; its 1 ms tick can make a lease end up to
 //! 1 ms "early" against the client's clock: an upper bound below -1 ms is a lease that
-//! certainly ended early (counted as `early_1ms`). The goal (issue 11): p99 of the upper bound
+//! certainly ended early (counted as `early_1ms`). The goal: p99 of the upper bound
 //! <= 10 ms and its max <= 50 ms, none early by more than 10 ms, every lease expired. Because
 //! the probes send one lease at a time, paced, the bound's width is one round trip under load,
 //! not the burst's length; the worst samples are printed with both bounds.
@@ -53,7 +53,7 @@ use holdfast::rng::Rng;
 use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Token};
 
-/// Goals of the issue.
+/// The goals a scale run checks (`result=PASS` when all are met).
 const GOAL_LOCK_BYTES: f64 = 200.0;
 const GOAL_IDLE_CONN_BYTES: f64 = 16384.0;
 const GOAL_LATE_MS: f64 = 10.0;

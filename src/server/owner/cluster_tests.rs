@@ -166,9 +166,8 @@ fn an_expiry_ends_a_nodes_sessions_and_closes_the_connections_on_that_node() {
 /// A cut-off node proposed a client's REL before it knew it was cut off, and the log carries it
 /// after the expiry of that node's sessions: the connection is dead (its client was told so
 /// by the close), its REL must not start a new session and free the lock of whoever was
-/// granted it since (an old-protocol REL frees any lock). Found by the simulator's liveness
-/// mode and by a 10-minute cluster soak (a double grant). Its close, when it comes, ends that;
-/// the set is replicated state, in the snapshot.
+/// granted it since (an old-protocol REL frees any lock: a double grant). Its close, when it
+/// comes, ends that; the set is replicated state, in the snapshot.
 #[test]
 fn requests_of_a_connection_whose_session_an_expiry_ended_are_dropped_until_its_close() {
     let (a, b) = (ConnId::on_node(1, 0, 5, 0), ConnId::on_node(2, 0, 5, 0));
