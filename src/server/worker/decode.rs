@@ -51,13 +51,21 @@ pub fn parse(
         }
         let rest = &data[pos..];
         let step = match conn.proto {
-            Proto::Memcache => memcache(conn, rest, id, cx, batch),
+            // The authenticated path takes the flags alone: the users matter only to the rare
+            // requests handled below (`Step::SaslAgain`), and a wider argument costs every
+            // request of the hot loop.
+            Proto::Memcache if conn.authenticated => memcache(conn, rest, id, cx.config, batch),
+            Proto::Memcache => super::auth::unauthenticated(conn, rest, id, cx, batch),
             Proto::Lockd => lockd(conn, rest, id, batch),
             Proto::Dlock => dlock(conn, rest, id, cx, batch),
             Proto::Counter => counter(conn, rest, id, batch),
         };
         match step {
             Step::Consumed(n) => pos += n,
+            Step::SaslAgain(n) => {
+                sasl_again(conn, &rest[..n], id, cx, batch);
+                pos += n;
+            }
             Step::Incomplete => break,
             Step::Fatal => return (pos, true),
         }
@@ -70,6 +78,9 @@ pub enum Step {
     Consumed(usize),
     Incomplete,
     Fatal,
+    /// A binary SASL request of this many bytes on an authenticated memcached connection:
+    /// served as SASL when users are configured, else an unknown command.
+    SaslAgain(usize),
 }
 
 /// The largest reply to one retrieval of one key: the item and its header line.
@@ -98,11 +109,7 @@ fn push(conn: &mut Conn, id: ConnId, op: Op, batch: &mut Batch) {
     conn.inflight += 1;
 }
 
-fn memcache(conn: &mut Conn, buf: &[u8], id: ConnId, cx: Cx<'_>, batch: &mut Batch) -> Step {
-    if !conn.authenticated {
-        return super::auth::unauthenticated(conn, buf, id, cx, batch);
-    }
-    let config = cx.config;
+fn memcache(conn: &mut Conn, buf: &[u8], id: ConnId, config: &Config, batch: &mut Batch) -> Step {
     // Text and binary are told apart per request, by its first byte. A text command starts with
     // an ASCII letter or space, so a first byte with the high bit set is a binary header; any
     // such byte but the request magic 0x80 is a bad magic, and the binary parser closes the
@@ -111,8 +118,11 @@ fn memcache(conn: &mut Conn, buf: &[u8], id: ConnId, cx: Cx<'_>, batch: &mut Bat
     if buf[0] & 0x80 != 0 {
         return match binary::parse(buf, config.max_item_size) {
             Ok((req, n)) => {
-                binary_request(conn, &req, id, cx, batch);
-                Step::Consumed(n)
+                if binary_request(conn, &req, id, config, batch) {
+                    Step::Consumed(n)
+                } else {
+                    Step::SaslAgain(n)
+                }
             }
             Err(binary::ParseError::Incomplete) => Step::Incomplete,
             Err(binary::ParseError::Refuse {
@@ -400,21 +410,20 @@ fn binary_command(r: &binary::Request<'_>, yrmcds: bool, a: &mut Arena) -> Resul
 }
 
 /// One parsed binary request: checked and decoded here, answered here when it is refused, else
-/// sent to the owner.
+/// sent to the owner. False for a SASL request, which the caller answers (it knows the users).
 fn binary_request(
     conn: &mut Conn,
     req: &binary::Request<'_>,
     id: ConnId,
-    cx: Cx<'_>,
+    config: &Config,
     batch: &mut Batch,
-) {
-    let config = cx.config;
+) -> bool {
     let yrmcds = config.compat == Compat::Yrmcds;
     let shapes = if yrmcds { &SHAPES_YRMCDS } else { &SHAPES };
     // yrmcds has no binary Verbosity: unknown there whatever its shape.
     let unknown_here = yrmcds && req.opcode == binary::opcode::VERBOSITY;
     if !unknown_here && !shapes[usize::from(req.opcode)].admits(req) {
-        return refuse(
+        refuse(
             conn,
             req,
             id,
@@ -422,6 +431,7 @@ fn binary_request(
             batch,
             binary::status::INVALID_ARGUMENTS,
         );
+        return true;
     }
     let mark = batch.arena.bytes.len();
     match binary_command(req, yrmcds, &mut batch.arena) {
@@ -438,14 +448,36 @@ fn binary_request(
         }
         Err(status) => {
             batch.arena.bytes.truncate(mark);
-            if let (Some(users), super::auth::SASL_LIST_MECHS..=super::auth::SASL_STEP) =
-                (cx.secrets.memcache_users.as_deref(), req.opcode)
-            {
-                // Authenticated already: SASL again (without users, SASL is unknown here).
-                super::auth::sasl(conn, req, id, users, batch);
-                return;
+            if let super::auth::SASL_LIST_MECHS..=super::auth::SASL_STEP = req.opcode {
+                return false; // SASL (an unknown command here): the caller knows the users
             }
             refuse(conn, req, id, yrmcds, batch, status);
+        }
+    }
+    true
+}
+
+/// A SASL request on an authenticated memcached connection: SASL again when users are
+/// configured; without users SASL is an unknown command, as in a memcached built without SASL.
+#[cold]
+fn sasl_again(conn: &mut Conn, bytes: &[u8], id: ConnId, cx: Cx<'_>, batch: &mut Batch) {
+    let Ok((req, _)) = binary::parse(bytes, cx.config.max_item_size) else {
+        return; // parsed once already: cannot happen
+    };
+    match cx.secrets.memcache_users.as_deref() {
+        Some(users) => {
+            super::auth::sasl(conn, &req, id, users, batch);
+        }
+        None => {
+            let yrmcds = cx.config.compat == Compat::Yrmcds;
+            refuse(
+                conn,
+                &req,
+                id,
+                yrmcds,
+                batch,
+                binary::status::UNKNOWN_COMMAND,
+            );
         }
     }
 }
