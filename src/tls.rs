@@ -15,6 +15,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::io;
+
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
@@ -469,21 +470,73 @@ pub fn server_name(host: &str) -> Result<ServerName<'static>, String> {
     ServerName::try_from(host.to_string()).map_err(|e| format!("{host}: {e}"))
 }
 
-/// A blocking TLS stream over TCP (the admin port's connection threads, the peer links, the
-/// tools).
+/// A blocking TLS stream over TCP (the peer links, the tools).
 pub type ServerStream = rustls::StreamOwned<rustls::ServerConnection, std::net::TcpStream>;
 pub type ClientStream = rustls::StreamOwned<rustls::ClientConnection, std::net::TcpStream>;
+/// A server's blocking TLS stream whose every read and write ends by a deadline (the admin
+/// port's connection threads).
+pub type DeadlineServerStream = rustls::StreamOwned<rustls::ServerConnection, Deadline<TcpStream>>;
 
-/// Run a blocking server handshake to its end (the socket's read timeout bounds it).
+use std::net::TcpStream;
+
+/// A TCP stream (owned or borrowed) whose reads and writes each get the time left before
+/// `deadline` as their timeout, and fail with `TimedOut` once it has passed. rustls's blocking
+/// loops (`complete_io`, `StreamOwned::read`) read until a whole record or handshake message has
+/// arrived: with a plain socket timeout, a peer that trickles a byte now and then keeps such a
+/// loop going without end; through this, never past the deadline.
+pub struct Deadline<T> {
+    pub tcp: T,
+    pub deadline: std::time::Instant,
+}
+
+impl<T: std::borrow::Borrow<TcpStream>> Deadline<T> {
+    fn left(&self) -> io::Result<std::time::Duration> {
+        let left = self
+            .deadline
+            .saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(io::ErrorKind::TimedOut, "deadline passed"));
+        }
+        Ok(left)
+    }
+}
+
+impl<T: std::borrow::Borrow<TcpStream>> io::Read for Deadline<T> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let left = self.left()?;
+        let tcp = self.tcp.borrow();
+        tcp.set_read_timeout(Some(left))?;
+        (&*tcp).read(buf)
+    }
+}
+
+impl<T: std::borrow::Borrow<TcpStream>> io::Write for Deadline<T> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let left = self.left()?;
+        let tcp = self.tcp.borrow();
+        tcp.set_write_timeout(Some(left))?;
+        (&*tcp).write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Run a blocking server handshake to its end, or fail once `deadline` has passed however the
+/// client sends its bytes. The stream keeps the deadline for what follows (move it on with
+/// `stream.sock.deadline`).
 pub fn accept_blocking(
     config: Arc<ServerConfig>,
-    mut tcp: std::net::TcpStream,
-) -> io::Result<ServerStream> {
+    tcp: TcpStream,
+    deadline: std::time::Instant,
+) -> io::Result<DeadlineServerStream> {
     let mut conn = rustls::ServerConnection::new(config).map_err(io::Error::other)?;
+    let mut io = Deadline { tcp, deadline };
     while conn.is_handshaking() {
-        conn.complete_io(&mut tcp)?;
+        conn.complete_io(&mut io)?;
     }
-    Ok(rustls::StreamOwned::new(conn, tcp))
+    Ok(rustls::StreamOwned::new(conn, io))
 }
 
 /// Run a blocking client handshake to its end.

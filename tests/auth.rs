@@ -544,6 +544,70 @@ fn the_admin_port_speaks_https_with_tls_cert_and_plain_with_notls() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+/// A client that trickles its ClientHello a byte at a time (each byte well within any per-read
+/// timeout) is closed at `--tls-handshake-timeout` all the same, never answered: a handshake's
+/// deadline counts from the connection, not from its last byte.
+#[test]
+fn a_trickled_admin_handshake_ends_at_the_handshake_timeout() {
+    use std::io::{Read, Write};
+    let dir = temp_dir("auth-admin-trickle");
+    let (ca, leaf) = tls_files(&dir);
+    let d = Daemon::start(&[
+        "--tls-cert",
+        path_str(&leaf.cert),
+        "--tls-key",
+        path_str(&leaf.key),
+        "--tls-handshake-timeout",
+        "1000",
+    ]);
+    let admin = d.admin.expect("admin port");
+    let config = holdfast::tls::client_config(Some(&ca), None).expect("client config");
+    let name = holdfast::tls::server_name("127.0.0.1").unwrap();
+    let mut client = holdfast::tls::rustls::ClientConnection::new(config, name).unwrap();
+    let mut hello = Vec::new();
+    client.write_tls(&mut hello).unwrap();
+    assert!(hello.len() > 100, "a ClientHello of {} bytes", hello.len());
+    let mut s = std::net::TcpStream::connect(admin).unwrap();
+    s.set_nodelay(true).unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+    let start = Instant::now();
+    let mut sent = 0;
+    let mut buf = [0u8; 4096];
+    // One byte about every 40 ms: the whole hello would take several seconds.
+    let closed_after = loop {
+        assert!(
+            start.elapsed() < DEADLINE,
+            "still open after {:?}",
+            start.elapsed()
+        );
+        if sent < hello.len() && s.write_all(&hello[sent..sent + 1]).is_err() {
+            break start.elapsed();
+        }
+        sent += 1;
+        match s.read(&mut buf) {
+            Ok(0) => break start.elapsed(),
+            Ok(n) => panic!("answered {n} bytes after {:?}", start.elapsed()),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => break start.elapsed(),
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(
+        sent < hello.len(),
+        "the whole hello went out ({sent} bytes) before the close"
+    );
+    assert!(
+        closed_after < Duration::from_millis(2500),
+        "closed after {closed_after:?}, the handshake timeout is 1 s"
+    );
+    drop(d);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
 /// A network namespace joined to this one by a veth pair, made for one test and removed when
 /// dropped: `host` is this side's address, `inner` the namespace's (a /30 of their own).
 struct Netns {

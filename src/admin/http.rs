@@ -101,9 +101,9 @@ impl Stream for TcpStream {
     }
 }
 
-impl Stream for crate::tls::ServerStream {
+impl Stream for crate::tls::DeadlineServerStream {
     fn tcp(&self) -> &TcpStream {
-        &self.sock
+        &self.sock.tcp
     }
 
     fn finish(&mut self) {
@@ -129,8 +129,13 @@ pub fn serve(stream: TcpStream, peer: SocketAddr, ctx: &Ctx) {
     let _ = stream.set_read_timeout(Some(limit));
     let _ = stream.set_write_timeout(Some(limit));
     let started = Instant::now();
-    match crate::tls::accept_blocking(config, stream) {
-        Ok(mut tls) => serve_on(&mut tls, peer, ctx),
+    match crate::tls::accept_blocking(config, stream, started + limit) {
+        Ok(mut tls) => {
+            // Every read and write of the request and its answer ends by then, however a
+            // client trickles its records (a plain socket timeout counts from each byte).
+            tls.sock.deadline = Instant::now() + REQUEST_DEADLINE + WRITE_DEADLINE;
+            serve_on(&mut tls, peer, ctx)
+        }
         Err(e) => {
             let why = if started.elapsed() >= limit {
                 format!("no handshake within {} ms", limit.as_millis())

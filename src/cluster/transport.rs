@@ -662,11 +662,11 @@ impl Write for Stream {
     }
 }
 
-/// Runs a TLS handshake over `tcp` (whose read timeout is short: each call of `complete_io`
-/// returns within it) until it ends, fails, `deadline` passes or the transport stops.
+/// Runs a TLS handshake over `tcp` until it ends, fails, `deadline` passes or the transport
+/// stops.
 fn handshake<C, S>(
     mut conn: C,
-    mut tcp: TcpStream,
+    tcp: TcpStream,
     deadline: Instant,
     shutdown: &AtomicBool,
 ) -> io::Result<rustls::StreamOwned<C, TcpStream>>
@@ -684,7 +684,13 @@ where
                 "the TLS handshake did not end in time",
             ));
         }
-        match conn.complete_io(&mut tcp) {
+        // Each call ends by the next look at the shutdown flag or the deadline, however the
+        // peer trickles its bytes (complete_io reads until a whole message has arrived).
+        let mut io = crate::tls::Deadline {
+            tcp: &tcp,
+            deadline: deadline.min(Instant::now() + POLL),
+        };
+        match conn.complete_io(&mut io) {
             Ok(_) => {}
             Err(e)
                 if matches!(

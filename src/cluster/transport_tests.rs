@@ -674,6 +674,60 @@ fn stalled_handshakes_cannot_hold_the_inbound_slots() {
     assert!(refused(&a) >= MAX_INBOUND_CONNECTIONS as u64);
 }
 
+/// A stranger that trickles a real ClientHello a byte at a time (far more often than any
+/// per-read timeout) is closed at the handshake deadline all the same, unanswered.
+#[test]
+fn a_trickled_handshake_ends_at_the_deadline() {
+    let pki = Pki::new();
+    let la = listener();
+    let peers: BTreeMap<u64, SocketAddr> = [(1, la.local_addr().unwrap())].into_iter().collect();
+    let a = Transport::start(tls_config(1, &peers, pki.tls("a", &pki.ca)), la).unwrap();
+    let (_, config) = pki.configs("client", &pki.ca);
+    let name = crate::tls::server_name("127.0.0.1").unwrap();
+    let mut client = rustls::ClientConnection::new(config, name).unwrap();
+    let mut hello = Vec::new();
+    client.write_tls(&mut hello).unwrap();
+    let mut s = TcpStream::connect(a.local_addr()).unwrap();
+    s.set_nodelay(true).unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+    let start = Instant::now();
+    let mut sent = 0;
+    let mut buf = [0u8; 4096];
+    // About 40 ms a byte: the whole hello takes longer than the handshake timeout.
+    assert!(
+        Duration::from_millis(40) * hello.len() as u32 > HANDSHAKE_TIMEOUT + Duration::from_secs(2),
+        "a ClientHello of {} bytes is too short for this test",
+        hello.len()
+    );
+    let closed_after = loop {
+        assert!(
+            start.elapsed() < HANDSHAKE_TIMEOUT * 4,
+            "still open after {:?}",
+            start.elapsed()
+        );
+        if sent < hello.len() && s.write_all(&hello[sent..sent + 1]).is_err() {
+            break start.elapsed();
+        }
+        sent += 1;
+        match s.read(&mut buf) {
+            Ok(0) => break start.elapsed(),
+            Ok(n) => panic!("answered {n} bytes after {:?}", start.elapsed()),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => break start.elapsed(),
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(
+        closed_after < HANDSHAKE_TIMEOUT + Duration::from_secs(1),
+        "closed after {closed_after:?}"
+    );
+    assert!(refused(&a) >= 1);
+}
+
 /// The dialing node checks the accepting node's certificate against the name of that peer's
 /// `--peers` entry: a DNS name given there is checked as such, and a certificate without the
 /// name is not accepted.
