@@ -30,6 +30,13 @@ fn main() -> ExitCode {
     if let Some(cluster) = &config.cluster {
         holdfast::log::set_node(u64::from(cluster.node_id));
     }
+    // Block the stop signals and SIGHUP (reload) in every thread (threads inherit the mask), from
+    // here on: this thread waits for them with sigwait, so no handler runs in the middle of
+    // anything, and a SIGHUP while the secrets load (a log rotation during a restart) cannot end
+    // the process by its default action.
+    let signals = stop_signals();
+    // SAFETY: `signals` is an initialised sigset; pthread_sigmask only changes this thread's mask.
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &signals, std::ptr::null_mut()) };
     // Certificates, keys and tokens: a file that cannot be used (missing, malformed, readable by
     // other users) is a bad flag, refused with its one line before anything else is said.
     let secrets = match holdfast::tls::SecretStore::load(
@@ -45,11 +52,6 @@ fn main() -> ExitCode {
     holdfast::log_info!("starting {}", settings(&config));
     // As memcached does: --max-connections must not be cut short by a low default soft limit.
     holdfast::fdlimit::raise_to_hard();
-    // Block the stop signals and SIGHUP (reload) in every thread (threads inherit the mask); this thread waits for
-    // them with sigwait, so no handler runs in the middle of anything.
-    let signals = stop_signals();
-    // SAFETY: `signals` is an initialised sigset; pthread_sigmask only changes this thread's mask.
-    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &signals, std::ptr::null_mut()) };
 
     let server = match Server::start_with(config, secrets) {
         Ok(s) => s,

@@ -287,15 +287,29 @@ impl SecretStore {
 }
 
 /// Refuse a secret file that users other than its owner may read or write (as ssh does with a
-/// private key): mode bits for group or others.
+/// private key): mode bits for group or others, or an owner that is neither this process's
+/// user nor root.
 pub fn check_private(path: &Path) -> Result<(), String> {
-    use std::os::unix::fs::PermissionsExt;
     let meta = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    check_private_meta(path, &meta)
+}
+
+fn check_private_meta(path: &Path, meta: &std::fs::Metadata) -> Result<(), String> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let mode = meta.permissions().mode() & 0o777;
     if mode & 0o077 != 0 {
         return Err(format!(
             "{}: other users can access this secret file (mode {mode:04o}); chmod 600 it",
             path.display()
+        ));
+    }
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if meta.uid() != me && meta.uid() != 0 {
+        return Err(format!(
+            "{}: this secret file belongs to user {}, not to this process's user ({me}) or root",
+            path.display(),
+            meta.uid()
         ));
     }
     Ok(())
@@ -315,10 +329,23 @@ fn read_capped(path: &Path) -> Result<Vec<u8>, String> {
     Ok(bytes)
 }
 
-/// A secret file: private (see [`check_private`]), then read.
+/// A secret file: opened, checked private on the open file (see [`check_private`]: what is
+/// checked is what is read, even if the path is replaced meanwhile), then read.
 pub fn read_secret(path: &Path) -> Result<Vec<u8>, String> {
-    check_private(path)?;
-    read_capped(path)
+    use std::io::Read;
+    let f = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let meta = f
+        .metadata()
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    check_private_meta(path, &meta)?;
+    let mut bytes = Vec::new();
+    f.take(MAX_FILE + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    if bytes.len() as u64 > MAX_FILE {
+        return Err(format!("{}: larger than {MAX_FILE} bytes", path.display()));
+    }
+    Ok(bytes)
 }
 
 /// A token file's token: its first line without the line ending; an empty one is an error.

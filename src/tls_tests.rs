@@ -122,3 +122,30 @@ fn the_provider_prefers_aes_128_gcm_and_keeps_every_suite() {
     assert!(names[first12..].iter().all(|n| !n.starts_with("TLS13")));
     assert!(names[first12].contains("AES_128_GCM"), "{names:?}");
 }
+
+#[test]
+fn a_secret_file_of_another_user_is_refused() {
+    use std::os::unix::fs::chown;
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        println!("skipped: giving a file to another user needs root");
+        return;
+    }
+    let d = dir();
+    let p = d.join("token");
+    write(&p, "secret\n", 0o600);
+    chown(&p, Some(65534), None).unwrap();
+    let e = read_token(&p).unwrap_err();
+    assert!(e.contains("belongs to user 65534"), "{e}");
+    chown(&p, Some(0), None).unwrap();
+    assert_eq!(&*read_token(&p).unwrap(), b"secret");
+    // A link to a file others can read is the file others can read.
+    let open = d.join("open");
+    write(&open, "secret\n", 0o644);
+    let link = d.join("link");
+    std::os::unix::fs::symlink(&open, &link).unwrap();
+    assert!(read_token(&link)
+        .unwrap_err()
+        .contains("other users can access"));
+    std::fs::remove_dir_all(d).unwrap();
+}

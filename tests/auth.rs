@@ -544,6 +544,39 @@ fn the_admin_port_speaks_https_with_tls_cert_and_plain_with_notls() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+/// A membership change sent by a browser from another site's page (a plain form POST to a
+/// loopback address needs no preflight, and a browser adds its Basic credentials by itself) is
+/// refused: 403 whenever `Sec-Fetch-Site` names another site or `Origin` is not this port,
+/// with or without a token; the command-line client and curl send neither header.
+#[test]
+fn a_membership_change_from_another_sites_page_is_refused() {
+    let d = Daemon::start(&[]);
+    let admin = d.admin.expect("admin port");
+    let post = |extra: &str| {
+        let mut s = std::net::TcpStream::connect(admin).expect("connect admin");
+        s.set_read_timeout(Some(DEADLINE)).unwrap();
+        let req = format!(
+            "POST /cluster/remove?id=2 HTTP/1.1\r\nHost: {admin}\r\n{extra}Content-Length: 0\r\n\r\n"
+        );
+        exchange(&mut s, &req).0
+    };
+    assert_eq!(post("Sec-Fetch-Site: cross-site\r\n"), 403);
+    assert_eq!(post("Sec-Fetch-Site: same-site\r\n"), 403);
+    assert_eq!(post("Origin: http://evil.example\r\n"), 403);
+    assert_eq!(post("Origin: null\r\n"), 403);
+    // The same request from the port's own page, or from a client that is not a browser, goes
+    // on to the membership logic (a single node has no cluster to change).
+    for extra in [
+        String::new(),
+        "Sec-Fetch-Site: same-origin\r\n".to_string(),
+        format!("Origin: http://{admin}\r\n"),
+    ] {
+        let status = post(&extra);
+        assert_ne!(status, 403, "{extra:?}");
+        assert!(status >= 400, "{extra:?}: {status}");
+    }
+}
+
 /// A client that trickles its ClientHello a byte at a time (each byte well within any per-read
 /// timeout) is closed at `--tls-handshake-timeout` all the same, never answered: a handshake's
 /// deadline counts from the connection, not from its last byte.

@@ -318,6 +318,34 @@ fn base64_decode(text: &[u8]) -> Option<Vec<u8>> {
     Some(out)
 }
 
+/// Whether a browser sent this request from another site's page: a form on any web page can
+/// POST to a loopback address (no preflight for a POST without a body), and a browser adds the
+/// Basic credentials it has for the admin port by itself. Browsers say where a request comes
+/// from (`Sec-Fetch-Site`, `Origin`); `holdfast cluster` and curl send neither.
+fn cross_site(req: &httparse::Request<'_, '_>) -> bool {
+    let header = |name: &str| {
+        req.headers
+            .iter()
+            .find(|h| h.name.eq_ignore_ascii_case(name))
+            .map(|h| h.value)
+    };
+    if let Some(site) = header("sec-fetch-site") {
+        if site != b"same-origin" && site != b"none" {
+            return true;
+        }
+    }
+    match (header("origin"), header("host")) {
+        (None, _) => false,
+        (Some(origin), Some(host)) => {
+            let rest = origin
+                .strip_prefix(b"http://")
+                .or_else(|| origin.strip_prefix(b"https://"));
+            rest != Some(host)
+        }
+        (Some(_), None) => true,
+    }
+}
+
 fn route(req: &httparse::Request<'_, '_>, ctx: &Ctx) -> Response {
     let target = req.path.unwrap_or("/");
     let (path, query) = target.split_once('?').unwrap_or((target, ""));
@@ -335,6 +363,12 @@ fn route(req: &httparse::Request<'_, '_>, ctx: &Ctx) -> Response {
         if body {
             return Response::text(413, "a GET takes no request body");
         }
+    }
+    if changes && cross_site(req) {
+        return Response::text(
+            403,
+            "membership changes are not taken from another site's page",
+        );
     }
     let params = match parse_query(query) {
         Ok(p) => p,
