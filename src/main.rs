@@ -369,6 +369,25 @@ impl AdminClient {
             .nth(1)
             .and_then(|c| c.parse().ok())
             .ok_or("no HTTP status")?;
+        // The admin port always sends Content-Length: an answer cut short (a connection lost, or
+        // cut without TLS's close_notify by someone on the path) is an error, not an answer.
+        let length = head.lines().find_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            name.trim()
+                .eq_ignore_ascii_case("content-length")
+                .then(|| value.trim().parse::<usize>().ok())?
+        });
+        let head_len = raw
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .ok_or("no HTTP header")?;
+        let got = raw.len() - head_len - 4; // the body's bytes as received
+        if length != Some(got) {
+            return Err(format!(
+                "an incomplete answer ({got} of {} body bytes)",
+                length.map_or("?".to_string(), |n| n.to_string())
+            ));
+        }
         Ok((code, body.to_string()))
     }
 }
