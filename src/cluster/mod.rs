@@ -2,6 +2,7 @@
 //!
 //! - [`storage`]: the durable Raft log of one node (`raft::Storage` over a data directory).
 //! - [`node`]: one node's Raft driver over that log and the transport.
+//! - [`snapfile`]: a snapshot file (written as a stream, sent in chunks) and its descriptor.
 //! - [`transport`]: framed raft messages between peers over TCP (mutual TLS with peer TLS).
 //! - [`liveness`]: quorum probes, fencing, the write deadline and session expiries, as pure
 //!   functions of time.
@@ -15,5 +16,6 @@ pub mod crc32c;
 pub mod liveness;
 pub mod node;
 pub mod sim;
+pub mod snapfile;
 pub mod storage;
 pub mod transport;

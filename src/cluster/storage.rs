@@ -1049,4 +1049,4 @@ impl Storage for DiskStorage {
 
 #[cfg(test)]
 #[path = "storage_tests.rs"]
-mod tests;
+pub(crate) mod tests;
