@@ -271,9 +271,11 @@ mod tests {
     use crate::cluster::storage::tests::TempDir;
 
     fn meta(index: u64, term: u64) -> SnapshotMetadata {
-        let mut m = SnapshotMetadata::default();
-        m.index = index;
-        m.term = term;
+        let mut m = SnapshotMetadata {
+            index,
+            term,
+            ..Default::default()
+        };
         m.mut_conf_state().voters = vec![1, 2, 3];
         m
     }
