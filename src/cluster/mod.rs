@@ -2,6 +2,7 @@
 //!
 //! - [`storage`]: the durable Raft log of one node (`raft::Storage` over a data directory).
 //! - [`node`]: one node's Raft driver over that log and the transport.
+//! - [`snapchild`]: a snapshot written by a forked child while the node goes on.
 //! - [`snapfile`]: a snapshot file (written as a stream, sent in chunks) and its descriptor.
 //! - [`transport`]: framed raft messages between peers over TCP (mutual TLS with peer TLS).
 //! - [`liveness`]: quorum probes, fencing, the write deadline and session expiries, as pure
@@ -16,6 +17,7 @@ pub mod crc32c;
 pub mod liveness;
 pub mod node;
 pub mod sim;
+pub mod snapchild;
 pub mod snapfile;
 pub mod storage;
 pub mod transport;

@@ -26,24 +26,31 @@ use raft::prelude::{
 use raft::{Config, RawNode, SnapshotStatus, StateRole, Storage};
 
 use super::liveness::{Micros, Probes};
+use super::snapchild::{Finished, SnapshotChild};
+use super::snapfile::{self, MappedState};
 use super::storage::{claim_dir, DirLock, DiskStorage, PendingLog, Written};
 use super::transport::{PeerEvent, PeerTls, Transport, TransportConfig, TransportStats};
 use crate::admin::data::{Histogram, CLUSTER_BOUNDS};
 
 /// Ticks in one election timeout: the contract's "heartbeats every tenth of it".
 pub const TICKS_PER_ELECTION: usize = 10;
-/// Applied entries between two snapshots (each snapshot lets the log be compacted).
+/// Applied entries between two snapshots, at least (each snapshot lets the log be compacted);
+/// with a large state, one entry per 1 KiB of the last snapshot.
 pub const SNAPSHOT_EVERY: u64 = 10_000;
-/// Log bytes applied between two snapshots at most: entries carry many requests each, so a
-/// count alone let one node's log file reach 94 MB in a soak (it is rewritten at twice its live
-/// size, and the live part is what the last snapshot has not covered).
+/// Log bytes applied between two snapshots, at least; with a larger state, as many bytes as
+/// the last snapshot had, so that snapshots write no more than the log does (write
+/// amplification at most 2x) and the data directory holds at most about three states' worth:
+/// the snapshot, the log since it, and the next snapshot while it is written.
 pub const SNAPSHOT_LOG_BYTES: u64 = 16 << 20;
+/// After a snapshot child failed, the next attempt waits this long.
+const SNAPSHOT_RETRY: Duration = Duration::from_secs(5);
 /// Entries kept behind a snapshot, so that a follower a little behind catches up from the
 /// log instead of a whole snapshot.
 pub const KEEP_ENTRIES: u64 = 1_000;
-/// Entries kept behind a snapshot made because the log grew by [`SNAPSHOT_LOG_BYTES`]: such
-/// entries are large, and a follower that far behind is better served by the snapshot.
-pub const KEEP_LARGE_ENTRIES: u64 = 16;
+/// Entry bytes kept behind a snapshot at most (beyond one entry): the log left after a
+/// snapshot is rewritten on the owner's thread, so it must stay small whatever the entries'
+/// size; a follower further behind is better served by the snapshot.
+pub const KEEP_BYTES: u64 = 4 << 20;
 /// The largest append message (raft-rs's `max_size_per_msg`): one owner turn's entry fits.
 const MAX_MSG_BYTES: u64 = 1 << 20;
 const MAX_INFLIGHT_MSGS: usize = 256;
@@ -80,12 +87,33 @@ impl std::fmt::Display for StartError {
 
 /// The replicated state machine a node drives: fed committed entries in log order.
 pub trait Machine {
+    /// What [`Machine::restorer`] builds, off the owner's thread.
+    type Restored: Send + 'static;
     /// Apply the data of the committed normal entry at `index` (never empty).
     fn apply(&mut self, index: u64, data: &[u8]);
+    /// Appends the whole state, as applied so far, to `out`, calling
+    /// [`crate::core::codec::spill`] between records: in a forked snapshot child that streams
+    /// the bytes to the file as they come.
+    fn write_snapshot(&self, out: &mut Vec<u8>);
     /// The whole state, as applied so far.
-    fn snapshot(&self) -> Vec<u8>;
-    /// Replace the state by a leader's snapshot (hostile bytes: an error, no panic).
-    fn restore(&mut self, data: &[u8]) -> Result<(), String>;
+    fn snapshot(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        self.write_snapshot(&mut out);
+        out
+    }
+    /// Builds a state from a snapshot's bytes (hostile bytes: an error, no panic); it runs on
+    /// another thread while the node goes on.
+    #[allow(clippy::type_complexity)]
+    fn restorer(&self) -> Box<dyn FnOnce(&[u8]) -> Result<Self::Restored, String> + Send>;
+    /// Puts a restored state in place of the current one, which it hands back, so that the
+    /// caller can free it off the owner's thread.
+    fn install(&mut self, restored: Self::Restored) -> Box<dyn Send>;
+    /// Replace the state by a snapshot's, on this thread (hostile bytes: an error, no panic).
+    fn restore(&mut self, data: &[u8]) -> Result<(), String> {
+        let restored = self.restorer()(data)?;
+        drop(self.install(restored));
+        Ok(())
+    }
     /// A committed membership change at `index`, as raft applied it: `context` is the change's
     /// context (an added node's `ID=HOST:PORT`), `before` and `after` the configurations.
     fn apply_conf_change(
@@ -177,10 +205,52 @@ pub struct RaftNode {
     last_snapshot: u64,
     /// The size of the latest snapshot's state, made, installed or started from.
     snapshot_bytes: u64,
+    /// The snapshot being written by a child process, if any.
+    snapshot_child: Option<SnapshotChild>,
+    /// After a failed snapshot child: no new one before then.
+    snapshot_retry_at: Option<Instant>,
+    /// A leader's snapshot being restored off the owner's thread; committed entries after it
+    /// wait in `held` until it is in place.
+    installing: Option<Installing>,
+    held: std::collections::VecDeque<Entry>,
+    snapshot_stats: SnapshotStats,
     /// How long each log sync took (the sync thread's and those made on the spot).
     sync_times: Arc<Mutex<Histogram>>,
     /// The data directory's lock, held while the node runs.
     _dir_lock: DirLock,
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// A leader's snapshot being restored on a thread of its own.
+struct Installing {
+    index: u64,
+    bytes: u64,
+    started: Instant,
+    done: Receiver<Result<Box<dyn std::any::Any + Send>, String>>,
+}
+
+/// What the node's snapshots cost (for `/metrics`).
+#[derive(Clone, Debug, Default)]
+pub struct SnapshotStats {
+    /// Snapshots this node made (written by a child and adopted), and children that failed.
+    pub made: u64,
+    pub failed: u64,
+    /// Leader's snapshots installed.
+    pub installed: u64,
+    /// Seconds: the owner's part of the last snapshot (the fork), the child's whole run, and
+    /// the last install's restore (off the owner's thread).
+    pub last_fork_seconds: f64,
+    pub last_write_seconds: f64,
+    pub last_install_seconds: f64,
+    /// The owner's part of each snapshot (the fork), and each child's run.
+    pub fork_times: Histogram,
+    pub write_times: Histogram,
+    /// A snapshot is being written, or installed, now.
+    pub writing: bool,
+    pub installing: bool,
 }
 
 fn raft_config(id: u64, applied: u64) -> Config {
@@ -237,12 +307,15 @@ impl RaftNode {
         let mut snapshot_bytes = 0;
         storage.rewind_conf_state_to_snapshot();
         if let Some(meta) = storage.snapshot_metadata().cloned() {
-            let snap = storage.snapshot(meta.index, 0).map_err(|e| e.to_string())?;
+            let path = storage.snapshot_path().unwrap_or_default();
+            let state = snapfile::check(&path)
+                .and_then(|c| MappedState::open(&path, &c))
+                .map_err(|e| format!("the snapshot in {}: {e}", cfg.data_dir.display()))?;
             machine
-                .restore(snap.get_data())
+                .restore(&state)
                 .map_err(|e| format!("the snapshot in {}: {e}", cfg.data_dir.display()))?;
             applied = meta.index;
-            snapshot_bytes = snap.get_data().len() as u64;
+            snapshot_bytes = state.len() as u64;
         }
         if !empty {
             let changed = ids_in_conf_changes(&storage, &machine.membership());
@@ -290,6 +363,11 @@ impl RaftNode {
             applied,
             last_snapshot: applied,
             snapshot_bytes,
+            snapshot_child: None,
+            snapshot_retry_at: None,
+            installing: None,
+            held: std::collections::VecDeque::new(),
+            snapshot_stats: SnapshotStats::default(),
             sync_times,
             _dir_lock: dir_lock,
         })
@@ -493,7 +571,11 @@ impl RaftNode {
             }
         }
         while now >= self.next_tick {
-            self.raw.tick();
+            // A node installing a snapshot does not campaign (its state is not in place yet):
+            // its election clock stands still; it still answers every message.
+            if self.installing.is_none() {
+                self.raw.tick();
+            }
             self.next_tick += self.tick;
             if self.keepalive_in == 0 {
                 self.transport.keepalive();
@@ -597,6 +679,8 @@ impl RaftNode {
         while let Ok(done) = self.syncer.done.try_recv() {
             self.on_synced(done)?;
         }
+        self.poll_install(machine)?;
+        self.poll_snapshot_child()?;
         while self.raw.has_ready() {
             let mut rd = self.raw.ready();
             let number = rd.number();
@@ -614,20 +698,7 @@ impl RaftNode {
                     .mut_store()
                     .apply_snapshot(&snap)
                     .map_err(|e| e.to_string())?;
-                machine
-                    .restore(snap.get_data())
-                    .map_err(|e| format!("a leader's snapshot: {e}"))?;
-                self.applied = snap.get_metadata().index;
-                self.last_snapshot = self.applied;
-                self.snapshot_bytes = snap.get_data().len() as u64;
-                crate::log_info!(
-                    "cluster node {}: installed the leader's snapshot at index {} ({} bytes)",
-                    self.id(),
-                    self.applied,
-                    snap.get_data().len()
-                );
-                self.refresh_peers(machine);
-                self.conf_changed = true;
+                self.begin_install(machine, snap.get_metadata().index);
             }
             self.apply(machine, rd.take_committed_entries())?;
             let store = self.raw.mut_store();
@@ -665,7 +736,7 @@ impl RaftNode {
                 // The owner stops this node as soon as this returns.
                 break;
             }
-            self.maybe_snapshot(machine)?;
+            self.maybe_snapshot(machine);
         }
         self.count_confirmations();
         Ok(())
@@ -714,6 +785,13 @@ impl RaftNode {
 
     fn apply(&mut self, machine: &mut impl Machine, entries: Vec<Entry>) -> Result<(), String> {
         for e in entries {
+            if let Some(i) = &self.installing {
+                // After the snapshot being installed: applied once it is in place.
+                if e.index > i.index {
+                    self.held.push_back(e);
+                }
+                continue;
+            }
             if e.index <= self.applied {
                 continue;
             }
@@ -782,34 +860,187 @@ impl RaftNode {
         Ok(())
     }
 
-    fn maybe_snapshot(&mut self, machine: &mut impl Machine) -> Result<(), String> {
-        if self.applied < self.last_snapshot + SNAPSHOT_EVERY
-            && self.bytes_since_snapshot < SNAPSHOT_LOG_BYTES
-            && !self.snapshot_due
-        {
-            return Ok(());
-        }
-        let keep = if self.bytes_since_snapshot >= SNAPSHOT_LOG_BYTES {
-            KEEP_LARGE_ENTRIES
-        } else {
-            KEEP_ENTRIES
+    /// Starts restoring the leader's snapshot at `index` (just made durable in storage) on a
+    /// thread of its own; committed entries after it are held until it is in place. A newer
+    /// snapshot replaces one still being restored.
+    fn begin_install(&mut self, machine: &impl Machine, index: u64) {
+        self.held.retain(|e| e.index > index);
+        self.snapshot_child = None;
+        let path = self.raw.store().snapshot_path().unwrap_or_default();
+        let bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+        let restorer = machine.restorer();
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let spawned = std::thread::Builder::new()
+            .name("holdfast-install".into())
+            .spawn(move || {
+                let restored = snapfile::check(&path)
+                    .and_then(|c| MappedState::open(&path, &c))
+                    .map_err(|e| e.to_string())
+                    .and_then(|state| restorer(&state))
+                    .map(|r| Box::new(r) as Box<dyn std::any::Any + Send>);
+                let _ = tx.send(restored);
+            });
+        let done = match spawned {
+            Ok(_) => rx,
+            Err(e) => {
+                let (tx, rx) = crossbeam_channel::bounded(1);
+                let _ = tx.send(Err(format!("cannot start the install thread: {e}")));
+                rx
+            }
         };
-        self.snapshot_due = false;
+        self.installing = Some(Installing {
+            index,
+            bytes,
+            started: Instant::now(),
+            done,
+        });
+        self.snapshot_stats.installing = true;
+        crate::log_info!(
+            "cluster node {}: installing the leader's snapshot at index {} ({} bytes)",
+            self.id(),
+            index,
+            bytes
+        );
+    }
+
+    /// A snapshot restored off the owner's thread is put in place, and the entries held
+    /// behind it are applied. A snapshot that does not restore is a storage failure.
+    fn poll_install(&mut self, machine: &mut impl Machine) -> Result<(), String> {
+        let Some(i) = &self.installing else {
+            return Ok(());
+        };
+        let restored = match i.done.try_recv() {
+            Ok(r) => r.map_err(|e| format!("a leader's snapshot: {e}"))?,
+            Err(crossbeam_channel::TryRecvError::Empty) => return Ok(()),
+            Err(crossbeam_channel::TryRecvError::Disconnected) => {
+                return Err("a leader's snapshot: the install thread stopped".into())
+            }
+        };
+        let i = self.installing.take().expect("checked");
+        let restored = restored
+            .downcast()
+            .map_err(|_| "a leader's snapshot: restored as another type".to_string())?;
+        let old = machine.install(*restored);
+        // Freeing a large state takes time: not on the owner's thread.
+        let _ = std::thread::Builder::new()
+            .name("holdfast-free".into())
+            .spawn(move || drop(old));
+        let took = i.started.elapsed();
+        self.applied = i.index;
+        self.last_snapshot = i.index;
         self.bytes_since_snapshot = 0;
+        self.snapshot_bytes = i.bytes;
+        self.snapshot_stats.installed += 1;
+        self.snapshot_stats.installing = false;
+        self.snapshot_stats.last_install_seconds = took.as_secs_f64();
+        crate::log_info!(
+            "cluster node {}: installed the leader's snapshot at index {} ({} bytes) in {} ms",
+            self.id(),
+            i.index,
+            i.bytes,
+            took.as_millis()
+        );
+        self.refresh_peers(machine);
+        self.conf_changed = true;
+        let held: Vec<Entry> = self.held.drain(..).collect();
+        self.apply(machine, held)
+    }
+
+    /// Starts a snapshot when the log since the last one has grown as large as the state (or
+    /// past the floors, or a node was added), in a child process, unless one is running or
+    /// the state is being replaced.
+    fn maybe_snapshot(&mut self, machine: &impl Machine) {
+        let bytes_due = self.bytes_since_snapshot >= SNAPSHOT_LOG_BYTES.max(self.snapshot_bytes);
+        let entries_due =
+            self.applied >= self.last_snapshot + SNAPSHOT_EVERY.max(self.snapshot_bytes >> 10);
+        if !(bytes_due || entries_due || self.snapshot_due)
+            || self.snapshot_child.is_some()
+            || self.installing.is_some()
+            || self.snapshot_retry_at.is_some_and(|at| Instant::now() < at)
+        {
+            return;
+        }
         let cs = self.raw.raft.prs().conf().to_conf_state();
-        let data = machine.snapshot();
-        self.snapshot_bytes = data.len() as u64;
+        let store = self.raw.store();
+        let meta = match store.snapshot_metadata_at(self.applied, cs) {
+            Ok(Some(meta)) => meta,
+            Ok(None) => return,
+            Err(e) => {
+                crate::log_error!("cluster node {}: cannot snapshot: {e}", self.id());
+                return;
+            }
+        };
+        let tmp = store.snapshot_tmp_path(&meta);
+        match SnapshotChild::spawn(meta, tmp, |out| machine.write_snapshot(out)) {
+            Ok(child) => {
+                self.snapshot_due = false;
+                self.bytes_since_snapshot = 0;
+                self.last_snapshot = self.applied;
+                let secs = child.fork_time.as_secs_f64();
+                self.snapshot_stats.last_fork_seconds = secs;
+                self.snapshot_stats.fork_times.observe_in(
+                    &CLUSTER_BOUNDS,
+                    nanos(child.fork_time),
+                    1,
+                );
+                self.snapshot_stats.writing = true;
+                self.snapshot_child = Some(child);
+            }
+            Err(e) => {
+                crate::log_error!("cluster node {}: cannot fork a snapshot: {e}", self.id());
+                self.snapshot_retry_at = Some(Instant::now() + SNAPSHOT_RETRY);
+            }
+        }
+    }
+
+    /// A snapshot child that has finished: its file becomes the newest snapshot and the log is
+    /// compacted behind it. A failed child is logged and retried later; the log is intact.
+    fn poll_snapshot_child(&mut self) -> Result<(), String> {
+        let Some(child) = &mut self.snapshot_child else {
+            return Ok(());
+        };
+        let Some(finished) = child.poll() else {
+            return Ok(());
+        };
+        let child = self.snapshot_child.take().expect("checked");
+        self.snapshot_stats.writing = false;
+        let took = child.started.elapsed();
+        let d = match finished {
+            Finished::Done(d) => d,
+            Finished::Failed(why) => {
+                crate::log_error!(
+                    "cluster node {}: snapshot at index {} failed: {why}",
+                    self.id(),
+                    child.meta.index
+                );
+                self.snapshot_stats.failed += 1;
+                self.snapshot_retry_at = Some(Instant::now() + SNAPSHOT_RETRY);
+                return Ok(());
+            }
+        };
+        self.snapshot_retry_at = None;
+        let index = child.meta.index;
         let store = self.raw.mut_store();
+        let upto = store.compaction_keeping(index, KEEP_ENTRIES, KEEP_BYTES);
         store
-            .create_snapshot(self.applied, cs, data)
-            .and_then(|()| store.compact(self.applied.saturating_sub(keep)))
+            .adopt_snapshot(child.meta.clone(), d)
+            .and_then(|()| store.compact(upto))
             .map_err(|e| e.to_string())?;
         self.sync_now()?;
         // That sync covered every Ready written so far.
         self.durable_through(self.requested);
         self.send_promised();
-        self.last_snapshot = self.applied;
+        self.snapshot_bytes = d.len;
+        let st = &mut self.snapshot_stats;
+        st.made += 1;
+        st.last_write_seconds = took.as_secs_f64();
+        st.write_times.observe_in(&CLUSTER_BOUNDS, nanos(took), 1);
         Ok(())
+    }
+
+    /// What this node's snapshots cost.
+    pub fn snapshot_stats(&self) -> &SnapshotStats {
+        &self.snapshot_stats
     }
 
     /// The index of the last applied entry.
@@ -1022,3 +1253,7 @@ mod tests {
         assert!(e.contains("difference (3,5)"), "{e}");
     }
 }
+
+#[cfg(test)]
+#[path = "node_snapshot_tests.rs"]
+mod snapshot_tests;

@@ -265,6 +265,78 @@ pub fn read_state(path: &Path, checked: &Checked) -> Result<Vec<u8>, ReadError> 
     Ok(state)
 }
 
+/// The state bytes of a checked snapshot file, mapped rather than read: the pages are the page
+/// cache's, which the kernel may drop and read again, so installing a large snapshot does not
+/// hold a second anonymous copy of it beside the state being built.
+pub struct MappedState {
+    base: *mut libc::c_void,
+    map_len: usize,
+    at: usize,
+    len: usize,
+}
+
+// SAFETY: the mapping is read-only and private to this value; nothing else aliases it mutably.
+unsafe impl Send for MappedState {}
+
+impl MappedState {
+    /// Maps the state of the file at `path`, which [`check`] accepted as `checked`.
+    pub fn open(path: &Path, checked: &Checked) -> Result<MappedState, ReadError> {
+        let f = File::open(path)?;
+        let len = f.metadata()?.len();
+        if len != checked.descriptor.len {
+            return Err(ReadError::Corrupt(format!(
+                "{}: changed since it was checked",
+                path.display()
+            )));
+        }
+        let map_len = usize::try_from(len).map_err(|_| ReadError::Corrupt("too large".into()))?;
+        let (at, state_len) = (checked.state_at as usize, checked.state_len as usize);
+        if map_len == 0 {
+            return Err(ReadError::Corrupt("empty".into()));
+        }
+        use std::os::fd::AsRawFd;
+        // SAFETY: maps `map_len` bytes of an open regular file read-only and private; the
+        // mapping outlives the descriptor, and is unmapped on drop.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE,
+                f.as_raw_fd(),
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(ReadError::Io(io::Error::last_os_error()));
+        }
+        // SAFETY: advice on the mapping just made.
+        unsafe { libc::madvise(base, map_len, libc::MADV_SEQUENTIAL) };
+        Ok(MappedState {
+            base,
+            map_len,
+            at,
+            len: state_len,
+        })
+    }
+}
+
+impl std::ops::Deref for MappedState {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        // SAFETY: `at + len <= map_len` (from `check`), within the live read-only mapping.
+        unsafe { std::slice::from_raw_parts((self.base as *const u8).add(self.at), self.len) }
+    }
+}
+
+impl Drop for MappedState {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping made in `open`.
+        unsafe { libc::munmap(self.base, self.map_len) };
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -294,6 +366,7 @@ mod tests {
         assert_eq!((c.meta.index, c.meta.term), (7, 2));
         assert_eq!(c.meta.get_conf_state().voters, vec![1, 2, 3]);
         assert_eq!(read_state(&p, &c).unwrap(), state);
+        assert_eq!(&*MappedState::open(&p, &c).unwrap(), &state[..]);
         assert_eq!(Descriptor::decode(&d.encode()), Some(d));
     }
 

@@ -9,7 +9,8 @@
 //! data-dir/
 //!   lock                 the running node's process id, under an exclusive flock ([`claim_dir`])
 //!   log.<gen>            "HFRL" version(u32 LE), then records, append-only
-//!   snap-<index>-<term>  one record: a Snapshot protobuf (metadata + state machine bytes)
+//!   snap-<index>-<term>  the state machine as of that entry, in the format of [`snapfile`]
+//!   received-<i>-<t>     a leader's snapshot, transferred and checked, until it is installed
 //!
 //! record = len(u32 LE) crc32c(payload)(u32 LE) crc32c(first 8 bytes)(u32 LE) payload
 //! payload = kind(u8) body
@@ -26,7 +27,9 @@
 //! [`DiskStorage::sync`] writes the buffer with one `write` and makes it durable with one
 //! `fdatasync` (group commit). The driver calls `sync` after persisting a `Ready` and before it
 //! sends the messages (votes, append acks) that promise that state. A snapshot file is written
-//! to a temporary name, synced, renamed and the directory synced before the record naming it.
+//! to a temporary name (by a forked child, see `node.rs`), synced, renamed and the directory
+//! synced before the record naming it. raft's snapshot messages carry the file's
+//! [`Descriptor`], not the state: the file travels beside them (`transport.rs`).
 //!
 //! **Recovery.** At open the records are replayed. A crash can only tear the end of the last
 //! write, so a partial last record (a short header, a header whose length runs past the end of
@@ -51,6 +54,7 @@ use raft::prelude::{ConfState, Entry, HardState, Snapshot, SnapshotMetadata};
 use raft::{Storage, StorageError};
 
 use super::crc32c;
+use super::snapfile::{self, Descriptor};
 
 /// First bytes of a log file: the format's name and version.
 const LOG_MAGIC: &[u8; 4] = b"HFRL";
@@ -64,7 +68,7 @@ const RECORD_HEADER_LEN: usize = 12;
 pub const MAX_RECORD_LEN: usize = 64 << 20;
 /// The largest snapshot file read back: a lock service's whole state (the item store defaults
 /// to 1 GiB) with room to spare; a snapshot is also never larger than its file.
-pub const MAX_SNAPSHOT_LEN: u64 = 16 << 30;
+pub const MAX_SNAPSHOT_LEN: u64 = snapfile::MAX_FILE_LEN;
 /// Below this size the log file is never rewritten: rewriting a small file on every compaction
 /// would cost more than the space it frees.
 pub const REWRITE_MIN_BYTES: u64 = 4 << 20;
@@ -158,6 +162,13 @@ impl LogState {
 
     pub(crate) fn last_index(&self) -> u64 {
         self.base_index + self.entries.len() as u64
+    }
+
+    pub(crate) fn entry(&self, idx: u64) -> Option<&Entry> {
+        if idx <= self.base_index {
+            return None;
+        }
+        self.entries.get((idx - self.base_index - 1) as usize)
     }
 
     pub(crate) fn term(&self, idx: u64) -> Option<u64> {
@@ -448,10 +459,13 @@ pub struct DiskStorage {
     file_len: u64,
     /// Records not yet written.
     pending: Vec<u8>,
-    /// `sync` rewrites the log once it reaches this length.
-    rewrite_at: u64,
+    /// About how many bytes a rewrite would write ([`DiskStorage::live_bytes`]): the log is
+    /// rewritten once the file is twice that, so a rewrite never writes more than it frees.
+    live: u64,
     /// Snapshot files to remove once the record superseding them is durable.
     obsolete: Vec<PathBuf>,
+    /// The length and checksum of the newest snapshot file (what raft's messages carry).
+    descriptor: Option<Descriptor>,
 }
 
 /// What [`DiskStorage::write`] left to do.
@@ -483,12 +497,17 @@ impl PendingLog {
     }
 }
 
+/// About what an entry takes in the log file.
+fn entry_bytes(e: &Entry) -> u64 {
+    (e.data.len() + e.context.len() + 32) as u64
+}
+
 fn log_path(dir: &Path, gen: u64) -> PathBuf {
     dir.join(format!("log.{}", gen))
 }
 
 fn snap_path(dir: &Path, meta: &SnapshotMetadata) -> PathBuf {
-    dir.join(format!("snap-{}-{}", meta.index, meta.term))
+    snapfile::path(dir, meta)
 }
 
 fn sync_dir(dir: &Path) -> Result<(), LogError> {
@@ -519,6 +538,9 @@ impl DiskStorage {
                 gens.push(g);
             } else if name.starts_with("snap-") {
                 snaps.push(ent.path());
+            } else if name.starts_with("received-") || name.starts_with("incoming-") {
+                // A transfer that had not been installed: the leader sends a newer one.
+                fs::remove_file(ent.path()).map_err(io_err(&ent.path()))?;
             }
         }
         gens.sort_unstable();
@@ -530,9 +552,7 @@ impl DiskStorage {
                     reason: "snapshot file without a log: the log was lost".into(),
                 });
             }
-            let mut s = DiskStorage::create(dir, 1, LogState::default())?;
-            s.rewrite_at = REWRITE_MIN_BYTES;
-            return Ok(s);
+            return DiskStorage::create(dir, 1, LogState::default());
         };
         let path = log_path(&dir, gen);
         let mut file = OpenOptions::new()
@@ -577,16 +597,18 @@ impl DiskStorage {
             fs::remove_file(&p).map_err(io_err(&p))?;
         }
         let keep = state.snapshot.as_ref().map(|m| snap_path(&dir, m));
+        let mut descriptor = None;
         if let (Some(keep), Some(meta)) = (&keep, &state.snapshot) {
             // Fails on a missing or damaged file, or one that is not the snapshot named.
-            let snap = read_snapshot_file(keep)?;
-            if snap.get_metadata() != meta {
+            let checked = check_or_convert(keep)?;
+            if &checked.meta != meta {
                 return Err(LogError::Corrupt {
                     path: keep.clone(),
                     offset: 0,
                     reason: "snapshot metadata differs from the log's record".into(),
                 });
             }
+            descriptor = Some(checked.descriptor);
         }
         for p in snaps {
             if Some(&p) != keep.as_ref() {
@@ -599,22 +621,17 @@ impl DiskStorage {
             gen,
             file_len: at as u64,
             pending: Vec::new(),
-            // Twice what is live, not twice the file: a file full of compacted records would
-            // otherwise set a higher threshold at every restart, and a node restarted often
-            // kept a log file of 177 MB in a soak (the others: 4 MB).
-            rewrite_at: (2 * Self::live_bytes(&state)).max(REWRITE_MIN_BYTES),
+            // What is live, not the file: a file full of compacted records is rewritten soon.
+            live: Self::live_bytes(&state),
             state,
             obsolete: Vec::new(),
+            descriptor,
         })
     }
 
     /// About what a rewrite of `state` would write: its entries and a little for the rest.
     fn live_bytes(state: &LogState) -> u64 {
-        let entries: u64 = state
-            .entries
-            .iter()
-            .map(|e| (e.data.len() + e.context.len() + 32) as u64)
-            .sum();
+        let entries: u64 = state.entries.iter().map(entry_bytes).sum();
         entries + 4096
     }
 
@@ -652,6 +669,7 @@ impl DiskStorage {
             .map_err(io_err(&path))?;
         file.seek(SeekFrom::End(0)).map_err(io_err(&path))?;
         let len = buf.len() as u64;
+        let live = Self::live_bytes(&state);
         Ok(DiskStorage {
             dir,
             state,
@@ -659,8 +677,9 @@ impl DiskStorage {
             gen,
             file_len: len,
             pending: Vec::new(),
-            rewrite_at: (2 * len).max(REWRITE_MIN_BYTES),
+            live,
             obsolete: Vec::new(),
+            descriptor: None,
         })
     }
 
@@ -711,6 +730,7 @@ impl DiskStorage {
         }
         for e in ents {
             self.state.push(e.clone()).map_err(LogError::Misuse)?;
+            self.live += entry_bytes(e);
         }
         Ok(())
     }
@@ -756,18 +776,42 @@ impl DiskStorage {
         body[..8].copy_from_slice(&index.to_le_bytes());
         body[8..].copy_from_slice(&term.to_le_bytes());
         put_record(&mut self.pending, COMPACT, &body);
-        self.state.compact(index, term).map_err(LogError::Misuse)
+        self.state.compact(index, term).map_err(LogError::Misuse)?;
+        self.live = Self::live_bytes(&self.state);
+        Ok(())
     }
 
-    /// Writes a snapshot of the state machine as applied through `index` (at most the commit
-    /// index), served to followers that fell behind. The file is durable when this returns; the
-    /// record naming it after the next sync.
-    pub fn create_snapshot(
-        &mut self,
+    /// The compaction index (the first entry kept) that keeps `index` and, behind it, at most
+    /// `max_entries` entries in all and at most `max_bytes` of them (the entry at `index`
+    /// always): a follower a little behind catches up from the log, and the log left after a
+    /// snapshot stays small whatever the entries' size.
+    pub fn compaction_keeping(&self, index: u64, max_entries: u64, max_bytes: u64) -> u64 {
+        let Some(e) = self.state.entry(index) else {
+            return index;
+        };
+        let (mut first, mut bytes) = (index, entry_bytes(e));
+        while first > self.state.base_index + 1 && index - first + 1 < max_entries {
+            let Some(e) = self.state.entry(first - 1) else {
+                break;
+            };
+            if bytes + entry_bytes(e) > max_bytes {
+                break;
+            }
+            bytes += entry_bytes(e);
+            first -= 1;
+        }
+        first
+    }
+
+    /// The metadata of a snapshot of the state machine as applied through `index` (at most
+    /// the commit index, at least the compaction point), to be written to
+    /// [`DiskStorage::snapshot_tmp_path`] and then adopted; `None` when the newest snapshot is
+    /// already at or after `index`.
+    pub fn snapshot_metadata_at(
+        &self,
         index: u64,
         cs: ConfState,
-        data: Vec<u8>,
-    ) -> Result<(), LogError> {
+    ) -> Result<Option<SnapshotMetadata>, LogError> {
         if index > self.state.hard_state.commit || index < self.state.base_index {
             return Err(LogError::Misuse(format!(
                 "snapshot at {} outside {}..={}",
@@ -780,22 +824,71 @@ impl DiskStorage {
             .as_ref()
             .is_some_and(|m| m.index >= index)
         {
-            return Ok(());
+            return Ok(None);
         }
-        let mut snap = Snapshot::default();
-        let meta = snap.mut_metadata();
-        meta.index = index;
-        meta.term = self.state.term(index).unwrap_or_default();
+        let mut meta = SnapshotMetadata {
+            index,
+            term: self.state.term(index).unwrap_or_default(),
+            ..Default::default()
+        };
         meta.set_conf_state(cs);
-        snap.set_data(data.into());
-        self.write_snapshot_file(&snap)?;
-        put_message(&mut self.pending, SNAPSHOT, snap.get_metadata())?;
-        self.replace_snapshot(snap.get_metadata().clone());
+        Ok(Some(meta))
+    }
+
+    /// Where the snapshot with `meta` is written before [`DiskStorage::adopt_snapshot`] (a
+    /// leftover from a crash is removed at open).
+    pub fn snapshot_tmp_path(&self, meta: &SnapshotMetadata) -> PathBuf {
+        snap_path(&self.dir, meta).with_extension("tmp")
+    }
+
+    /// Takes the finished, synced snapshot file at [`DiskStorage::snapshot_tmp_path`] as the
+    /// newest snapshot: renamed into place, the directory synced; the record naming it after the
+    /// next sync. Ignored (and the file removed) when a newer snapshot arrived meanwhile.
+    pub fn adopt_snapshot(
+        &mut self,
+        meta: SnapshotMetadata,
+        descriptor: Descriptor,
+    ) -> Result<(), LogError> {
+        let tmp = self.snapshot_tmp_path(&meta);
+        if meta.index < self.state.base_index
+            || self
+                .state
+                .snapshot
+                .as_ref()
+                .is_some_and(|m| m.index >= meta.index)
+        {
+            return fs::remove_file(&tmp).map_err(io_err(&tmp));
+        }
+        let path = snap_path(&self.dir, &meta);
+        fs::rename(&tmp, &path).map_err(io_err(&path))?;
+        sync_dir(&self.dir)?;
+        put_message(&mut self.pending, SNAPSHOT, &meta)?;
+        self.replace_snapshot(meta, descriptor);
         Ok(())
     }
 
-    /// Installs a leader's snapshot from a `Ready` (the driver restores the state machine from
-    /// its data). Refused when older than our compaction point.
+    /// Writes a snapshot of the state machine as applied through `index` from bytes in memory
+    /// (tests; the driver writes its snapshots from a forked child). The file is durable when
+    /// this returns; the record naming it after the next sync.
+    pub fn create_snapshot(
+        &mut self,
+        index: u64,
+        cs: ConfState,
+        data: Vec<u8>,
+    ) -> Result<(), LogError> {
+        let Some(meta) = self.snapshot_metadata_at(index, cs)? else {
+            return Ok(());
+        };
+        let tmp = self.snapshot_tmp_path(&meta);
+        let d = snapfile::write_file(&tmp, &meta, &data).map_err(io_err(&tmp))?;
+        self.adopt_snapshot(meta, d)
+    }
+
+    /// Installs a leader's snapshot from a `Ready` (the driver then restores the state machine
+    /// from [`DiskStorage::snapshot_path`]). Its data is the [`Descriptor`] of the leader's file,
+    /// which the transport received, checked and synced as `received-<index>-<term>`; any
+    /// other data is the state itself (a founding node's first snapshot, tests). Refused when
+    /// older than our compaction point.
     pub fn apply_snapshot(&mut self, snap: &Snapshot) -> Result<(), LogError> {
         let meta = snap.get_metadata();
         if meta.index < self.state.base_index {
@@ -804,16 +897,54 @@ impl DiskStorage {
                 meta.index, self.state.base_index
             )));
         }
-        self.write_snapshot_file(snap)?;
+        let path = snap_path(&self.dir, meta);
+        let descriptor = match Descriptor::decode(snap.get_data()) {
+            Some(d) => {
+                let received = snapfile::received_path(&self.dir, meta.index, meta.term);
+                fs::rename(&received, &path).map_err(io_err(&received))?;
+                d
+            }
+            None => {
+                let tmp = path.with_extension("tmp");
+                let d = snapfile::write_file(&tmp, meta, snap.get_data()).map_err(io_err(&tmp))?;
+                fs::rename(&tmp, &path).map_err(io_err(&path))?;
+                d
+            }
+        };
+        sync_dir(&self.dir)?;
         put_message(&mut self.pending, INSTALL, meta)?;
         let old = self.state.snapshot.clone();
         self.state.install(meta);
         self.state.snapshot = old;
-        self.replace_snapshot(meta.clone());
+        self.live = Self::live_bytes(&self.state);
+        self.replace_snapshot(meta.clone(), descriptor);
         Ok(())
     }
 
-    fn replace_snapshot(&mut self, meta: SnapshotMetadata) {
+    /// The file of the newest snapshot, if any.
+    pub fn snapshot_path(&self) -> Option<PathBuf> {
+        self.state
+            .snapshot
+            .as_ref()
+            .map(|m| snap_path(&self.dir, m))
+    }
+
+    /// The newest snapshot's state bytes, read and checked (start-up, tests).
+    pub fn snapshot_state(&self) -> Result<Vec<u8>, LogError> {
+        let path = self
+            .snapshot_path()
+            .ok_or_else(|| LogError::Misuse("no snapshot".into()))?;
+        let checked = check_file(&path)?;
+        snapfile::read_state(&path, &checked).map_err(|e| read_error(&path, e))
+    }
+
+    /// The newest snapshot file's length and checksum.
+    pub fn snapshot_descriptor(&self) -> Option<Descriptor> {
+        self.descriptor
+    }
+
+    fn replace_snapshot(&mut self, meta: SnapshotMetadata, descriptor: Descriptor) {
+        self.descriptor = Some(descriptor);
         if let Some(old) = self.state.snapshot.replace(meta) {
             let old = snap_path(&self.dir, &old);
             if Some(&old)
@@ -827,28 +958,6 @@ impl DiskStorage {
                 self.obsolete.push(old);
             }
         }
-    }
-
-    fn write_snapshot_file(&self, snap: &Snapshot) -> Result<(), LogError> {
-        let body = snap
-            .write_to_bytes()
-            .map_err(|e| LogError::Misuse(format!("encode: {}", e)))?;
-        if body.len() as u64 + 1 > MAX_SNAPSHOT_LEN || body.len() >= u32::MAX as usize {
-            return Err(LogError::Misuse(format!(
-                "snapshot of {} bytes over the cap",
-                body.len()
-            )));
-        }
-        let mut buf = Vec::with_capacity(body.len() + RECORD_HEADER_LEN + 1);
-        put_record(&mut buf, SNAPSHOT, &body);
-        let path = snap_path(&self.dir, snap.get_metadata());
-        let tmp = path.with_extension("tmp");
-        let mut f = File::create(&tmp).map_err(io_err(&tmp))?;
-        f.write_all(&buf).map_err(io_err(&tmp))?;
-        f.sync_all().map_err(io_err(&tmp))?;
-        drop(f);
-        fs::rename(&tmp, &path).map_err(io_err(&path))?;
-        sync_dir(&self.dir)
     }
 
     /// Makes every mutation so far durable: one write, one fdatasync. Call it after persisting
@@ -881,7 +990,7 @@ impl DiskStorage {
             self.file_len += self.pending.len() as u64;
             self.pending.clear();
         }
-        if self.file_len >= self.rewrite_at {
+        if self.file_len >= REWRITE_MIN_BYTES && self.file_len >= 2 * self.live {
             self.rewrite()?;
             return Ok(Written::Durable);
         }
@@ -902,8 +1011,10 @@ impl DiskStorage {
         let old = log_path(&self.dir, self.gen);
         let next = DiskStorage::create(self.dir.clone(), self.gen + 1, self.state.clone())?;
         let obsolete = std::mem::take(&mut self.obsolete);
+        let descriptor = self.descriptor;
         *self = next;
         self.obsolete = obsolete;
+        self.descriptor = descriptor;
         fs::remove_file(&old).map_err(io_err(&old))
     }
 
@@ -918,7 +1029,46 @@ impl DiskStorage {
     }
 }
 
-fn read_snapshot_file(path: &Path) -> Result<Snapshot, LogError> {
+fn read_error(path: &Path, e: snapfile::ReadError) -> LogError {
+    match e {
+        snapfile::ReadError::Io(source) => LogError::Io {
+            path: path.to_path_buf(),
+            source,
+        },
+        snapfile::ReadError::Corrupt(reason) => LogError::Corrupt {
+            path: path.to_path_buf(),
+            offset: 0,
+            reason,
+        },
+    }
+}
+
+fn check_file(path: &Path) -> Result<snapfile::Checked, LogError> {
+    snapfile::check(path).map_err(|e| read_error(path, e))
+}
+
+/// Checks the snapshot file at `path`; one in the first format (a single record holding a
+/// `Snapshot` protobuf) is rewritten in the current one first.
+fn check_or_convert(path: &Path) -> Result<snapfile::Checked, LogError> {
+    let mut magic = [0u8; 4];
+    let legacy = File::open(path)
+        .and_then(|mut f| f.read_exact(&mut magic))
+        .map(|()| &magic != snapfile::FILE_MAGIC)
+        .unwrap_or(false);
+    if legacy {
+        let snap = read_legacy_snapshot_file(path)?;
+        let tmp = path.with_extension("tmp");
+        snapfile::write_file(&tmp, snap.get_metadata(), snap.get_data()).map_err(io_err(&tmp))?;
+        fs::rename(&tmp, path).map_err(io_err(path))?;
+        if let Some(dir) = path.parent() {
+            sync_dir(dir)?;
+        }
+    }
+    check_file(path)
+}
+
+/// A snapshot file in the first format: one record holding a `Snapshot` protobuf.
+fn read_legacy_snapshot_file(path: &Path) -> Result<Snapshot, LogError> {
     let mut f = File::open(path).map_err(io_err(path))?;
     let len = f.metadata().map_err(io_err(path))?.len();
     let corrupt = |reason: String| LogError::Corrupt {
@@ -1037,7 +1187,13 @@ impl Storage for DiskStorage {
             Some(meta)
                 if meta.index >= request_index && (to == 0 || names(meta.get_conf_state(), to)) =>
             {
-                Ok(read_snapshot_file(&snap_path(&self.dir, meta))?)
+                let d = self.descriptor.ok_or_else(|| {
+                    LogError::Misuse("a snapshot without its file's descriptor".into())
+                })?;
+                let mut snap = Snapshot::default();
+                snap.set_metadata(meta.clone());
+                snap.set_data(d.encode().into());
+                Ok(snap)
             }
             // The driver makes a newer one from the state machine; raft asks again later.
             _ => Err(raft::Error::Store(

@@ -267,7 +267,12 @@ fn snapshots_survive_reopen_and_a_damaged_snapshot_file_is_an_error() {
         (snap.get_metadata().index, snap.get_metadata().term),
         (8, 2)
     );
-    assert_eq!(snap.get_data(), b"state at 8");
+    // Messages carry the file's descriptor; the state is in the file.
+    assert_eq!(
+        crate::cluster::snapfile::Descriptor::decode(snap.get_data()),
+        s.snapshot_descriptor()
+    );
+    assert_eq!(s.snapshot_state().unwrap(), b"state at 8");
     assert!(matches!(
         s.snapshot(9, 2),
         Err(raft::Error::Store(
@@ -315,7 +320,73 @@ fn installing_a_leaders_snapshot_replaces_the_log() {
     let st = s.initial_state().unwrap();
     assert_eq!(st.hard_state.commit, 20);
     assert_eq!(st.conf_state.voters, vec![1, 2, 3, 4]);
-    assert_eq!(s.snapshot(20, 1).unwrap().get_data(), b"leader state");
+    assert_eq!(s.snapshot_state().unwrap(), b"leader state");
+}
+
+/// A leader's snapshot whose data is a descriptor is the file the transport received: it is
+/// renamed into place (not copied), and a missing one is an error that leaves the log as it was.
+#[test]
+fn a_received_snapshot_file_is_installed_in_place() {
+    use crate::cluster::snapfile;
+    let d = TempDir::new("received");
+    let mut s = DiskStorage::open(&d.0).unwrap();
+    s.append(&(1..=3).map(|i| entry(i, 1, b"e")).collect::<Vec<_>>())
+        .unwrap();
+    let mut snap = Snapshot::default();
+    snap.mut_metadata().index = 30;
+    snap.mut_metadata().term = 5;
+    snap.mut_metadata()
+        .set_conf_state(ConfState::from((vec![1, 2, 3], vec![])));
+    let received = snapfile::received_path(&d.0, 30, 5);
+    let desc = snapfile::write_file(&received, snap.get_metadata(), b"sent state").unwrap();
+    snap.set_data(desc.encode().into());
+    let mut other = snap.clone();
+    other.mut_metadata().index = 31;
+    assert!(s.apply_snapshot(&other).is_err(), "no file was received");
+    assert_eq!(s.last_index().unwrap(), 3);
+    s.apply_snapshot(&snap).unwrap();
+    s.sync().unwrap();
+    assert!(!received.exists());
+    assert_eq!(s.snapshot_descriptor(), Some(desc));
+    drop(s);
+    let s = DiskStorage::open(&d.0).unwrap();
+    assert_eq!(s.snapshot_state().unwrap(), b"sent state");
+    assert_eq!(
+        snapfile::Descriptor::decode(s.snapshot(30, 1).unwrap().get_data()),
+        Some(desc)
+    );
+}
+
+/// A log that only grows (nothing compacted) is never rewritten, however large: a rewrite
+/// would write all of it again, on the owner's thread. Once compacted, it is.
+#[test]
+fn a_log_is_rewritten_only_when_compaction_freed_half_of_it() {
+    let d = TempDir::new("growing");
+    let mut s = DiskStorage::open(&d.0).unwrap();
+    let big = vec![7u8; 64 << 10];
+    for i in 1..=200u64 {
+        s.append(&[entry(i, 1, &big)]).unwrap();
+        s.set_hard_state(&hs(1, 1, i)).unwrap();
+        let gen_before = s.log_file_len();
+        s.sync().unwrap();
+        assert!(s.log_file_len() >= gen_before, "rewritten at entry {i}");
+    }
+    let grown = s.log_file_len();
+    assert!(grown > 12 << 20);
+    s.create_snapshot(190, ConfState::from((vec![1], vec![])), b"s".to_vec())
+        .unwrap();
+    let upto = s.compaction_keeping(190, 1_000, 256 << 10);
+    assert_eq!(
+        upto, 188,
+        "keeps the 3 entries of 64 KiB that fit in 256 KiB"
+    );
+    s.compact(upto).unwrap();
+    s.sync().unwrap();
+    assert!(
+        s.log_file_len() < 2 << 20,
+        "{} after compaction",
+        s.log_file_len()
+    );
 }
 
 /// The owner writes, the node's sync thread syncs: a write leaves nothing pending, its

@@ -70,6 +70,68 @@ pub fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
     out.extend_from_slice(b);
 }
 
+/// Where a snapshot streams to, on this thread ([`spill_to`]); none: snapshots stay in memory.
+struct SpillSink {
+    out: Box<dyn std::io::Write>,
+    failed: Option<std::io::Error>,
+}
+
+thread_local! {
+    static SPILL: std::cell::RefCell<Option<SpillSink>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Bytes gathered before [`spill`] hands them on.
+const SPILL_AT: usize = 1 << 20;
+
+/// Called by snapshot writers between records: while [`spill_to`] has a sink on this thread (a
+/// forked snapshot child), the bytes so far go to it and `out` starts empty again, so that a
+/// snapshot of any size is written with a bounded buffer. Without a sink it does nothing: the
+/// bytes are the same either way, only where they end up differs.
+#[inline]
+pub fn spill(out: &mut Vec<u8>) {
+    if out.len() >= SPILL_AT {
+        spill_now(out);
+    }
+}
+
+#[cold]
+fn spill_now(out: &mut Vec<u8>) {
+    SPILL.with(|s| {
+        if let Some(sink) = s.borrow_mut().as_mut() {
+            if sink.failed.is_none() {
+                if let Err(e) = sink.out.write_all(out) {
+                    sink.failed = Some(e);
+                }
+            }
+            out.clear();
+        }
+    });
+}
+
+/// Runs `f` with `sink` as this thread's [`spill`] sink, then hands it the rest of the
+/// buffer `f` filled: everything `f` wrote reaches `sink`, in order; the first write error.
+pub fn spill_to(
+    sink: Box<dyn std::io::Write>,
+    f: impl FnOnce(&mut Vec<u8>),
+) -> std::io::Result<Box<dyn std::io::Write>> {
+    SPILL.with(|s| {
+        *s.borrow_mut() = Some(SpillSink {
+            out: sink,
+            failed: None,
+        })
+    });
+    let mut buf = Vec::with_capacity(SPILL_AT + (SPILL_AT >> 2));
+    f(&mut buf);
+    let mut sink = SPILL
+        .with(|s| s.borrow_mut().take())
+        .expect("the sink set above");
+    if let Some(e) = sink.failed {
+        return Err(e);
+    }
+    sink.out.write_all(&buf)?;
+    Ok(sink.out)
+}
+
 /// A value that writes its whole state as canonical bytes and can be rebuilt from them: equal
 /// states give equal bytes, whatever their history, slot numbers or hash seeds; a restored value
 /// behaves exactly like the original.

@@ -373,6 +373,7 @@ impl Snapshot for CounterTable {
             codec::put_u64(out, u64::from(c.consumption));
             codec::put_u64(out, u64::from(c.max_consumption));
             codec::put_u64(out, c.last_updated);
+            codec::spill(out);
         }
         let mut holders: Vec<_> = self.held.iter().collect();
         holders.sort_unstable_by_key(|(session, _)| **session);

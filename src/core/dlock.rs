@@ -1069,6 +1069,7 @@ impl Snapshot for DlockTable {
                     }
                 }
             }
+            codec::spill(out);
         }
         let mut waiters: Vec<(&u64, &Waiter)> = self.waiters.iter().collect();
         waiters.sort_unstable_by_key(|(seq, _)| **seq);
@@ -1083,6 +1084,7 @@ impl Snapshot for DlockTable {
             for k in w.keys.iter() {
                 codec::put_bytes(out, k);
             }
+            codec::spill(out);
         }
     }
 

@@ -714,6 +714,7 @@ impl Snapshot for LockdTable {
                 session.encode(out);
                 codec::put_bytes(out, payload);
             }
+            codec::spill(out);
         }
     }
 

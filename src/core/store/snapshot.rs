@@ -44,6 +44,7 @@ impl Snapshot for Store {
             let mut i = self.lists[list].tail;
             while i != NIL {
                 self.put_item(out, i);
+                codec::spill(out);
                 i = self.slots[i as usize].prev;
             }
         }
@@ -58,6 +59,7 @@ impl Snapshot for Store {
                 codec::put_u64(out, e.token());
                 codec::put_u64(out, u64::from(e.since_s));
                 self.put_item(out, i);
+                codec::spill(out);
                 i = e.next;
             }
         }

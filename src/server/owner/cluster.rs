@@ -375,6 +375,8 @@ impl Replicated {
 }
 
 impl Machine for Replicated {
+    type Restored = Restored;
+
     fn apply(&mut self, _index: u64, data: &[u8]) {
         if self.apply_proposal(data).is_err() {
             // Every replica refuses the same bytes the same way.
@@ -418,94 +420,41 @@ impl Machine for Replicated {
         self.membership.clone()
     }
 
-    fn snapshot(&self) -> Vec<u8> {
-        let mut out = Vec::new();
+    fn write_snapshot(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(SNAPSHOT_MAGIC);
-        codec::put_u64(&mut out, self.clock_ms);
-        codec::put_u64(&mut out, self.nodes.len() as u64);
+        codec::put_u64(out, self.clock_ms);
+        codec::put_u64(out, self.nodes.len() as u64);
         for (&node, &(inc, seq)) in &self.nodes {
-            codec::put_u64(&mut out, node);
-            codec::put_u64(&mut out, inc);
-            codec::put_u64(&mut out, seq);
+            codec::put_u64(out, node);
+            codec::put_u64(out, inc);
+            codec::put_u64(out, seq);
         }
-        codec::put_u64(&mut out, self.refused);
-        codec::put_u64(&mut out, self.expired);
-        codec::put_u64(&mut out, self.leader_term);
-        codec::put_u64(&mut out, self.membership.addrs.len() as u64);
+        codec::put_u64(out, self.refused);
+        codec::put_u64(out, self.expired);
+        codec::put_u64(out, self.leader_term);
+        codec::put_u64(out, self.membership.addrs.len() as u64);
         for (&id, addr) in &self.membership.addrs {
-            codec::put_u64(&mut out, id);
-            codec::put_bytes(&mut out, addr.to_string().as_bytes());
+            codec::put_u64(out, id);
+            codec::put_bytes(out, addr.to_string().as_bytes());
         }
-        codec::put_u64(&mut out, self.membership.removed.len() as u64);
+        codec::put_u64(out, self.membership.removed.len() as u64);
         for &id in &self.membership.removed {
-            codec::put_u64(&mut out, id);
+            codec::put_u64(out, id);
         }
-        codec::put_u64(&mut out, self.dead.len() as u64);
+        codec::put_u64(out, self.dead.len() as u64);
         for conn in &self.dead {
-            conn.encode(&mut out);
+            conn.encode(out);
         }
-        self.tables.snapshot(&mut out);
-        out
+        self.tables.snapshot(out);
     }
 
-    fn restore(&mut self, data: &[u8]) -> Result<(), String> {
-        let mut r = Reader::new(data);
-        type Head = (
-            u64,
-            BTreeMap<u64, (u64, u64)>,
-            u64,
-            u64,
-            u64,
-            Membership,
-            BTreeSet<ConnId>,
-        );
-        let head = (|| -> Result<Head, DecodeError> {
-            r.expect(SNAPSHOT_MAGIC, "cluster snapshot magic")?;
-            let clock_ms = r.u64()?;
-            let n = r.count(3)?;
-            let mut nodes = BTreeMap::new();
-            for _ in 0..n {
-                let node = r.u64()?;
-                let v = (r.u64()?, r.u64()?);
-                if nodes.insert(node, v).is_some() {
-                    return Err(DecodeError::Invalid("a node named twice"));
-                }
-            }
-            let (refused, expired, leader_term) = (r.u64()?, r.u64()?, r.u64()?);
-            let mut membership = Membership::default();
-            for _ in 0..r.count(2)? {
-                let id = r.u64()?;
-                let addr = std::str::from_utf8(r.bytes(MAX_MEMBER_ADDR)?)
-                    .ok()
-                    .and_then(|a| a.parse().ok())
-                    .ok_or(DecodeError::Invalid("a member's address"))?;
-                membership.addrs.insert(id, addr);
-            }
-            for _ in 0..r.count(1)? {
-                membership.removed.insert(r.u64()?);
-            }
-            let n = r.count(3)?;
-            if n > MAX_DEAD_CONNS {
-                return Err(DecodeError::Invalid("too many dead connections"));
-            }
-            let mut dead = BTreeSet::new();
-            for _ in 0..n {
-                dead.insert(ConnId::decode(&mut r)?);
-            }
-            Ok((
-                clock_ms,
-                nodes,
-                refused,
-                expired,
-                leader_term,
-                membership,
-                dead,
-            ))
-        })()
-        .map_err(|e| e.to_string())?;
-        let used = data.len() - r.remaining();
-        let tables =
-            Tables::restore(&self.shared.config, &data[used..]).map_err(|e| e.to_string())?;
+    fn restorer(&self) -> Box<dyn FnOnce(&[u8]) -> Result<Restored, String> + Send> {
+        let shared = self.shared.clone();
+        Box::new(move |data| restore_state(&shared.config, data))
+    }
+
+    fn install(&mut self, restored: Restored) -> Box<dyn Send> {
+        let Restored { head, tables } = restored;
         (
             self.clock_ms,
             self.nodes,
@@ -515,14 +464,85 @@ impl Machine for Replicated {
             self.membership,
             self.dead,
         ) = head;
-        self.tables = tables;
+        let old = std::mem::replace(&mut self.tables, tables);
         self.mine_applied = self
             .nodes
             .get(&self.me)
             .filter(|(inc, _)| *inc == self.incarnation)
             .map_or(0, |&(_, seq)| seq);
-        Ok(())
+        Box::new(old)
     }
+}
+
+/// The replicated part of the state beside the tables, as a snapshot holds it: the log's
+/// clock, each node's run and last sequence number, counts of refused entries and expiries,
+/// the leader's term, membership and the connections known dead.
+type Head = (
+    u64,
+    BTreeMap<u64, (u64, u64)>,
+    u64,
+    u64,
+    u64,
+    Membership,
+    BTreeSet<ConnId>,
+);
+
+/// A state rebuilt from a snapshot, off the owner's thread ([`Machine::restorer`]).
+pub struct Restored {
+    head: Head,
+    tables: Tables,
+}
+
+/// Parses a snapshot written by [`Machine::write_snapshot`] (hostile bytes: an error).
+fn restore_state(config: &crate::config::Config, data: &[u8]) -> Result<Restored, String> {
+    let mut r = Reader::new(data);
+    let head = (|| -> Result<Head, DecodeError> {
+        r.expect(SNAPSHOT_MAGIC, "cluster snapshot magic")?;
+        let clock_ms = r.u64()?;
+        let n = r.count(3)?;
+        let mut nodes = BTreeMap::new();
+        for _ in 0..n {
+            let node = r.u64()?;
+            let v = (r.u64()?, r.u64()?);
+            if nodes.insert(node, v).is_some() {
+                return Err(DecodeError::Invalid("a node named twice"));
+            }
+        }
+        let (refused, expired, leader_term) = (r.u64()?, r.u64()?, r.u64()?);
+        let mut membership = Membership::default();
+        for _ in 0..r.count(2)? {
+            let id = r.u64()?;
+            let addr = std::str::from_utf8(r.bytes(MAX_MEMBER_ADDR)?)
+                .ok()
+                .and_then(|a| a.parse().ok())
+                .ok_or(DecodeError::Invalid("a member's address"))?;
+            membership.addrs.insert(id, addr);
+        }
+        for _ in 0..r.count(1)? {
+            membership.removed.insert(r.u64()?);
+        }
+        let n = r.count(3)?;
+        if n > MAX_DEAD_CONNS {
+            return Err(DecodeError::Invalid("too many dead connections"));
+        }
+        let mut dead = BTreeSet::new();
+        for _ in 0..n {
+            dead.insert(ConnId::decode(&mut r)?);
+        }
+        Ok((
+            clock_ms,
+            nodes,
+            refused,
+            expired,
+            leader_term,
+            membership,
+            dead,
+        ))
+    })()
+    .map_err(|e| e.to_string())?;
+    let used = data.len() - r.remaining();
+    let tables = Tables::restore(config, &data[used..]).map_err(|e| e.to_string())?;
+    Ok(Restored { head, tables })
 }
 
 /// A proposal of this node not yet seen applied.

@@ -1,0 +1,132 @@
+//! Snapshots made by a forked child while the node goes on applying.
+
+use super::*;
+use crate::cluster::storage::tests::TempDir;
+
+/// Every applied entry's bytes, in order: a state as large as the log, so that its snapshots
+/// are large too.
+#[derive(Default)]
+struct Log {
+    bytes: Vec<u8>,
+    /// The state's length at each applied index (to check a snapshot against its index).
+    len_at: BTreeMap<u64, usize>,
+}
+
+impl Machine for Log {
+    type Restored = Vec<u8>;
+
+    fn apply(&mut self, index: u64, data: &[u8]) {
+        self.bytes.extend_from_slice(data);
+        self.len_at.insert(index, self.bytes.len());
+    }
+
+    fn write_snapshot(&self, out: &mut Vec<u8>) {
+        for chunk in self.bytes.chunks(64 << 10) {
+            out.extend_from_slice(chunk);
+            crate::core::codec::spill(out);
+        }
+    }
+
+    fn restorer(&self) -> Box<dyn FnOnce(&[u8]) -> Result<Vec<u8>, String> + Send> {
+        Box::new(|data| Ok(data.to_vec()))
+    }
+
+    fn install(&mut self, restored: Vec<u8>) -> Box<dyn Send> {
+        Box::new(std::mem::replace(&mut self.bytes, restored))
+    }
+}
+
+fn free_addr() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+}
+
+/// A snapshot is written by a child process while the node goes on applying; when the child
+/// is done its file holds exactly the state as of the snapshot's index, the log is compacted
+/// behind it, and a restart restores from it.
+#[test]
+fn a_snapshot_is_written_by_a_child_while_the_node_applies() {
+    let dir = TempDir::new("forked-snapshot");
+    let cfg = NodeConfig {
+        id: 1,
+        peers: [(1, free_addr())].into_iter().collect(),
+        data_dir: dir.0.clone(),
+        election_timeout: Duration::from_millis(100),
+        join: false,
+        peer_tls: None,
+        peer_names: BTreeMap::new(),
+    };
+    let mut m = Log::default();
+    let mut node = RaftNode::start(&cfg, &mut m, Instant::now()).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !node.is_leader() {
+        assert!(Instant::now() < deadline, "no leader");
+        node.tick(Instant::now()).unwrap();
+        node.ready(&mut m).unwrap();
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let chunk = vec![b'x'; 256 << 10];
+    let mut applied_while_writing = 0;
+    let mut i = 0u32;
+    while node.snapshot_stats().made == 0 {
+        assert!(Instant::now() < deadline, "no snapshot made");
+        let mut data = chunk.clone();
+        data[..4].copy_from_slice(&i.to_le_bytes());
+        i += 1;
+        assert!(node.propose(data));
+        let before = node.applied();
+        node.tick(Instant::now()).unwrap();
+        node.ready(&mut m).unwrap();
+        if node.snapshot_stats().writing && node.applied() > before {
+            applied_while_writing += 1;
+        }
+    }
+    assert!(
+        applied_while_writing > 0,
+        "nothing was applied while the child wrote"
+    );
+    let stats = node.snapshot_stats().clone();
+    assert_eq!(stats.failed, 0);
+    assert!(stats.last_write_seconds > 0.0);
+    let store = node.raw.store();
+    let meta = store.snapshot_metadata().unwrap().clone();
+    let state = store.snapshot_state().unwrap();
+    assert_eq!(
+        state.len(),
+        m.len_at[&meta.index],
+        "the state as of index {}",
+        meta.index
+    );
+    assert_eq!(&state[..], &m.bytes[..state.len()]);
+    assert!(
+        store.first_index().unwrap() > meta.index.saturating_sub(KEEP_ENTRIES),
+        "the log was compacted behind the snapshot"
+    );
+    assert!(!store.snapshot_tmp_path(&meta).exists());
+    drop(node);
+    let mut again = Log::default();
+    let node = RaftNode::start(&cfg, &mut again, Instant::now()).unwrap();
+    assert_eq!(node.applied(), meta.index);
+    assert_eq!(again.bytes, state);
+}
+
+/// The child's bytes are the machine's snapshot however many times the spill buffer filled.
+#[test]
+fn a_streamed_snapshot_file_equals_the_snapshot_in_memory() {
+    let dir = TempDir::new("streamed");
+    let mut m = Log::default();
+    for i in 1..=40u64 {
+        m.apply(i, &vec![i as u8; 100_000]);
+    }
+    let meta = raft::prelude::SnapshotMetadata {
+        index: 40,
+        ..Default::default()
+    };
+    let path = dir.0.join("snap");
+    let d =
+        crate::cluster::snapchild::write_file(&meta, &path, |out| m.write_snapshot(out)).unwrap();
+    let c = snapfile::check(&path).unwrap();
+    assert_eq!(c.descriptor, d);
+    assert_eq!(snapfile::read_state(&path, &c).unwrap(), m.snapshot());
+}

@@ -1,0 +1,220 @@
+//! Snapshots made by a forked child, as Redis makes its RDB files: `fork` gives the child a
+//! copy-on-write image of the state as of the moment of the call, and the child serialises it
+//! to a file, syncs it and exits, while the parent goes on applying, ticking and answering.
+//!
+//! Why a fork: the owner thread's part is the `fork` call, which copies page tables (about
+//! 1/512 of the state's size), not the state; the serialisation, the write and the sync, which
+//! grow with the state, are the child's. The state needs no locks, versions or copies of its
+//! own, and the file is byte for byte the canonical snapshot that every replica would write at
+//! that index. The cost is memory: pages the parent writes while the child runs are copied, at
+//! most once each (bounded by the state's size), and the child buffers about 1 MiB
+//! ([`crate::core::codec::spill`]). Snapshots are rare (the log must grow by the state's size
+//! between two, see `node.rs`), so the copies are short-lived.
+//!
+//! The child runs only code that is safe after a fork in a threaded process with glibc: it
+//! allocates (glibc's fork leaves malloc usable in the child), writes a file and a pipe, and
+//! leaves with `_exit`, never through destructors, the log (another thread may hold its lock)
+//! or a panic (caught). It dies with its parent (`PR_SET_PDEATHSIG`).
+//!
+//! Owns the child process and its pipe. Must not decide when to snapshot or what to do with
+//! the file: the driver does ([`super::node`]).
+
+use std::cell::RefCell;
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use raft::prelude::SnapshotMetadata;
+
+use super::snapfile::{Descriptor, SnapshotWriter, DESCRIPTOR_LEN};
+
+/// A snapshot being written by a child process.
+pub struct SnapshotChild {
+    pid: libc::pid_t,
+    /// The read end of the pipe on which the child sends the file's descriptor.
+    pipe: File,
+    pub meta: SnapshotMetadata,
+    pub tmp: PathBuf,
+    pub started: Instant,
+    /// How long the parent spent in `fork`.
+    pub fork_time: Duration,
+    reaped: bool,
+}
+
+/// What a finished child left.
+pub enum Finished {
+    /// The file is written and synced at the child's `tmp` path.
+    Done(Descriptor),
+    Failed(String),
+}
+
+impl SnapshotChild {
+    /// Forks a child that writes `write`'s bytes (the state machine's snapshot, as of now) as
+    /// the snapshot file `tmp` with metadata `meta`.
+    pub fn spawn(
+        meta: SnapshotMetadata,
+        tmp: PathBuf,
+        write: impl FnOnce(&mut Vec<u8>),
+    ) -> io::Result<SnapshotChild> {
+        let mut fds = [0 as libc::c_int; 2];
+        // SAFETY: `fds` is a valid array of two ints for pipe2 to fill.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: pipe2 succeeded: both are open descriptors that nothing else owns.
+        let (read_end, write_end) =
+            unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        let parent = std::process::id() as libc::pid_t;
+        let t0 = Instant::now();
+        // SAFETY: the child only runs `child_main`, which is written for a forked child (see
+        // the module docs) and never returns.
+        let pid = unsafe { libc::fork() };
+        if pid < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if pid == 0 {
+            drop(read_end);
+            child_main(parent, File::from(write_end), &meta, &tmp, write);
+        }
+        let fork_time = t0.elapsed();
+        drop(write_end);
+        Ok(SnapshotChild {
+            pid,
+            pipe: File::from(read_end),
+            meta,
+            tmp,
+            started: t0,
+            fork_time,
+            reaped: false,
+        })
+    }
+
+    /// Whether the child has ended, and how; `None` while it runs. Never blocks.
+    pub fn poll(&mut self) -> Option<Finished> {
+        if self.reaped {
+            return None;
+        }
+        let mut status: libc::c_int = 0;
+        // SAFETY: waits for our own child only, without blocking.
+        let r = unsafe { libc::waitpid(self.pid, &mut status, libc::WNOHANG) };
+        if r == 0 {
+            return None;
+        }
+        self.reaped = true;
+        if r < 0 {
+            return Some(Finished::Failed(format!(
+                "waitpid: {}",
+                io::Error::last_os_error()
+            )));
+        }
+        if !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
+            let why = if libc::WIFSIGNALED(status) {
+                format!("killed by signal {}", libc::WTERMSIG(status))
+            } else {
+                format!("exit status {}", libc::WEXITSTATUS(status))
+            };
+            let _ = std::fs::remove_file(&self.tmp);
+            return Some(Finished::Failed(format!(
+                "the snapshot child failed: {why}"
+            )));
+        }
+        let mut d = [0u8; DESCRIPTOR_LEN];
+        match self.pipe.read_exact(&mut d) {
+            Ok(()) => match Descriptor::decode(&d) {
+                Some(d) => Some(Finished::Done(d)),
+                None => Some(Finished::Failed("the snapshot child's answer".into())),
+            },
+            Err(e) => Some(Finished::Failed(format!(
+                "the snapshot child's answer: {e}"
+            ))),
+        }
+    }
+
+    /// The child's process id.
+    pub fn pid(&self) -> u32 {
+        self.pid as u32
+    }
+}
+
+impl Drop for SnapshotChild {
+    /// A child still running is stopped (the node is stopping, or gave up on it) and reaped.
+    fn drop(&mut self) {
+        if !self.reaped {
+            // SAFETY: signals and reaps our own child.
+            unsafe {
+                libc::kill(self.pid, libc::SIGKILL);
+                libc::waitpid(self.pid, std::ptr::null_mut(), 0);
+            }
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
+}
+
+/// The child: write the file, sync it, send its descriptor, exit. Never returns.
+fn child_main(
+    parent: libc::pid_t,
+    mut answer: File,
+    meta: &SnapshotMetadata,
+    tmp: &Path,
+    write: impl FnOnce(&mut Vec<u8>),
+) -> ! {
+    // SAFETY: prctl and getppid only affect this process.
+    unsafe {
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+        if libc::getppid() != parent {
+            libc::_exit(3);
+        }
+    }
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        write_file(meta, tmp, write)
+    }));
+    let code = match result {
+        Ok(Ok(d)) => {
+            if answer.write_all(&d.encode()).is_ok() {
+                0
+            } else {
+                4
+            }
+        }
+        Ok(Err(_)) => 1,
+        Err(_) => 2,
+    };
+    // SAFETY: leaves without running destructors or atexit handlers, which belong to the
+    // parent's threads.
+    unsafe { libc::_exit(code) }
+}
+
+/// The bytes of the snapshot writer, shared between the spill sink and the code that finishes
+/// the file.
+struct Shared(Rc<RefCell<SnapshotWriter<File>>>);
+
+impl Write for Shared {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0.borrow_mut().write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.0.borrow_mut().flush()
+    }
+}
+
+/// Writes the snapshot file at `tmp` from `write`'s bytes, streamed a buffer at a time, and
+/// syncs it.
+pub fn write_file(
+    meta: &SnapshotMetadata,
+    tmp: &Path,
+    write: impl FnOnce(&mut Vec<u8>),
+) -> io::Result<Descriptor> {
+    let f = File::create(tmp)?;
+    let w = Rc::new(RefCell::new(SnapshotWriter::new(f, meta)?));
+    crate::core::codec::spill_to(Box::new(Shared(w.clone())), write)?;
+    let w = Rc::try_unwrap(w)
+        .map_err(|_| io::Error::other("the snapshot writer is still shared"))?
+        .into_inner();
+    let (f, d) = w.finish()?;
+    f.sync_all()?;
+    Ok(d)
+}
