@@ -1697,6 +1697,15 @@ fn cluster_metrics_health_and_holders_nodes_agree_on_every_node() {
         assert!(metric(&m, "holdfast_cluster_log_sync_seconds_count", "") >= 1.0);
         assert!(metric(&m, "holdfast_cluster_snapshot_bytes", "") > 0.0);
         assert!(metric(&m, "holdfast_cluster_log_file_bytes", "") > 0.0);
+        for result in ["made", "failed", "installed"] {
+            let label = format!("result=\"{result}\"");
+            assert!(metric(&m, "holdfast_cluster_snapshots_total", &label) >= 0.0);
+        }
+        assert_eq!(
+            metric(&m, "holdfast_cluster_snapshots_total", "result=\"failed\""),
+            0.0
+        );
+        assert!(metric(&m, "holdfast_cluster_snapshot_write_seconds_count", "") >= 0.0);
         assert!(metric(&m, "holdfast_cluster_quorum_losses_total", "") >= 0.0);
         // (The start's warm-up may have been answered no quorum while the cluster formed.)
         assert!(metric(&m, "holdfast_cluster_no_quorum_answers_total", "") >= 0.0);

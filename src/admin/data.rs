@@ -126,6 +126,8 @@ pub struct ClusterMetrics {
     pub snapshot_bytes: u64,
     /// The size of the current log file.
     pub log_file_bytes: u64,
+    /// Snapshots made, failed, installed, and their durations (`cluster/node.rs`).
+    pub snapshots: crate::cluster::node::SnapshotStats,
     /// Times this node lost contact with a quorum of the voters (reachable within one election
     /// timeout), fenced itself, and learned of a new leader (another node, or a new term).
     pub quorum_losses: u64,

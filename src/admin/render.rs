@@ -414,6 +414,26 @@ fn cluster_metrics(out: &mut String, c: &ClusterMetrics) {
         "size of this node's Raft log file",
         &plain(c.log_file_bytes),
     );
+    let sn = &c.snapshots;
+    one(
+        "holdfast_cluster_snapshots_total",
+        Kind::Counter,
+        "snapshots this node made (written by a child process), that failed, and that it installed from the leader",
+        &[
+            ("{result=\"made\"}".to_string(), sn.made),
+            ("{result=\"failed\"}".to_string(), sn.failed),
+            ("{result=\"installed\"}".to_string(), sn.installed),
+        ],
+    );
+    one(
+        "holdfast_cluster_snapshot_in_progress",
+        Kind::Gauge,
+        "1 while a snapshot is being written (op=\"write\") or a leader's snapshot installed (op=\"install\")",
+        &[
+            ("{op=\"write\"}".to_string(), u64::from(sn.writing)),
+            ("{op=\"install\"}".to_string(), u64::from(sn.installing)),
+        ],
+    );
     one(
         "holdfast_cluster_quorum_losses_total",
         Kind::Counter,
@@ -449,10 +469,32 @@ fn cluster_metrics(out: &mut String, c: &ClusterMetrics) {
             "each fdatasync of the Raft log",
             &c.log_sync,
         ),
+        (
+            "holdfast_cluster_snapshot_fork_seconds",
+            "the owner thread's part of each snapshot: the fork of the child that writes it",
+            &c.snapshots.fork_times,
+        ),
+        (
+            "holdfast_cluster_snapshot_write_seconds",
+            "each snapshot child's run: serialising, writing and syncing the state",
+            &c.snapshots.write_times,
+        ),
     ] {
         let _ = writeln!(out, "# HELP {name} {help}");
         let _ = writeln!(out, "# TYPE {name} histogram");
         histogram(out, name, "", &CLUSTER_BOUNDS, h);
+    }
+    let _ = writeln!(
+        out,
+        "# HELP holdfast_cluster_snapshot_last_seconds the last snapshot's fork (the owner's part), write (the child's run) and install (restore, off the owner's thread)"
+    );
+    let _ = writeln!(out, "# TYPE holdfast_cluster_snapshot_last_seconds gauge");
+    for (op, v) in [
+        ("fork", c.snapshots.last_fork_seconds),
+        ("write", c.snapshots.last_write_seconds),
+        ("install", c.snapshots.last_install_seconds),
+    ] {
+        let _ = writeln!(out, "holdfast_cluster_snapshot_last_seconds{{op=\"{op}\"}} {v}");
     }
 }
 

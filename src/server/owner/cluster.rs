@@ -1019,6 +1019,7 @@ impl ClusterOwner {
             log_sync: self.node.log_sync_times(),
             snapshot_bytes: self.node.snapshot_bytes(),
             log_file_bytes: self.node.log_file_bytes(),
+            snapshots: self.node.snapshot_stats().clone(),
             quorum_losses: self.watch.quorum_losses,
             fences: self.watch.fences,
             leader_changes: self.watch.leader_changes,
