@@ -105,6 +105,18 @@ const MAX_BATCHES_PER_PROPOSAL: usize = 64;
 /// Batches waiting for the next proposal before the owner stops taking more from the workers
 /// (they queue in the channel, whose requests are each bounded by the workers' caps).
 const MAX_QUEUED_BATCHES: usize = 4096;
+/// The bytes of one entry: batches are gathered until they reach this, and a batch larger than
+/// it alone is split (at least one request per entry: one with a value of `--max-item-size`
+/// is larger). Raft's appends carry about this much (`node.rs`), and a peer frame holds one
+/// entry, so no frame is larger than a few MiB.
+pub const MAX_ENTRY_BYTES: usize = 1 << 20;
+/// Bytes of this node's proposals in flight at most (with [`MAX_INFLIGHT_PROPOSALS`]), and of
+/// batches queued for proposal before the owner stops taking more from the workers: a request
+/// that reaches the owner waits behind at most these of other clients' bytes here.
+const MAX_INFLIGHT_BYTES: usize = 8 << 20;
+const MAX_QUEUED_BYTES: usize = 8 << 20;
+/// What an op adds to an entry beyond its bytes in the arena, about.
+const OP_OVERHEAD: usize = 16;
 /// binary protocol status "temporary failure" (memcached's PROTOCOL_BINARY_RESPONSE_ETMPFAIL).
 const BINARY_TEMPORARY_FAILURE: u16 = 0x0086;
 const NO_QUORUM: &str = "no quorum";
@@ -567,6 +579,11 @@ struct Queued {
     waiting_since: Option<Instant>,
 }
 
+/// About what a batch adds to an entry.
+fn batch_bytes(b: &Batch) -> usize {
+    b.arena.bytes.len() + b.ops.len() * OP_OVERHEAD
+}
+
 pub struct ClusterOwner {
     shared: Arc<Shared>,
     rx: Receiver<ToOwner>,
@@ -577,6 +594,8 @@ pub struct ClusterOwner {
     incarnation: u64,
     seq: u64,
     queued: VecDeque<Queued>,
+    /// [`batch_bytes`] of the queued batches.
+    queued_bytes: usize,
     inflight: VecDeque<InFlight>,
     /// The leader the last [`ClusterOwner::propose`] saw.
     leader_seen: u64,
@@ -705,6 +724,7 @@ impl ClusterOwner {
                 batch: Batch::default(),
                 waiting_since: None,
             }]),
+            queued_bytes: 0,
             inflight: VecDeque::new(),
             leader_seen: 0,
             election: Duration::from_millis(cfg.election_timeout_ms),
@@ -737,7 +757,7 @@ impl ClusterOwner {
             let inbound = self.node.inbound().clone();
             let events = self.node.events().clone();
             let synced = self.node.synced().clone();
-            let take_more = self.queued.len() < MAX_QUEUED_BATCHES;
+            let take_more = self.take_more();
             let never = crossbeam_channel::never();
             let rx = if take_more { &self.rx } else { &never };
             select! {
@@ -755,7 +775,7 @@ impl ClusterOwner {
                 }
                 default(wait) => {}
             }
-            while self.queued.len() < MAX_QUEUED_BATCHES {
+            while self.take_more() {
                 match self.rx.try_recv() {
                     Ok(msg) => {
                         if !self.take(msg, Instant::now()) {
@@ -923,7 +943,7 @@ impl ClusterOwner {
         if let Some(at) = self.give_up_at() {
             until = until.min(at);
         }
-        if !self.queued.is_empty() && self.inflight.len() < MAX_INFLIGHT_PROPOSALS {
+        if !self.queued.is_empty() && self.room_in_flight() {
             until = now;
         }
         until.saturating_duration_since(now)
@@ -1239,7 +1259,7 @@ impl ClusterOwner {
                 return;
             }
         }
-        if self.inflight.len() >= MAX_INFLIGHT_PROPOSALS {
+        if !self.room_in_flight() {
             return;
         }
         let due = self.inflight.is_empty()
@@ -1248,11 +1268,22 @@ impl ClusterOwner {
         if self.queued.is_empty() && !due {
             return;
         }
-        let take = self.queued.len().min(MAX_BATCHES_PER_PROPOSAL);
+        self.split_front();
+        let mut take = 0;
+        let mut bytes = 0;
+        for q in self.queued.iter().take(MAX_BATCHES_PER_PROPOSAL) {
+            let b = batch_bytes(&q.batch);
+            if take > 0 && bytes + b > MAX_ENTRY_BYTES {
+                break;
+            }
+            take += 1;
+            bytes += b;
+        }
         let mut waiting_since = None;
         let mut batches = Vec::with_capacity(take);
         for q in self.queued.drain(..take) {
             waiting_since = waiting_since.or(q.waiting_since);
+            self.queued_bytes = self.queued_bytes.saturating_sub(batch_bytes(&q.batch));
             batches.push(q.batch);
         }
         self.seq += 1;
@@ -1267,6 +1298,65 @@ impl ClusterOwner {
             tried: now,
             sent,
         });
+    }
+
+    /// Whether the owner takes more batches from the workers.
+    fn take_more(&self) -> bool {
+        self.queued.len() < MAX_QUEUED_BATCHES && self.queued_bytes < MAX_QUEUED_BYTES
+    }
+
+    /// Whether another proposal may go out: fewer than [`MAX_INFLIGHT_PROPOSALS`] in flight,
+    /// with fewer than [`MAX_INFLIGHT_BYTES`] in them.
+    fn room_in_flight(&self) -> bool {
+        self.inflight.len() < MAX_INFLIGHT_PROPOSALS
+            && self.inflight.iter().map(|f| f.data.len()).sum::<usize>() < MAX_INFLIGHT_BYTES
+    }
+
+    /// A first queued batch larger than an entry is cut in two: the requests that fit in
+    /// [`MAX_ENTRY_BYTES`] (at least one) and the rest, which keeps a copy of the arena (rare:
+    /// a worker's turn reads at most a few hundred KiB per connection).
+    fn split_front(&mut self) {
+        let Some(q) = self.queued.front_mut() else {
+            return;
+        };
+        if batch_bytes(&q.batch) <= MAX_ENTRY_BYTES || q.waiting_since.is_none() {
+            return;
+        }
+        let mut scratch = Vec::new();
+        let mut fit = 0;
+        for m in &q.batch.ops {
+            command::encode_op(m, &q.batch.arena.bytes, &mut scratch);
+            if fit > 0 && scratch.len() > MAX_ENTRY_BYTES {
+                break;
+            }
+            fit += 1;
+        }
+        if fit >= q.batch.ops.len() {
+            return;
+        }
+        let before = batch_bytes(&q.batch);
+        let tail = Batch {
+            worker: q.batch.worker,
+            ops: q.batch.ops.split_off(fit),
+            arena: Arena {
+                bytes: q.batch.arena.bytes.clone(),
+            },
+            stamp: q.batch.stamp,
+            ..Default::default()
+        };
+        let tail_requests = tail.ops.iter().any(|m| is_request(&m.op));
+        let head_requests = q.batch.ops.iter().any(|m| is_request(&m.op));
+        let since = q.waiting_since;
+        q.waiting_since = since.filter(|_| head_requests);
+        let after = batch_bytes(&q.batch) + batch_bytes(&tail);
+        self.queued_bytes = (self.queued_bytes + after).saturating_sub(before);
+        self.queued.insert(
+            1,
+            Queued {
+                batch: tail,
+                waiting_since: since.filter(|_| tail_requests),
+            },
+        );
     }
 
     /// When the oldest request not yet answered will have waited two election timeouts. (The
@@ -1321,8 +1411,10 @@ impl ClusterOwner {
                 }
             }
         }
+        self.queued_bytes = 0;
         if let Some(mut batch) = held {
             forget_unproposed_connections(&mut batch.ops, 0);
+            self.queued_bytes = batch_bytes(&batch);
             self.queued.push_back(Queued {
                 batch,
                 waiting_since: None,
@@ -1361,6 +1453,7 @@ impl ClusterOwner {
                 return;
             }
         }
+        self.queued_bytes += batch_bytes(&b);
         self.queued.push_back(Queued {
             batch: b,
             waiting_since: requests.then_some(now),

@@ -750,3 +750,65 @@ fn what_a_node_without_a_quorum_keeps_for_the_log_stays_bounded() {
     assert!(lone.owner.poisoned.is_empty());
     assert!(lone.only_closes_of_proposed_connections_wait());
 }
+
+/// A worker's batch far larger than an entry goes out as entries of about
+/// [`MAX_ENTRY_BYTES`] (one request more at most), its requests in their order, and no more
+/// than [`MAX_INFLIGHT_BYTES`] of them are in flight: a request that comes after waits behind a
+/// bounded number of bytes, not behind the whole batch.
+#[test]
+fn a_large_batch_goes_out_in_entries_of_a_mebibyte_in_order_and_in_flight_bytes_are_capped() {
+    let mut lone = Lone::start("entry-cap");
+    let t0 = Instant::now();
+    let conn = ConnId::on_node(3, 0, 1, 1);
+    let mut b = Batch::default();
+    open(&mut b, conn);
+    let value = vec![b'v'; 100 << 10];
+    let mut sent = Vec::new();
+    for i in 0..200 {
+        let mut p = format!("k{i}\0").into_bytes();
+        p.extend_from_slice(&value);
+        request(&mut b, conn, ld::op::TRY, &p);
+        sent.push(p);
+    }
+    lone.round(t0, b);
+    for _ in 0..40 {
+        lone.owner.propose(t0);
+    }
+    let inflight = &lone.owner.inflight;
+    let bytes: usize = inflight.iter().map(|f| f.data.len()).sum();
+    assert!(inflight.len() >= 3, "{} proposals", inflight.len());
+    assert!(
+        bytes < MAX_INFLIGHT_BYTES + MAX_ENTRY_BYTES + value.len(),
+        "{bytes} bytes in flight"
+    );
+    let mut seen = Vec::new();
+    for f in inflight {
+        assert!(
+            f.data.len() <= MAX_ENTRY_BYTES + value.len() + 1024,
+            "an entry of {} bytes",
+            f.data.len()
+        );
+        let mut decoded = Batch::default();
+        command::decode_entry(&f.data[HEADER_LEN..], Default::default(), &mut decoded)
+            .expect("an entry");
+        for m in &decoded.ops {
+            if let Op::Lockd(op) = m.op {
+                seen.push(op.payload.get(&decoded.arena.bytes).to_vec());
+            }
+        }
+    }
+    assert!(seen.len() < sent.len(), "not all of it is in flight");
+    assert_eq!(seen, sent[..seen.len()], "in order, each once");
+    let queued: Vec<Vec<u8>> = lone
+        .owner
+        .queued
+        .iter()
+        .flat_map(|q| {
+            q.batch.ops.iter().filter_map(|m| match m.op {
+                Op::Lockd(op) => Some(op.payload.get(&q.batch.arena.bytes).to_vec()),
+                _ => None,
+            })
+        })
+        .collect();
+    assert_eq!(queued, sent[seen.len()..], "the rest waits, in order");
+}
