@@ -37,17 +37,25 @@ fn header(magic: &[u8; 4], version: u8, sender: u64, len: u32) -> [u8; HEADER_LE
     h
 }
 
+fn kind_header(kind: u8, sender: u64, len: u32) -> [u8; HEADER_LEN] {
+    let mut h = header(MAGIC, 1, sender, len);
+    h[5] = kind;
+    h
+}
+
 #[test]
 fn headers_are_checked() {
+    let raft = |sender, len| {
+        Ok(Header {
+            kind: FrameKind::Raft,
+            sender,
+            len,
+        })
+    };
+    let chunk_max = CHUNK_HEAD_LEN + MAX_CHUNK;
     let cases: &[([u8; HEADER_LEN], Result<Header, FrameError>)] = &[
-        (header(MAGIC, 1, 2, 10), Ok(Header { sender: 2, len: 10 })),
-        (
-            header(MAGIC, 1, 2, 1000),
-            Ok(Header {
-                sender: 2,
-                len: 1000,
-            }),
-        ),
+        (header(MAGIC, 1, 2, 10), raft(2, 10)),
+        (header(MAGIC, 1, 2, 1000), raft(2, 1000)),
         (header(MAGIC, 1, 2, 1001), Err(FrameError::TooLarge(1001))),
         (
             header(MAGIC, 1, 2, u32::MAX),
@@ -57,9 +65,44 @@ fn headers_are_checked() {
         (header(b"GET ", 1, 2, 10), Err(FrameError::BadMagic)),
         (header(MAGIC, 2, 2, 10), Err(FrameError::BadVersion(2))),
         (header(MAGIC, 0, 2, 10), Err(FrameError::BadVersion(0))),
+        (kind_header(3, 2, 10), Err(FrameError::BadKind(3))),
+        (kind_header(0xff, 2, 10), Err(FrameError::BadKind(0xff))),
+        (
+            kind_header(1, 2, chunk_max as u32),
+            Ok(Header {
+                kind: FrameKind::Chunk,
+                sender: 2,
+                len: chunk_max,
+            }),
+        ),
+        (
+            kind_header(1, 2, chunk_max as u32 + 1),
+            Err(FrameError::TooLarge(chunk_max + 1)),
+        ),
+        (
+            kind_header(1, 2, CHUNK_HEAD_LEN as u32 - 1),
+            Err(FrameError::BadLength(CHUNK_HEAD_LEN - 1)),
+        ),
+        (
+            kind_header(2, 2, ACK_LEN as u32),
+            Ok(Header {
+                kind: FrameKind::Ack,
+                sender: 2,
+                len: ACK_LEN,
+            }),
+        ),
+        (
+            kind_header(2, 2, ACK_LEN as u32 + 1),
+            Err(FrameError::TooLarge(ACK_LEN + 1)),
+        ),
+        (
+            kind_header(2, 2, ACK_LEN as u32 - 1),
+            Err(FrameError::BadLength(ACK_LEN - 1)),
+        ),
     ];
     for (h, want) in cases {
-        assert_eq!(&decode_header(h, 1000), want, "{:?}", h);
+        let max = if h[5] == 0 { 1000 } else { DEFAULT_MAX_FRAME };
+        assert_eq!(&decode_header(h, max), want, "{:?}", h);
     }
 }
 
