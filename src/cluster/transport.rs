@@ -768,14 +768,10 @@ fn link(links: &Links, id: u64) -> Arc<Link> {
 }
 
 impl Link {
-    /// Owe the peer `a` (replacing an older one not yet written: each says all the receiver
-    /// holds; a rewind not yet written stays a rewind).
+    /// Owe the peer `a`, replacing an older one not yet written (each says all the receiver
+    /// holds; a rewind followed by progress means the sender went back already).
     fn owe(&self, a: Ack) {
-        {
-            let mut out = self.ack_out.lock().unwrap_or_else(|e| e.into_inner());
-            let rewind = a.rewind || out.is_some_and(|o| o.rewind && o.snap == a.snap);
-            *out = Some(Ack { rewind, ..a });
-        }
+        *self.ack_out.lock().unwrap_or_else(|e| e.into_inner()) = Some(a);
         if !self.ack_pending.swap(true, Ordering::AcqRel) {
             if let Some(tx) = self.wake.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
                 let _ = tx.try_send(Out::Wake);
@@ -1048,6 +1044,10 @@ impl Writer {
         let (mut sent, mut acked) = (0u64, 0u64);
         let mut progress_at = Instant::now();
         let mut connects = c.connects;
+        // After a reconnection: one chunk goes first, and the rest waits for the receiver's
+        // answer to it (it may hold more than we knew, or less), so that a window is not sent
+        // again for nothing. `probe_end`: where that chunk ends once sent (0: not yet).
+        let (mut probing, mut probe_end) = (false, 0u64);
         #[cfg(test)]
         let mut cut_at = self.cut_at;
         loop {
@@ -1072,6 +1072,9 @@ impl Writer {
                 }
                 if a.rewind || at > sent {
                     sent = at;
+                }
+                if probing && (a.rewind || (probe_end > 0 && at >= probe_end)) {
+                    probing = false;
                 }
             }
             self.stats.set_in_flight(self.peer, sent - acked);
@@ -1108,6 +1111,7 @@ impl Writer {
                         .fetch_add(1, Ordering::Relaxed);
                 }
                 sent = acked;
+                (probing, probe_end) = (true, 0);
             }
             if acked >= d.len {
                 // The receiver holds the whole file: the message goes last.
@@ -1117,7 +1121,8 @@ impl Writer {
                 continue;
             }
             let n = (d.len - sent).min(CHUNK as u64);
-            if sent < d.len && sent - acked + n <= WINDOW {
+            let may = !probing || probe_end == 0;
+            if may && sent < d.len && sent - acked + n <= WINDOW {
                 let bytes = &mut chunk[..n as usize];
                 file.read_exact_at(bytes, sent)
                     .map_err(|e| format!("{}: {e}", path.display()))?;
@@ -1130,6 +1135,9 @@ impl Writer {
                 encode_chunk(self.id, &head, bytes, &mut frame);
                 if self.round(c, None, Some(&frame)) {
                     sent += n;
+                    if probing {
+                        probe_end = sent;
+                    }
                     self.stats
                         .snapshot_bytes_sent
                         .fetch_add(n, Ordering::Relaxed);
@@ -1672,7 +1680,20 @@ impl Reader {
         let Some(p) = map.get_mut(&sender) else {
             return Ok(());
         };
-        let ack = if h.offset != p.held {
+        let ack = if h.offset < p.held {
+            // Bytes held already (sent again after a reconnection or a rewind): the sender
+            // learns how far we are, and skips ahead if it is behind.
+            self.stats
+                .snapshot_chunks_dropped
+                .fetch_add(1, Ordering::Relaxed);
+            Ack {
+                snap: h.snap,
+                offset: p.held,
+                rewind: false,
+            }
+        } else if h.offset > p.held {
+            // A gap (bytes lost with a connection, or we lost the file): the sender goes back.
+            // The chunks it had in flight behind this one ask for the same: once is enough.
             self.stats
                 .snapshot_chunks_dropped
                 .fetch_add(1, Ordering::Relaxed);
