@@ -8,9 +8,52 @@
 //! driver polls.
 //!
 //! ```text
-//! frame = magic "HFRT" | version u8 (1) | reserved u8 (0) | sender id u64 LE
-//!         | length u32 LE | length bytes: one raft `Message` (protobuf)
+//! frame = magic "HFRT" | version u8 (1) | kind u8 | sender id u64 LE | length u32 LE | body
+//! kind 0, raft:  body = one raft `Message` (protobuf), at most `max_frame` bytes
+//! kind 1, chunk: body = index u64 LE | term u64 LE | file_len u64 LE | file_crc u32 LE
+//!                       | offset u64 LE | bytes (at most MAX_CHUNK)
+//! kind 2, ack:   body = index u64 LE | term u64 LE | offset u64 LE | flags u8 (bit 0: rewind)
 //! ```
+//!
+//! A raft frame is the same bytes as before snapshots were chunked (the kind byte was the
+//! reserved 0). Any other kind byte, or a length outside its kind's bounds, refuses the
+//! connection.
+//!
+//! **Snapshots.** A raft `MsgSnapshot` carries a [`snapfile::Descriptor`] (the length and
+//! crc32c of the snapshot file) in place of the state. The writer that takes one from its queue
+//! opens `snapfile::path(data_dir, meta)` (and keeps it open: the driver may delete it
+//! meanwhile), checks its length against the descriptor, and sends it as chunk frames of
+//! [`CHUNK`] bytes read one at a time, with at most [`WINDOW`] bytes sent and not acknowledged;
+//! ordinary messages queued meanwhile go between the chunks. When the receiver has
+//! acknowledged the whole file, the `MsgSnapshot` frame goes last and the driver hears
+//! [`PeerEvent::SnapshotSent`]; a missing or mismatched file, the peer leaving, or
+//! [`SNAPSHOT_STALL_TIMEOUT`] without the acknowledged offset moving gives
+//! [`PeerEvent::SnapshotFailed`]. A snapshot message queued during a transfer waits for it.
+//!
+//! Connections are one-way: the receiver acknowledges on its own connection to the sender. Its
+//! reader of the sender's connection keeps one partial file per sender, `incoming-<sender>` in
+//! its data directory, with the snapshot (index, term, descriptor) it belongs to, the bytes
+//! held (always a prefix of the file) and their running crc32c, in memory. A chunk:
+//! - of another snapshot than the one held: the partial file is dropped and a new one begun;
+//! - at the offset held: written, and acknowledged with the new offset (every chunk);
+//! - below it (sent again): not written, acknowledged with the offset held (a sender behind it
+//!   skips ahead);
+//! - beyond it (a gap): not written, answered with a rewind to the offset held (once per
+//!   offset per 500 ms: the chunks in flight behind it would ask for the same).
+//!
+//! The sender applies acknowledgements in order: the acknowledged offset becomes what the
+//! receiver holds; a rewind, or an offset beyond what it sent, makes it send from there. After
+//! a reconnection it sends from the last acknowledged offset, one chunk first and the window
+//! only once the receiver has answered it (so a window is not sent again when the receiver held
+//! more). When the `MsgSnapshot` frame arrives, the partial file must be of that snapshot,
+//! complete and match its descriptor's crc; it is synced, renamed to
+//! `snapfile::received_path(dir, index, term)` and the directory synced, and only then is the
+//! message handed to the driver (which installs the file by renaming it). Otherwise the message
+//! is dropped and counted ([`TransportStats::snapshots_rejected`]); raft asks again. A
+//! `MsgSnapshot` whose data is not a descriptor is refused. Chunks and acknowledgements are
+//! accepted only from known members (acknowledgements go back on our writer to the sender); a
+//! chunk that does not fit its descriptor or [`snapfile::MAX_FILE_LEN`] refuses the
+//! connection. Memory: one chunk buffer per transfer and per reader, never the file.
 //!
 //! **Keepalives.** Raft followers do not talk to each other, so the driver sends every peer a
 //! keepalive now and then ([`Transport::keepalive`]): a `Message` of type `MsgBeat` with only

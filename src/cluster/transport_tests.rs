@@ -123,6 +123,44 @@ fn a_frame_round_trips() {
     );
 }
 
+/// The largest legitimate raft message fits the frame cap: an append of one entry as large as
+/// a log record (raft-rs sends at least one entry whatever `max_size_per_msg` says), with every
+/// other field at its largest; and an append of `max_size_per_msg` (1 MiB, node.rs) worth of
+/// the smallest entries (their framing is the overhead).
+#[test]
+fn the_largest_append_fits_the_frame_cap() {
+    use super::super::storage::MAX_RECORD_LEN;
+    let mut e = raft::prelude::Entry {
+        term: u64::MAX,
+        index: u64::MAX,
+        ..Default::default()
+    };
+    e.set_entry_type(raft::prelude::EntryType::EntryConfChangeV2);
+    e.context = vec![0xff; 64].into();
+    let room = MAX_RECORD_LEN - 1 - e.compute_size() as usize;
+    e.data = vec![0xab; room - 8].into();
+    assert!(e.compute_size() as usize <= MAX_RECORD_LEN - 1);
+    let mut m = msg(u64::MAX, u64::MAX, u64::MAX);
+    m.set_msg_type(MessageType::MsgAppend);
+    (m.log_term, m.index, m.commit, m.reject_hint) = (u64::MAX, u64::MAX, u64::MAX, u64::MAX);
+    m.context = vec![0xff; 64].into();
+    m.entries = vec![e].into();
+    let mut buf = Vec::new();
+    encode_frame(u64::MAX, &m, &mut buf).unwrap();
+    assert!(buf.len() - HEADER_LEN <= DEFAULT_MAX_FRAME);
+
+    let small = raft::prelude::Entry {
+        term: 1,
+        index: 1,
+        ..Default::default()
+    };
+    let n = (1 << 20) / small.compute_size() as usize;
+    m.entries = vec![small; n].into();
+    buf.clear();
+    encode_frame(u64::MAX, &m, &mut buf).unwrap();
+    assert!(buf.len() - HEADER_LEN <= DEFAULT_MAX_FRAME);
+}
+
 /// Two nodes, then the second killed and restarted on the same address: the first never blocks
 /// meanwhile, hears that the peer is unreachable, and reconnects by itself.
 #[test]
