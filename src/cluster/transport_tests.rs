@@ -139,7 +139,7 @@ fn the_largest_append_fits_the_frame_cap() {
     e.context = vec![0xff; 64].into();
     let room = MAX_RECORD_LEN - 1 - e.compute_size() as usize;
     e.data = vec![0xab; room - 8].into();
-    assert!(e.compute_size() as usize <= MAX_RECORD_LEN - 1);
+    assert!((e.compute_size() as usize) < MAX_RECORD_LEN);
     let mut m = msg(u64::MAX, u64::MAX, u64::MAX);
     m.set_msg_type(MessageType::MsgAppend);
     (m.log_term, m.index, m.commit, m.reject_hint) = (u64::MAX, u64::MAX, u64::MAX, u64::MAX);
