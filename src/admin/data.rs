@@ -135,6 +135,20 @@ pub struct ClusterMetrics {
     pub leader_changes: u64,
     /// Requests this node answered no quorum (the contract's cluster section).
     pub no_quorum_answers: u64,
+    /// Snapshot transfers (the peer transport's counters).
+    pub snapshot_transfer: SnapshotTransfer,
+}
+
+/// The peer transport's snapshot transfer figures.
+#[derive(Clone, Debug, Default)]
+pub struct SnapshotTransfer {
+    /// Per peer: bytes sent and not yet acknowledged.
+    pub in_flight: Vec<(u64, u64)>,
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+    pub completed: u64,
+    pub failed: u64,
+    pub resumed: u64,
 }
 
 #[derive(Debug)]

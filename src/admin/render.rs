@@ -458,6 +458,44 @@ fn cluster_metrics(out: &mut String, c: &ClusterMetrics) {
         "requests this node answered no quorum (no quorum within two election timeouts)",
         &plain(c.no_quorum_answers),
     );
+    let t = &c.snapshot_transfer;
+    let in_flight: Vec<(String, u64)> = t
+        .in_flight
+        .iter()
+        .map(|(id, n)| (format!("{{peer=\"{id}\"}}"), *n))
+        .collect();
+    one(
+        "holdfast_cluster_snapshot_send_bytes_in_flight",
+        Kind::Gauge,
+        "snapshot bytes sent to that peer and not yet acknowledged",
+        &in_flight,
+    );
+    one(
+        "holdfast_cluster_snapshot_bytes_sent_total",
+        Kind::Counter,
+        "snapshot file bytes sent to peers in chunks (resent ones too)",
+        &plain(t.bytes_sent),
+    );
+    one(
+        "holdfast_cluster_snapshot_bytes_received_total",
+        Kind::Counter,
+        "snapshot file bytes received from peers and written",
+        &plain(t.bytes_received),
+    );
+    let results: Vec<(String, u64)> = [
+        ("completed", t.completed),
+        ("failed", t.failed),
+        ("resumed", t.resumed),
+    ]
+    .iter()
+    .map(|(r, n)| (format!("{{result=\"{r}\"}}"), *n))
+    .collect();
+    one(
+        "holdfast_cluster_snapshot_transfers_total",
+        Kind::Counter,
+        "snapshot transfers to peers: completed (the snapshot message written after the whole file), failed, and resumed after a reconnection",
+        &results,
+    );
     for (name, help, h) in [
         (
             "holdfast_cluster_proposal_apply_seconds",

@@ -338,6 +338,7 @@ impl RaftNode {
         let mut tcfg = TransportConfig::new(cfg.id, peers);
         tcfg.tls = cfg.peer_tls.clone();
         tcfg.names = cfg.peer_names.clone();
+        tcfg.data_dir = Some(cfg.data_dir.clone());
         let mut transport =
             Transport::start(tcfg, listener).map_err(|e| format!("peer transport: {e}"))?;
         transport.set_removed(&machine.membership().removed);

@@ -37,17 +37,25 @@ fn header(magic: &[u8; 4], version: u8, sender: u64, len: u32) -> [u8; HEADER_LE
     h
 }
 
+fn kind_header(kind: u8, sender: u64, len: u32) -> [u8; HEADER_LEN] {
+    let mut h = header(MAGIC, 1, sender, len);
+    h[5] = kind;
+    h
+}
+
 #[test]
 fn headers_are_checked() {
+    let raft = |sender, len| {
+        Ok(Header {
+            kind: FrameKind::Raft,
+            sender,
+            len,
+        })
+    };
+    let chunk_max = CHUNK_HEAD_LEN + MAX_CHUNK;
     let cases: &[([u8; HEADER_LEN], Result<Header, FrameError>)] = &[
-        (header(MAGIC, 1, 2, 10), Ok(Header { sender: 2, len: 10 })),
-        (
-            header(MAGIC, 1, 2, 1000),
-            Ok(Header {
-                sender: 2,
-                len: 1000,
-            }),
-        ),
+        (header(MAGIC, 1, 2, 10), raft(2, 10)),
+        (header(MAGIC, 1, 2, 1000), raft(2, 1000)),
         (header(MAGIC, 1, 2, 1001), Err(FrameError::TooLarge(1001))),
         (
             header(MAGIC, 1, 2, u32::MAX),
@@ -57,9 +65,44 @@ fn headers_are_checked() {
         (header(b"GET ", 1, 2, 10), Err(FrameError::BadMagic)),
         (header(MAGIC, 2, 2, 10), Err(FrameError::BadVersion(2))),
         (header(MAGIC, 0, 2, 10), Err(FrameError::BadVersion(0))),
+        (kind_header(3, 2, 10), Err(FrameError::BadKind(3))),
+        (kind_header(0xff, 2, 10), Err(FrameError::BadKind(0xff))),
+        (
+            kind_header(1, 2, chunk_max as u32),
+            Ok(Header {
+                kind: FrameKind::Chunk,
+                sender: 2,
+                len: chunk_max,
+            }),
+        ),
+        (
+            kind_header(1, 2, chunk_max as u32 + 1),
+            Err(FrameError::TooLarge(chunk_max + 1)),
+        ),
+        (
+            kind_header(1, 2, CHUNK_HEAD_LEN as u32 - 1),
+            Err(FrameError::BadLength(CHUNK_HEAD_LEN - 1)),
+        ),
+        (
+            kind_header(2, 2, ACK_LEN as u32),
+            Ok(Header {
+                kind: FrameKind::Ack,
+                sender: 2,
+                len: ACK_LEN,
+            }),
+        ),
+        (
+            kind_header(2, 2, ACK_LEN as u32 + 1),
+            Err(FrameError::TooLarge(ACK_LEN + 1)),
+        ),
+        (
+            kind_header(2, 2, ACK_LEN as u32 - 1),
+            Err(FrameError::BadLength(ACK_LEN - 1)),
+        ),
     ];
     for (h, want) in cases {
-        assert_eq!(&decode_header(h, 1000), want, "{:?}", h);
+        let max = if h[5] == 0 { 1000 } else { DEFAULT_MAX_FRAME };
+        assert_eq!(&decode_header(h, max), want, "{:?}", h);
     }
 }
 
@@ -78,6 +121,44 @@ fn a_frame_round_trips() {
         Message::parse_from_bytes(&buf[1 + HEADER_LEN..]).unwrap(),
         m
     );
+}
+
+/// The largest legitimate raft message fits the frame cap: an append of one entry as large as
+/// a log record (raft-rs sends at least one entry whatever `max_size_per_msg` says), with every
+/// other field at its largest; and an append of `max_size_per_msg` (1 MiB, node.rs) worth of
+/// the smallest entries (their framing is the overhead).
+#[test]
+fn the_largest_append_fits_the_frame_cap() {
+    use super::super::storage::MAX_RECORD_LEN;
+    let mut e = raft::prelude::Entry {
+        term: u64::MAX,
+        index: u64::MAX,
+        ..Default::default()
+    };
+    e.set_entry_type(raft::prelude::EntryType::EntryConfChangeV2);
+    e.context = vec![0xff; 64].into();
+    let room = MAX_RECORD_LEN - 1 - e.compute_size() as usize;
+    e.data = vec![0xab; room - 8].into();
+    assert!((e.compute_size() as usize) < MAX_RECORD_LEN);
+    let mut m = msg(u64::MAX, u64::MAX, u64::MAX);
+    m.set_msg_type(MessageType::MsgAppend);
+    (m.log_term, m.index, m.commit, m.reject_hint) = (u64::MAX, u64::MAX, u64::MAX, u64::MAX);
+    m.context = vec![0xff; 64].into();
+    m.entries = vec![e].into();
+    let mut buf = Vec::new();
+    encode_frame(u64::MAX, &m, &mut buf).unwrap();
+    assert!(buf.len() - HEADER_LEN <= DEFAULT_MAX_FRAME);
+
+    let small = raft::prelude::Entry {
+        term: 1,
+        index: 1,
+        ..Default::default()
+    };
+    let n = (1 << 20) / small.compute_size() as usize;
+    m.entries = vec![small; n].into();
+    buf.clear();
+    encode_frame(u64::MAX, &m, &mut buf).unwrap();
+    assert!(buf.len() - HEADER_LEN <= DEFAULT_MAX_FRAME);
 }
 
 /// Two nodes, then the second killed and restarted on the same address: the first never blocks
@@ -809,4 +890,362 @@ fn keepalives_are_heard_and_kept_from_raft() {
     let got = wait_for("the stranger's heartbeat", || a.try_recv());
     assert_eq!((got.from, got.term), (9, 4));
     assert_eq!(a.stats().refused.load(Ordering::Relaxed), 0);
+}
+
+// Snapshot transfers.
+
+use crate::cluster::storage::tests::TempDir;
+use raft::prelude::SnapshotMetadata;
+
+fn snap_meta(index: u64, term: u64) -> SnapshotMetadata {
+    let mut m = SnapshotMetadata {
+        index,
+        term,
+        ..Default::default()
+    };
+    m.mut_conf_state().voters = vec![1, 2];
+    m
+}
+
+/// Bytes that are not all alike (a misplaced chunk shows).
+fn state_of(len: usize, seed: u32) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(2_654_435_761) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x as u8
+        })
+        .collect()
+}
+
+/// Writes a snapshot file at (`index`, `term`) of `len` state bytes in `dir`; its descriptor.
+fn write_snapshot(dir: &Path, index: u64, term: u64, len: usize) -> Descriptor {
+    let meta = snap_meta(index, term);
+    snapfile::write_file(
+        &snapfile::path(dir, &meta),
+        &meta,
+        &state_of(len, index as u32),
+    )
+    .unwrap()
+}
+
+fn snapshot_msg(from: u64, to: u64, index: u64, term: u64, data: Vec<u8>) -> Message {
+    let mut m = msg(from, to, term);
+    m.set_msg_type(MessageType::MsgSnapshot);
+    let s = m.mut_snapshot();
+    *s.mut_metadata() = snap_meta(index, term);
+    s.data = data.into();
+    m
+}
+
+/// Nodes 1 and 2, each with a data directory; `tweak` adjusts each configuration.
+fn snapshot_pair(tweak: impl Fn(&mut TransportConfig)) -> (Transport, Transport, TempDir, TempDir) {
+    let (la, lb) = (listener(), listener());
+    let peers: BTreeMap<u64, SocketAddr> =
+        [(1, la.local_addr().unwrap()), (2, lb.local_addr().unwrap())]
+            .into_iter()
+            .collect();
+    let (da, db) = (TempDir::new("transport-a"), TempDir::new("transport-b"));
+    let mut ca = TransportConfig::new(1, peers.clone());
+    ca.data_dir = Some(da.0.clone());
+    tweak(&mut ca);
+    let mut cb = TransportConfig::new(2, peers);
+    cb.data_dir = Some(db.0.clone());
+    tweak(&mut cb);
+    let a = Transport::start(ca, la).unwrap();
+    let b = Transport::start(cb, lb).unwrap();
+    (a, b, da, db)
+}
+
+/// Waits for the snapshot message at `index` on `t`; the messages before it, in order.
+fn wait_for_snapshot(t: &Transport, index: u64) -> (Message, Vec<Message>) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut before = Vec::new();
+    loop {
+        assert!(Instant::now() < deadline, "no snapshot message");
+        if let Some(m) = t.recv_timeout(Duration::from_millis(20)) {
+            if m.get_msg_type() == MessageType::MsgSnapshot
+                && m.get_snapshot().get_metadata().index == index
+            {
+                return (m, before);
+            }
+            before.push(m);
+        }
+    }
+}
+
+fn stat(t: &Transport, f: impl Fn(&TransportStats) -> &AtomicU64) -> u64 {
+    f(t.stats()).load(Ordering::Relaxed)
+}
+
+/// The received file is the sender's, byte for byte, in place when the message arrives.
+fn assert_received(from: &TempDir, to: &TempDir, index: u64, term: u64, d: Descriptor) {
+    let sent = std::fs::read(snapfile::path_of(&from.0, index, term)).unwrap();
+    let got = std::fs::read(snapfile::received_path(&to.0, index, term)).unwrap();
+    assert_eq!(got.len() as u64, d.len);
+    assert!(got == sent, "the received file differs");
+    let c = snapfile::check(&snapfile::received_path(&to.0, index, term)).unwrap();
+    assert_eq!(c.descriptor, d);
+    assert!(
+        !incoming_path(&to.0, 1).exists(),
+        "the partial file stays behind"
+    );
+}
+
+/// A multi-MiB snapshot arrives byte for byte; the message is delivered only once the file is
+/// in place and checked; the sender reports it sent; the window was kept.
+#[test]
+fn a_snapshot_file_arrives_in_chunks_before_its_message() {
+    let (a, b, da, db) = snapshot_pair(|_| {});
+    let len = 5 * CHUNK + 12_345;
+    let d = write_snapshot(&da.0, 10, 3, len);
+    assert!(a.send(snapshot_msg(1, 2, 10, 3, d.encode())));
+    let (m, _) = wait_for_snapshot(&b, 10);
+    assert_eq!(m.get_snapshot().get_data(), &d.encode()[..]);
+    assert_received(&da, &db, 10, 3, d);
+    wait_for("the sender reports it sent", || {
+        std::iter::from_fn(|| a.try_event()).find(|e| *e == PeerEvent::SnapshotSent(2))
+    });
+    assert_eq!(stat(&a, |s| &s.snapshot_bytes_sent), d.len);
+    assert_eq!(stat(&b, |s| &s.snapshot_bytes_received), d.len);
+    assert_eq!(stat(&a, |s| &s.snapshot_transfers_started), 1);
+    assert_eq!(stat(&a, |s| &s.snapshot_transfers_completed), 1);
+    assert_eq!(stat(&a, |s| &s.snapshot_transfers_failed), 0);
+    assert_eq!(stat(&b, |s| &s.snapshots_received), 1);
+    let max = stat(&a, |s| &s.snapshot_in_flight_max);
+    assert!(max > 0 && max <= WINDOW, "in flight at most {max}");
+    assert_eq!(a.stats().snapshot_bytes_in_flight().get(&2), Some(&0));
+}
+
+/// Ordinary messages queued during a transfer go between its chunks, not behind it; bytes in
+/// flight never exceed the window.
+#[test]
+fn messages_go_between_the_chunks_of_a_transfer() {
+    let (a, b, da, db) = snapshot_pair(|_| {});
+    let len = 24 << 20;
+    let d = write_snapshot(&da.0, 20, 4, len);
+    assert!(a.send(snapshot_msg(1, 2, 20, 4, d.encode())));
+    for term in 100..110 {
+        a.send(msg(1, 2, term));
+        thread::sleep(Duration::from_millis(5));
+    }
+    let (_, before) = wait_for_snapshot(&b, 20);
+    let beats: Vec<u64> = before.iter().map(|m| m.term).collect();
+    assert!(
+        beats.contains(&100),
+        "the first heartbeat waited behind the transfer: {beats:?}"
+    );
+    assert_received(&da, &db, 20, 4, d);
+    let max = stat(&a, |s| &s.snapshot_in_flight_max);
+    assert!(max > 0 && max <= WINDOW, "in flight at most {max}");
+}
+
+/// A connection cut in the middle of a transfer: the writer reconnects and goes on from the
+/// acknowledged offset, not from the start.
+#[test]
+fn a_cut_transfer_resumes_from_the_acknowledged_offset() {
+    let cut = 6 << 20;
+    let (a, b, da, db) = snapshot_pair(|c| c.cut_at = Some(cut));
+    let len = 24 << 20;
+    let d = write_snapshot(&da.0, 30, 5, len);
+    assert!(a.send(snapshot_msg(1, 2, 30, 5, d.encode())));
+    let (_, _) = wait_for_snapshot(&b, 30);
+    assert_received(&da, &db, 30, 5, d);
+    assert!(stat(&a, |s| &s.connects) >= 2, "no reconnection");
+    assert!(stat(&a, |s| &s.snapshot_transfers_resumed) >= 1);
+    let sent = stat(&a, |s| &s.snapshot_bytes_sent);
+    assert!(
+        sent >= d.len && sent <= d.len + WINDOW + CHUNK as u64,
+        "{sent} bytes sent for a file of {}",
+        d.len
+    );
+    assert_eq!(stat(&a, |s| &s.snapshot_transfers_completed), 1);
+}
+
+/// A descriptor whose checksum is not the file's: the whole file travels, and the message is
+/// dropped, its file not installed.
+#[test]
+fn a_wrong_descriptor_is_not_delivered() {
+    let (a, b, da, db) = snapshot_pair(|_| {});
+    let d = write_snapshot(&da.0, 40, 6, 3 * CHUNK);
+    let wrong = Descriptor {
+        crc: d.crc ^ 1,
+        ..d
+    };
+    assert!(a.send(snapshot_msg(1, 2, 40, 6, wrong.encode())));
+    wait_for("the receiver drops it", || {
+        (stat(&b, |s| &s.snapshots_rejected) == 1).then_some(())
+    });
+    assert!(b.try_recv().is_none(), "delivered");
+    assert!(!snapfile::received_path(&db.0, 40, 6).exists());
+    // A descriptor whose length is not the file's: not even sent.
+    let short = Descriptor {
+        len: d.len - 1,
+        ..d
+    };
+    assert!(a.send(snapshot_msg(1, 2, 40, 6, short.encode())));
+    wait_for("the sender fails it", || {
+        std::iter::from_fn(|| a.try_event()).find(|e| *e == PeerEvent::SnapshotFailed(2))
+    });
+    // A snapshot file that is not there.
+    assert!(a.send(snapshot_msg(1, 2, 41, 6, d.encode())));
+    wait_for("the sender fails the missing file", || {
+        std::iter::from_fn(|| a.try_event()).find(|e| *e == PeerEvent::SnapshotFailed(2))
+    });
+    assert_eq!(stat(&a, |s| &s.snapshot_transfers_failed), 2);
+}
+
+/// A raw client, as member 2, sends chunks by hand: a corrupted byte means no delivery; the
+/// same file uncorrupted then goes through on the same connection.
+#[test]
+fn a_corrupted_chunk_is_not_delivered() {
+    let (la, lb) = (listener(), listener());
+    let peers: BTreeMap<u64, SocketAddr> =
+        [(1, la.local_addr().unwrap()), (2, lb.local_addr().unwrap())]
+            .into_iter()
+            .collect();
+    let (da, db) = (
+        TempDir::new("transport-raw-a"),
+        TempDir::new("transport-raw-b"),
+    );
+    let mut cfg = TransportConfig::new(1, peers);
+    cfg.data_dir = Some(da.0.clone());
+    let a = Transport::start(cfg, la).unwrap();
+    let d = write_snapshot(&db.0, 50, 7, 2 * CHUNK + 77);
+    let file = std::fs::read(snapfile::path_of(&db.0, 50, 7)).unwrap();
+    let send_file = |s: &mut TcpStream, bytes: &[u8]| {
+        let mut out = Vec::new();
+        for (i, piece) in bytes.chunks(CHUNK).enumerate() {
+            let head = ChunkHead {
+                snap: SnapId { index: 50, term: 7 },
+                descriptor: d,
+                offset: (i * CHUNK) as u64,
+            };
+            encode_chunk(2, &head, piece, &mut out);
+        }
+        encode_frame(2, &snapshot_msg(2, 1, 50, 7, d.encode()), &mut out).unwrap();
+        s.write_all(&out).unwrap();
+    };
+    let mut s = TcpStream::connect(a.local_addr()).unwrap();
+    let mut bad = file.clone();
+    bad[CHUNK + 5] ^= 0x40;
+    send_file(&mut s, &bad);
+    wait_for("the corrupted file dropped", || {
+        (stat(&a, |s| &s.snapshots_rejected) == 1).then_some(())
+    });
+    assert!(a.try_recv().is_none(), "delivered");
+    assert!(!snapfile::received_path(&da.0, 50, 7).exists());
+    send_file(&mut s, &file);
+    let (m, _) = wait_for_snapshot(&a, 50);
+    assert_eq!(m.from, 2);
+    assert_eq!(
+        std::fs::read(snapfile::received_path(&da.0, 50, 7)).unwrap(),
+        file
+    );
+    assert_eq!(refused(&a), 0);
+}
+
+/// Hostile chunk traffic: a stranger's chunk, one past its descriptor's end, a frame over the
+/// caps, a snapshot message without a descriptor: each refused (the connection closed and
+/// counted). A chunk out of order is not written, and the connection stays.
+#[test]
+fn hostile_chunks_are_refused() {
+    let (la, lb) = (listener(), listener());
+    let peers: BTreeMap<u64, SocketAddr> =
+        [(1, la.local_addr().unwrap()), (2, lb.local_addr().unwrap())]
+            .into_iter()
+            .collect();
+    let da = TempDir::new("transport-hostile");
+    let mut cfg = TransportConfig::new(1, peers);
+    cfg.data_dir = Some(da.0.clone());
+    let a = Transport::start(cfg, la).unwrap();
+    let d = Descriptor { len: 1000, crc: 0 };
+    let chunk = |from: u64, offset: u64, n: usize| {
+        let head = ChunkHead {
+            snap: SnapId { index: 5, term: 1 },
+            descriptor: d,
+            offset,
+        };
+        let mut out = Vec::new();
+        encode_chunk(from, &head, &vec![7u8; n], &mut out);
+        out
+    };
+    let mut not_descriptor = Vec::new();
+    encode_frame(
+        2,
+        &snapshot_msg(2, 1, 5, 1, vec![0; 100]),
+        &mut not_descriptor,
+    )
+    .unwrap();
+    let mut huge_chunk = kind_header(1, 2, (CHUNK_HEAD_LEN + MAX_CHUNK + 1) as u32).to_vec();
+    huge_chunk.extend_from_slice(&[0; 64]);
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("a stranger's chunk", chunk(7, 0, 10)),
+        ("a removed or unknown kind", kind_header(9, 2, 10).to_vec()),
+        ("past the descriptor's end", chunk(2, 995, 10)),
+        ("a chunk over the cap", huge_chunk),
+        (
+            "a raft frame over the cap",
+            header(MAGIC, 1, 2, DEFAULT_MAX_FRAME as u32 + 1).to_vec(),
+        ),
+        ("a snapshot message without a descriptor", not_descriptor),
+    ];
+    for (i, (what, bytes)) in cases.iter().enumerate() {
+        let mut s = TcpStream::connect(a.local_addr()).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(bytes).unwrap();
+        assert!(closed(&mut s), "{what}: not closed");
+        wait_for(what, || (refused(&a) == i as u64 + 1).then_some(()));
+    }
+    assert_eq!(stat(&a, |s| &s.snapshot_bytes_received), 0);
+
+    // Out of order from a member: dropped, not written, the connection kept.
+    let mut s = TcpStream::connect(a.local_addr()).unwrap();
+    s.write_all(&chunk(2, 100, 10)).unwrap();
+    wait_for("the chunk out of order dropped", || {
+        (stat(&a, |s| &s.snapshot_chunks_dropped) == 1).then_some(())
+    });
+    s.write_all(&chunk(2, 0, 10)).unwrap();
+    s.write_all(&chunk(2, 20, 10)).unwrap();
+    encode_frame(2, &msg(2, 1, 9), &mut Vec::new()).unwrap();
+    let mut beat = Vec::new();
+    encode_frame(2, &msg(2, 1, 9), &mut beat).unwrap();
+    s.write_all(&beat).unwrap();
+    assert_eq!(
+        wait_for("the connection still serves", || a.try_recv()).term,
+        9
+    );
+    assert_eq!(stat(&a, |s| &s.snapshot_bytes_received), 10);
+    assert_eq!(stat(&a, |s| &s.snapshot_chunks_dropped), 2);
+    assert_eq!(refused(&a), cases.len() as u64);
+}
+
+/// The same transfer through peer TLS.
+#[test]
+fn a_snapshot_travels_through_peer_tls() {
+    let pki = Pki::new();
+    let (tls_a, tls_b) = (pki.tls("a", &pki.ca), pki.tls("b", &pki.ca));
+    let (la, lb) = (listener(), listener());
+    let peers: BTreeMap<u64, SocketAddr> =
+        [(1, la.local_addr().unwrap()), (2, lb.local_addr().unwrap())]
+            .into_iter()
+            .collect();
+    let (da, db) = (
+        TempDir::new("transport-tls-a"),
+        TempDir::new("transport-tls-b"),
+    );
+    let mut ca = tls_config(1, &peers, tls_a);
+    ca.data_dir = Some(da.0.clone());
+    ca.cut_at = Some(2 << 20);
+    let mut cb = tls_config(2, &peers, tls_b);
+    cb.data_dir = Some(db.0.clone());
+    let a = Transport::start(ca, la).unwrap();
+    let b = Transport::start(cb, lb).unwrap();
+    let d = write_snapshot(&da.0, 60, 8, 6 * CHUNK + 1);
+    assert!(a.send(snapshot_msg(1, 2, 60, 8, d.encode())));
+    wait_for_snapshot(&b, 60);
+    assert_received(&da, &db, 60, 8, d);
+    assert!(stat(&a, |s| &s.snapshot_transfers_resumed) >= 1);
 }

@@ -1044,6 +1044,18 @@ impl ClusterOwner {
             fences: self.watch.fences,
             leader_changes: self.watch.leader_changes,
             no_quorum_answers: self.watch.no_quorum_answers,
+            snapshot_transfer: {
+                use std::sync::atomic::Ordering::Relaxed;
+                let t = self.node.transport_stats();
+                crate::admin::data::SnapshotTransfer {
+                    in_flight: t.snapshot_bytes_in_flight().into_iter().collect(),
+                    bytes_sent: t.snapshot_bytes_sent.load(Relaxed),
+                    bytes_received: t.snapshot_bytes_received.load(Relaxed),
+                    completed: t.snapshot_transfers_completed.load(Relaxed),
+                    failed: t.snapshot_transfers_failed.load(Relaxed),
+                    resumed: t.snapshot_transfers_resumed.load(Relaxed),
+                }
+            },
         }
     }
 
