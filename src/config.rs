@@ -135,6 +135,10 @@ const DEFAULT_TLS_HANDSHAKE_TIMEOUT_MS: u64 = 10_000;
 const MIN_ITEM_SIZE: usize = 1024;
 /// The binary protocol's 32-bit body length bounds the item size.
 const MAX_ITEM_SIZE_LIMIT: usize = 1 << 30;
+/// The largest `--max-item-size` in cluster mode: an entry holds about a mebibyte of requests
+/// and one more (`server::owner::cluster::MAX_ENTRY_BYTES`), and must fit one log record
+/// (64 MiB) and one peer frame (the node's frame cap grows with it).
+pub const MAX_CLUSTER_ITEM_SIZE: usize = 32 << 20;
 
 fn options() -> getopts::Options {
     let mut o = getopts::Options::new();
@@ -440,6 +444,13 @@ where
     };
     if config.dlock_token.is_some() && config.secrets.dlock_token.is_some() {
         return Err("--dlock-token and --dlock-token-file: give one".into());
+    }
+    if config.cluster.is_some() && config.max_item_size > MAX_CLUSTER_ITEM_SIZE {
+        return Err(format!(
+            "--max-item-size {} is over {} with --peers: a value travels in one Raft entry, \
+             which a peer frame and a log record must hold",
+            config.max_item_size, MAX_CLUSTER_ITEM_SIZE
+        ));
     }
     if config.secrets.peer.is_some() && config.cluster.is_none() {
         return Err("--peer-tls-cert needs --peers (cluster mode)".into());

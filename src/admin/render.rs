@@ -532,7 +532,10 @@ fn cluster_metrics(out: &mut String, c: &ClusterMetrics) {
         ("write", c.snapshots.last_write_seconds),
         ("install", c.snapshots.last_install_seconds),
     ] {
-        let _ = writeln!(out, "holdfast_cluster_snapshot_last_seconds{{op=\"{op}\"}} {v}");
+        let _ = writeln!(
+            out,
+            "holdfast_cluster_snapshot_last_seconds{{op=\"{op}\"}} {v}"
+        );
     }
 }
 

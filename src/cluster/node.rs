@@ -169,6 +169,15 @@ pub struct NodeConfig {
     /// The host of each `--peers` entry as given (an IP address or a DNS name): the name a
     /// peer's certificate must carry.
     pub peer_names: BTreeMap<u64, String>,
+    /// The largest entry the machine proposes (the transport's frame cap follows from it).
+    pub max_entry: usize,
+}
+
+/// The largest peer frame for entries of at most `max_entry` bytes: raft-rs packs entries into
+/// an append up to [`MAX_MSG_BYTES`] but always sends one, so an append is at most the larger
+/// of the two plus its other fields; never below the transport's default.
+pub fn max_frame(max_entry: usize) -> usize {
+    (max_entry.max(MAX_MSG_BYTES as usize) + (1 << 20)).max(super::transport::DEFAULT_MAX_FRAME)
 }
 
 pub struct RaftNode {
@@ -339,6 +348,7 @@ impl RaftNode {
         tcfg.tls = cfg.peer_tls.clone();
         tcfg.names = cfg.peer_names.clone();
         tcfg.data_dir = Some(cfg.data_dir.clone());
+        tcfg.max_frame = max_frame(cfg.max_entry);
         let mut transport =
             Transport::start(tcfg, listener).map_err(|e| format!("peer transport: {e}"))?;
         transport.set_removed(&machine.membership().removed);

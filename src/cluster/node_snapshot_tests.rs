@@ -56,6 +56,7 @@ fn a_snapshot_is_written_by_a_child_while_the_node_applies() {
         join: false,
         peer_tls: None,
         peer_names: BTreeMap::new(),
+        max_entry: 1 << 20,
     };
     let mut m = Log::default();
     let mut node = RaftNode::start(&cfg, &mut m, Instant::now()).unwrap();

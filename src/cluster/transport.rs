@@ -110,21 +110,18 @@ use crate::tls::rustls;
 pub const MAGIC: &[u8; 4] = b"HFRT";
 pub const VERSION: u8 = 1;
 pub const HEADER_LEN: usize = 18;
-/// The largest raft frame accepted by default. A snapshot no longer travels in a message (its
-/// file goes in chunk frames), so the largest legitimate message is an append: raft-rs packs
-/// entries up to `max_size_per_msg` (1 MiB) but always sends at least one, so a single entry
-/// larger than that goes alone, and an entry is at most one log record
-/// ([`MAX_RECORD_LEN`](super::storage::MAX_RECORD_LEN), 64 MiB: the log refuses larger, and an
-/// owner turn of 64 batches whose values are up to `--max-item-size` each can come near it).
-/// So the cap is one record plus room for the message's other fields and the entries' framing
-/// (checked below and in the tests). The buffer grows only as bytes arrive, and only after the
-/// header named an admitted sender.
-pub const DEFAULT_MAX_FRAME: usize = super::storage::MAX_RECORD_LEN + (1 << 20);
-const _: () = assert!(DEFAULT_MAX_FRAME >= super::storage::MAX_RECORD_LEN + (64 << 10));
+/// The largest raft frame accepted by default: a few MiB. A snapshot does not travel in a
+/// message (its file goes in chunk frames), so the largest legitimate message is an append:
+/// raft-rs packs entries up to `max_size_per_msg` (1 MiB) but always sends at least one, and
+/// the owner's entries hold about 1 MiB of requests and one more
+/// (`server::owner::cluster::MAX_ENTRY_BYTES`). A node sets its cap from its largest entry
+/// (`node::max_frame`, which grows with `--max-item-size`); this is the floor. The buffer grows
+/// only as bytes arrive, and only after the header named an admitted sender.
+pub const DEFAULT_MAX_FRAME: usize = 4 << 20;
 /// Snapshot bytes per chunk frame sent.
 pub const CHUNK: usize = 1 << 20;
-/// The largest chunk of snapshot bytes accepted in one chunk frame (a few times [`CHUNK`]).
-pub const MAX_CHUNK: usize = 4 << 20;
+/// The largest chunk of snapshot bytes accepted in one chunk frame (twice [`CHUNK`]).
+pub const MAX_CHUNK: usize = 2 << 20;
 /// Snapshot bytes sent and not yet acknowledged, per transfer, at most.
 pub const WINDOW: u64 = 8 << 20;
 /// A transfer whose acknowledged offset has not moved for this long fails.

@@ -129,7 +129,11 @@ fn a_frame_round_trips() {
 /// the smallest entries (their framing is the overhead).
 #[test]
 fn the_largest_append_fits_the_frame_cap() {
-    use super::super::storage::MAX_RECORD_LEN;
+    // The owner's largest entry with the largest --max-item-size a cluster takes.
+    let max_entry =
+        crate::server::owner::cluster::max_entry_bytes(crate::config::MAX_CLUSTER_ITEM_SIZE);
+    let cap = crate::cluster::node::max_frame(max_entry);
+    assert!(cap < super::super::storage::MAX_RECORD_LEN);
     let mut e = raft::prelude::Entry {
         term: u64::MAX,
         index: u64::MAX,
@@ -137,9 +141,7 @@ fn the_largest_append_fits_the_frame_cap() {
     };
     e.set_entry_type(raft::prelude::EntryType::EntryConfChangeV2);
     e.context = vec![0xff; 64].into();
-    let room = MAX_RECORD_LEN - 1 - e.compute_size() as usize;
-    e.data = vec![0xab; room - 8].into();
-    assert!((e.compute_size() as usize) < MAX_RECORD_LEN);
+    e.data = vec![0xab; max_entry].into();
     let mut m = msg(u64::MAX, u64::MAX, u64::MAX);
     m.set_msg_type(MessageType::MsgAppend);
     (m.log_term, m.index, m.commit, m.reject_hint) = (u64::MAX, u64::MAX, u64::MAX, u64::MAX);
@@ -147,7 +149,12 @@ fn the_largest_append_fits_the_frame_cap() {
     m.entries = vec![e].into();
     let mut buf = Vec::new();
     encode_frame(u64::MAX, &m, &mut buf).unwrap();
-    assert!(buf.len() - HEADER_LEN <= DEFAULT_MAX_FRAME);
+    assert!(buf.len() - HEADER_LEN <= cap);
+    // With the default --max-item-size, a few MiB.
+    assert!(
+        crate::cluster::node::max_frame(crate::server::owner::cluster::max_entry_bytes(1 << 20))
+            <= 4 << 20
+    );
 
     let small = raft::prelude::Entry {
         term: 1,

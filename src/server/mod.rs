@@ -7,7 +7,7 @@
 pub mod effect;
 pub mod msg;
 pub mod notify;
-mod owner;
+pub(crate) mod owner;
 pub mod sim;
 mod worker;
 

@@ -115,6 +115,12 @@ pub const MAX_ENTRY_BYTES: usize = 1 << 20;
 /// that reaches the owner waits behind at most these of other clients' bytes here.
 const MAX_INFLIGHT_BYTES: usize = 8 << 20;
 const MAX_QUEUED_BYTES: usize = 8 << 20;
+/// The largest entry this node proposes: [`MAX_ENTRY_BYTES`] of requests and one more, whose
+/// value is at most `max_item_size` (with its key and the op's fields).
+pub fn max_entry_bytes(max_item_size: usize) -> usize {
+    MAX_ENTRY_BYTES + max_item_size + (64 << 10)
+}
+
 /// What an op adds to an entry beyond its bytes in the arena, about.
 const OP_OVERHEAD: usize = 16;
 /// binary protocol status "temporary failure" (memcached's PROTOCOL_BINARY_RESPONSE_ETMPFAIL).
@@ -678,6 +684,7 @@ impl ClusterOwner {
             join: cfg.join,
             peer_tls: peer_tls(&shared),
             peer_names: cfg.peer_hosts.clone(),
+            max_entry: max_entry_bytes(shared.config.max_item_size),
         };
         if let Some(line) = crate::config::plaintext_peers_warning(cfg, node_cfg.peer_tls.is_some())
         {
