@@ -1401,6 +1401,70 @@ fn a_busy_log_is_snapshotted_by_its_size_and_the_directory_stays_bounded() {
     }
 }
 
+/// A follower stopped while the others write 40 MB (so they snapshot, in child processes,
+/// and compact past it) catches up on its restart from a snapshot sent in chunks and installed
+/// off its owner's thread, then serves what was written and what comes after. (A follower
+/// only paused would catch up from the appends raft already sent it, up to 256 messages.)
+/// Heavy (40 MB through three debug-build nodes): run alone by `make test-rust`.
+#[test]
+#[ignore = "heavy: run alone by make test-rust (cargo test --test cluster -- --ignored)"]
+fn a_stopped_follower_catches_up_from_a_chunked_snapshot_made_in_the_background() {
+    let mut cluster = Cluster::start_ready(3, "chunked", &[]);
+    let lead = leader(&cluster);
+    let behind = if lead == 3 { 2 } else { 3 };
+    cluster.stop(behind);
+    let value = vec![b'v'; 1_000_000];
+    let mut c = cluster.node(lead).memcache();
+    for i in 0..40 {
+        let mut req = format!("set big{i} 0 0 1000000\r\n").into_bytes();
+        req.extend_from_slice(&value);
+        req.extend_from_slice(b"\r\n");
+        c.expect(&req, b"STORED\r\n");
+    }
+    wait_until(
+        Duration::from_secs(60),
+        "the leader makes a snapshot",
+        || {
+            let m = metrics(cluster.node(lead));
+            metric(&m, "holdfast_cluster_snapshots_total", "result=\"made\"") >= 1.0
+        },
+    );
+    cluster.restart(behind);
+    wait_until(
+        Duration::from_secs(120),
+        "the restarted node installs a snapshot",
+        || {
+            let m = metrics(cluster.node(behind));
+            metric(
+                &m,
+                "holdfast_cluster_snapshots_total",
+                "result=\"installed\"",
+            ) >= 1.0
+                && metric(
+                    &m,
+                    "holdfast_cluster_snapshot_in_progress",
+                    "op=\"install\"",
+                ) == 0.0
+        },
+    );
+    let m = metrics(cluster.node(behind));
+    assert!(metric(&m, "holdfast_cluster_snapshot_bytes_received_total", "") > 16e6);
+    let m = metrics(cluster.node(lead));
+    assert!(metric(&m, "holdfast_cluster_snapshot_bytes_sent_total", "") > 16e6);
+    wait_for_quorum(cluster.node(behind).memcache.expect("memcache"));
+    let mut r = cluster.node(behind).memcache();
+    r.expect(b"set after 0 0 1\r\nx\r\n", b"STORED\r\n");
+    r.send(b"get big0 big39 after\r\n");
+    for key in ["big0", "big39"] {
+        assert_eq!(r.line(), format!("VALUE {key} 0 1000000\r\n"));
+        let got = r.take(1_000_002);
+        assert!(got[..1_000_000] == value[..], "{key}'s value");
+    }
+    assert_eq!(r.line(), "VALUE after 0 1\r\n");
+    assert_eq!(r.line(), "x\r\n");
+    assert_eq!(r.line(), "END\r\n");
+}
+
 /// Inbound peer connections a node refused since it started.
 fn peer_refused(d: &Daemon) -> u64 {
     status(d)["peer_refused"].as_u64().expect("peer_refused")
