@@ -10,7 +10,24 @@
 //! - **Disks** ([`MemLog`]): the node's raft storage in memory; a crash keeps only what the
 //!   last sync made durable. A node may crash between persisting a `Ready` and syncing it.
 //! - **Network**: seeded loss, delay (hence reordering) and duplication; symmetric and one-way
-//!   partitions; dropped snapshot messages are reported to the leader as a transport would.
+//!   partitions.
+//! - **Snapshots** (`sim_snap.rs`), as the daemon makes, sends and installs them: *made in the
+//!   background* when due (every [`Options::snapshot_every`] entries in some seeds; in all, in
+//!   proportion: log bytes applied since the last one >= max([`Options::snapshot_floor_bytes`],
+//!   the last snapshot's size); or on raft's demand), the state captured at the applied index
+//!   and recorded (then the log compacted, keeping a few entries) a seeded 1-300 ms later while
+//!   the node goes on; a crash meanwhile loses it; one at a time. *Sent in chunks*: a
+//!   `MsgSnapshot` carries the file's descriptor (length, crc32c) and the file travels beside
+//!   it in chunks through the lossy network, on numbered connections with acknowledged
+//!   offsets; seeded connection resets and the transport's stall timeout reconnect, resuming
+//!   from the acknowledged offset or (other seeds) restarting from 0; chunks are sometimes
+//!   damaged; the receiver's raft sees the `MsgSnapshot` only once the whole file arrived and
+//!   checks out; the sender's raft hears `Finish` when the receiver acknowledged it all and
+//!   `Failure` when the transfer failed (receiver down or refusing, file damaged, too many
+//!   reconnects). *Installed in the background*: a follower persists a leader's snapshot at
+//!   once and rebuilds its state from it a seeded while later, holding the committed entries
+//!   handed out meanwhile (raft is told only the snapshot's index is applied) and applying
+//!   them after, in order; it ticks and steps meanwhile; a crash restarts it from disk.
 //! - **Clocks**: each node ticks at its own rate (±5%) and reads its own offset wall clock; the
 //!   leader stamps each command with its clock, so log time is the leader's.
 //! - **Membership** (seeds with [`Options::membership`]): an operator adds a fresh node (ids
@@ -33,9 +50,12 @@
 //! never two holders), every node that applied a conf entry got the same `ConfState` from it (a
 //! snapshot carries the `ConfState` of its index), a removed node never becomes leader once a
 //! majority of the new configuration applied its removal, and no leader is outside its own
-//! configuration. At the end of the run the faults stop and every member of the final
-//! configuration (no longer joint) must converge and every client's request must have been
-//! applied (liveness); removed nodes are ignored.
+//! configuration. Of snapshots: no entry is applied while an install is in progress, a
+//! background snapshot's bytes are the state every node had at its index, an assembled file is
+//! byte for byte that state, and no log is compacted past its newest snapshot. At the end of
+//! the run the faults stop and every member of the final configuration (no longer joint) must
+//! converge and every client's request must have been applied (liveness); removed nodes are
+//! ignored.
 
 use std::cell::Cell;
 use std::cmp::Ordering as CmpOrdering;
@@ -205,7 +225,7 @@ pub struct MemLog {
     snapshot_data: Vec<u8>,
     /// Raft asked for a snapshot the stored one cannot serve (older than asked, or made before
     /// the receiver joined: raft-rs's receiver refuses a snapshot whose `ConfState` lacks it);
-    /// the driver makes a fresh one from the state machine, as TiKV generates them on demand.
+    /// the driver starts a fresh one in the background, as TiKV generates them on demand.
     snapshot_wanted: Cell<bool>,
 }
 
