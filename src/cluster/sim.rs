@@ -10,7 +10,24 @@
 //! - **Disks** ([`MemLog`]): the node's raft storage in memory; a crash keeps only what the
 //!   last sync made durable. A node may crash between persisting a `Ready` and syncing it.
 //! - **Network**: seeded loss, delay (hence reordering) and duplication; symmetric and one-way
-//!   partitions; dropped snapshot messages are reported to the leader as a transport would.
+//!   partitions.
+//! - **Snapshots** (`sim_snap.rs`), as the daemon makes, sends and installs them: *made in the
+//!   background* when due (every [`Options::snapshot_every`] entries in some seeds; in all, in
+//!   proportion: log bytes applied since the last one >= max([`Options::snapshot_floor_bytes`],
+//!   the last snapshot's size); or on raft's demand), the state captured at the applied index
+//!   and recorded (then the log compacted, keeping a few entries) a seeded 1-300 ms later while
+//!   the node goes on; a crash meanwhile loses it; one at a time. *Sent in chunks*: a
+//!   `MsgSnapshot` carries the file's descriptor (length, crc32c) and the file travels beside
+//!   it in chunks through the lossy network, on numbered connections with acknowledged
+//!   offsets; seeded connection resets and the transport's stall timeout reconnect, resuming
+//!   from the acknowledged offset or (other seeds) restarting from 0; chunks are sometimes
+//!   damaged; the receiver's raft sees the `MsgSnapshot` only once the whole file arrived and
+//!   checks out; the sender's raft hears `Finish` when the receiver acknowledged it all and
+//!   `Failure` when the transfer failed (receiver down or refusing, file damaged, too many
+//!   reconnects). *Installed in the background*: a follower persists a leader's snapshot at
+//!   once and rebuilds its state from it a seeded while later, holding the committed entries
+//!   handed out meanwhile (raft is told only the snapshot's index is applied) and applying
+//!   them after, in order; it ticks and steps meanwhile; a crash restarts it from disk.
 //! - **Clocks**: each node ticks at its own rate (±5%) and reads its own offset wall clock; the
 //!   leader stamps each command with its clock, so log time is the leader's.
 //! - **Membership** (seeds with [`Options::membership`]): an operator adds a fresh node (ids
@@ -33,9 +50,12 @@
 //! never two holders), every node that applied a conf entry got the same `ConfState` from it (a
 //! snapshot carries the `ConfState` of its index), a removed node never becomes leader once a
 //! majority of the new configuration applied its removal, and no leader is outside its own
-//! configuration. At the end of the run the faults stop and every member of the final
-//! configuration (no longer joint) must converge and every client's request must have been
-//! applied (liveness); removed nodes are ignored.
+//! configuration. Of snapshots: no entry is applied while an install is in progress, a
+//! background snapshot's bytes are the state every node had at its index, an assembled file is
+//! byte for byte that state, and no log is compacted past its newest snapshot. At the end of
+//! the run the faults stop and every member of the final configuration (no longer joint) must
+//! converge and every client's request must have been applied (liveness); removed nodes are
+//! ignored.
 
 use std::cell::Cell;
 use std::cmp::Ordering as CmpOrdering;
@@ -54,6 +74,8 @@ use crate::server::msg::ConnId;
 
 #[path = "sim_live.rs"]
 mod live;
+#[path = "sim_snap.rs"]
+mod snap;
 pub use live::{ELECTION_US, SESSION_TIMEOUT_US};
 
 /// A replicated state machine: deterministic, fed committed commands in log order.
@@ -203,7 +225,7 @@ pub struct MemLog {
     snapshot_data: Vec<u8>,
     /// Raft asked for a snapshot the stored one cannot serve (older than asked, or made before
     /// the receiver joined: raft-rs's receiver refuses a snapshot whose `ConfState` lacks it);
-    /// the driver makes a fresh one from the state machine, as TiKV generates them on demand.
+    /// the driver starts a fresh one in the background, as TiKV generates them on demand.
     snapshot_wanted: Cell<bool>,
 }
 
@@ -242,17 +264,6 @@ impl MemLog {
     fn apply_snapshot(&mut self, snap: &Snapshot) {
         self.state.install(snap.get_metadata());
         self.snapshot_data = snap.get_data().to_vec();
-    }
-
-    fn create_snapshot(&mut self, index: u64, data: Vec<u8>) {
-        let mut meta = SnapshotMetadata {
-            index,
-            term: self.state.term(index).unwrap_or_default(),
-            ..Default::default()
-        };
-        meta.set_conf_state(self.state.conf_state.clone());
-        self.state.snapshot = Some(meta);
-        self.snapshot_data = data;
     }
 
     fn compact(&mut self, compact_index: u64) -> Result<(), String> {
@@ -342,8 +353,26 @@ pub struct Options {
     pub partitions: bool,
     /// Per mille of `Ready`s during which the node crashes before its sync.
     pub crash_before_sync_permille: u64,
-    /// Each node snapshots its state machine (and compacts its log) every this many entries.
+    /// Each node snapshots its state machine (and compacts its log) every this many entries
+    /// (the frequent small-snapshot mode; `u64::MAX / 2` in the seeds that compact only in
+    /// proportion).
     pub snapshot_every: u64,
+    /// Compaction in proportion, as the daemon's: a snapshot is also due when the log bytes
+    /// applied since the last one reach max(this floor, the last snapshot's size).
+    pub snapshot_floor_bytes: u64,
+    /// A background snapshot takes 1 ms to this long (simulated) before it is recorded.
+    pub snapshot_max_us: u64,
+    /// A follower's background install of a leader's snapshot takes 1 ms to this long.
+    pub install_max_us: u64,
+    /// A snapshot travels beside its `MsgSnapshot` in chunks of this many bytes.
+    pub chunk_bytes: u64,
+    /// After a reconnect a transfer resumes from the acknowledged offset (the receiver keeps
+    /// its partial copy); without it, it restarts from 0 (the receiver drops it).
+    pub resume_transfers: bool,
+    /// Per cent of delivered chunks after which the transfer's connection resets.
+    pub chunk_reset_percent: u64,
+    /// Per mille of delivered chunks damaged on the way (the receiver's checksum must catch it).
+    pub chunk_corrupt_permille: u64,
     /// A deliberately broken driver, to show the checks catch it: half of the time it sends a
     /// `Ready`'s votes and acknowledgements without having synced what they promise.
     pub bug_ack_before_sync: bool,
@@ -404,6 +433,13 @@ impl Options {
             bug_late_fence: false,
             bug_ignore_write_deadline: false,
             bug_leader_does_not_wait: false,
+            snapshot_floor_bytes: u64::MAX / 2,
+            snapshot_max_us: 1_000,
+            install_max_us: 1_000,
+            chunk_bytes: 1 << 20,
+            resume_transfers: false,
+            chunk_reset_percent: 0,
+            chunk_corrupt_permille: 0,
         };
         // Drawn last, so that the knobs above stay what they were for every seed.
         if r.chance(MEMBERSHIP_PERCENT) && membership {
@@ -414,6 +450,19 @@ impl Options {
             o.snapshot_every = 3 + r.below(12);
             o.explicit_leave = r.chance(EXPLICIT_LEAVE_PERCENT);
         }
+        // Snapshots and their transfers, from a generator of their own (the knobs above keep
+        // their values).
+        let mut s = Rng::new(seed ^ 0x736e_6170_7368_6f74);
+        o.snapshot_floor_bytes = 256 + s.below(4_096);
+        if !o.membership && s.chance(PROPORTIONAL_ONLY_PERCENT) {
+            o.snapshot_every = u64::MAX / 2;
+        }
+        o.snapshot_max_us = 2_000 + s.below(300_000);
+        o.install_max_us = 2_000 + s.below(200_000);
+        o.chunk_bytes = 16 + s.below(112);
+        o.resume_transfers = s.chance(50);
+        o.chunk_reset_percent = if s.chance(60) { 1 + s.below(8) } else { 0 };
+        o.chunk_corrupt_permille = if s.chance(30) { 1 + s.below(20) } else { 0 };
         o
     }
 }
@@ -459,6 +508,34 @@ pub struct Report {
     /// Releases in the log by connections whose sessions an expiry had ended (the state drops
     /// them; applied, each would free whoever held the lock then).
     pub stale_releases: u64,
+    /// Background snapshots: recorded (and the log compacted), lost in a crash while being
+    /// made, discarded at completion because a newer installed snapshot superseded them, and
+    /// made because the log grew in proportion to the last snapshot.
+    pub bg_snapshots_completed: u64,
+    pub bg_snapshots_dropped_by_crash: u64,
+    pub bg_snapshots_superseded: u64,
+    pub proportional_snapshots: u64,
+    /// Chunked transfers: started, acknowledged whole (Finish reported), failed (Failure
+    /// reported), reconnected resuming from the acknowledged offset, reconnected from 0;
+    /// connection resets, stalls (no progress within the transport's timeout), damaged files
+    /// the receiver's checksum refused, and chunks sent.
+    pub transfers_started: u64,
+    pub transfers_completed: u64,
+    pub transfers_failed: u64,
+    pub transfers_resumed: u64,
+    pub transfers_restarted: u64,
+    pub transfer_resets: u64,
+    pub transfer_stalls: u64,
+    pub transfers_corrupt_caught: u64,
+    pub chunks_sent: u64,
+    /// Background installs of a leader's snapshot: started, completed, lost in a crash,
+    /// superseded by a newer snapshot; committed entries held while one was in progress and
+    /// applied after it.
+    pub installs_background: u64,
+    pub installs_completed: u64,
+    pub installs_dropped_by_crash: u64,
+    pub installs_superseded: u64,
+    pub entries_held: u64,
 }
 
 /// Ticks: every 10 ms of a node's clock; elections after 10 to 20 ticks, heartbeats every
@@ -491,6 +568,9 @@ const OPERATOR_US: u64 = 100_000;
 /// Voters a configuration keeps (the contract's 3 or 5, and the 4 in between).
 const MIN_VOTERS: usize = 3;
 const MAX_VOTERS: usize = 5;
+/// Share of the seeds without membership changes whose nodes snapshot only in proportion to
+/// the log (no every-N rule): few, large snapshots.
+const PROPORTIONAL_ONLY_PERCENT: u64 = 30;
 
 enum Packet {
     Raft(Message),
@@ -499,6 +579,10 @@ enum Packet {
         seq: u64,
         request: Vec<u8>,
     },
+    /// A piece of a snapshot file ([`snap::Chunk`]).
+    Chunk(snap::Chunk),
+    /// The receiver's acknowledgement of a transfer ([`snap::Ack`]).
+    Ack(snap::Ack),
 }
 
 enum Ev {
@@ -519,6 +603,22 @@ enum Ev {
         i: usize,
         life: u64,
         number: u64,
+    },
+    /// Node `i`'s background snapshot `id` was written.
+    SnapshotMade {
+        i: usize,
+        id: u64,
+    },
+    /// Node `i`'s background install `id` of a leader's snapshot built the new state.
+    Installed {
+        i: usize,
+        id: u64,
+    },
+    /// The transport of node `i` looks at outgoing transfer `id` on connection `conn`.
+    TransferCheck {
+        i: usize,
+        id: u64,
+        conn: u64,
     },
 }
 
@@ -581,6 +681,8 @@ struct Node<M> {
     synced: u64,
     syncing: std::collections::VecDeque<(u64, MemLog)>,
     promised: std::collections::VecDeque<(u64, Vec<Message>)>,
+    /// Background snapshots, installs and chunked transfers (`sim_snap.rs`).
+    bg: snap::NodeSnap,
 }
 
 impl<M> Node<M> {
@@ -630,8 +732,6 @@ pub struct Cluster<M, W> {
     snaps: BTreeMap<u64, Vec<u8>>,
     client_applied: BTreeMap<u64, u64>,
     leader_terms: BTreeMap<u64, u64>,
-    /// Snapshot messages lost on the way: (sender, receiver), reported to the sender.
-    snapshot_failures: Vec<(usize, usize)>,
     /// The founders' configuration, and the `ConfState` after each applied conf entry by
     /// index (applied somewhere, hence committed): the last one is the committed configuration.
     initial_conf: ConfState,
@@ -702,6 +802,7 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
                 synced: 0,
                 syncing: Default::default(),
                 promised: Default::default(),
+                bg: Default::default(),
             });
         }
         let clients = (0..opts.clients)
@@ -729,7 +830,6 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
             snaps: BTreeMap::new(),
             client_applied: BTreeMap::new(),
             leader_terms: BTreeMap::new(),
-            snapshot_failures: Vec::new(),
             initial_conf,
             confs: BTreeMap::new(),
             removed: BTreeMap::new(),
@@ -822,6 +922,7 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
         node.syncing.clear();
         node.promised.clear();
         let (idx, snap) = (node.applied, node.machine.snapshot());
+        self.snap_start(i);
         if self.live.is_some() {
             self.live_start(i);
         }
@@ -834,6 +935,7 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
     fn crash(&mut self, i: usize) {
         self.nodes[i].raw = None;
         self.forget_syncs(i);
+        self.snap_crash(i);
         if self.live.is_some() {
             self.live_crash(i);
         }
@@ -868,6 +970,8 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
         }
         self.opts.loss_percent = 0;
         self.opts.crash_before_sync_permille = 0;
+        self.opts.chunk_reset_percent = 0;
+        self.opts.chunk_corrupt_permille = 0;
         for i in 0..self.nodes.len() {
             if self.nodes[i].raw.is_none() && !self.nodes[i].retired {
                 if let Some(e) = self.start_node(i) {
@@ -905,30 +1009,20 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
                 if self.nodes[to].raw.is_none() || refused {
                     // A transport learns that a snapshot did not arrive (its connection failed):
                     // the leader must hear it, or it waits for that snapshot forever.
-                    if let Packet::Raft(m) = &packet {
-                        if m.get_msg_type() == MessageType::MsgSnapshot {
-                            self.snapshot_failures.push((from, to));
-                            self.report_snapshot_failures();
-                            return self.drive(from);
-                        }
+                    if let Packet::Chunk(c) = &packet {
+                        return self.transfer_refused(from, c.id());
                     }
                     return Ok(());
                 }
-                if self.live.is_some() {
+                if self.live.is_some() && matches!(packet, Packet::Raft(_) | Packet::Forward { .. })
+                {
                     self.live_heard(to, from)?;
                 }
                 match packet {
                     Packet::Raft(m) => {
-                        let is_snap = m.get_msg_type() == MessageType::MsgSnapshot;
                         if let Some(raw) = self.nodes[to].raw.as_mut() {
                             // Errors here are stale or foreign messages raft refuses; it stays up.
                             let _ = raw.step(m);
-                        }
-                        if is_snap {
-                            let to_id = self.nodes[to].id;
-                            if let Some(leader) = self.nodes[from].raw.as_mut() {
-                                leader.report_snapshot(to_id, SnapshotStatus::Finish);
-                            }
                         }
                     }
                     Packet::Forward {
@@ -936,12 +1030,10 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
                         seq,
                         request,
                     } => self.propose_at(to, client, seq, &request),
+                    Packet::Chunk(c) => self.receive_chunk(from, to, c)?,
+                    Packet::Ack(a) => self.receive_ack(to, a),
                 }
-                if self.live.is_some() {
-                    self.live_round(to)?;
-                } else {
-                    self.drive(to)?;
-                }
+                self.round(to)?;
             }
             Ev::Client(k) if self.live.is_some() => self.live_client_event(k)?,
             Ev::Client(k) => self.client_event(k, quiet)?,
@@ -985,6 +1077,9 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
                 self.durable_through(i, number);
                 self.drive(i)?;
             }
+            Ev::SnapshotMade { i, id } => self.snapshot_made(i, id)?,
+            Ev::Installed { i, id } => self.installed(i, id)?,
+            Ev::TransferCheck { i, id, conn } => self.transfer_check(i, id, conn)?,
         }
         Ok(())
     }
@@ -1164,6 +1259,7 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
             synced: 0,
             syncing: Default::default(),
             promised: Default::default(),
+            bg: Default::default(),
         });
         for row in &mut self.blocked {
             row.push(false);
@@ -1297,12 +1393,6 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
         let lost = self.blocked[from][to] || self.rng.chance(self.opts.loss_percent);
         if lost {
             self.report.messages_dropped += 1;
-            if let Packet::Raft(m) = &packet {
-                if m.get_msg_type() == MessageType::MsgSnapshot {
-                    // The sender is being driven (its RawNode is out of `nodes`): told after.
-                    self.snapshot_failures.push((from, to));
-                }
-            }
             return;
         }
         if self.rng.chance(self.opts.dup_percent) {
@@ -1365,19 +1455,16 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
                         self.conf_at(meta.index)
                     ));
                 }
-                let node = &mut self.nodes[i];
-                node.machine
-                    .restore(snap.get_data())
-                    .map_err(|e| format!("node {}: snapshot restore: {}", node.id, e))?;
-                node.applied = meta.index;
-                node.last_snapshot = node.applied;
-                node.note_removed(&before, &cs);
-                self.report.snapshots_installed += 1;
-                self.report.joiner_snapshots += u64::from(node.joiner);
-                let s = node.machine.snapshot();
-                self.check_snapshot(i, meta.index, s)?;
+                self.nodes[i].note_removed(&before, &cs);
+                // Persisted now; the state machine is rebuilt in the background.
+                self.begin_install(i, &snap);
             }
-            self.apply_entries(i, &mut raw, rd.take_committed_entries())?;
+            let committed = rd.take_committed_entries();
+            if self.nodes[i].bg.installing().is_some() {
+                self.hold(i, committed);
+            } else {
+                self.apply_entries(i, &mut raw, committed)?;
+            }
             raw.mut_store()
                 .append(rd.entries())
                 .map_err(|e| format!("node {}: append: {}", self.nodes[i].id, e))?;
@@ -1425,24 +1512,11 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
             }
             self.durable_through(i, self.nodes[i].synced);
             let mut raw = self.nodes[i].raw.take().expect("set");
-            raw.advance_apply();
-            let node = &mut self.nodes[i];
-            let wanted = raw.store().snapshot_wanted.replace(false);
-            if node.applied >= node.last_snapshot + self.opts.snapshot_every
-                || (wanted && node.applied > node.last_snapshot)
-            {
-                let data = node.machine.snapshot();
-                raw.mut_store().create_snapshot(node.applied, data);
-                raw.mut_store()
-                    .compact(node.applied.saturating_sub(KEEP_ENTRIES))?;
-                node.last_snapshot = node.applied;
-                // The daemon syncs a snapshot on the spot: every Ready written is durable.
-                node.durable = raw.store().clone();
-                node.syncing.clear();
-                let through = node.requested;
-                self.nodes[i].raw = Some(raw);
-                self.durable_through(i, through);
-                raw = self.nodes[i].raw.take().expect("set");
+            // During an install raft is told that only the snapshot is applied: the entries it
+            // handed out since are held.
+            match self.nodes[i].bg.installing() {
+                Some(index) => raw.advance_apply_to(index),
+                None => raw.advance_apply(),
             }
             if self.nodes[i].retired {
                 // What this `Ready` promised is synced and sent; the node stops here.
@@ -1450,20 +1524,10 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
                 self.nodes[i].syncing.clear();
                 let through = self.nodes[i].requested;
                 self.durable_through(i, through);
-                self.report_snapshot_failures();
                 return Ok(());
             }
+            self.maybe_snapshot(i, &mut raw);
             self.nodes[i].raw = Some(raw);
-            self.report_snapshot_failures();
-        }
-    }
-
-    fn report_snapshot_failures(&mut self) {
-        for (from, to) in std::mem::take(&mut self.snapshot_failures) {
-            let to_id = self.nodes[to].id;
-            if let Some(raw) = self.nodes[from].raw.as_mut() {
-                raw.report_snapshot(to_id, SnapshotStatus::Failure);
-            }
         }
     }
 
@@ -1510,7 +1574,11 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
     fn send_all(&mut self, from: usize, msgs: Vec<Message>) {
         for m in msgs {
             if let Some(to) = self.index_of(m.to) {
-                self.send(from, to, Packet::Raft(m));
+                if m.get_msg_type() == MessageType::MsgSnapshot {
+                    self.start_transfer(from, to, m);
+                } else {
+                    self.send(from, to, Packet::Raft(m));
+                }
             }
         }
     }
@@ -1525,6 +1593,12 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
             let node = &mut self.nodes[i];
             if e.index <= node.applied {
                 continue;
+            }
+            if let Some(index) = node.bg.installing() {
+                return Err(format!(
+                    "node {} applies {} while its install of the snapshot at {} is in progress",
+                    node.id, e.index, index
+                ));
             }
             if e.index != node.applied + 1 {
                 return Err(format!(
@@ -1553,6 +1627,7 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
                     Applied::Ignored
                 }
             };
+            self.snap_count(i, e.get_data().len());
             let node = &mut self.nodes[i];
             node.applied = e.index;
             let snap = node.machine.snapshot();
@@ -1749,6 +1824,8 @@ fn packet_clone(p: &Packet) -> Packet {
             seq: *seq,
             request: request.clone(),
         },
+        Packet::Chunk(c) => Packet::Chunk(c.clone()),
+        Packet::Ack(a) => Packet::Ack(a.clone()),
     }
 }
 

@@ -181,7 +181,11 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
             return Some(ev);
         };
         let target = match &ev {
-            Ev::Tick(i) | Ev::Restart(i) => *i,
+            Ev::Tick(i)
+            | Ev::Restart(i)
+            | Ev::SnapshotMade { i, .. }
+            | Ev::Installed { i, .. }
+            | Ev::TransferCheck { i, .. } => *i,
             Ev::Deliver { to, .. } => *to,
             _ => return Some(ev),
         };

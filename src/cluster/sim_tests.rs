@@ -60,6 +60,24 @@ fn run_seeds(seeds: std::ops::Range<u64>, run: fn(u64) -> Result<Report, String>
         total.deadline_closes += r.deadline_closes;
         total.client_give_ups += r.client_give_ups;
         total.stale_releases += r.stale_releases;
+        total.bg_snapshots_completed += r.bg_snapshots_completed;
+        total.bg_snapshots_dropped_by_crash += r.bg_snapshots_dropped_by_crash;
+        total.bg_snapshots_superseded += r.bg_snapshots_superseded;
+        total.proportional_snapshots += r.proportional_snapshots;
+        total.transfers_started += r.transfers_started;
+        total.transfers_completed += r.transfers_completed;
+        total.transfers_failed += r.transfers_failed;
+        total.transfers_resumed += r.transfers_resumed;
+        total.transfers_restarted += r.transfers_restarted;
+        total.transfer_resets += r.transfer_resets;
+        total.transfer_stalls += r.transfer_stalls;
+        total.transfers_corrupt_caught += r.transfers_corrupt_caught;
+        total.chunks_sent += r.chunks_sent;
+        total.installs_background += r.installs_background;
+        total.installs_completed += r.installs_completed;
+        total.installs_dropped_by_crash += r.installs_dropped_by_crash;
+        total.installs_superseded += r.installs_superseded;
+        total.entries_held += r.entries_held;
     }
     eprintln!(
         "seeds {:?} ({} with membership changes) in {:?}: {:?}",
@@ -276,6 +294,48 @@ fn replicas_of_the_cluster_state_agree_under_faults_over_many_seeds() {
     );
 }
 
+// Snapshots made, sent and installed as the daemon does (`sim_snap.rs`).
+
+/// Over a range of seeds every invariant holds while snapshots are made in the background
+/// (some lost in crashes, some superseded by a leader's), sent in chunks that are lost,
+/// reordered, damaged and cut off by connection resets and stalls (resumed from the
+/// acknowledged offset or restarted), and installed in the background with the committed
+/// entries behind them held: each of these really happened.
+#[test]
+fn background_snapshots_chunked_transfers_and_installs_under_faults() {
+    let t = run_seeds(5_000..5_120, run_holdfast_seed);
+    assert!(
+        t.bg_snapshots_completed > 0
+            && t.bg_snapshots_dropped_by_crash > 0
+            && t.bg_snapshots_superseded > 0
+            && t.proportional_snapshots > 0,
+        "background snapshots: {:?}",
+        t
+    );
+    assert!(
+        t.transfers_started > 0
+            && t.transfers_completed > 0
+            && t.transfers_failed > 0
+            && t.transfers_resumed > 0
+            && t.transfers_restarted > 0
+            && t.transfer_resets > 0
+            && t.transfer_stalls > 0
+            && t.transfers_corrupt_caught > 0,
+        "chunked transfers: {:?}",
+        t
+    );
+    // Several chunks per transfer on average.
+    assert!(t.chunks_sent > 3 * t.transfers_started, "{:?}", t);
+    assert!(
+        t.installs_background > 0
+            && t.installs_completed > 0
+            && t.installs_dropped_by_crash > 0
+            && t.entries_held > 0,
+        "background installs: {:?}",
+        t
+    );
+}
+
 // Membership changes under load.
 
 fn assert_membership_happened(r: &Report) {
@@ -293,38 +353,38 @@ fn assert_membership_happened(r: &Report) {
     );
 }
 
-/// Seed 51 adds three nodes and removes two voters, one change at a time through joint
+/// Seed 90 adds three nodes and removes two voters, one change at a time through joint
 /// consensus (raft-rs leaving the joint configuration by itself), while clients fight over
 /// locks: each joiner catches up from a snapshot to the others' state, every node gets the
 /// same `ConfState` from each conf entry, and a removed node's traffic is refused.
 #[test]
-fn membership_seed_51_adds_and_removes_voters_under_load() {
-    let opts = Options::for_seed(51);
+fn membership_seed_90_adds_and_removes_voters_under_load() {
+    let opts = Options::for_seed(90);
     assert!(opts.membership && !opts.explicit_leave, "{:?}", opts);
-    let r = run_holdfast(51, opts).unwrap();
+    let r = run_holdfast(90, opts).unwrap();
     assert_membership_happened(&r);
     assert!(r.nodes_added >= 3 && r.nodes_removed >= 2, "{:?}", r);
     assert_eq!(r.leave_joint_proposed, 0, "{:?}", r);
     assert!(r.commands > 50, "{:?}", r);
 }
 
-/// The same over holdfast's cluster state (`Replicated`): seed 132 makes four changes with
+/// The same over holdfast's cluster state (`Replicated`): seed 139 makes four changes with
 /// three joiners and three removals.
 #[test]
-fn membership_seed_132_on_the_cluster_state() {
-    let r = run_replicated_seed(132).unwrap();
+fn membership_seed_139_on_the_cluster_state() {
+    let r = run_replicated_seed(139).unwrap();
     assert_membership_happened(&r);
     assert!(r.nodes_added >= 3 && r.nodes_removed >= 3, "{:?}", r);
 }
 
-/// With `ConfChangeTransition::Explicit` (seed 42) raft-rs stays in the joint configuration
+/// With `ConfChangeTransition::Explicit` (seed 5) raft-rs stays in the joint configuration
 /// until told: the operator proposes each leave-joint entry, and the run ends out of joint
 /// (the final check).
 #[test]
-fn membership_seed_42_with_explicit_leave_needs_the_operator() {
-    let opts = Options::for_seed(42);
+fn membership_seed_5_with_explicit_leave_needs_the_operator() {
+    let opts = Options::for_seed(5);
     assert!(opts.membership && opts.explicit_leave, "{:?}", opts);
-    let r = run_holdfast(42, opts).unwrap();
+    let r = run_holdfast(5, opts).unwrap();
     assert_membership_happened(&r);
     assert!(r.leave_joint_proposed >= r.conf_changes, "{:?}", r);
 }
@@ -332,8 +392,8 @@ fn membership_seed_42_with_explicit_leave_needs_the_operator() {
 /// A membership seed replays identically (the joiners' clocks and ids come from the seed).
 #[test]
 fn a_membership_seed_replays_identically() {
-    let a = run_holdfast_seed(51).unwrap();
-    let b = run_holdfast_seed(51).unwrap();
+    let a = run_holdfast_seed(90).unwrap();
+    let b = run_holdfast_seed(90).unwrap();
     assert_eq!(format!("{:?}", a), format!("{:?}", b));
 }
 
@@ -349,6 +409,7 @@ fn a_joiner_replaying_the_log_from_index_1_is_caught() {
         }
         opts.bootstrap_snapshot = false;
         opts.snapshot_every = u64::MAX / 2;
+        opts.snapshot_floor_bytes = u64::MAX / 2;
         run_holdfast(seed, opts).err()
     });
     let why = caught.expect("no joiner replayed the log from index 1");
@@ -442,10 +503,11 @@ fn caught(seed: u64, mutation: &str) -> String {
 
 /// A node that fences a session timeout plus an election timeout after its last contact (after
 /// the majority may have expired its sessions) leaves a client holding a lock that another
-/// client is granted: seed 54 catches it in the connection view.
+/// client is granted: seed 50 catches it in the connection view (seed 54 did before snapshots
+/// were made, sent and installed in the background, which changed every seed's schedule).
 #[test]
-fn a_late_fence_is_caught_seed_54() {
-    let why = caught(54, "late-fence");
+fn a_late_fence_is_caught_seed_50() {
+    let why = caught(50, "late-fence");
     assert!(why.contains("connection view"), "{}", why);
 }
 
@@ -454,11 +516,13 @@ fn a_late_fence_is_caught_seed_54() {
 /// node's stale proposal is committed. Applied in a new session ("anybody may release any
 /// lock"), the release would free the new holder's lock, which would go to a third client
 /// while the second still holds it. `Replicated` drops what the log carries of connections an
-/// expiry ended. Seed 24 carries such a stale release and fails without that rule ("lease view:
-/// lock-2 granted to client 1 ... while client 0 ... holds it"), as do 26, 28, 29, 64, 75, 77
-/// and 85 of the first 100.
+/// expiry ended. Seed 24 carried such a stale release and failed without that rule ("lease
+/// view: lock-2 granted to client 1 ... while client 0 ... holds it") before snapshots were made,
+/// sent and installed in the background (which changed every seed's schedule); seeds 0, 1, 2,
+/// 23, 29, 33, 39, 40, 45, 49, 56, 60, 64, 72, 75, 77, 85, 92, 94 and 95 of the first 100 carry
+/// one now.
 #[test]
-fn regression_seed_24_a_release_applied_after_its_sessions_expiry_frees_nobodys_lock() {
-    let r = run_live_seed(24).unwrap_or_else(|e| panic!("{}", e));
+fn regression_seed_0_a_release_applied_after_its_sessions_expiry_frees_nobodys_lock() {
+    let r = run_live_seed(0).unwrap_or_else(|e| panic!("{}", e));
     assert!(r.stale_releases > 0, "{:?}", r);
 }
