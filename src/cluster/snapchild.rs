@@ -168,6 +168,10 @@ fn child_main(
             libc::_exit(3);
         }
     }
+    {
+        use std::os::fd::AsRawFd;
+        close_inherited(answer.as_raw_fd());
+    }
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         write_file(meta, tmp, write)
     }));
@@ -185,6 +189,42 @@ fn child_main(
     // SAFETY: leaves without running destructors or atexit handlers, which belong to the
     // parent's threads.
     unsafe { libc::_exit(code) }
+}
+
+/// Closes every descriptor the child inherited but the standard ones and `keep` (the answer
+/// pipe): the child holds no socket, listening socket or lock file of the parent's, so that a
+/// connection the parent closes sees its end at once (not when the child exits), and the data
+/// directory's lock goes with the parent. close_range(2) (Linux 5.9), else one close each.
+fn close_inherited(keep: libc::c_int) {
+    // SAFETY: closes descriptors of this (child) process only; none of them is used again here.
+    unsafe {
+        let range = |first: libc::c_int, last: libc::c_uint| -> bool {
+            first as libc::c_uint > last
+                || libc::syscall(
+                    libc::SYS_close_range,
+                    first as libc::c_uint,
+                    last,
+                    0 as libc::c_uint,
+                ) == 0
+        };
+        if range(3, keep.saturating_sub(1) as libc::c_uint) && range(keep + 1, libc::c_uint::MAX) {
+            return;
+        }
+        let mut rl = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        let max = if libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) == 0 {
+            rl.rlim_cur.min(1 << 20) as libc::c_int
+        } else {
+            1 << 16
+        };
+        for fd in 3..max {
+            if fd != keep {
+                libc::close(fd);
+            }
+        }
+    }
 }
 
 /// The bytes of the snapshot writer, shared between the spill sink and the code that finishes
@@ -217,4 +257,51 @@ pub fn write_file(
     let (f, d) = w.finish()?;
     f.sync_all()?;
     Ok(d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::storage::tests::TempDir;
+    use std::net::{TcpListener, TcpStream};
+
+    /// A connection the parent closes while a child writes a snapshot ends at once: the child
+    /// holds none of the parent's descriptors.
+    #[test]
+    fn a_connection_closed_by_the_parent_ends_while_the_child_runs() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut client = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (server, _) = l.accept().unwrap();
+        let dir = TempDir::new("child-fds");
+        let meta = SnapshotMetadata {
+            index: 1,
+            ..Default::default()
+        };
+        let mut child = SnapshotChild::spawn(meta, dir.0.join("snap.tmp"), |out| {
+            std::thread::sleep(Duration::from_secs(3));
+            out.push(1);
+        })
+        .unwrap();
+        drop(server);
+        client
+            .set_read_timeout(Some(Duration::from_millis(1500)))
+            .unwrap();
+        let mut b = [0u8; 1];
+        let r = client.read(&mut b);
+        assert!(
+            matches!(r, Ok(0)),
+            "the client saw no end of its connection while the child ran: {r:?}"
+        );
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            match child.poll() {
+                Some(Finished::Done(_)) => break,
+                Some(Finished::Failed(why)) => panic!("{why}"),
+                None => {
+                    assert!(Instant::now() < deadline, "the child never finished");
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+        }
+    }
 }
