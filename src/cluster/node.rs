@@ -1026,6 +1026,9 @@ impl RaftNode {
                 );
                 self.snapshot_stats.failed += 1;
                 self.snapshot_retry_at = Some(Instant::now() + SNAPSHOT_RETRY);
+                // Its start reset the counters that made it due: it is due again (after the
+                // wait), not once the log has grown by another snapshot's worth.
+                self.snapshot_due = true;
                 return Ok(());
             }
         };

@@ -131,3 +131,93 @@ fn a_streamed_snapshot_file_equals_the_snapshot_in_memory() {
     assert_eq!(c.descriptor, d);
     assert_eq!(snapfile::read_state(&path, &c).unwrap(), m.snapshot());
 }
+
+/// A [`Log`] whose first snapshot child fails (it exits at once); the later ones write.
+struct FailsOnce {
+    log: Log,
+    marker: std::path::PathBuf,
+    /// The test's process (a founding node writes its first snapshot itself).
+    parent: u32,
+}
+
+impl Machine for FailsOnce {
+    type Restored = Vec<u8>;
+
+    fn apply(&mut self, index: u64, data: &[u8]) {
+        self.log.apply(index, data);
+    }
+
+    fn write_snapshot(&self, out: &mut Vec<u8>) {
+        let in_child = std::process::id() != self.parent;
+        let first = in_child
+            && std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&self.marker)
+                .is_ok();
+        if first {
+            // SAFETY: in the snapshot child: leaves at once, as a failed child would.
+            unsafe { libc::_exit(9) };
+        }
+        self.log.write_snapshot(out);
+    }
+
+    fn restorer(&self) -> Box<dyn FnOnce(&[u8]) -> Result<Vec<u8>, String> + Send> {
+        self.log.restorer()
+    }
+
+    fn install(&mut self, restored: Vec<u8>) -> Box<dyn Send> {
+        self.log.install(restored)
+    }
+}
+
+/// A snapshot child that failed is tried again after [`SNAPSHOT_RETRY`], without waiting for
+/// the log to grow by another snapshot's worth.
+#[test]
+fn a_failed_snapshot_child_is_retried() {
+    let dir = TempDir::new("snapshot-retry");
+    let cfg = NodeConfig {
+        id: 1,
+        peers: [(1, free_addr())].into_iter().collect(),
+        data_dir: dir.0.join("data"),
+        election_timeout: Duration::from_millis(100),
+        join: false,
+        peer_tls: None,
+        peer_names: BTreeMap::new(),
+        max_entry: 1 << 20,
+    };
+    std::fs::create_dir_all(&cfg.data_dir).unwrap();
+    let mut m = FailsOnce {
+        log: Log::default(),
+        marker: dir.0.join("failed-once"),
+        parent: std::process::id(),
+    };
+    let mut node = RaftNode::start(&cfg, &mut m, Instant::now()).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !node.is_leader() {
+        assert!(Instant::now() < deadline, "no leader");
+        node.tick(Instant::now()).unwrap();
+        node.ready(&mut m).unwrap();
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let chunk = vec![b'x'; 256 << 10];
+    while node.snapshot_stats().failed == 0 {
+        assert!(Instant::now() < deadline, "no snapshot tried");
+        assert!(node.propose(chunk.clone()));
+        node.tick(Instant::now()).unwrap();
+        node.ready(&mut m).unwrap();
+    }
+    // Only a trickle now: far from another snapshot's worth of log.
+    let retry_by = Instant::now() + SNAPSHOT_RETRY + Duration::from_secs(10);
+    while node.snapshot_stats().made == 0 {
+        assert!(
+            Instant::now() < retry_by,
+            "the failed snapshot was not tried again"
+        );
+        assert!(node.propose(b"tick".to_vec()));
+        node.tick(Instant::now()).unwrap();
+        node.ready(&mut m).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(node.snapshot_stats().failed, 1);
+}
