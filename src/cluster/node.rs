@@ -229,6 +229,16 @@ pub struct RaftNode {
     _dir_lock: DirLock,
 }
 
+/// One tick of a follower that must not campaign: its election clock advances to the end of
+/// the leader's lease and stops there. (Standing still, with check_quorum, a follower that
+/// last heard the leader recently turns down every vote until it ticks again: a leader that
+/// died during a long install would leave a cluster that needs this node's vote leaderless.)
+fn tick_lease_only<S: Storage>(r: &mut raft::Raft<S>) {
+    if r.state != StateRole::Leader && r.election_elapsed < r.election_timeout() {
+        r.election_elapsed += 1;
+    }
+}
+
 fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
@@ -583,9 +593,13 @@ impl RaftNode {
         }
         while now >= self.next_tick {
             // A node installing a snapshot does not campaign (its state is not in place yet):
-            // its election clock stands still; it still answers every message.
+            // its election clock runs only as far as the leader's lease, so that it still
+            // grants votes once the leader has been silent for an election timeout; it still
+            // answers every message.
             if self.installing.is_none() {
                 self.raw.tick();
+            } else {
+                tick_lease_only(&mut self.raw.raft);
             }
             self.next_tick += self.tick;
             if self.keepalive_in == 0 {

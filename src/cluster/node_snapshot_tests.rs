@@ -221,3 +221,39 @@ fn a_failed_snapshot_child_is_retried() {
     }
     assert_eq!(node.snapshot_stats().failed, 1);
 }
+
+/// A follower installing a snapshot (its clock ticked by [`tick_lease_only`]) grants a pre-vote
+/// once the leader has been silent for an election timeout, and never campaigns itself.
+#[test]
+fn an_installing_follower_lets_the_leaders_lease_expire() {
+    use raft::prelude::{Message, MessageType};
+    let follower = || {
+        let store = raft::storage::MemStorage::new_with_conf_state((vec![1, 2, 3], vec![]));
+        let mut raw = RawNode::new(&raft_config(1, 0), store, &logger()).unwrap();
+        raw.raft.become_follower(1, 2);
+        raw
+    };
+    let pre_vote = || {
+        let mut m = Message::default();
+        m.set_msg_type(MessageType::MsgRequestPreVote);
+        (m.from, m.to, m.term) = (3, 1, 2);
+        m
+    };
+    let answered = |raw: &RawNode<raft::storage::MemStorage>| {
+        raw.raft
+            .msgs
+            .iter()
+            .any(|m| m.get_msg_type() == MessageType::MsgRequestPreVoteResponse && !m.reject)
+    };
+    // Standing still: the lease never ends.
+    let mut still = follower();
+    still.step(pre_vote()).unwrap();
+    assert!(!answered(&still));
+    let mut ticked = follower();
+    for _ in 0..100 {
+        tick_lease_only(&mut ticked.raft);
+    }
+    assert_eq!(ticked.raft.state, StateRole::Follower, "it campaigned");
+    ticked.step(pre_vote()).unwrap();
+    assert!(answered(&ticked), "the pre-vote was turned down");
+}
