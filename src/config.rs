@@ -452,6 +452,13 @@ where
             config.max_item_size, MAX_CLUSTER_ITEM_SIZE
         ));
     }
+    if config.cluster.is_some() && config.dlock_max_message > MAX_CLUSTER_ITEM_SIZE {
+        return Err(format!(
+            "--dlock-max-message {} is over {} with --peers: a dlock request travels in one \
+             Raft entry, which a peer frame and a log record must hold",
+            config.dlock_max_message, MAX_CLUSTER_ITEM_SIZE
+        ));
+    }
     if config.secrets.peer.is_some() && config.cluster.is_none() {
         return Err("--peer-tls-cert needs --peers (cluster mode)".into());
     }
@@ -696,6 +703,35 @@ mod tests {
         assert!(!c.admin_explicit);
         assert_eq!(c.log_level, crate::log::Level::Info);
         assert_eq!(c.cluster, None);
+    }
+
+    /// A request travels in one Raft entry: in cluster mode neither a value nor a dlock
+    /// message may be larger than an entry's cap allows.
+    #[test]
+    fn cluster_mode_caps_the_largest_request() {
+        let peers = [
+            "--peers",
+            "1=127.0.0.1:2628",
+            "--node-id",
+            "1",
+            "--data-dir",
+            "d",
+        ];
+        let with = |extra: &[&str]| {
+            let mut a = peers.to_vec();
+            a.extend_from_slice(extra);
+            run(&a)
+        };
+        let over = (MAX_CLUSTER_ITEM_SIZE + 1).to_string();
+        let at = MAX_CLUSTER_ITEM_SIZE.to_string();
+        assert!(with(&["--dlock-max-message", &at]).is_ok());
+        let e = with(&["--dlock-max-message", &over]).unwrap_err();
+        assert!(e.contains("--dlock-max-message"), "{e}");
+        assert!(with(&["--max-item-size", &over]).is_err());
+        assert!(
+            run(&["--dlock-max-message", &over]).is_ok(),
+            "alone, no cap"
+        );
     }
 
     #[test]

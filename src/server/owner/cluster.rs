@@ -684,7 +684,13 @@ impl ClusterOwner {
             join: cfg.join,
             peer_tls: peer_tls(&shared),
             peer_names: cfg.peer_hosts.clone(),
-            max_entry: max_entry_bytes(shared.config.max_item_size),
+            // The largest request: a value, or a dlock message.
+            max_entry: max_entry_bytes(
+                shared
+                    .config
+                    .max_item_size
+                    .max(shared.config.dlock_max_message),
+            ),
         };
         if let Some(line) = crate::config::plaintext_peers_warning(cfg, node_cfg.peer_tls.is_some())
         {
