@@ -632,7 +632,8 @@ impl RaftNode {
 
     fn fast_campaign(&mut self, now: Instant) {
         if let Some((at, left)) = self.campaign_at {
-            if self.leader() != 0 || left == 0 {
+            // Not without its state: a node installing a snapshot waits for another leader.
+            if self.leader() != 0 || left == 0 || self.installing.is_some() {
                 self.campaign_at = None;
             } else if now >= at {
                 // Again each tick while there is no leader: a voter that had not yet seen the
@@ -754,8 +755,13 @@ impl RaftNode {
                 }
             }
             // (After an installed snapshot is durable: raft-rs checks that what is applied
-            // is persisted.)
-            self.raw.advance_apply();
+            // is persisted.) Entries held behind a snapshot being installed are not applied:
+            // raft must not count them (its guard against campaigning with a membership
+            // change committed and not applied looks at what it believes applied).
+            match &self.installing {
+                Some(i) => self.raw.advance_apply_to(i.index),
+                None => self.raw.advance_apply(),
+            }
             self.send_promised();
             if self.removed {
                 // The owner stops this node as soon as this returns.
@@ -891,6 +897,7 @@ impl RaftNode {
     fn begin_install(&mut self, machine: &impl Machine, index: u64) {
         self.held.retain(|e| e.index > index);
         self.snapshot_child = None;
+        self.snapshot_stats.writing = false;
         let path = self.raw.store().snapshot_path().unwrap_or_default();
         let bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
         let restorer = machine.restorer();
@@ -968,7 +975,9 @@ impl RaftNode {
         self.refresh_peers(machine);
         self.conf_changed = true;
         let held: Vec<Entry> = self.held.drain(..).collect();
-        self.apply(machine, held)
+        self.apply(machine, held)?;
+        self.raw.advance_apply_to(self.applied);
+        Ok(())
     }
 
     /// Starts a snapshot when the log since the last one has grown as large as the state (or

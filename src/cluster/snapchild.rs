@@ -140,15 +140,27 @@ impl SnapshotChild {
 }
 
 impl Drop for SnapshotChild {
-    /// A child still running is stopped (the node is stopping, or gave up on it) and reaped.
+    /// A child still running is stopped (the node is stopping, or gave up on it) and reaped,
+    /// and its file removed, on a thread of their own: a child in its last fsync dies only once
+    /// that returns, and unlinking a large file takes time too, neither on the owner's thread.
     fn drop(&mut self) {
         if !self.reaped {
-            // SAFETY: signals and reaps our own child.
-            unsafe {
-                libc::kill(self.pid, libc::SIGKILL);
-                libc::waitpid(self.pid, std::ptr::null_mut(), 0);
+            // SAFETY: signals our own child.
+            unsafe { libc::kill(self.pid, libc::SIGKILL) };
+            let (pid, tmp) = (self.pid, std::mem::take(&mut self.tmp));
+            let reap = move || {
+                // SAFETY: reaps our own child, which nothing else waits for.
+                unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
+                let _ = std::fs::remove_file(&tmp);
+            };
+            if std::thread::Builder::new()
+                .name("holdfast-reap".into())
+                .spawn(reap)
+                .is_err()
+            {
+                // SAFETY: as above; without a thread, here (rare).
+                unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
             }
-            let _ = std::fs::remove_file(&self.tmp);
         }
     }
 }

@@ -72,6 +72,8 @@ pub const MAX_SNAPSHOT_LEN: u64 = snapfile::MAX_FILE_LEN;
 /// Below this size the log file is never rewritten: rewriting a small file on every compaction
 /// would cost more than the space it frees.
 pub const REWRITE_MIN_BYTES: u64 = 4 << 20;
+/// Superseded snapshot files at least this large are removed on a thread of their own.
+const UNLINK_ELSEWHERE_BYTES: u64 = 64 << 20;
 
 const ENTRY: u8 = 1;
 const HARD_STATE: u8 = 2;
@@ -912,6 +914,14 @@ impl DiskStorage {
             }
         };
         sync_dir(&self.dir)?;
+        // Transfers that raft did not install (stale, or dropped on the way to it).
+        if let Ok(entries) = fs::read_dir(&self.dir) {
+            for e in entries.flatten() {
+                if e.file_name().to_string_lossy().starts_with("received-") {
+                    self.obsolete.push(e.path());
+                }
+            }
+        }
         put_message(&mut self.pending, INSTALL, meta)?;
         let old = self.state.snapshot.clone();
         self.state.install(meta);
@@ -967,6 +977,25 @@ impl DiskStorage {
             log.sync()?;
         }
         for p in self.obsolete.drain(..) {
+            // Freeing the blocks of a large file takes a while: not on the caller's thread.
+            let large = fs::metadata(&p).is_ok_and(|m| m.len() >= UNLINK_ELSEWHERE_BYTES);
+            if large {
+                let unlink = {
+                    let p = p.clone();
+                    move || {
+                        if let Err(e) = fs::remove_file(&p) {
+                            crate::log_warn!("cannot remove {}: {e}", p.display());
+                        }
+                    }
+                };
+                if std::thread::Builder::new()
+                    .name("holdfast-unlink".into())
+                    .spawn(unlink)
+                    .is_ok()
+                {
+                    continue;
+                }
+            }
             match fs::remove_file(&p) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}

@@ -1646,8 +1646,16 @@ impl Reader {
         if is_keepalive(&m) {
             return Ok(Got::Frame);
         }
+        let received = is_snapshot(&m).then(|| {
+            let meta = m.get_snapshot().get_metadata();
+            (meta.index, meta.term)
+        });
         if self.inbound.try_send(m).is_err() {
             self.stats.dropped_inbound.fetch_add(1, Ordering::Relaxed);
+            // A snapshot file nobody will install (the leader sends another).
+            if let (Some((index, term)), Some(dir)) = (received, &self.data_dir) {
+                let _ = std::fs::remove_file(snapfile::received_path(dir, index, term));
+            }
         }
         if body.capacity() > 4 * STEP {
             // A snapshot-sized buffer is not kept for heartbeats.

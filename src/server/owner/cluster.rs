@@ -121,8 +121,9 @@ pub fn max_entry_bytes(max_item_size: usize) -> usize {
     MAX_ENTRY_BYTES + max_item_size + (64 << 10)
 }
 
-/// What an op adds to an entry beyond its bytes in the arena, about.
-const OP_OVERHEAD: usize = 16;
+/// What an op adds to an entry beyond its bytes in the arena, about (ids, tags, lengths; a
+/// small dlock request takes about 48 bytes in all).
+const OP_OVERHEAD: usize = 64;
 /// binary protocol status "temporary failure" (memcached's PROTOCOL_BINARY_RESPONSE_ETMPFAIL).
 const BINARY_TEMPORARY_FAILURE: u16 = 0x0086;
 const NO_QUORUM: &str = "no quorum";
@@ -1337,9 +1338,10 @@ impl ClusterOwner {
             && self.inflight.iter().map(|f| f.data.len()).sum::<usize>() < MAX_INFLIGHT_BYTES
     }
 
-    /// A first queued batch larger than an entry is cut in two: the requests that fit in
-    /// [`MAX_ENTRY_BYTES`] (at least one) and the rest, which keeps a copy of the arena (rare:
-    /// a worker's turn reads at most a few hundred KiB per connection).
+    /// A first queued batch larger than an entry is cut into pieces of at most
+    /// [`MAX_ENTRY_BYTES`] (at least one request each), in one pass: the first keeps the
+    /// batch, each other gets an arena of its own requests' bytes only (re-encoded), so a batch
+    /// of any size costs one copy of itself.
     fn split_front(&mut self) {
         let Some(q) = self.queued.front_mut() else {
             return;
@@ -1347,41 +1349,55 @@ impl ClusterOwner {
         if batch_bytes(&q.batch) <= MAX_ENTRY_BYTES || q.waiting_since.is_none() {
             return;
         }
+        let limits = command::Limits::default();
+        let mut pieces: Vec<Batch> = Vec::new();
         let mut scratch = Vec::new();
-        let mut fit = 0;
-        for m in &q.batch.ops {
+        let (mut fit, mut size) = (0, 0);
+        for (n, m) in q.batch.ops.iter().enumerate() {
+            scratch.clear();
             command::encode_op(m, &q.batch.arena.bytes, &mut scratch);
-            if fit > 0 && scratch.len() > MAX_ENTRY_BYTES {
-                break;
+            if n > 0 && size + scratch.len() > MAX_ENTRY_BYTES {
+                pieces.push(Batch {
+                    worker: q.batch.worker,
+                    stamp: q.batch.stamp,
+                    ..Default::default()
+                });
+                size = 0;
             }
-            fit += 1;
+            size += scratch.len();
+            match pieces.last_mut() {
+                None => fit = n + 1,
+                Some(piece) => {
+                    let mut r = Reader::new(&scratch);
+                    match command::decode_op(&mut r, limits, &mut piece.arena) {
+                        Ok(op) => piece.ops.push(op),
+                        // What encode_op wrote decodes; were it not so, keep the batch whole.
+                        Err(_) => return,
+                    }
+                }
+            }
         }
-        if fit >= q.batch.ops.len() {
+        if pieces.is_empty() {
             return;
         }
         let before = batch_bytes(&q.batch);
-        let tail = Batch {
-            worker: q.batch.worker,
-            ops: q.batch.ops.split_off(fit),
-            arena: Arena {
-                bytes: q.batch.arena.bytes.clone(),
-            },
-            stamp: q.batch.stamp,
-            ..Default::default()
-        };
-        let tail_requests = tail.ops.iter().any(|m| is_request(&m.op));
-        let head_requests = q.batch.ops.iter().any(|m| is_request(&m.op));
+        q.batch.ops.truncate(fit);
         let since = q.waiting_since;
-        q.waiting_since = since.filter(|_| head_requests);
-        let after = batch_bytes(&q.batch) + batch_bytes(&tail);
+        let requests = |b: &Batch| b.ops.iter().any(|m| is_request(&m.op));
+        q.waiting_since = since.filter(|_| requests(&q.batch));
+        let mut after = batch_bytes(&q.batch);
+        for (k, piece) in pieces.into_iter().enumerate() {
+            after += batch_bytes(&piece);
+            let waiting_since = since.filter(|_| requests(&piece));
+            self.queued.insert(
+                1 + k,
+                Queued {
+                    batch: piece,
+                    waiting_since,
+                },
+            );
+        }
         self.queued_bytes = (self.queued_bytes + after).saturating_sub(before);
-        self.queued.insert(
-            1,
-            Queued {
-                batch: tail,
-                waiting_since: since.filter(|_| tail_requests),
-            },
-        );
     }
 
     /// When the oldest request not yet answered will have waited two election timeouts. (The

@@ -87,6 +87,7 @@ impl DlockSessions {
                     }
                 }
             }
+            codec::spill(out);
         }
     }
 

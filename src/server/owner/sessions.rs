@@ -157,6 +157,7 @@ impl Sessions {
         for (s, c) in live {
             s.encode(out);
             c.encode(out);
+            codec::spill(out);
         }
     }
 
