@@ -4,6 +4,7 @@
 #   make lint   rustfmt and clippy, warnings are errors
 #   make bench  side-by-side benchmark against memcached and redis-server
 #   make bench-cluster  3-node holdfast cluster vs 3-node etcd, leader failover, memory per lock
+#   make bench-cluster-state  a cluster at 1 GiB of items / 5M locks: stalls, leader changes, catch-up
 #   make fuzz   every cargo-fuzz target for FUZZ_SECONDS each (make fuzz-smoke: 20 s each)
 #   make scale  memory per idle connection and per held lock, lease expiry accuracy, at 10k/1M
 #   make soak   mixed hostile traffic on all three protocols for SOAK_SECONDS (CI: 60)
@@ -52,7 +53,7 @@ BINDIR  := $(PREFIX)/bin
 MANDIR  := $(PREFIX)/share/man/man1
 UNITDIR ?= $(PREFIX)/lib/systemd/system
 
-.PHONY: run run-cluster build release test test-rust test-clients conformance deps deps-apt deps-browser deps-go deps-systemd deps-python deps-etcd deps-netns deps-prometheus install verify-service lint fmt bench bench-cluster owner-ceiling scale soak soak-cluster soak-cluster-tls fuzz fuzz-smoke fuzz-deps clean
+.PHONY: run run-cluster build release test test-rust test-clients conformance deps deps-apt deps-browser deps-go deps-systemd deps-python deps-etcd deps-netns deps-prometheus install verify-service lint fmt bench bench-cluster bench-cluster-state owner-ceiling scale soak soak-cluster soak-cluster-tls fuzz fuzz-smoke fuzz-deps clean
 
 run: release
 	./target/release/holdfast
@@ -184,6 +185,14 @@ bench: release
 # Tuned by BENCH_SECONDS (2), BENCH_ROUNDS (3), BENCH_PARTS, FAILOVER_KILLS, MEMORY_LOCKS.
 bench-cluster: deps-etcd release
 	$(PYTHON) tools/bench_cluster.py
+
+# The large-state part alone (tools/bench_state.py; BENCH_PARTS=state): a cluster filled with
+# STATE_BYTES (1G) of 1,000-byte items, beside one node and a 3-node etcd, then STATE_LOCKS
+# (5000000) held old-protocol locks, while a probe times TRY+REL on another node every 10 ms;
+# a paused follower and a wiped node catching up. STATE_PARTS (items,locks,paused,wiped) picks
+# sub-parts. Tens of minutes at full size; STATE_BYTES=100M STATE_LOCKS=500000 is a quick run.
+bench-cluster-state: deps-etcd release
+	BENCH_PARTS=state $(PYTHON) tools/bench_cluster.py
 
 # Fuzzing: cargo-fuzz (libFuzzer) on the nightly toolchain; the crate is fuzz/, outside the
 # main crate's build. New inputs go to fuzz/work/<target> (not committed); fuzz/corpus/<target>
