@@ -23,6 +23,11 @@ SOAK_SECONDS ?= 600
 SOAK_DAEMON_FLAGS ?= --threads 2 --orphan-timeout 200 --dlock-idle-timeout 2000
 # make soak-cluster: every node's flags (short timers, so that faults and expiries happen often).
 SOAK_CLUSTER_FLAGS ?= --threads 1 --election-timeout 300 --session-timeout 900 --orphan-timeout 200 --dlock-idle-timeout 2000
+# make soak-cluster: MiB of 1,000-byte items written through the nodes before the clients and the
+# faults start (not counted in SOAK_SECONDS), so that snapshots, compaction and snapshot
+# transfers to restarted or cut-off nodes happen on a real state; read back on every node at the
+# end. The nodes get --memory 4 x this (at least 1024) unless SOAK_CLUSTER_FLAGS gives one.
+SOAK_FILL_MB ?= 200
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -234,14 +239,15 @@ soak: release
 # The cluster soak: three release nodes on loopback, every peer link through a fault-injecting
 # proxy, ~60 client threads spread over the nodes, a fault every few seconds (kill -9 of a node
 # or the leader, SIGSTOP past the session timeout, SIGTERM and restart, partitions both ways and
-# one way); then nothing may be left locked on any node. Data and node logs are kept on FAIL.
+# one way), after a fill of SOAK_FILL_MB MiB of items; then nothing may be left locked on any
+# node, and a sample of the fill must be readable on every node. Data and node logs are kept on FAIL.
 soak-cluster: release
-	./target/release/holdfast-soak --cluster 3 --seconds $(SOAK_SECONDS) --holdfast ./target/release/holdfast -- $(SOAK_CLUSTER_FLAGS)
+	./target/release/holdfast-soak --cluster 3 --seconds $(SOAK_SECONDS) --fill-mb $(SOAK_FILL_MB) --holdfast ./target/release/holdfast -- $(SOAK_CLUSTER_FLAGS)
 
 # The same with mutual TLS between the nodes: a CA and a certificate per node are made in the
 # soak's directory; the proxies forward the TLS bytes unchanged.
 soak-cluster-tls: release
-	./target/release/holdfast-soak --cluster 3 --peer-tls --seconds $(SOAK_SECONDS) --holdfast ./target/release/holdfast -- $(SOAK_CLUSTER_FLAGS)
+	./target/release/holdfast-soak --cluster 3 --peer-tls --seconds $(SOAK_SECONDS) --fill-mb $(SOAK_FILL_MB) --holdfast ./target/release/holdfast -- $(SOAK_CLUSTER_FLAGS)
 
 # The owner thread alone at 100% (no sockets): ops/s and callgrind instructions per op.
 owner-ceiling:

@@ -84,9 +84,10 @@ RSS_EVERY, STATUS_EVERY, DU_EVERY = 0.1, 0.15, 1.0
 # and how long its catch-up may take; the wiped node likewise.
 PAUSED_WRITE_FACTOR = 6
 CATCH_UP_DEADLINE = 600.0
-# etcd: connections and requests in flight per connection.
-ETCD_CONNECTIONS = 8
-ETCD_WINDOW = 32
+# etcd: connections and requests in flight per connection (its HTTP/1.1 gateway answers a
+# connection's requests one after another: many connections, as a gRPC client's streams).
+ETCD_CONNECTIONS = 64
+ETCD_WINDOW = 4
 # Goals.
 GOAL_P99_MS, GOAL_MAX_MS, GOAL_RSS_FACTOR, GOAL_CATCH_UP_S = 20, 200, 2.0, 30
 
@@ -226,6 +227,10 @@ def start_single(procs, name):
 def probe_main(port, stop, conn):
     """TRY + REL of one name every PROBE_EVERY s until `stop`; sends back (latencies in s,
     errors as text) through `conn`."""
+    # The parent's handlers (SIGTERM raising KeyboardInterrupt) are not this process's: it is
+    # stopped by `stop`, or by SIGTERM to its PID; a Ctrl-C is the parent's to handle.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     lat, errors, n = [], [], 0
     sock, buf, name = None, bytearray(), b""
     next_at = time.monotonic()
@@ -297,6 +302,7 @@ class Probe:
         return sorted(result[0]), result[1]
 
     def kill(self):
+        self.proc.join(timeout=5)
         if self.proc.is_alive():
             self.proc.terminate()  # by its PID
         self.proc.join(timeout=5)
@@ -373,6 +379,8 @@ class Monitor:
         self.end_metrics = {i: metrics(self.c.admin[i]) for i in self.nodes}
         self.hwm = {i: proc_status_kib(pid, "VmHWM") for i, pid in self.pids().items()}
         self.du_end = {i: disk_bytes(self.c.dirs[i]) for i in self.nodes}
+        for i in self.nodes:
+            self.peak_du[i] = max(self.peak_du[i], self.du_end[i])
         return self
 
     def delta(self, i, name):
