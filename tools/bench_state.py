@@ -32,20 +32,21 @@ BENCH_KEEP. A quick run: STATE_BYTES=100M STATE_LOCKS=500000.
 """
 
 import base64
-import json
 import multiprocessing
 import os
 import re
+import shutil
 import signal
 import socket
 import struct
 import subprocess
+import sys
 import threading
 import time
 
 import bench
 from bench import Failure, free_port, log, wait_accepting
-from bench_cluster import (CLUSTER_DEADLINE, ETCD, HOLDFAST, EtcdCluster, HoldfastCluster,
+from bench_cluster import (ETCD, HOLDFAST, EtcdCluster, HoldfastCluster,
                            http_get, load_average, lock_round_trip, quantile, read_line)
 
 
@@ -821,7 +822,6 @@ def items_etcd(procs, base):
 
 
 def shutil_rmtree(path):
-    import shutil
     shutil.rmtree(path, ignore_errors=True)
 
 
@@ -1116,9 +1116,9 @@ def run(procs, base):
         try:
             single = etcd = None
             if "paused" in STATE_PARTS:
-                paused = paused_part(hf, r["count"])
+                paused = failed_or(lambda: paused_part(hf, r["count"]))
             if "wiped" in STATE_PARTS:
-                wiped = wiped_part(hf)
+                wiped = failed_or(lambda: wiped_part(hf))
         finally:
             procs.stop([hf.name(i) for i in hf.running()])
             for i in list(hf.dirs):
@@ -1133,18 +1133,32 @@ def run(procs, base):
                 etcd = items_etcd(procs, base)
         print_items(r, single, etcd)
         if "paused" in STATE_PARTS:
-            print_paused(paused)
+            print_failed_or(paused, print_paused, "paused follower")
         if "wiped" in STATE_PARTS:
-            print_wiped(wiped)
+            print_failed_or(wiped, print_wiped, "wiped node")
         sys_flush()
     if "locks" in STATE_PARTS:
         print_locks(locks_part(procs, base))
         sys_flush()
 
 
+def failed_or(part):
+    """part()'s result, or the text of the Failure it raised (the other sub-parts go on)."""
+    try:
+        return part()
+    except Failure as e:
+        log(f"state: {e}")
+        return str(e)
+
+
+def print_failed_or(r, printer, what):
+    if isinstance(r, str):
+        print()
+        print(f"State: {what}: FAILED: {r}")
+    else:
+        printer(r)
+
+
 def sys_flush():
-    import sys
     sys.stdout.flush()
 
-
-__all__ = ["run", "CLUSTER_DEADLINE"]
