@@ -92,6 +92,9 @@ ETCD_WINDOW = 4
 # Goals.
 GOAL_P99_MS, GOAL_MAX_MS, GOAL_RSS_FACTOR, GOAL_CATCH_UP_S = 20, 200, 2.0, 30
 
+# A finished snapshot file: snap-<index>-<term> (src/cluster/storage.rs, snapfile.rs).
+SNAP_FILE = re.compile(r"snap-\d+-\d+")
+
 # Old-protocol opcodes and replies (docs/protocol.md).
 OP_REL, OP_TRY = 2, 3
 R_ACQUIRED, R_WBLOCK, R_RELEASED, R_ERR = 128, 129, 130, 133
@@ -412,7 +415,7 @@ class ItemWriter:
     def __init__(self, port, deadline):
         self.port, self.deadline = port, deadline
         self.value = b"v" * VALUE_SIZE
-        self.reconnects = 0
+        self.reconnects = 0  # bounded by the deadline only: today's code fences under a fill
         self.errors = []
 
     def connect(self):
@@ -434,8 +437,6 @@ class ItemWriter:
             except OSError as e:
                 self.reconnects += 1
                 self.errors.append(str(e))
-                if self.reconnects > 50:
-                    raise Failure(f"item writer: {self.reconnects} reconnects: {self.errors[-3:]}")
                 time.sleep(0.2)
             last = i - 1
         key = last if keys is None else last % keys
@@ -779,15 +780,23 @@ def items_cluster(procs, base):
         f"(--memory {MEMORY_MIB}); probe on node 2")
 
     def fill():
-        took = writer.write(0, count)
-        log(f"state/items: written in {took:.1f} s; waiting for every node to apply it")
-        return took, took + wait_converged(hf, deadline)
+        # A fill that cannot finish (today's code fencing over and over at a few hundred MiB)
+        # is reported with what it reached, not dropped.
+        t0 = time.monotonic()
+        try:
+            took = writer.write(0, count)
+            log(f"state/items: written in {took:.1f} s; waiting for every node to apply it")
+            return took, took + wait_converged(hf, deadline), None
+        except Failure as e:
+            log(f"state/items: {e}")
+            return time.monotonic() - t0, None, str(e)
 
-    (took, replicated), mon, lat, errors = monitored(hf, hf.lockd[2], fill)
+    (took, replicated, incomplete), mon, lat, errors = monitored(hf, hf.lockd[2], fill)
     state = max((metric(mon.end_metrics[i], "holdfast_bytes") or 0) for i in mon.nodes)
     evictions = sum(metric(mon.end_metrics[i], "holdfast_evictions_total") or 0
                     for i in mon.nodes)
-    return hf, {"took": took, "replicated": replicated, "mon": mon, "lat": lat,
+    return hf, {"took": took, "replicated": replicated, "incomplete": incomplete,
+                "mon": mon, "lat": lat,
                 "errors": errors, "state": state, "evictions": evictions,
                 "reconnects": writer.reconnects, "count": count}
 
@@ -848,8 +857,9 @@ def print_items(r, single, etcd):
           "| state MiB (item bytes) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     seen, counter = mon.leader_changes()
-    print(f"| 3-node holdfast cluster | {r['took']:.1f} | {mbps(n, r['took'])} "
-          f"| {r['replicated']:.1f} | {probe['n']:,} | {ms_fmt(probe['p50'])} "
+    reached = r["state"] if r["incomplete"] else n  # an incomplete fill: what it reached
+    print(f"| 3-node holdfast cluster | {r['took']:.1f} | {mbps(reached, r['took'])} "
+          f"| {secs(r['replicated'])} | {probe['n']:,} | {ms_fmt(probe['p50'])} "
           f"| {ms_fmt(probe['p99'])} | {ms_fmt(probe['max'])} | {len(r['errors'])} "
           f"| {max(seen, counter or 0)} | {mon.no_quorum()} | {mib(r['state'])} |")
     if single is not None:
@@ -863,6 +873,11 @@ def print_items(r, single, etcd):
               f"| {took:.1f} | {mbps(n, took)} | - | - | - | - | - | - | - | - "
               f"| RSS {'/'.join(mib(None if x is None else x * 1024) for x in rss)}, "
               f"data dir {'/'.join(mib(x) for x in du)} |")
+    if r["incomplete"]:
+        print()
+        print(f"**INCOMPLETE**: the cluster reached {mib(r['state'])} MiB of items of "
+              f"{mib(r['count'] * VALUE_SIZE)} in {r['took']:.0f} s, then: {r['incomplete']} "
+              f"(its MB/s is of what it reached)")
     node_table(mon, r["state"])
     goals(mon, probe, r["errors"], r["state"], "the state (item bytes)")
     print(f"- writer reconnects: {r['reconnects']}; evictions: {r['evictions']}")
@@ -947,7 +962,7 @@ def snapshot_count(hf, i, seen):
     if made is not None:
         return made, "holdfast_cluster_snapshots_made_total"
     try:
-        seen.update(f for f in os.listdir(hf.dirs[i]) if f.startswith("snap-"))
+        seen.update(f for f in os.listdir(hf.dirs[i]) if SNAP_FILE.fullmatch(f))
     except OSError:
         pass
     return len(seen), "snap-* files"
@@ -1115,9 +1130,11 @@ def run(procs, base):
         hf, r = items_cluster(procs, base)
         try:
             single = etcd = None
-            if "paused" in STATE_PARTS:
+            if r["incomplete"]:
+                paused = wiped = "not run: the fill did not finish"
+            elif "paused" in STATE_PARTS:
                 paused = failed_or(lambda: paused_part(hf, r["count"]))
-            if "wiped" in STATE_PARTS:
+            if "wiped" in STATE_PARTS and not r["incomplete"]:
                 wiped = failed_or(lambda: wiped_part(hf))
         finally:
             procs.stop([hf.name(i) for i in hf.running()])
