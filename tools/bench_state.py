@@ -734,6 +734,10 @@ def node_table(mon, state_bytes=None):
         print(f"| {i} | {mib(peak)} | {mib(mon.peak_children[i] * 1024)} "
               f"| {mon.max_children[i]} | {mib(None if hwm is None else hwm * 1024)} "
               f"| {mib(mon.du_end[i])} | {mib(mon.peak_du[i])} | {r} |")
+    print()
+    print("Peak RSS is the node's VmRSS plus its children's, sampled every 100 ms: pages a forked "
+          "child shares with the node (copy-on-write) count twice, so with a child it is an "
+          "upper bound.")
 
 
 def goals(mon, probe, probe_errors, rss_limit, rss_what):
