@@ -32,6 +32,7 @@ BENCH_KEEP. A quick run: STATE_BYTES=100M STATE_LOCKS=500000.
 """
 
 import base64
+import collections
 import multiprocessing
 import os
 import re
@@ -415,6 +416,7 @@ class ItemWriter:
     def __init__(self, port, deadline):
         self.port, self.deadline = port, deadline
         self.value = b"v" * VALUE_SIZE
+        self.resume = 0
         self.reconnects = 0  # bounded by the deadline only: today's code fences under a fill
         self.errors = []
 
@@ -435,6 +437,7 @@ class ItemWriter:
             try:
                 i = self.stream(i, first + count, keys)
             except OSError as e:
+                i = self.resume  # the first set not confirmed by an answered get
                 self.reconnects += 1
                 self.errors.append(str(e))
                 time.sleep(0.2)
@@ -456,13 +459,20 @@ class ItemWriter:
         return time.monotonic() - start
 
     def stream(self, i, end, keys):
-        """Write from key i until end on one connection; the next key to write."""
+        """Write from key i until end on one connection and return end once a `get` of the
+        last key has hit. Every answered progress `get` (a hit) confirms the sets before it on
+        the connection: `self.resume` is then the first unconfirmed key, where the next
+        connection starts should this one break (sets sent but unconfirmed may be lost with
+        it). The connection is closed only with every `get` answered: closing with unread
+        replies resets it, and the node may drop the sets it has not read yet."""
+        self.resume = i
         s = self.connect()
         pending = threading.Semaphore(GET_WINDOW)
+        asked = collections.deque()  # key index of each unanswered get, in order
         failed = []
 
         def reader():
-            buf = bytearray()
+            buf, hit = bytearray(), False
             try:
                 while True:
                     line = read_line(s, buf)
@@ -474,15 +484,29 @@ class ItemWriter:
                                 raise OSError("connection closed")
                             buf += chunk
                         del buf[:n + 2]
+                        hit = True
                         continue
                     if line == b"END":
+                        k = asked.popleft()
+                        if not hit:
+                            raise OSError(f"k{k} missing right after its set")
+                        hit = False
+                        self.resume = k + 1
                         pending.release()
                         continue
                     raise OSError(f"writer got {line!r}")
-            except OSError as e:
-                failed.append(e)
+            except (OSError, IndexError) as e:
+                failed.append(OSError(str(e)))
                 for _ in range(GET_WINDOW):
                     pending.release()
+
+        def ask(k):
+            if not pending.acquire(timeout=max(1.0, self.deadline - time.monotonic())):
+                raise OSError("no answer to a progress get")
+            if failed:
+                raise failed[0]
+            asked.append(k)
+            s.sendall(b"get k%d\r\n" % (k if keys is None else k % keys))
 
         t = threading.Thread(target=reader, daemon=True)
         t.start()
@@ -498,16 +522,16 @@ class ItemWriter:
                 s.sendall(batch)
                 i += n
                 since_get += len(batch)
-                if since_get >= GET_EVERY:
+                if since_get >= GET_EVERY or i == end:
                     since_get = 0
-                    if not pending.acquire(timeout=max(1.0, self.deadline - time.monotonic())):
-                        raise Failure("item writer: no answer to a progress get")
-                    if failed:
-                        break
-                    s.sendall(b"get k%d\r\n" % ((i - 1) if keys is None else (i - 1) % keys))
+                    ask(i - 1)
+            # Every get answered (the last one confirms the whole range).
+            for _ in range(GET_WINDOW):
+                if not pending.acquire(timeout=max(1.0, self.deadline - time.monotonic())):
+                    raise OSError("no answer to the last get")
             if failed:
                 raise failed[0]
-            return i
+            return end
         finally:
             try:
                 s.shutdown(socket.SHUT_RDWR)
