@@ -4,6 +4,7 @@
 #   make lint   rustfmt and clippy, warnings are errors
 #   make bench  side-by-side benchmark against memcached and redis-server
 #   make bench-cluster  3-node holdfast cluster vs 3-node etcd, leader failover, memory per lock
+#   make bench-cluster-state  a cluster at 1 GiB of items / 5M locks: stalls, leader changes, catch-up
 #   make fuzz   every cargo-fuzz target for FUZZ_SECONDS each (make fuzz-smoke: 20 s each)
 #   make scale  memory per idle connection and per held lock, lease expiry accuracy, at 10k/1M
 #   make soak   mixed hostile traffic on all three protocols for SOAK_SECONDS (CI: 60)
@@ -22,6 +23,11 @@ SOAK_SECONDS ?= 600
 SOAK_DAEMON_FLAGS ?= --threads 2 --orphan-timeout 200 --dlock-idle-timeout 2000
 # make soak-cluster: every node's flags (short timers, so that faults and expiries happen often).
 SOAK_CLUSTER_FLAGS ?= --threads 1 --election-timeout 300 --session-timeout 900 --orphan-timeout 200 --dlock-idle-timeout 2000
+# make soak-cluster: MiB of 1,000-byte items written through the nodes before the clients and the
+# faults start (not counted in SOAK_SECONDS), so that snapshots, compaction and snapshot
+# transfers to restarted or cut-off nodes happen on a real state; read back on every node at the
+# end. The nodes get --memory 4 x this (at least 1024) unless SOAK_CLUSTER_FLAGS gives one.
+SOAK_FILL_MB ?= 200
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -52,7 +58,7 @@ BINDIR  := $(PREFIX)/bin
 MANDIR  := $(PREFIX)/share/man/man1
 UNITDIR ?= $(PREFIX)/lib/systemd/system
 
-.PHONY: run run-cluster build release test test-rust test-clients conformance deps deps-apt deps-browser deps-go deps-systemd deps-python deps-etcd deps-netns deps-prometheus install verify-service lint fmt bench bench-cluster owner-ceiling scale soak soak-cluster soak-cluster-tls fuzz fuzz-smoke fuzz-deps clean
+.PHONY: run run-cluster build release test test-rust test-clients conformance deps deps-apt deps-browser deps-go deps-systemd deps-python deps-etcd deps-netns deps-prometheus install verify-service lint fmt bench bench-cluster bench-cluster-state owner-ceiling scale soak soak-cluster soak-cluster-tls fuzz fuzz-smoke fuzz-deps clean
 
 run: release
 	./target/release/holdfast
@@ -185,6 +191,14 @@ bench: release
 bench-cluster: deps-etcd release
 	$(PYTHON) tools/bench_cluster.py
 
+# The large-state part alone (tools/bench_state.py; BENCH_PARTS=state): a cluster filled with
+# STATE_BYTES (1G) of 1,000-byte items, beside one node and a 3-node etcd, then STATE_LOCKS
+# (5000000) held old-protocol locks, while a probe times TRY+REL on another node every 10 ms;
+# a paused follower and a wiped node catching up. STATE_PARTS (items,locks,paused,wiped) picks
+# sub-parts. Tens of minutes at full size; STATE_BYTES=100M STATE_LOCKS=500000 is a quick run.
+bench-cluster-state: deps-etcd release
+	BENCH_PARTS=state $(PYTHON) tools/bench_cluster.py
+
 # Fuzzing: cargo-fuzz (libFuzzer) on the nightly toolchain; the crate is fuzz/, outside the
 # main crate's build. New inputs go to fuzz/work/<target> (not committed); fuzz/corpus/<target>
 # is the committed seed corpus (fuzz/seeds.py writes it); crashes land in fuzz/artifacts/.
@@ -225,14 +239,15 @@ soak: release
 # The cluster soak: three release nodes on loopback, every peer link through a fault-injecting
 # proxy, ~60 client threads spread over the nodes, a fault every few seconds (kill -9 of a node
 # or the leader, SIGSTOP past the session timeout, SIGTERM and restart, partitions both ways and
-# one way); then nothing may be left locked on any node. Data and node logs are kept on FAIL.
+# one way), after a fill of SOAK_FILL_MB MiB of items; then nothing may be left locked on any
+# node, and a sample of the fill must be readable on every node. Data and node logs are kept on FAIL.
 soak-cluster: release
-	./target/release/holdfast-soak --cluster 3 --seconds $(SOAK_SECONDS) --holdfast ./target/release/holdfast -- $(SOAK_CLUSTER_FLAGS)
+	./target/release/holdfast-soak --cluster 3 --seconds $(SOAK_SECONDS) --fill-mb $(SOAK_FILL_MB) --holdfast ./target/release/holdfast -- $(SOAK_CLUSTER_FLAGS)
 
 # The same with mutual TLS between the nodes: a CA and a certificate per node are made in the
 # soak's directory; the proxies forward the TLS bytes unchanged.
 soak-cluster-tls: release
-	./target/release/holdfast-soak --cluster 3 --peer-tls --seconds $(SOAK_SECONDS) --holdfast ./target/release/holdfast -- $(SOAK_CLUSTER_FLAGS)
+	./target/release/holdfast-soak --cluster 3 --peer-tls --seconds $(SOAK_SECONDS) --fill-mb $(SOAK_FILL_MB) --holdfast ./target/release/holdfast -- $(SOAK_CLUSTER_FLAGS)
 
 # The owner thread alone at 100% (no sockets): ops/s and callgrind instructions per op.
 owner-ceiling:

@@ -2,7 +2,9 @@
 """Cluster benchmark: a three-node holdfast cluster against a three-node etcd cluster on loopback
 (`make bench-cluster`), leader failover, and memory per held lock.
 
-Three parts (BENCH_PARTS, default all three):
+Three parts (BENCH_PARTS, default all three), and a fourth that runs only when named
+(BENCH_PARTS=state, `make bench-cluster-state`: tens of minutes at its full sizes; see
+tools/bench_state.py):
 
 - throughput: starts a 3-node etcd cluster (Debian `etcd-server`, `make deps-etcd`), a 3-node
   holdfast cluster (target/release/holdfast with --peers) and a single holdfast node, then runs
@@ -18,6 +20,9 @@ Three parts (BENCH_PARTS, default all three):
   reconnecting on close or no quorum), records the time from the kill to the first grant of a
   lock *sent after* the kill on a survivor, restarts the killed node on its data directory and
   waits until all three serve again. Prints p50/p99/max.
+- state: a cluster filled with STATE_BYTES (1 GiB) of items and STATE_LOCKS (5 million) held
+  locks while a probe times lock round trips on another node; leader changes, no-quorum
+  answers, RSS, data directory sizes; a paused follower and a wiped node catching up.
 - memory: holds MEMORY_LOCKS (default 200 000) memcached text locks on distinct names (items
   set first) on a fresh 3-node cluster and on a fresh single node; prints (VmRSS after the locks
   - VmRSS before them) / N for each of the three nodes and for the single node.
@@ -244,8 +249,9 @@ class HoldfastCluster:
 
 
 class EtcdCluster:
-    def __init__(self, procs, datadir):
+    def __init__(self, procs, datadir, extra=()):
         self.procs = procs
+        self.extra = list(extra)
         self.ids = [1, 2, 3]
         self.peer = {i: free_port() for i in self.ids}
         self.client = {i: free_port() for i in self.ids}
@@ -260,7 +266,7 @@ class EtcdCluster:
                 "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
                 "--listen-client-urls", client, "--advertise-client-urls", client,
                 "--initial-cluster", initial, "--initial-cluster-state", "new",
-                "--initial-cluster-token", "holdfast-bench"])
+                "--initial-cluster-token", "holdfast-bench", *self.extra])
 
     def pid(self, i):
         return self.procs.procs[f"etcd-{i}"].pid
@@ -849,7 +855,12 @@ def main():
             sys.stdout.flush()
         if "memory" in PARTS:
             cluster, single, logs = memory(procs, base)
+            procs.stop()
             print_memory(cluster, single, logs)
+            sys.stdout.flush()
+        if "state" in PARTS:
+            import bench_state  # tools/bench_state.py: the large-state part (minutes)
+            bench_state.run(procs, base)
     finally:
         procs.stop()
         if not KEEP:

@@ -35,6 +35,8 @@ const FAULT_GAP_MS: (u64, u64) = (1500, 4000);
 /// timeout (ms).
 const DOWN_MS: (u64, u64) = (1000, 3000);
 const PAUSE_EXTRA_MS: (u64, u64) = (200, 1500);
+/// How long the fill (`--fill-mb`) may take before the run fails.
+const FILL_WITHIN: Duration = Duration::from_secs(300);
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Fault {
@@ -621,6 +623,12 @@ pub fn main(args: &Args, bin: &str) -> ExitCode {
     if !flags.iter().any(|f| f == "--threads") {
         flags.extend(["--threads".to_string(), "1".to_string()]);
     }
+    // Room for the fill and the clients' items, with no eviction (a sampled fill item evicted
+    // would be reported lost).
+    if args.fill_mb > 0 && !flags.iter().any(|f| f == "--memory" || f == "-M") {
+        let mib = (4 * args.fill_mb).max(1024);
+        flags.extend(["--memory".to_string(), mib.to_string()]);
+    }
     let nodes = match Nodes::create(args.cluster, bin, &flags, args.peer_tls) {
         Ok(n) => Arc::new(n),
         Err(e) => {
@@ -671,6 +679,26 @@ fn run(args: &Args, nodes: &Arc<Nodes>, session: Duration, election: u64) -> boo
         }
     }
     let (mc, ld, dl) = nodes.addrs();
+    let fill_items = crate::fill::items_for(args.fill_mb);
+    if fill_items > 0 {
+        match crate::fill::fill(&mc, fill_items, FILL_WITHIN) {
+            Ok(f) => println!(
+                "soak-cluster: filled {} MiB: {} items of {} B through the {} nodes in {:.1} s \
+                 ({:.1} MB/s, {} reconnects); the traffic and the faults start now",
+                args.fill_mb,
+                f.items,
+                crate::fill::VALUE_LEN,
+                mc.len(),
+                f.seconds,
+                (f.items * crate::fill::VALUE_LEN as u64) as f64 / f.seconds / 1e6,
+                f.retries
+            ),
+            Err(e) => {
+                eprintln!("soak-cluster: error: the fill: {e}");
+                return false;
+            }
+        }
+    }
     let settings = Conn::connect(mc[0])
         .map_err(|e| e.to_string())
         .and_then(|mut c| stats(&mut c, "settings").map_err(|e| e.to_string()));
@@ -865,6 +893,15 @@ fn run(args: &Args, nodes: &Arc<Nodes>, session: Duration, election: u64) -> boo
             ));
         }
     }
+    // The fill's items outlived the faults on every node.
+    let mut fill_checked = 0;
+    if fill_items > 0 {
+        let (checked, errors) = crate::fill::check(&mc, fill_items, args.seed);
+        fill_checked = checked;
+        for e in errors.into_iter().take(20) {
+            report.error(e);
+        }
+    }
     let refused = cluster_u64(nodes, "peer_refused");
     // Every node must stop cleanly on SIGTERM; then the fault thread may end.
     for e in nodes.stop_all() {
@@ -892,7 +929,8 @@ fn run(args: &Args, nodes: &Arc<Nodes>, session: Duration, election: u64) -> boo
         "soak-cluster: seconds={} nodes={} ops={} grants={grants} double_grants={} \
          token_violations={} tokens_checked={} errors={} no_quorum={} closed_by_node={} \
          past_session_bound={} faults={} locks_left={locks} data_dir_kib={} rss_peak_kib={} \
-         rss_end_kib={} peer_tls={} peer_refused={} result={}",
+         rss_end_kib={} peer_tls={} peer_refused={} fill_mib={} fill_checked={fill_checked} \
+         result={}",
         args.seconds,
         mc.len(),
         report.ops.load(Ordering::Relaxed),
@@ -913,6 +951,7 @@ fn run(args: &Args, nodes: &Arc<Nodes>, session: Duration, election: u64) -> boo
             .map(|r| r.map_or("-".to_string(), |v| v.to_string()))
             .collect::<Vec<_>>()
             .join(","),
+        args.fill_mb,
         if pass { "PASS" } else { "FAIL" }
     );
     pass

@@ -124,6 +124,13 @@
 //!     old's REQ_TOKEN now and then after a grant or ADOPT. Each name keeps its last 64 grants
 //!     with a token; older ones are folded into (largest token, latest read time).
 //!
+//! With `--fill-mb N` (`make soak-cluster` passes SOAK_FILL_MB), N MiB of 1,000-byte items
+//! (`fill:<i>`, `fill.rs`) are written through the nodes before the clients and the faults start
+//! (the fill's time is not counted in `--seconds`), so that snapshots, compaction and snapshot
+//! transfers to restarted or cut-off nodes happen on a real state; at the end a sample of them
+//! must be readable, each with its own value, on every node (`fill_checked=` in the last line).
+//! The nodes get `--memory` 4 x N MiB (at least 1024) unless the node flags give one.
+//!
 //! The data-directory sizes and every node's RSS are printed and bounded
 //! (`--max-data-dir-kib`, `--max-node-rss-kib`), and at the end (faults stopped, links healed,
 //! every node up) every node's `stats` must show nothing held and at most the stats connection,
@@ -149,6 +156,7 @@
 mod client;
 mod cluster;
 mod dlock;
+mod fill;
 mod lockd;
 mod mc;
 mod model;
@@ -200,6 +208,8 @@ struct Args {
     peer_tls: bool,
     max_data_dir_kib: u64,
     max_node_rss_kib: u64,
+    /// Cluster: MiB of items written before the clients and faults start (`fill.rs`).
+    fill_mb: u64,
     memcache: Option<SocketAddr>,
     lockd: Option<SocketAddr>,
     dlock: Option<SocketAddr>,
@@ -262,14 +272,24 @@ fn parse_args() -> Result<Args, String> {
     .optopt(
         "",
         "max-data-dir-kib",
-        "cluster: largest data directory allowed at the end (default 262144)",
+        "cluster: largest data directory allowed at the end (default 262144, plus 4 KiB per \
+         KiB of --fill-mb)",
         "KIB",
     )
     .optopt(
         "",
         "max-node-rss-kib",
-        "cluster: largest RSS of a node allowed at the end (default 524288)",
+        "cluster: largest RSS of a node allowed at the end (default 524288, plus 3 KiB per \
+         KiB of --fill-mb)",
         "KIB",
+    )
+    .optopt(
+        "",
+        "fill-mb",
+        "cluster: write this many MiB of 1000-byte items before the clients and the faults \
+         start (not counted in --seconds); a sample must be readable on every node at the end \
+         (default 0)",
+        "MIB",
     )
     .optopt("", "memcache", "attach: memcache address", "ADDR")
     .optopt("", "lockd", "attach: lockd address", "ADDR")
@@ -315,6 +335,7 @@ fn parse_args() -> Result<Args, String> {
     let default_seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(1, |d| d.as_nanos() as u64);
+    let fill_mb: u64 = num(&m, "fill-mb", 0)?;
     let a = Args {
         seconds: num(&m, "seconds", 600)?,
         clients: num(&m, "clients", 20)?,
@@ -337,8 +358,9 @@ fn parse_args() -> Result<Args, String> {
         daemon_args: m.free.clone(),
         cluster: num(&m, "cluster", 0)?,
         peer_tls: m.opt_present("peer-tls"),
-        max_data_dir_kib: num(&m, "max-data-dir-kib", 256 << 10)?,
-        max_node_rss_kib: num(&m, "max-node-rss-kib", 512 << 10)?,
+        max_data_dir_kib: num(&m, "max-data-dir-kib", (256 << 10) + 4 * (fill_mb << 10))?,
+        max_node_rss_kib: num(&m, "max-node-rss-kib", (512 << 10) + 3 * (fill_mb << 10))?,
+        fill_mb,
         memcache: addr(&m, "memcache")?,
         lockd: addr(&m, "lockd")?,
         dlock: addr(&m, "dlock")?,
@@ -346,6 +368,9 @@ fn parse_args() -> Result<Args, String> {
     };
     if a.cluster > 0 && (a.holdfast.is_none() || a.cluster < 3) {
         return Err("--cluster N needs --holdfast PATH and N >= 3".into());
+    }
+    if a.fill_mb > 0 && a.cluster == 0 {
+        return Err("--fill-mb needs --cluster N".into());
     }
     if a.peer_tls && a.cluster == 0 {
         return Err("--peer-tls needs --cluster N".into());
