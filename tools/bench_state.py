@@ -18,7 +18,7 @@ Sub-parts (STATE_PARTS, default items,locks,paused,wiped):
   holding the same locks.
 - paused: on the cluster of `items`, after the fill: SIGSTOP a follower, keep writing (the same
   keys again: the state keeps its size) until the leader has made two snapshots (its
-  `holdfast_cluster_snapshots_made_total`, if the node has it, else new `snap-*` files in its
+  `holdfast_cluster_snapshots_total{result="made"}`, if the node has it, else new `snap-*` files in its
   data directory), SIGCONT it; the time until its applied index reaches the leader's commit
   index, and the peak RSS of both meanwhile.
 - wiped: on the same cluster: `holdfast cluster remove` a follower, stop it, wipe its data
@@ -996,9 +996,10 @@ def snapshot_count(hf, i, seen):
     """Snapshots made by node i: its counter if it has one, else the snap-* names seen in its
     data directory (added to `seen`)."""
     m = metrics(hf.admin[i])
-    made = metric(m, "holdfast_cluster_snapshots_made_total")
+    name = 'holdfast_cluster_snapshots_total{result="made"}'
+    made = metric(m, name)
     if made is not None:
-        return made, "holdfast_cluster_snapshots_made_total"
+        return made, name
     try:
         seen.update(f for f in os.listdir(hf.dirs[i]) if SNAP_FILE.fullmatch(f))
     except OSError:
