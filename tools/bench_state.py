@@ -9,7 +9,7 @@ Sub-parts (STATE_PARTS, default items,locks,paused,wiped):
   probe process times one old-protocol TRY + REL on node 2 every 10 ms. Reported: write MB/s,
   probe p50/p99/max, leader changes (every node's /cluster polled every 150 ms, and the
   leader-change counters), no-quorum answers (probe errors, and the nodes' counters), fences,
-  peak RSS per node (VmRSS every 100 ms, children included: a forked snapshot child has the
+  peak RSS per node (every 100 ms; with a forked snapshot child, the Pss of both: a child has the
   node as parent; VmHWM at the end), state size (the item bytes of /metrics), data directory
   size at the end and its peak (sampled every second). Beside it the same write through one
   holdfast node and through a 3-node etcd cluster (JSON gateway `/v3/kv/put`, pipelined).
@@ -142,11 +142,29 @@ def children(pid):
     return out
 
 
+def pss_kib(pid):
+    """The proportional set size of pid (/proc/PID/smaps_rollup): each page it shares with
+    another process counts for half, so the Pss of a node and of its forked child add up to the
+    memory the two hold."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
 def tree_rss_kib(pid):
-    """(VmRSS of pid, VmRSS of its children summed, number of children)."""
-    own = proc_status_kib(pid, "VmRSS")
+    """(memory of pid, of its children summed, number of children): VmRSS while it has no
+    child; with a child (a snapshot being written), Pss, so that the copy-on-write pages they
+    share count once."""
     kids = children(pid)
-    return own, sum(proc_status_kib(c, "VmRSS") or 0 for c in kids), len(kids)
+    if not kids:
+        return proc_status_kib(pid, "VmRSS"), 0, 0
+    own = pss_kib(pid)
+    return own, sum(pss_kib(c) or 0 for c in kids), len(kids)
 
 
 def disk_bytes(path):
@@ -757,9 +775,9 @@ def node_table(mon, state_bytes=None):
               f"| {mon.max_children[i]} | {mib(None if hwm is None else hwm * 1024)} "
               f"| {mib(mon.du_end[i])} | {mib(mon.peak_du[i])} | {r} |")
     print()
-    print("Peak RSS is the node's VmRSS plus its children's, sampled every 100 ms: pages a forked "
-          "child shares with the node (copy-on-write) count twice, so with a child it is an "
-          "upper bound.")
+    print("Peak RSS is sampled every 100 ms: the node's VmRSS, or while it has a forked "
+          "snapshot child, the node's Pss plus the child's (pages they share copy-on-write "
+          "count once).")
 
 
 def goals(mon, probe, probe_errors, rss_limit, rss_what):

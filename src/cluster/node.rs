@@ -28,7 +28,7 @@ use raft::{Config, RawNode, SnapshotStatus, StateRole, Storage};
 use super::liveness::{Micros, Probes};
 use super::snapchild::{Finished, SnapshotChild};
 use super::snapfile::{self, MappedState};
-use super::storage::{claim_dir, DirLock, DiskStorage, PendingLog, Written};
+use super::storage::{claim_dir, DirLock, DiskStorage, PendingLog};
 use super::transport::{PeerEvent, PeerTls, Transport, TransportConfig, TransportStats};
 use crate::admin::data::{Histogram, CLUSTER_BOUNDS};
 
@@ -47,9 +47,8 @@ const SNAPSHOT_RETRY: Duration = Duration::from_secs(5);
 /// Entries kept behind a snapshot, so that a follower a little behind catches up from the
 /// log instead of a whole snapshot.
 pub const KEEP_ENTRIES: u64 = 1_000;
-/// Entry bytes kept behind a snapshot at most (beyond one entry): the log left after a
-/// snapshot is rewritten on the owner's thread, so it must stay small whatever the entries'
-/// size; a follower further behind is better served by the snapshot.
+/// Entry bytes kept behind a snapshot at most (beyond one entry): they stay in memory, and a
+/// follower further behind is better served by the snapshot.
 pub const KEEP_BYTES: u64 = 4 << 20;
 /// The largest append message (raft-rs's `max_size_per_msg`): one owner turn's entry fits.
 const MAX_MSG_BYTES: u64 = 1 << 20;
@@ -745,13 +744,10 @@ impl RaftNode {
                 self.sync_now()?;
                 self.durable_through(number);
             } else {
-                match self.raw.mut_store().write().map_err(|e| e.to_string())? {
-                    Written::Durable => self.durable_through(number),
-                    Written::Pending(log) if must_sync => {
-                        self.requested = number;
-                        self.syncer.request(number, log)?;
-                    }
-                    Written::Pending(_) => {}
+                let log = self.raw.mut_store().write().map_err(|e| e.to_string())?;
+                if must_sync {
+                    self.requested = number;
+                    self.syncer.request(number, log)?;
                 }
             }
             // (After an installed snapshot is durable: raft-rs checks that what is applied
@@ -1057,6 +1053,7 @@ impl RaftNode {
         };
         self.snapshot_retry_at = None;
         let index = child.meta.index;
+        let adopting = Instant::now();
         let store = self.raw.mut_store();
         let upto = store.compaction_keeping(index, KEEP_ENTRIES, KEEP_BYTES);
         store
@@ -1068,6 +1065,16 @@ impl RaftNode {
         self.durable_through(self.requested);
         self.send_promised();
         self.snapshot_bytes = d.len;
+        crate::log_info!(
+            "cluster node {}: snapshot at index {} ({} bytes): fork {} ms, written in {} ms, \
+             adopted in {} ms",
+            self.id(),
+            index,
+            d.len,
+            child.fork_time.as_millis(),
+            took.as_millis(),
+            adopting.elapsed().as_millis()
+        );
         let st = &mut self.snapshot_stats;
         st.made += 1;
         st.last_write_seconds = took.as_secs_f64();

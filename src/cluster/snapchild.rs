@@ -31,6 +31,17 @@ use raft::prelude::SnapshotMetadata;
 
 use super::snapfile::{Descriptor, SnapshotWriter, DESCRIPTOR_LEN};
 
+/// The child's CPU niceness and I/O priority (best effort, lowest level): below the node's.
+const CHILD_NICE: libc::c_int = 10;
+const IOPRIO_WHO_PROCESS: libc::c_int = 1;
+const IOPRIO_CLASS_BE: libc::c_int = 2;
+const IOPRIO_CLASS_SHIFT: libc::c_int = 13;
+const IOPRIO_BE_LOWEST: libc::c_int = 7;
+/// The child hands its file to the disk this many bytes at a time and waits for the piece
+/// before the last (Redis's incremental fsync): a multi-GiB file is never all dirty at once, so
+/// its final sync is short and the node's log syncs do not queue behind one huge writeback.
+const WRITEBACK_EVERY: u64 = 8 << 20;
+
 /// A snapshot being written by a child process.
 pub struct SnapshotChild {
     pid: libc::pid_t,
@@ -173,12 +184,21 @@ fn child_main(
     tmp: &Path,
     write: impl FnOnce(&mut Vec<u8>),
 ) -> ! {
-    // SAFETY: prctl and getppid only affect this process.
+    // SAFETY: prctl, getppid, setpriority and ioprio_set only affect this process.
     unsafe {
         libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
         if libc::getppid() != parent {
             libc::_exit(3);
         }
+        // The node's threads come first, for the CPU and the disk: a snapshot may take longer,
+        // a lock request must not.
+        libc::setpriority(libc::PRIO_PROCESS, 0, CHILD_NICE);
+        libc::syscall(
+            libc::SYS_ioprio_set,
+            IOPRIO_WHO_PROCESS,
+            0,
+            IOPRIO_CLASS_BE << IOPRIO_CLASS_SHIFT | IOPRIO_BE_LOWEST,
+        );
     }
     {
         use std::os::fd::AsRawFd;
@@ -239,9 +259,70 @@ fn close_inherited(keep: libc::c_int) {
     }
 }
 
+/// A file written front to back whose pages go to the disk as it grows ([`WRITEBACK_EVERY`]).
+struct Paced {
+    file: File,
+    written: u64,
+    started_to: u64,
+}
+
+impl Paced {
+    fn new(file: File) -> Paced {
+        Paced {
+            file,
+            written: 0,
+            started_to: 0,
+        }
+    }
+
+    /// Starts the writeback of what was written since the last call, and waits for the piece
+    /// before it (advice: failures are ignored; the final fsync makes the file durable).
+    fn pace(&mut self) {
+        use std::os::fd::AsRawFd;
+        let fd = self.file.as_raw_fd();
+        let (from, to) = (self.started_to, self.written);
+        // SAFETY: sync_file_range on our own open file, within what was written.
+        unsafe {
+            if from >= WRITEBACK_EVERY {
+                let before = from - WRITEBACK_EVERY;
+                libc::sync_file_range(
+                    fd,
+                    before as libc::off64_t,
+                    WRITEBACK_EVERY as libc::off64_t,
+                    libc::SYNC_FILE_RANGE_WAIT_BEFORE
+                        | libc::SYNC_FILE_RANGE_WRITE
+                        | libc::SYNC_FILE_RANGE_WAIT_AFTER,
+                );
+            }
+            libc::sync_file_range(
+                fd,
+                from as libc::off64_t,
+                (to - from) as libc::off64_t,
+                libc::SYNC_FILE_RANGE_WRITE,
+            );
+        }
+        self.started_to = to;
+    }
+}
+
+impl Write for Paced {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.file.write(buf)?;
+        self.written += n as u64;
+        if self.written - self.started_to >= WRITEBACK_EVERY {
+            self.pace();
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.file.flush()
+    }
+}
+
 /// The bytes of the snapshot writer, shared between the spill sink and the code that finishes
 /// the file.
-struct Shared(Rc<RefCell<SnapshotWriter<File>>>);
+struct Shared(Rc<RefCell<SnapshotWriter<Paced>>>);
 
 impl Write for Shared {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
@@ -260,14 +341,14 @@ pub fn write_file(
     tmp: &Path,
     write: impl FnOnce(&mut Vec<u8>),
 ) -> io::Result<Descriptor> {
-    let f = File::create(tmp)?;
+    let f = Paced::new(File::create(tmp)?);
     let w = Rc::new(RefCell::new(SnapshotWriter::new(f, meta)?));
     crate::core::codec::spill_to(Box::new(Shared(w.clone())), write)?;
     let w = Rc::try_unwrap(w)
         .map_err(|_| io::Error::other("the snapshot writer is still shared"))?
         .into_inner();
     let (f, d) = w.finish()?;
-    f.sync_all()?;
+    f.file.sync_all()?;
     Ok(d)
 }
 

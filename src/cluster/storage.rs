@@ -8,7 +8,9 @@
 //! ```text
 //! data-dir/
 //!   lock                 the running node's process id, under an exclusive flock ([`claim_dir`])
-//!   log.<gen>            "HFRL" version(u32 LE), then records, append-only
+//!   log.<gen>            segments: "HFRL" version(u32 LE), then records, append-only; each
+//!                        new one begins by restating the snapshot, compaction point, conf
+//!                        state and hard state, so that older ones hold only entries
 //!   snap-<index>-<term>  the state machine as of that entry, in the format of [`snapfile`]
 //!   received-<i>-<t>     a leader's snapshot, transferred and checked, until it is installed
 //!
@@ -38,9 +40,13 @@
 //! record that breaks the log's order, or a missing or damaged snapshot file is a [`LogError`]:
 //! the node refuses to start rather than silently forget a vote or an acknowledged entry.
 //!
-//! **Bounded.** `compact` drops entries covered by a snapshot; when the log file has grown to
-//! twice its live size (and past [`REWRITE_MIN_BYTES`]) `sync` rewrites it as `log.<gen+1>`
-//! holding only the live state, then removes the old file and any superseded snapshot file.
+//! **Bounded, without copying.** The log is a series of segments: once the current one reaches
+//! [`SEGMENT_BYTES`], the next write starts `log.<gen+1>` (the sealed one synced first), which
+//! restates the state the records so far built but none of the entries. `compact` drops the
+//! entries covered by a snapshot from memory; [`DiskStorage::sync`] then deletes every sealed
+//! segment whose entries are all compacted, and superseded snapshot files. No entry is ever
+//! written twice, so compaction costs nothing in proportion to the log or the state. At open
+//! the segments are replayed in order; only the newest may end torn.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -69,9 +75,9 @@ pub const MAX_RECORD_LEN: usize = 64 << 20;
 /// The largest snapshot file read back: a lock service's whole state (the item store defaults
 /// to 1 GiB) with room to spare; a snapshot is also never larger than its file.
 pub const MAX_SNAPSHOT_LEN: u64 = snapfile::MAX_FILE_LEN;
-/// Below this size the log file is never rewritten: rewriting a small file on every compaction
-/// would cost more than the space it frees.
-pub const REWRITE_MIN_BYTES: u64 = 4 << 20;
+/// A log segment is sealed and a new one started once it is this large: the directory holds
+/// the live log and at most one segment of compacted entries more.
+pub const SEGMENT_BYTES: u64 = 16 << 20;
 /// Superseded snapshot files at least this large are removed on a thread of their own.
 const UNLINK_ELSEWHERE_BYTES: u64 = 64 << 20;
 
@@ -455,33 +461,38 @@ pub struct DiskStorage {
     dir: PathBuf,
     state: LogState,
     /// The current log file, its generation and its length on disk (written, maybe unsynced).
-    /// Shared with whoever makes a [`Written::Pending`] durable (the node's sync thread).
+    /// Shared with whoever makes a [`PendingLog`] durable (the node's sync thread).
     file: Arc<LogFile>,
     gen: u64,
     file_len: u64,
     /// Records not yet written.
     pending: Vec<u8>,
-    /// About how many bytes a rewrite would write ([`DiskStorage::live_bytes`]): the log is
-    /// rewritten once the file is twice that, so a rewrite never writes more than it frees.
-    live: u64,
+    /// Sealed segments still on disk: generation, and the last log index when it was sealed
+    /// (every entry in it is at or below; it goes once the compaction point reaches that).
+    sealed: Vec<(u64, u64)>,
     /// Snapshot files to remove once the record superseding them is durable.
     obsolete: Vec<PathBuf>,
     /// The length and checksum of the newest snapshot file (what raft's messages carry).
     descriptor: Option<Descriptor>,
 }
 
-/// What [`DiskStorage::write`] left to do.
-pub enum Written {
-    /// The records are in the file; [`PendingLog::sync`] makes them durable.
-    Pending(PendingLog),
-    /// Everything is durable already (the log was rewritten and synced).
-    Durable,
-}
-
 /// The open log file and its path (for error messages), shared with the sync thread.
 struct LogFile {
     file: File,
     path: PathBuf,
+    /// Whether the directory entry of a new segment is durable (the first sync of the segment
+    /// syncs the directory too).
+    dir_synced: std::sync::atomic::AtomicBool,
+}
+
+impl LogFile {
+    fn new(file: File, path: PathBuf, dir_synced: bool) -> Arc<LogFile> {
+        Arc::new(LogFile {
+            file,
+            path,
+            dir_synced: std::sync::atomic::AtomicBool::new(dir_synced),
+        })
+    }
 }
 
 /// A log file with records written but maybe not yet durable.
@@ -490,7 +501,15 @@ pub struct PendingLog(Arc<LogFile>);
 impl PendingLog {
     /// One fdatasync: every record written to this file before the call is durable after it.
     pub fn sync(&self) -> Result<(), LogError> {
-        self.0.file.sync_data().map_err(io_err(&self.0.path))
+        use std::sync::atomic::Ordering::{Acquire, Release};
+        self.0.file.sync_data().map_err(io_err(&self.0.path))?;
+        if !self.0.dir_synced.load(Acquire) {
+            if let Some(dir) = self.0.path.parent() {
+                sync_dir(dir)?;
+            }
+            self.0.dir_synced.store(true, Release);
+        }
+        Ok(())
     }
 
     /// Whether two handles name the same file (one sync serves both).
@@ -531,7 +550,7 @@ impl DiskStorage {
             let name = ent.file_name();
             let Some(name) = name.to_str() else { continue };
             if name.ends_with(".tmp") {
-                // An interrupted rewrite or snapshot write: never referenced.
+                // An interrupted snapshot write (or a log rewrite of an older version): never referenced.
                 fs::remove_file(ent.path()).map_err(io_err(&ent.path()))?;
             } else if let Some(g) = name
                 .strip_prefix("log.")
@@ -556,48 +575,109 @@ impl DiskStorage {
             }
             return DiskStorage::create(dir, 1, LogState::default());
         };
-        let path = log_path(&dir, gen);
-        let mut file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&path)
-            .map_err(io_err(&path))?;
-        let mut buf = Vec::new();
-        file.read_to_end(&mut buf).map_err(io_err(&path))?;
-        let corrupt = |offset: usize, reason: String| LogError::Corrupt {
-            path: path.clone(),
-            offset: offset as u64,
-            reason,
-        };
-        if buf.len() < FILE_HEADER_LEN as usize
-            || &buf[..4] != LOG_MAGIC
-            || buf[4..8] != LOG_VERSION.to_le_bytes()
-        {
-            return Err(corrupt(0, "not a holdfast raft log of version 1".into()));
+        let mut gen = gen;
+        // A segment whose header never reached the disk was being started: it holds nothing.
+        while gens.len() > 1 {
+            let p = log_path(&dir, gen);
+            let mut head = [0u8; FILE_HEADER_LEN as usize];
+            let whole = File::open(&p)
+                .and_then(|mut f| f.read_exact(&mut head))
+                .is_ok();
+            // (A file system may show a file extended with zeros before its data lands.)
+            if whole && head != [0u8; FILE_HEADER_LEN as usize] {
+                break;
+            }
+            fs::remove_file(&p).map_err(io_err(&p))?;
+            gens.pop();
+            gen = *gens.last().expect("more than one");
         }
         let mut state = LogState::default();
-        let mut at = FILE_HEADER_LEN as usize;
-        while at < buf.len() {
-            match scan(&buf, at) {
-                Scan::Record { kind, body, next } => {
-                    state.apply_record(kind, body).map_err(|r| corrupt(at, r))?;
-                    at = next;
+        let mut sealed = Vec::new();
+        let mut at = 0;
+        let mut lost_before = None;
+        let mut covered = false;
+        let mut last_file = None;
+        for (k, &g) in gens.iter().enumerate() {
+            let path = log_path(&dir, g);
+            let newest = k + 1 == gens.len();
+            let mut file = OpenOptions::new()
+                .read(true)
+                .write(newest)
+                .open(&path)
+                .map_err(io_err(&path))?;
+            let mut buf = Vec::new();
+            file.read_to_end(&mut buf).map_err(io_err(&path))?;
+            let corrupt = |offset: usize, reason: String| LogError::Corrupt {
+                path: path.clone(),
+                offset: offset as u64,
+                reason,
+            };
+            if buf.len() < FILE_HEADER_LEN as usize
+                || &buf[..4] != LOG_MAGIC
+                || buf[4..8] != LOG_VERSION.to_le_bytes()
+            {
+                return Err(corrupt(0, "not a holdfast raft log of version 1".into()));
+            }
+            at = FILE_HEADER_LEN as usize;
+            while at < buf.len() {
+                match scan(&buf, at) {
+                    Scan::Record { kind, body, next } => {
+                        if k == 0 && kind == ENTRY && state.entries.is_empty() {
+                            // The oldest segment left may begin after the compaction point it
+                            // restates: the segments before were deleted once a later
+                            // compaction covered them, and that compaction's record follows.
+                            let e: Entry = parse(body).map_err(|r| corrupt(at, r))?;
+                            if e.index > state.last_index() + 1 {
+                                state.base_index = e.index - 1;
+                                state.base_term = 0;
+                                lost_before = Some(e.index - 1);
+                            }
+                        }
+                        let base = state.base_index;
+                        state.apply_record(kind, body).map_err(|r| corrupt(at, r))?;
+                        if matches!(kind, COMPACT | INSTALL) && state.base_index > base {
+                            covered = lost_before.is_some_and(|i| state.base_index >= i);
+                        }
+                        at = next;
+                    }
+                    // Only the newest segment can end torn: a segment is synced before the
+                    // next one starts.
+                    Scan::TornTail if newest => break,
+                    Scan::TornTail => return Err(corrupt(at, "a sealed segment ends torn".into())),
+                    Scan::Corrupt { reason, .. } => return Err(corrupt(at, reason)),
                 }
-                Scan::TornTail => break,
-                Scan::Corrupt { reason, .. } => return Err(corrupt(at, reason)),
+            }
+            if newest {
+                if at < buf.len() {
+                    file.set_len(at as u64).map_err(io_err(&path))?;
+                }
+                // What the replay saw is durable before anything is deleted because of it.
+                file.sync_all().map_err(io_err(&path))?;
+                file.seek(SeekFrom::Start(at as u64))
+                    .map_err(io_err(&path))?;
+                last_file = Some((file, path));
+            } else {
+                sealed.push((g, state.last_index()));
             }
         }
-        if at < buf.len() {
-            file.set_len(at as u64).map_err(io_err(&path))?;
-            file.sync_all().map_err(io_err(&path))?;
+        let (file, path) = last_file.expect("at least one segment");
+        if lost_before.is_some() && !covered {
+            return Err(LogError::Corrupt {
+                path: log_path(&dir, gens[0]),
+                offset: 0,
+                reason: "the log's first entries are missing (a segment was lost)".into(),
+            });
         }
-        file.seek(SeekFrom::Start(at as u64))
-            .map_err(io_err(&path))?;
-        // Older generations are leftovers of a rewrite that finished.
-        for &old in &gens[..gens.len() - 1] {
-            let p = log_path(&dir, old);
-            fs::remove_file(&p).map_err(io_err(&p))?;
-        }
+        sync_dir(&dir)?;
+        // Sealed segments whose entries are all compacted (the records that made them so are
+        // durable: synced just above).
+        sealed.retain(|&(g, last)| {
+            if last > state.base_index {
+                return true;
+            }
+            let _ = fs::remove_file(log_path(&dir, g));
+            false
+        });
         let keep = state.snapshot.as_ref().map(|m| snap_path(&dir, m));
         let mut descriptor = None;
         if let (Some(keep), Some(meta)) = (&keep, &state.snapshot) {
@@ -619,40 +699,39 @@ impl DiskStorage {
         }
         Ok(DiskStorage {
             dir,
-            file: Arc::new(LogFile { file, path }),
+            file: LogFile::new(file, path, true),
             gen,
             file_len: at as u64,
             pending: Vec::new(),
-            // What is live, not the file: a file full of compacted records is rewritten soon.
-            live: Self::live_bytes(&state),
+            sealed,
             state,
             obsolete: Vec::new(),
             descriptor,
         })
     }
 
-    /// About what a rewrite of `state` would write: its entries and a little for the rest.
-    fn live_bytes(state: &LogState) -> u64 {
-        let entries: u64 = state.entries.iter().map(entry_bytes).sum();
-        entries + 4096
-    }
-
-    /// Writes `state` as log file `gen` (temporary name, sync, rename, directory sync).
-    fn create(dir: PathBuf, gen: u64, state: LogState) -> Result<DiskStorage, LogError> {
-        let mut buf = Vec::new();
+    /// A segment's first records: the snapshot, the compaction point, the conf state and the
+    /// hard state, as `state` has them (not its entries).
+    fn segment_head(state: &LogState, buf: &mut Vec<u8>) -> Result<(), LogError> {
         buf.extend_from_slice(LOG_MAGIC);
         buf.extend_from_slice(&LOG_VERSION.to_le_bytes());
         if let Some(meta) = &state.snapshot {
-            put_message(&mut buf, SNAPSHOT, meta)?;
+            put_message(buf, SNAPSHOT, meta)?;
         }
         if state.base_index > 0 {
             let mut body = [0u8; 16];
             body[..8].copy_from_slice(&state.base_index.to_le_bytes());
             body[8..].copy_from_slice(&state.base_term.to_le_bytes());
-            put_record(&mut buf, COMPACT, &body);
+            put_record(buf, COMPACT, &body);
         }
-        put_message(&mut buf, CONF_STATE, &state.conf_state)?;
-        put_message(&mut buf, HARD_STATE, &state.hard_state)?;
+        put_message(buf, CONF_STATE, &state.conf_state)?;
+        put_message(buf, HARD_STATE, &state.hard_state)
+    }
+
+    /// Writes `state` as log file `gen` (temporary name, sync, rename, directory sync).
+    fn create(dir: PathBuf, gen: u64, state: LogState) -> Result<DiskStorage, LogError> {
+        let mut buf = Vec::new();
+        Self::segment_head(&state, &mut buf)?;
         for e in &state.entries {
             put_message(&mut buf, ENTRY, e)?;
         }
@@ -671,15 +750,14 @@ impl DiskStorage {
             .map_err(io_err(&path))?;
         file.seek(SeekFrom::End(0)).map_err(io_err(&path))?;
         let len = buf.len() as u64;
-        let live = Self::live_bytes(&state);
         Ok(DiskStorage {
             dir,
             state,
-            file: Arc::new(LogFile { file, path }),
+            file: LogFile::new(file, path, true),
             gen,
             file_len: len,
             pending: Vec::new(),
-            live,
+            sealed: Vec::new(),
             obsolete: Vec::new(),
             descriptor: None,
         })
@@ -732,7 +810,6 @@ impl DiskStorage {
         }
         for e in ents {
             self.state.push(e.clone()).map_err(LogError::Misuse)?;
-            self.live += entry_bytes(e);
         }
         Ok(())
     }
@@ -778,9 +855,7 @@ impl DiskStorage {
         body[..8].copy_from_slice(&index.to_le_bytes());
         body[8..].copy_from_slice(&term.to_le_bytes());
         put_record(&mut self.pending, COMPACT, &body);
-        self.state.compact(index, term).map_err(LogError::Misuse)?;
-        self.live = Self::live_bytes(&self.state);
-        Ok(())
+        self.state.compact(index, term).map_err(LogError::Misuse)
     }
 
     /// The compaction index (the first entry kept) that keeps `index` and, behind it, at most
@@ -926,7 +1001,6 @@ impl DiskStorage {
         let old = self.state.snapshot.clone();
         self.state.install(meta);
         self.state.snapshot = old;
-        self.live = Self::live_bytes(&self.state);
         self.replace_snapshot(meta.clone(), descriptor);
         Ok(())
     }
@@ -973,8 +1047,24 @@ impl DiskStorage {
     /// Makes every mutation so far durable: one write, one fdatasync. Call it after persisting
     /// a `Ready`'s entries, hard state and snapshot and before sending its messages.
     pub fn sync(&mut self) -> Result<(), LogError> {
-        if let Written::Pending(log) = self.write()? {
-            log.sync()?;
+        self.write()?.sync()?;
+        // Everything recorded is durable: segments whose entries are all compacted can go.
+        let base = self.state.base_index;
+        let dir = self.dir.clone();
+        let mut gone = Vec::new();
+        self.sealed.retain(|&(g, last)| {
+            let keep = last > base;
+            if !keep {
+                gone.push(log_path(&dir, g));
+            }
+            keep
+        });
+        for p in gone {
+            match fs::remove_file(&p) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(LogError::Io { path: p, source: e }),
+            }
         }
         for p in self.obsolete.drain(..) {
             // Freeing the blocks of a large file takes a while: not on the caller's thread.
@@ -1008,9 +1098,9 @@ impl DiskStorage {
     /// Writes every mutation so far to the log file with one `write`, without waiting for the
     /// disk: the caller makes it durable with [`PendingLog::sync`], on any thread, before it
     /// sends what promised that state (the group commit of a node whose owner goes on working
-    /// while the disk syncs). A log file that has grown to twice its live size is rewritten
-    /// here, which leaves everything durable ([`Written::Durable`]).
-    pub fn write(&mut self) -> Result<Written, LogError> {
+    /// while the disk syncs). A segment that has reached [`SEGMENT_BYTES`] is sealed here
+    /// (synced) and the next one started; the handle returned is the new segment's.
+    pub fn write(&mut self) -> Result<PendingLog, LogError> {
         if !self.pending.is_empty() {
             let log = &*self.file;
             (&log.file)
@@ -1019,11 +1109,10 @@ impl DiskStorage {
             self.file_len += self.pending.len() as u64;
             self.pending.clear();
         }
-        if self.file_len >= REWRITE_MIN_BYTES && self.file_len >= 2 * self.live {
-            self.rewrite()?;
-            return Ok(Written::Durable);
+        if self.file_len >= SEGMENT_BYTES {
+            self.roll()?;
         }
-        Ok(Written::Pending(PendingLog(self.file.clone())))
+        Ok(PendingLog(self.file.clone()))
     }
 
     /// Bytes recorded but not yet synced.
@@ -1036,15 +1125,35 @@ impl DiskStorage {
         self.file_len
     }
 
-    fn rewrite(&mut self) -> Result<(), LogError> {
-        let old = log_path(&self.dir, self.gen);
-        let next = DiskStorage::create(self.dir.clone(), self.gen + 1, self.state.clone())?;
-        let obsolete = std::mem::take(&mut self.obsolete);
-        let descriptor = self.descriptor;
-        *self = next;
-        self.obsolete = obsolete;
-        self.descriptor = descriptor;
-        fs::remove_file(&old).map_err(io_err(&old))
+    /// Seals the current segment (synced, so that the next one may restate what it built) and
+    /// starts the next with the state's records but none of its entries: a few hundred bytes,
+    /// however long the log. Its directory entry is synced with its first sync.
+    fn roll(&mut self) -> Result<(), LogError> {
+        self.file
+            .file
+            .sync_data()
+            .map_err(io_err(&self.file.path))?;
+        let gen = self.gen + 1;
+        let path = log_path(&self.dir, gen);
+        let mut buf = Vec::new();
+        Self::segment_head(&self.state, &mut buf)?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(io_err(&path))?;
+        (&file).write_all(&buf).map_err(io_err(&path))?;
+        self.sealed.push((self.gen, self.state.last_index()));
+        self.file = LogFile::new(file, path, false);
+        self.gen = gen;
+        self.file_len = buf.len() as u64;
+        Ok(())
+    }
+
+    /// Log segments on disk (sealed ones and the current one).
+    pub fn segments(&self) -> usize {
+        self.sealed.len() + 1
     }
 
     /// The hard state as last set.

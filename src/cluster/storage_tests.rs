@@ -357,53 +357,136 @@ fn a_received_snapshot_file_is_installed_in_place() {
     );
 }
 
-/// A log that only grows (nothing compacted) is never rewritten, however large: a rewrite
-/// would write all of it again, on the owner's thread. Once compacted, it is.
+/// A log that grows is cut into segments and no entry is written twice: a segment once sealed
+/// is never rewritten, only deleted once every entry in it is compacted; the new segment starts
+/// with the state's records, so the log reopens the same from what is left.
 #[test]
-fn a_log_is_rewritten_only_when_compaction_freed_half_of_it() {
+fn a_growing_log_rolls_into_segments_and_compaction_deletes_them_without_copying() {
     let d = TempDir::new("growing");
     let mut s = DiskStorage::open(&d.0).unwrap();
     let big = vec![7u8; 64 << 10];
-    for i in 1..=200u64 {
+    let mut written = 0u64;
+    for i in 1..=800u64 {
         s.append(&[entry(i, 1, &big)]).unwrap();
         s.set_hard_state(&hs(1, 1, i)).unwrap();
-        let gen_before = s.log_file_len();
+        let before = s.log_file_len();
         s.sync().unwrap();
-        assert!(s.log_file_len() >= gen_before, "rewritten at entry {i}");
+        written += s.log_file_len().saturating_sub(before);
     }
-    let grown = s.log_file_len();
-    assert!(grown > 12 << 20);
-    s.create_snapshot(190, ConfState::from((vec![1], vec![])), b"s".to_vec())
+    let segments = s.segments();
+    assert!(segments >= 3, "{segments} segments after 50 MiB");
+    let on_disk: u64 = fs::read_dir(&d.0)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with("log."))
+        .map(|e| e.metadata().unwrap().len())
+        .sum();
+    // Each entry once (and a few hundred bytes per segment of restated state).
+    assert!(on_disk < 800 * ((64 << 10) + 100) + segments as u64 * 1024);
+    assert!(written <= on_disk);
+    s.create_snapshot(790, ConfState::from((vec![1], vec![])), b"s".to_vec())
         .unwrap();
-    let upto = s.compaction_keeping(190, 1_000, 256 << 10);
+    let upto = s.compaction_keeping(790, 1_000, 256 << 10);
     assert_eq!(
-        upto, 188,
+        upto, 788,
         "keeps the 3 entries of 64 KiB that fit in 256 KiB"
     );
     s.compact(upto).unwrap();
     s.sync().unwrap();
-    assert!(
-        s.log_file_len() < 2 << 20,
-        "{} after compaction",
-        s.log_file_len()
+    assert_eq!(s.segments(), 1, "every sealed segment was compacted away");
+    let logs: Vec<String> = fs::read_dir(&d.0)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("log."))
+        .collect();
+    assert_eq!(logs.len(), 1, "{logs:?}");
+    drop(s);
+    let s = DiskStorage::open(&d.0).unwrap();
+    assert_eq!(s.first_index().unwrap(), 788);
+    assert_eq!(s.last_index().unwrap(), 800);
+    assert_eq!(s.hard_state().commit, 800);
+    assert_eq!(s.snapshot_state().unwrap(), b"s");
+}
+
+/// Segments survive reopening at any point: all of them are replayed in order, the newest
+/// may end torn, a new segment whose header never landed is ignored, and a sealed segment
+/// that ends torn is an error (a segment is synced before the next starts).
+#[test]
+fn segments_reopen_in_order_and_only_the_newest_may_be_torn() {
+    let d = TempDir::new("segments");
+    let mut s = DiskStorage::open(&d.0).unwrap();
+    let big = vec![5u8; 64 << 10];
+    for i in 1..=600u64 {
+        s.append(&[entry(i, 1, &big)]).unwrap();
+        s.set_hard_state(&hs(1, 1, i)).unwrap();
+        s.sync().unwrap();
+    }
+    assert!(s.segments() >= 2);
+    drop(s);
+    let s = DiskStorage::open(&d.0).unwrap();
+    assert_eq!(
+        (s.first_index().unwrap(), s.last_index().unwrap()),
+        (1, 600)
     );
+    let gens = |dir: &std::path::Path| {
+        let mut g: Vec<u64> = fs::read_dir(dir)
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter_map(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .strip_prefix("log.")
+                    .and_then(|g| g.parse().ok())
+            })
+            .collect();
+        g.sort_unstable();
+        g
+    };
+    drop(s);
+    // A segment being started when the node stopped: no header yet, or zeros.
+    let all = gens(&d.0);
+    let next = d.0.join(format!("log.{}", all.last().unwrap() + 1));
+    fs::write(&next, [0u8; 5]).unwrap();
+    let s = DiskStorage::open(&d.0).unwrap();
+    assert_eq!(s.last_index().unwrap(), 600);
+    assert!(!next.exists());
+    drop(s);
+    fs::write(&next, [0u8; 64]).unwrap();
+    let s = DiskStorage::open(&d.0).unwrap();
+    assert_eq!(s.last_index().unwrap(), 600);
+    drop(s);
+    // A sealed segment whose entries are still live, lost: an error, not a shorter log.
+    let oldest = d.0.join(format!("log.{}", gens(&d.0)[0]));
+    let kept = fs::read(&oldest).unwrap();
+    fs::remove_file(&oldest).unwrap();
+    let err = DiskStorage::open(&d.0).err().expect("a lost segment");
+    assert!(err.to_string().contains("missing"), "{err}");
+    fs::write(&oldest, kept).unwrap();
+    // A sealed segment cut short is damage, not a torn tail.
+    let first = d.0.join(format!("log.{}", gens(&d.0)[0]));
+    let len = fs::metadata(&first).unwrap().len();
+    let f = OpenOptions::new().write(true).open(&first).unwrap();
+    f.set_len(len - 10).unwrap();
+    drop(f);
+    let err = DiskStorage::open(&d.0)
+        .err()
+        .expect("a torn sealed segment");
+    assert!(err.to_string().contains("sealed segment"), "{err}");
 }
 
 /// The owner writes, the node's sync thread syncs: a write leaves nothing pending, its
-/// handle syncs from another thread (also after the log was rewritten under it), and a write
-/// that rewrites the log says that everything is durable already.
+/// handle syncs from another thread (also a handle of a segment sealed since), and the log
+/// reopens with every synced entry.
 #[test]
-fn a_write_is_synced_from_another_thread_and_a_rewrite_is_durable_at_once() {
+fn a_write_is_synced_from_another_thread_across_segments() {
     let d = TempDir::new("written");
     let mut s = DiskStorage::open(&d.0).unwrap();
     s.append(&[entry(1, 1, b"a")]).unwrap();
-    let Written::Pending(first) = s.write().unwrap() else {
-        panic!("a small write does not rewrite the log");
-    };
+    let first = s.write().unwrap();
     assert_eq!(s.unsynced_bytes(), 0);
     let payload = vec![3u8; 64 << 10];
-    let mut rewrote = false;
-    for i in 2..=200u64 {
+    for i in 2..=400u64 {
         s.append(&[entry(i, 1, &payload)]).unwrap();
         s.set_hard_state(&hs(1, 1, i)).unwrap();
         if i % 20 == 0 {
@@ -411,30 +494,23 @@ fn a_write_is_synced_from_another_thread_and_a_rewrite_is_durable_at_once() {
                 .unwrap();
             s.compact(i).unwrap();
         }
-        match s.write().unwrap() {
-            Written::Durable => rewrote = true,
-            Written::Pending(log) => {
-                std::thread::spawn(move || log.sync())
-                    .join()
-                    .unwrap()
-                    .unwrap();
-            }
-        }
+        let log = s.write().unwrap();
+        std::thread::spawn(move || log.sync())
+            .join()
+            .unwrap()
+            .unwrap();
     }
-    assert!(
-        rewrote,
-        "12 MiB through a log with 1 live MiB never rewrote it"
-    );
-    // The first handle names a file that the rewrite replaced: syncing it is harmless.
+    assert!(s.segments() >= 1);
+    // The first handle names a segment sealed since: syncing it is harmless.
     first.sync().unwrap();
     drop(s);
     let s = DiskStorage::open(&d.0).unwrap();
-    assert_eq!(s.last_index().unwrap(), 200);
-    assert_eq!(s.hard_state().commit, 200);
+    assert_eq!(s.last_index().unwrap(), 400);
+    assert_eq!(s.hard_state().commit, 400);
 }
 
 #[test]
-fn compaction_and_rewrites_keep_the_directory_bounded() {
+fn compaction_keeps_the_directory_bounded() {
     let d = TempDir::new("bounded");
     let mut s = DiskStorage::open(&d.0).unwrap();
     let payload = vec![7u8; 4096];
@@ -456,7 +532,7 @@ fn compaction_and_rewrites_keep_the_directory_bounded() {
     }
     // ~24 MiB went through the log; live data is at most ~600 entries of 4 KiB.
     assert!(
-        max_dir < 2 * REWRITE_MIN_BYTES + (4 << 20),
+        max_dir < SEGMENT_BYTES + (4 << 20),
         "directory grew to {} bytes",
         max_dir
     );
@@ -754,9 +830,8 @@ fn a_snapshot_file_that_is_not_the_one_named_or_has_no_log_is_an_error() {
     assert!(err.to_string().contains("without a log"), "{}", err);
 }
 
-/// A node restarted often keeps its log file bounded by what is live, not by the file it
-/// found: the rewrite threshold after a reopen is twice the live entries (twice the file's
-/// length would rise with each restart of a file full of compacted records).
+/// A node restarted often keeps its log bounded by what is live: a segment is never larger
+/// than the segment size, and compacted segments go, restart or not.
 #[test]
 fn a_log_reopened_often_stays_bounded_by_what_is_live() {
     let d = TempDir::new("reopened");
@@ -780,7 +855,7 @@ fn a_log_reopened_often_stays_bounded_by_what_is_live() {
     }
     // ~24 MiB went through; live data is at most ~116 entries of 4 KiB.
     assert!(
-        max_file < 2 * REWRITE_MIN_BYTES,
+        max_file < SEGMENT_BYTES + (1 << 20),
         "the log file grew to {max_file} bytes across restarts"
     );
 }
