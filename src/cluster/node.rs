@@ -1056,14 +1056,13 @@ impl RaftNode {
         let adopting = Instant::now();
         let store = self.raw.mut_store();
         let upto = store.compaction_keeping(index, KEEP_ENTRIES, KEEP_BYTES);
+        // Nothing waits for these records: their sync, and the removal of the files they make
+        // useless, happen off the owner's thread.
         store
             .adopt_snapshot(child.meta.clone(), d)
             .and_then(|()| store.compact(upto))
+            .and_then(|()| store.sync_in_background())
             .map_err(|e| e.to_string())?;
-        self.sync_now()?;
-        // That sync covered every Ready written so far.
-        self.durable_through(self.requested);
-        self.send_promised();
         self.snapshot_bytes = d.len;
         crate::log_info!(
             "cluster node {}: snapshot at index {} ({} bytes): fork {} ms, written in {} ms, \

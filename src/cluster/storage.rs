@@ -78,8 +78,6 @@ pub const MAX_SNAPSHOT_LEN: u64 = snapfile::MAX_FILE_LEN;
 /// A log segment is sealed and a new one started once it is this large: the directory holds
 /// the live log and at most one segment of compacted entries more.
 pub const SEGMENT_BYTES: u64 = 16 << 20;
-/// Superseded snapshot files at least this large are removed on a thread of their own.
-const UNLINK_ELSEWHERE_BYTES: u64 = 64 << 20;
 
 const ENTRY: u8 = 1;
 const HARD_STATE: u8 = 2;
@@ -1045,10 +1043,54 @@ impl DiskStorage {
     }
 
     /// Makes every mutation so far durable: one write, one fdatasync. Call it after persisting
-    /// a `Ready`'s entries, hard state and snapshot and before sending its messages.
+    /// a `Ready`'s entries, hard state and snapshot and before sending its messages. Then the
+    /// files the records made useless go (see [`DiskStorage::sync_in_background`]).
     pub fn sync(&mut self) -> Result<(), LogError> {
         self.write()?.sync()?;
-        // Everything recorded is durable: segments whose entries are all compacted can go.
+        for p in self.useless_files() {
+            match fs::remove_file(&p) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(LogError::Io { path: p, source: e }),
+            }
+        }
+        Ok(())
+    }
+
+    /// [`DiskStorage::sync`] on a thread of its own, for records that nothing waits for (a
+    /// snapshot adopted and the compaction behind it): the write here, then the fdatasync and
+    /// the removal of what those records made useless (sealed segments they compacted,
+    /// superseded snapshot files), in that order, there. Freeing the blocks of large files takes
+    /// time in proportion to them: never on the owner's thread. A failure is logged; the next
+    /// sync of the log fails the same way and stops the node.
+    pub fn sync_in_background(&mut self) -> Result<(), LogError> {
+        let log = self.write()?;
+        let useless = self.useless_files();
+        let work = move || match log.sync() {
+            Ok(()) => {
+                for p in useless {
+                    if let Err(e) = fs::remove_file(&p) {
+                        if e.kind() != io::ErrorKind::NotFound {
+                            crate::log_warn!("cannot remove {}: {e}", p.display());
+                        }
+                    }
+                }
+            }
+            Err(e) => crate::log_error!("raft log: {e}"),
+        };
+        std::thread::Builder::new()
+            .name("holdfast-compact".into())
+            .spawn(work)
+            .map(|_| ())
+            .map_err(|e| LogError::Io {
+                path: self.dir.clone(),
+                source: e,
+            })
+    }
+
+    /// The files that the records so far make useless once durable: sealed segments whose
+    /// entries are all compacted, and superseded snapshot files (taken off the lists).
+    fn useless_files(&mut self) -> Vec<PathBuf> {
         let base = self.state.base_index;
         let dir = self.dir.clone();
         let mut gone = Vec::new();
@@ -1059,40 +1101,8 @@ impl DiskStorage {
             }
             keep
         });
-        for p in gone {
-            match fs::remove_file(&p) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => return Err(LogError::Io { path: p, source: e }),
-            }
-        }
-        for p in self.obsolete.drain(..) {
-            // Freeing the blocks of a large file takes a while: not on the caller's thread.
-            let large = fs::metadata(&p).is_ok_and(|m| m.len() >= UNLINK_ELSEWHERE_BYTES);
-            if large {
-                let unlink = {
-                    let p = p.clone();
-                    move || {
-                        if let Err(e) = fs::remove_file(&p) {
-                            crate::log_warn!("cannot remove {}: {e}", p.display());
-                        }
-                    }
-                };
-                if std::thread::Builder::new()
-                    .name("holdfast-unlink".into())
-                    .spawn(unlink)
-                    .is_ok()
-                {
-                    continue;
-                }
-            }
-            match fs::remove_file(&p) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => return Err(LogError::Io { path: p, source: e }),
-            }
-        }
-        Ok(())
+        gone.append(&mut self.obsolete);
+        gone
     }
 
     /// Writes every mutation so far to the log file with one `write`, without waiting for the
