@@ -114,10 +114,10 @@ pub const MAX_ENTRY_BYTES: usize = 256 << 10;
 /// batches queued for proposal before the owner stops taking more from the workers: a request
 /// that reaches the owner waits behind at most these of other clients' bytes here, and one
 /// from another node behind at most the first in the leader's log. The log commits what is
-/// in flight in a few milliseconds (a sync and a round trip), so a mebibyte keeps a bulk
-/// writer's throughput while a lock request waits behind no more than about 20 ms of it (at
-/// the 50 MB/s a three-node cluster on two cores writes).
-const MAX_INFLIGHT_BYTES: usize = 1 << 20;
+/// in flight in a few milliseconds (a sync and a round trip), so half a mebibyte keeps a bulk
+/// writer's throughput (60-70 MB/s through three nodes on two cores, as with 1 MiB or 8 MiB)
+/// while a lock request waits behind about 10 ms of it.
+const MAX_INFLIGHT_BYTES: usize = 512 << 10;
 const MAX_QUEUED_BYTES: usize = 2 << 20;
 /// The largest entry this node proposes: [`MAX_ENTRY_BYTES`] of requests and one more, whose
 /// value is at most `max_item_size` (with its key and the op's fields).
