@@ -107,6 +107,12 @@ pub trait Machine {
     /// Puts a restored state in place of the current one, which it hands back, so that the
     /// caller can free it off the owner's thread.
     fn install(&mut self, restored: Self::Restored) -> Box<dyn Send>;
+    /// Gives up the bulk of the state before an install replaces it (the node applies nothing
+    /// until then), so that a node never holds two whole states; hands it back to be freed
+    /// off the owner's thread. By default nothing is given up.
+    fn release(&mut self) -> Box<dyn Send> {
+        Box::new(())
+    }
     /// Replace the state by a snapshot's, on this thread (hostile bytes: an error, no panic).
     fn restore(&mut self, data: &[u8]) -> Result<(), String> {
         let restored = self.restorer()(data)?;
@@ -890,8 +896,12 @@ impl RaftNode {
     /// Starts restoring the leader's snapshot at `index` (just made durable in storage) on a
     /// thread of its own; committed entries after it are held until it is in place. A newer
     /// snapshot replaces one still being restored.
-    fn begin_install(&mut self, machine: &impl Machine, index: u64) {
+    fn begin_install(&mut self, machine: &mut impl Machine, index: u64) {
         self.held.retain(|e| e.index > index);
+        let old = machine.release();
+        let _ = std::thread::Builder::new()
+            .name("holdfast-free".into())
+            .spawn(move || drop(old));
         self.snapshot_child = None;
         self.snapshot_stats.writing = false;
         let path = self.raw.store().snapshot_path().unwrap_or_default();

@@ -1607,7 +1607,19 @@ impl Reader {
         }
         let m =
             Message::parse_from_bytes(body).map_err(|e| FrameError::BadMessage(e.to_string()))?;
-        if m.from != head.sender || m.to != self.id {
+        // raft-rs forwards proposals and read requests as they came to it, with the `from` of
+        // the node that sent them first (a node that no longer leads, to the leader it knows):
+        // those may name another member.
+        let forwarded = matches!(
+            m.get_msg_type(),
+            MessageType::MsgPropose | MessageType::MsgReadIndex
+        ) && m.from != self.id
+            && self
+                .members
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .knows(m.from);
+        if (m.from != head.sender && !forwarded) || m.to != self.id {
             return Err(FrameError::BadMessage(format!(
                 "message from {} to {} in a frame from {}",
                 m.from, m.to, head.sender

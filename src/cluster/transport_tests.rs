@@ -281,6 +281,62 @@ fn garbage_and_impostors_are_refused() {
     assert_eq!(wait_for("a receives from b", || a.try_recv()).term, 42);
 }
 
+/// raft-rs forwards proposals and read requests as they came, with the `from` of the member
+/// that sent them first: such a message in another member's frame is delivered; any other
+/// message whose `from` is not its frame's sender, or a forward naming a stranger, is refused.
+#[test]
+fn forwarded_proposals_and_read_requests_keep_their_first_sender() {
+    let (la, l3) = (listener(), listener());
+    let peers: BTreeMap<u64, SocketAddr> = [
+        (1, la.local_addr().unwrap()),
+        (2, listener().local_addr().unwrap()),
+        (3, l3.local_addr().unwrap()),
+    ]
+    .into_iter()
+    .collect();
+    let a = Transport::start(TransportConfig::new(1, peers), la).unwrap();
+    let frame = |from_field: u64, t: MessageType| {
+        let mut m = msg(from_field, 1, 9);
+        m.set_msg_type(t);
+        let mut v = Vec::new();
+        encode_frame(3, &m, &mut v).unwrap();
+        v
+    };
+    let mut s = TcpStream::connect(a.local_addr()).unwrap();
+    s.write_all(&frame(2, MessageType::MsgReadIndex)).unwrap();
+    s.write_all(&frame(2, MessageType::MsgPropose)).unwrap();
+    let got = wait_for("a forwarded read request", || a.try_recv());
+    assert_eq!(
+        (got.from, got.get_msg_type()),
+        (2, MessageType::MsgReadIndex)
+    );
+    let got = wait_for("a forwarded proposal", || a.try_recv());
+    assert_eq!((got.from, got.get_msg_type()), (2, MessageType::MsgPropose));
+    assert_eq!(refused(&a), 0);
+    for (what, bytes) in [
+        (
+            "a heartbeat in another's name",
+            frame(2, MessageType::MsgHeartbeat),
+        ),
+        (
+            "a forward in a stranger's name",
+            frame(7, MessageType::MsgPropose),
+        ),
+        (
+            "a forward in our own name",
+            frame(1, MessageType::MsgReadIndex),
+        ),
+    ] {
+        let before = refused(&a);
+        let mut s = TcpStream::connect(a.local_addr()).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(&bytes).unwrap();
+        assert!(closed(&mut s), "{what}: not closed");
+        wait_for(what, || (refused(&a) > before).then_some(()));
+    }
+    assert!(a.try_recv().is_none(), "nothing refused got through");
+}
+
 #[test]
 fn a_full_queue_drops_instead_of_blocking() {
     // A peer address where nothing listens (bound, then closed).

@@ -476,6 +476,13 @@ impl Machine for Replicated {
         Box::new(move |data| restore_state(&shared.config, data))
     }
 
+    /// The tables go (a follower installing a leader's snapshot applies nothing until it is in
+    /// place; what reads them meanwhile, the admin pages, sees them empty); the head stays.
+    fn release(&mut self) -> Box<dyn Send> {
+        let empty = Tables::new(&self.shared.config, crate::core::Now::default());
+        Box::new(std::mem::replace(&mut self.tables, empty))
+    }
+
     fn install(&mut self, restored: Restored) -> Box<dyn Send> {
         let Restored { head, tables } = restored;
         (
