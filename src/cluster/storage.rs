@@ -516,6 +516,13 @@ impl PendingLog {
     }
 }
 
+/// The index of a COMPACT record's body (0 if it is malformed: `apply_record` refuses it).
+fn compact_index(body: &[u8]) -> u64 {
+    body.get(..8)
+        .and_then(|b| b.try_into().ok())
+        .map_or(0, u64::from_le_bytes)
+}
+
 /// About what an entry takes in the log file.
 fn entry_bytes(e: &Entry) -> u64 {
     (e.data.len() + e.context.len() + 32) as u64
@@ -632,6 +639,12 @@ impl DiskStorage {
                             }
                         }
                         let base = state.base_index;
+                        if kind == COMPACT && lost_before.is_some() && compact_index(body) < base {
+                            // A later segment's head restates the compaction point of its start,
+                            // older than where the segments left begin: nothing to drop.
+                            at = next;
+                            continue;
+                        }
                         state.apply_record(kind, body).map_err(|r| corrupt(at, r))?;
                         if matches!(kind, COMPACT | INSTALL) && state.base_index > base {
                             covered = lost_before.is_some_and(|i| state.base_index >= i);

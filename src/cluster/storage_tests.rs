@@ -409,6 +409,40 @@ fn a_growing_log_rolls_into_segments_and_compaction_deletes_them_without_copying
     assert_eq!(s.snapshot_state().unwrap(), b"s");
 }
 
+/// The segments left after a compaction may begin past the compaction point that the later
+/// ones restate in their heads (the point of their start): the log reopens, with what is left.
+/// (Found by the cluster soak: a node that restarted then refused its own log.)
+#[test]
+fn segments_left_after_a_compaction_reopen_whatever_point_their_heads_restate() {
+    let d = TempDir::new("restated");
+    let mut s = DiskStorage::open(&d.0).unwrap();
+    let big = vec![9u8; 64 << 10];
+    let cs = || ConfState::from((vec![1], vec![]));
+    for i in 1..=1200u64 {
+        s.append(&[entry(i, 1, &big)]).unwrap();
+        s.set_hard_state(&hs(1, 1, i)).unwrap();
+        if i == 100 {
+            s.create_snapshot(100, cs(), b"early".to_vec()).unwrap();
+            s.compact(60).unwrap();
+        }
+        s.sync().unwrap();
+    }
+    // Segments of 16 MiB hold about 250 entries: compacting to 700 leaves some that start
+    // after 60, whose heads (rolled before this compaction) restate 60.
+    s.create_snapshot(1100, cs(), b"late".to_vec()).unwrap();
+    s.compact(700).unwrap();
+    s.sync().unwrap();
+    assert!(s.segments() >= 3, "{} segments", s.segments());
+    drop(s);
+    let s = DiskStorage::open(&d.0).unwrap();
+    assert_eq!(s.first_index().unwrap(), 700);
+    assert_eq!(s.last_index().unwrap(), 1200);
+    assert_eq!(s.snapshot_state().unwrap(), b"late");
+    drop(s);
+    let s = DiskStorage::open(&d.0).unwrap();
+    assert_eq!(s.first_index().unwrap(), 700);
+}
+
 /// Segments survive reopening at any point: all of them are replayed in order, the newest
 /// may end torn, a new segment whose header never landed is ignored, and a sealed segment
 /// that ends torn is an error (a segment is synced before the next starts).
