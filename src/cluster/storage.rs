@@ -516,11 +516,15 @@ impl PendingLog {
     }
 }
 
-/// The index of a COMPACT record's body (0 if it is malformed: `apply_record` refuses it).
-fn compact_index(body: &[u8]) -> u64 {
-    body.get(..8)
-        .and_then(|b| b.try_into().ok())
-        .map_or(0, u64::from_le_bytes)
+/// The index and term of a COMPACT record's body (0s if it is malformed: `apply_record`
+/// refuses it).
+fn compact_fields(body: &[u8]) -> (u64, u64) {
+    let word = |r: std::ops::Range<usize>| {
+        body.get(r)
+            .and_then(|b| b.try_into().ok())
+            .map_or(0, u64::from_le_bytes)
+    };
+    (word(0..8), word(8..16))
 }
 
 /// About what an entry takes in the log file.
@@ -639,11 +643,22 @@ impl DiskStorage {
                             }
                         }
                         let base = state.base_index;
-                        if kind == COMPACT && lost_before.is_some() && compact_index(body) < base {
-                            // A later segment's head restates the compaction point of its start,
-                            // older than where the segments left begin: nothing to drop.
-                            at = next;
-                            continue;
+                        if kind == COMPACT && lost_before.is_some() {
+                            let (index, term) = compact_fields(body);
+                            if index < base {
+                                // A later segment's head restates the compaction point of its
+                                // start, older than where the segments left begin: nothing to
+                                // drop.
+                                at = next;
+                                continue;
+                            }
+                            if index == base && lost_before == Some(base) && !covered {
+                                // The point the replay began at, whose term it could not know.
+                                state.base_term = term;
+                                covered = true;
+                                at = next;
+                                continue;
+                            }
                         }
                         state.apply_record(kind, body).map_err(|r| corrupt(at, r))?;
                         if matches!(kind, COMPACT | INSTALL) && state.base_index > base {

@@ -443,6 +443,37 @@ fn segments_left_after_a_compaction_reopen_whatever_point_their_heads_restate() 
     assert_eq!(s.first_index().unwrap(), 700);
 }
 
+/// A compaction exactly at a segment's boundary deletes the segments before it: the replay
+/// then begins at that point without knowing its term, which the compaction's record gives.
+#[test]
+fn a_compaction_at_a_segment_boundary_reopens() {
+    let d = TempDir::new("boundary");
+    let mut s = DiskStorage::open(&d.0).unwrap();
+    let big = vec![4u8; 64 << 10];
+    let mut boundary = None;
+    for i in 1..=700u64 {
+        let segments = s.segments();
+        s.append(&[entry(i, 3, &big)]).unwrap();
+        s.set_hard_state(&hs(3, 1, i)).unwrap();
+        s.sync().unwrap();
+        if s.segments() > segments && boundary.is_none() && i > 300 {
+            boundary = Some(i);
+        }
+    }
+    let boundary = boundary.expect("a segment sealed after entry 300");
+    s.create_snapshot(600, ConfState::from((vec![1], vec![])), b"at 600".to_vec())
+        .unwrap();
+    s.compact(boundary + 1).unwrap();
+    s.sync().unwrap();
+    drop(s);
+    for _ in 0..2 {
+        let s = DiskStorage::open(&d.0).unwrap();
+        assert_eq!(s.first_index().unwrap(), boundary + 1);
+        assert_eq!(s.term(boundary).unwrap(), 3);
+        assert_eq!(s.last_index().unwrap(), 700);
+    }
+}
+
 /// Segments survive reopening at any point: all of them are replayed in order, the newest
 /// may end torn, a new segment whose header never landed is ignored, and a sealed segment
 /// that ends torn is an error (a segment is synced before the next starts).
