@@ -52,7 +52,12 @@ pub const KEEP_ENTRIES: u64 = 1_000;
 pub const KEEP_BYTES: u64 = 4 << 20;
 /// The largest append message (raft-rs's `max_size_per_msg`): one owner turn's entry fits.
 const MAX_MSG_BYTES: u64 = 1 << 20;
-const MAX_INFLIGHT_MSGS: usize = 256;
+/// Appends sent to a follower and not yet acknowledged, at most (raft-rs's flow control): with
+/// [`MAX_MSG_BYTES`], at most 32 MiB per follower waits in the transport's queue or on the way,
+/// which keeps a leader's memory in proportion to its state when a follower is slow or gone
+/// (256 let a leader hold a quarter of a GiB per follower), and is far more than a link needs
+/// to stay busy for the few milliseconds an acknowledgement takes.
+const MAX_INFLIGHT_MSGS: usize = 32;
 /// Campaigns after a leader's connection closed, a tick apart: half an election timeout's
 /// worth, then the ordinary election timeout takes over.
 const FAST_CAMPAIGNS: u32 = TICKS_PER_ELECTION as u32 / 2;
