@@ -40,6 +40,7 @@ TEXT = {
     "too_large": b"set a 0 0 2000\r\n" + b"x" * 2000 + b"\r\nget a\r\n",
     "bad_chunk": b"set a 0 0 1\r\nxyz\r\nget a\r\n",
     "partial": b"set a 0 0 10\r\nabc",
+    "keys": b"keys\r\nkeys pre\r\nkeys a b\r\n",
 }
 write("memcache_text", [(n, bytes([0x03 if i % 2 else 0x7f]) + v) for i, (n, v) in enumerate(TEXT.items())])
 

@@ -160,7 +160,9 @@ pub fn text_keys<'a>(req: &text::Request<'a>) -> Vec<&'a [u8]> {
         | R::Lock { key }
         | R::Unlock { key }
         | R::LockToken { key } => vec![key],
-        R::Keys { prefix } => vec![prefix],
+        // `keys` without a prefix lists every key (yrmcds's `keys [PREFIX]`): an empty prefix
+        // is no key; a prefix given obeys the key rules.
+        R::Keys { prefix } if !prefix.is_empty() => vec![prefix],
         _ => Vec::new(),
     }
 }
