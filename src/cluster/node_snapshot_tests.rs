@@ -42,31 +42,41 @@ fn free_addr() -> SocketAddr {
         .expect("a free port")
 }
 
+/// The configuration of a one-node cluster in `data_dir`.
+fn sole_node(data_dir: PathBuf) -> NodeConfig {
+    NodeConfig {
+        id: 1,
+        peers: [(1, free_addr())].into_iter().collect(),
+        data_dir,
+        election_timeout: Duration::from_millis(100),
+        join: false,
+        peer_tls: None,
+        peer_names: BTreeMap::new(),
+        max_entry: 1 << 20,
+    }
+}
+
+/// Ticks a one-node cluster until it leads (it elects itself within an election timeout).
+fn elect(node: &mut RaftNode, m: &mut impl Machine, deadline: Instant) {
+    while !node.is_leader() {
+        assert!(Instant::now() < deadline, "no leader");
+        node.tick(Instant::now()).unwrap();
+        node.ready(m).unwrap();
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// A snapshot is written by a child process while the node goes on applying; when the child
 /// is done its file holds exactly the state as of the snapshot's index, the log is compacted
 /// behind it, and a restart restores from it.
 #[test]
 fn a_snapshot_is_written_by_a_child_while_the_node_applies() {
     let dir = TempDir::new("forked-snapshot");
-    let cfg = NodeConfig {
-        id: 1,
-        peers: [(1, free_addr())].into_iter().collect(),
-        data_dir: dir.0.clone(),
-        election_timeout: Duration::from_millis(100),
-        join: false,
-        peer_tls: None,
-        peer_names: BTreeMap::new(),
-        max_entry: 1 << 20,
-    };
+    let cfg = sole_node(dir.0.clone());
     let mut m = Log::default();
     let mut node = RaftNode::start(&cfg, &mut m, Instant::now()).unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
-    while !node.is_leader() {
-        assert!(Instant::now() < deadline, "no leader");
-        node.tick(Instant::now()).unwrap();
-        node.ready(&mut m).unwrap();
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    elect(&mut node, &mut m, deadline);
     let chunk = vec![b'x'; 256 << 10];
     let mut applied_while_writing = 0;
     let mut i = 0u32;
@@ -176,16 +186,7 @@ impl Machine for FailsOnce {
 #[test]
 fn a_failed_snapshot_child_is_retried() {
     let dir = TempDir::new("snapshot-retry");
-    let cfg = NodeConfig {
-        id: 1,
-        peers: [(1, free_addr())].into_iter().collect(),
-        data_dir: dir.0.join("data"),
-        election_timeout: Duration::from_millis(100),
-        join: false,
-        peer_tls: None,
-        peer_names: BTreeMap::new(),
-        max_entry: 1 << 20,
-    };
+    let cfg = sole_node(dir.0.join("data"));
     std::fs::create_dir_all(&cfg.data_dir).unwrap();
     let mut m = FailsOnce {
         log: Log::default(),
@@ -194,12 +195,7 @@ fn a_failed_snapshot_child_is_retried() {
     };
     let mut node = RaftNode::start(&cfg, &mut m, Instant::now()).unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
-    while !node.is_leader() {
-        assert!(Instant::now() < deadline, "no leader");
-        node.tick(Instant::now()).unwrap();
-        node.ready(&mut m).unwrap();
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    elect(&mut node, &mut m, deadline);
     let chunk = vec![b'x'; 256 << 10];
     while node.snapshot_stats().failed == 0 {
         assert!(Instant::now() < deadline, "no snapshot tried");
