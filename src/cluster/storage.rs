@@ -209,6 +209,12 @@ impl LogState {
     }
 
     pub(crate) fn compact(&mut self, index: u64, term: u64) -> Result<(), String> {
+        self.compact_taking(index, term).map(drop)
+    }
+
+    /// [`LogState::compact`], giving back the entries it drops (for the caller to free
+    /// elsewhere: behind a large state's snapshot they are as large as the state).
+    pub(crate) fn compact_taking(&mut self, index: u64, term: u64) -> Result<Vec<Entry>, String> {
         if index < self.base_index {
             return Err(format!(
                 "compaction to {} before {}",
@@ -222,10 +228,10 @@ impl LogState {
                 index, term
             ));
         }
-        self.entries.drain(..drop);
+        let gone = self.entries.drain(..drop).collect();
         self.base_index = index;
         self.base_term = term;
-        Ok(())
+        Ok(gone)
     }
 
     /// A leader's snapshot: entries after it survive only if the log agrees at its index
@@ -472,6 +478,8 @@ pub struct DiskStorage {
     obsolete: Vec<PathBuf>,
     /// The length and checksum of the newest snapshot file (what raft's messages carry).
     descriptor: Option<Descriptor>,
+    /// Entries compacted away, freed by the next sync (on its thread, in the background).
+    dropped: Vec<Entry>,
 }
 
 /// The open log file and its path (for error messages), shared with the sync thread.
@@ -733,6 +741,7 @@ impl DiskStorage {
             state,
             obsolete: Vec::new(),
             descriptor,
+            dropped: Vec::new(),
         })
     }
 
@@ -786,6 +795,7 @@ impl DiskStorage {
             sealed: Vec::new(),
             obsolete: Vec::new(),
             descriptor: None,
+            dropped: Vec::new(),
         })
     }
 
@@ -881,7 +891,14 @@ impl DiskStorage {
         body[..8].copy_from_slice(&index.to_le_bytes());
         body[8..].copy_from_slice(&term.to_le_bytes());
         put_record(&mut self.pending, COMPACT, &body);
-        self.state.compact(index, term).map_err(LogError::Misuse)
+        let gone = self.state.compact_taking(index, term);
+        let mut gone = gone.map_err(LogError::Misuse)?;
+        if self.dropped.is_empty() {
+            self.dropped = gone;
+        } else {
+            self.dropped.append(&mut gone);
+        }
+        Ok(())
     }
 
     /// The compaction index (the first entry kept) that keeps `index` and, behind it, at most
@@ -1075,6 +1092,7 @@ impl DiskStorage {
     /// files the records made useless go (see [`DiskStorage::sync_in_background`]).
     pub fn sync(&mut self) -> Result<(), LogError> {
         self.write()?.sync()?;
+        self.dropped = Vec::new();
         for p in self.useless_files() {
             match fs::remove_file(&p) {
                 Ok(()) => {}
@@ -1094,7 +1112,10 @@ impl DiskStorage {
     pub fn sync_in_background(&mut self) -> Result<(), LogError> {
         let log = self.write()?;
         let useless = self.useless_files();
-        let work = move || match log.sync() {
+        // Behind a snapshot of a large state, as many bytes of entries as the state: freeing
+        // them takes tens of milliseconds.
+        let dropped = std::mem::take(&mut self.dropped);
+        let work = move || match log.sync().map(|()| drop(dropped)) {
             Ok(()) => {
                 for p in useless {
                     if let Err(e) = fs::remove_file(&p) {
