@@ -135,8 +135,8 @@ fn a_streamed_snapshot_file_equals_the_snapshot_in_memory() {
         ..Default::default()
     };
     let path = dir.0.join("snap");
-    let d =
-        crate::cluster::snapchild::write_file(&meta, &path, |out| m.write_snapshot(out)).unwrap();
+    let d = crate::cluster::snapchild::write_file(&meta, &path, 0, |out| m.write_snapshot(out))
+        .unwrap();
     let c = snapfile::check(&path).unwrap();
     assert_eq!(c.descriptor, d);
     assert_eq!(snapfile::read_state(&path, &c).unwrap(), m.snapshot());
