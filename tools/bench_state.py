@@ -28,7 +28,9 @@ Sub-parts (STATE_PARTS, default items,locks,paused,wiped):
 Environment: STATE_BYTES (1G; K, M, G suffixes are binary), STATE_LOCKS (5000000),
 STATE_PARTS, STATE_ETCD (1; 0 skips the etcd fill), STATE_SINGLE (1; 0 skips the one-node fills),
 STATE_DEADLINE (1800: seconds any one fill may take), plus bench_cluster's BENCH_DATA_DIR and
-BENCH_KEEP. A quick run: STATE_BYTES=100M STATE_LOCKS=500000.
+BENCH_KEEP. A quick run: STATE_BYTES=100M STATE_LOCKS=500000. STATE_PROBE_TRACE=FILE appends
+one line per probe to FILE: its start (Unix seconds) and its latency (ms), to set beside the
+nodes' logged snapshots.
 """
 
 import base64
@@ -65,6 +67,7 @@ STATE_PARTS = os.environ.get("STATE_PARTS", "items,locks,paused,wiped").split(",
 WITH_ETCD = os.environ.get("STATE_ETCD", "1") != "0"
 WITH_SINGLE = os.environ.get("STATE_SINGLE", "1") != "0"
 FILL_DEADLINE = float(os.environ.get("STATE_DEADLINE", "1800"))
+PROBE_TRACE = os.environ.get("STATE_PROBE_TRACE")
 VALUE_SIZE = 1000
 # The item store's limit: four times the values (keys and item overhead fit with room; no
 # eviction), at least holdfast's default.
@@ -256,6 +259,7 @@ def probe_main(port, stop, conn):
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     lat, errors, n = [], [], 0
     sock, buf, name = None, bytearray(), b""
+    trace = open(PROBE_TRACE, "a") if PROBE_TRACE else None
     next_at = time.monotonic()
     while not stop.is_set():
         now = time.monotonic()
@@ -279,6 +283,9 @@ def probe_main(port, stop, conn):
             if op != R_RELEASED:
                 raise OSError(f"REL answered {op}")
             lat.append(time.monotonic() - sent)
+            if trace is not None:
+                trace.write(f"{time.time() - (time.monotonic() - sent):.3f} "
+                            f"{(time.monotonic() - sent) * 1000:.1f}\n")
         except OSError as e:
             errors.append(f"{time.monotonic():.3f} {e}")
             if sock is not None:
