@@ -31,6 +31,7 @@ use super::snapfile::{self, MappedState};
 use super::storage::{claim_dir, DirLock, DiskStorage, PendingLog};
 use super::transport::{PeerEvent, PeerTls, Transport, TransportConfig, TransportStats};
 use crate::admin::data::{Histogram, CLUSTER_BOUNDS};
+use crate::core::codec;
 
 /// Ticks in one election timeout: the contract's "heartbeats every tenth of it".
 pub const TICKS_PER_ELECTION: usize = 10;
@@ -340,8 +341,7 @@ impl RaftNode {
             let state = snapfile::check(&path)
                 .and_then(|c| MappedState::open(&path, &c))
                 .map_err(|e| format!("the snapshot in {}: {e}", cfg.data_dir.display()))?;
-            machine
-                .restore(&state)
+            codec::release_as_read(state.releaser(), || machine.restore(&state))
                 .map_err(|e| format!("the snapshot in {}: {e}", cfg.data_dir.display()))?;
             applied = meta.index;
             snapshot_bytes = state.len() as u64;
@@ -903,10 +903,10 @@ impl RaftNode {
     /// snapshot replaces one still being restored.
     fn begin_install(&mut self, machine: &mut impl Machine, index: u64) {
         self.held.retain(|e| e.index > index);
+        // The old state is freed on the install thread before the new one is built, and its
+        // memory given back: freed on another thread meanwhile, into another allocator arena
+        // than the one the new state grows in, the two would be held at once.
         let old = machine.release();
-        let _ = std::thread::Builder::new()
-            .name("holdfast-free".into())
-            .spawn(move || drop(old));
         self.snapshot_child = None;
         self.snapshot_stats.writing = false;
         let path = self.raw.store().snapshot_path().unwrap_or_default();
@@ -916,10 +916,12 @@ impl RaftNode {
         let spawned = std::thread::Builder::new()
             .name("holdfast-install".into())
             .spawn(move || {
+                drop(old);
+                give_back_free_memory();
                 let restored = snapfile::check(&path)
                     .and_then(|c| MappedState::open(&path, &c))
                     .map_err(|e| e.to_string())
-                    .and_then(|state| restorer(&state))
+                    .and_then(|state| codec::release_as_read(state.releaser(), || restorer(&state)))
                     .map(|r| Box::new(r) as Box<dyn std::any::Any + Send>);
                 let _ = tx.send(restored);
             });
@@ -1270,6 +1272,16 @@ impl Syncer {
         self.requests
             .send((number, log))
             .map_err(|_| "the sync thread has stopped".to_string())
+    }
+}
+
+/// Hands the allocator's free pages back to the kernel (glibc keeps what a thread freed in its
+/// arenas; `malloc_trim` returns their whole free pages, wherever they are in the heap).
+fn give_back_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases memory the allocator holds free.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 

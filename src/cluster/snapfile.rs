@@ -321,6 +321,39 @@ impl MappedState {
     }
 }
 
+impl MappedState {
+    /// A handle that gives back to the kernel the pages of this mapping below an address
+    /// (see [`crate::core::codec::release_as_read`]): they leave the process's RSS, and a later
+    /// read of them maps them again from the page cache (the mapping is private and never
+    /// written, so their bytes are the file's either way).
+    pub fn releaser(&self) -> impl FnMut(usize) + 'static {
+        let (base, end) = (self.base as usize, self.base as usize + self.map_len);
+        let page = page_size();
+        let mut done = base;
+        move |at: usize| {
+            let upto = at.min(end) / page * page;
+            if upto > done {
+                // SAFETY: advice on whole pages inside the mapping made in `open`; the mapping
+                // is read-only and private, so dropping its pages loses nothing.
+                unsafe {
+                    libc::madvise(done as *mut libc::c_void, upto - done, libc::MADV_DONTNEED)
+                };
+                done = upto;
+            }
+        }
+    }
+}
+
+fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if n > 0 {
+        n as usize
+    } else {
+        4096
+    }
+}
+
 impl std::ops::Deref for MappedState {
     type Target = [u8];
 
@@ -341,6 +374,49 @@ impl Drop for MappedState {
 mod tests {
     use super::*;
     use crate::cluster::storage::tests::TempDir;
+
+    /// The RSS of this process's mapping that starts at `base`, in KiB (from /proc/self/smaps).
+    fn mapping_rss_kib(base: usize) -> u64 {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let start = format!("{base:x}-");
+        let mut lines = smaps.lines().skip_while(|l| !l.starts_with(&start));
+        assert!(lines.next().is_some(), "no mapping at {start}");
+        let rss = lines.find(|l| l.starts_with("Rss:")).unwrap();
+        rss.split_whitespace().nth(1).unwrap().parse().unwrap()
+    }
+
+    /// Released pages leave the RSS, and what is read again is still the file's bytes.
+    #[test]
+    fn released_pages_leave_the_rss_and_read_back_the_same() {
+        let dir = TempDir::new("release");
+        let p = dir.0.join("snap");
+        let state: Vec<u8> = (0..16u32 << 20).map(|i| (i % 253) as u8).collect();
+        write_file(&p, &meta(5, 1), &state).unwrap();
+        let c = check(&p).unwrap();
+        let m = MappedState::open(&p, &c).unwrap();
+        let sum: u64 = m.iter().map(|&b| u64::from(b)).sum();
+        let base = m.base as usize;
+        assert!(
+            mapping_rss_kib(base) >= 15 << 10,
+            "all read: {} KiB",
+            mapping_rss_kib(base)
+        );
+        let mut release = m.releaser();
+        release(base + (8 << 20));
+        let half = mapping_rss_kib(base);
+        assert!(
+            (7 << 10..=9 << 10).contains(&half),
+            "half released: {half} KiB"
+        );
+        release(usize::MAX);
+        assert!(
+            mapping_rss_kib(base) <= 8,
+            "all released: {} KiB",
+            mapping_rss_kib(base)
+        );
+        assert_eq!(m.iter().map(|&b| u64::from(b)).sum::<u64>(), sum);
+        assert_eq!(&*m, &state[..]);
+    }
 
     fn meta(index: u64, term: u64) -> SnapshotMetadata {
         let mut m = SnapshotMetadata {

@@ -132,6 +132,59 @@ pub fn spill_to(
     Ok(sink.out)
 }
 
+/// What [`release_as_read`] calls with the address read up to.
+type ConsumedHook = Box<dyn FnMut(usize)>;
+
+thread_local! {
+    /// While [`release_as_read`] runs on this thread: the address from which [`consumed`]
+    /// calls its hook next, and the hook. `usize::MAX`: no hook.
+    static CONSUMED_NEXT: std::cell::Cell<usize> = const { std::cell::Cell::new(usize::MAX) };
+    static CONSUMED: std::cell::RefCell<Option<ConsumedHook>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Bytes read between two calls of a [`release_as_read`] hook, at least.
+const CONSUMED_EVERY: usize = 8 << 20;
+
+/// Called by snapshot restorers between records: while [`release_as_read`] has a hook on this
+/// thread (a snapshot being restored from a mapped file), the hook learns, every few MiB, the
+/// address up to which the bytes were read, and may give their pages back. Without a hook it
+/// does nothing but a comparison.
+#[inline]
+pub fn consumed(r: &Reader<'_>) {
+    let at = r.buf.as_ptr() as usize + r.pos;
+    if at >= CONSUMED_NEXT.with(|n| n.get()) {
+        consumed_now(at);
+    }
+}
+
+#[cold]
+fn consumed_now(at: usize) {
+    CONSUMED.with(|c| {
+        if let Some(hook) = c.borrow_mut().as_mut() {
+            hook(at);
+        }
+    });
+    CONSUMED_NEXT.with(|n| n.set(at.saturating_add(CONSUMED_EVERY)));
+}
+
+/// Runs `f` with `hook` as this thread's [`consumed`] hook: restoring a multi-GiB snapshot from
+/// a mapping, the pages already parsed need not stay mapped beside the state built from them.
+/// The hook goes when `f` returns or unwinds: no later call on this thread reaches it.
+pub fn release_as_read<T>(hook: impl FnMut(usize) + 'static, f: impl FnOnce() -> T) -> T {
+    struct Unset;
+    impl Drop for Unset {
+        fn drop(&mut self) {
+            CONSUMED_NEXT.with(|n| n.set(usize::MAX));
+            CONSUMED.with(|c| c.borrow_mut().take());
+        }
+    }
+    CONSUMED.with(|c| *c.borrow_mut() = Some(Box::new(hook)));
+    CONSUMED_NEXT.with(|n| n.set(0));
+    let _unset = Unset;
+    f()
+}
+
 /// A value that writes its whole state as canonical bytes and can be rebuilt from them: equal
 /// states give equal bytes, whatever their history, slot numbers or hash seeds; a restored value
 /// behaves exactly like the original.
@@ -312,6 +365,40 @@ impl<'a> Reader<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A restorer's progress reaches the hook every few MiB, at increasing addresses within
+    /// what it read; once the scope ends (or unwinds) nothing does.
+    #[test]
+    fn the_consumed_hook_sees_progress_and_goes_with_its_scope() {
+        let buf = vec![7u8; 40 << 20];
+        let seen = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+        let s = seen.clone();
+        let base = buf.as_ptr() as usize;
+        release_as_read(
+            move |at| s.borrow_mut().push(at),
+            || {
+                let mut r = Reader::new(&buf);
+                while r.remaining() >= 4096 {
+                    consumed(&r);
+                    r.bytes(4096).unwrap();
+                }
+            },
+        );
+        let seen = seen.borrow();
+        assert!(seen.len() >= 4 && seen.len() <= 6, "{} calls", seen.len());
+        assert!(seen.windows(2).all(|w| w[1] >= w[0] + CONSUMED_EVERY));
+        assert!(seen.iter().all(|&at| at >= base && at < base + buf.len()));
+        // Outside the scope, and after one that panicked, no hook is called.
+        let late = std::rc::Rc::new(std::cell::Cell::new(0));
+        let l = late.clone();
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            release_as_read(move |_| l.set(l.get() + 1), || panic!("a corrupt snapshot"))
+        }));
+        assert!(r.is_err());
+        let r = Reader::new(&buf[30 << 20..]);
+        consumed(&r);
+        assert_eq!(late.get(), 0);
+    }
 
     #[test]
     fn varints_round_trip_at_every_width() {

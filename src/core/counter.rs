@@ -405,6 +405,7 @@ impl Snapshot for CounterTable {
         let n = r.count(5)?;
         let mut last: Option<&[u8]> = None;
         for _ in 0..n {
+            codec::consumed(r);
             let name = r.bytes(MAX_NAME)?;
             if last.is_some_and(|l| l >= name) {
                 return Err(DecodeError::Invalid("counter names out of order"));
@@ -420,6 +421,7 @@ impl Snapshot for CounterTable {
         let holders = r.count(2)?;
         let mut last: Option<Session> = None;
         for _ in 0..holders {
+            codec::consumed(r);
             let session = Session::decode(r)?;
             if last.is_some_and(|l| l >= session) {
                 return Err(DecodeError::Invalid("counter holders out of order"));

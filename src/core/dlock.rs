@@ -1105,6 +1105,7 @@ impl Snapshot for DlockTable {
         let n = r.count(2)?;
         let mut last: Option<Session> = None;
         for _ in 0..n {
+            codec::consumed(r);
             let id = Session::decode(r)?;
             if last.is_some_and(|l| l >= id) {
                 return Err(Invalid("dlock sessions out of order"));
@@ -1124,6 +1125,7 @@ impl Snapshot for DlockTable {
         let n = r.count(2)?;
         let mut last_key: Option<Key> = None;
         for _ in 0..n {
+            codec::consumed(r);
             let key: Key = Key::from(r.bytes(Self::MAX_KEY)?);
             if last_key.as_ref().is_some_and(|l| **l >= *key) {
                 return Err(Invalid("dlock keys out of order"));
@@ -1186,6 +1188,7 @@ impl Snapshot for DlockTable {
         let n = r.count(4)?;
         let mut last_seq: Option<u64> = None;
         for _ in 0..n {
+            codec::consumed(r);
             let seq = r.u64()?;
             if last_seq.is_some_and(|l| l >= seq) || seq >= t.next_seq {
                 return Err(Invalid("dlock waiters out of order"));

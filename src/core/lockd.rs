@@ -732,6 +732,7 @@ impl Snapshot for LockdTable {
         let n = r.count(3)?;
         let mut last: Option<&[u8]> = None;
         for _ in 0..n {
+            codec::consumed(r);
             let name = r.bytes(MAX_PAYLOAD)?;
             if last.is_some_and(|l| l >= name) {
                 return Err(DecodeError::Invalid("lockd names out of order"));

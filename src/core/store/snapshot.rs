@@ -157,6 +157,7 @@ impl Store {
         for list in [LRU, DEAD] {
             let n = r.count(6)?;
             for _ in 0..n {
+                codec::consumed(r);
                 let i = s.restore_item(r, now)?;
                 if list == DEAD {
                     s.unlink(LRU, i);
@@ -172,6 +173,7 @@ impl Store {
         let holders = r.count(2)?;
         let mut last: Option<Session> = None;
         for _ in 0..holders {
+            codec::consumed(r);
             let session = Session::decode(r)?;
             if last.is_some_and(|l| l >= session) {
                 return Err(DecodeError::Invalid("store lock holders out of order"));
@@ -182,6 +184,7 @@ impl Store {
                 return Err(DecodeError::Invalid("store lock holder with no locks"));
             }
             for _ in 0..n {
+                codec::consumed(r);
                 let token = r.u64()?;
                 if token > s.fence.last() {
                     return Err(DecodeError::Invalid("store lock token not yet issued"));

@@ -99,6 +99,7 @@ impl DlockSessions {
         let n = r.count(3)?;
         let mut last: Option<Session> = None;
         for _ in 0..n {
+            codec::consumed(r);
             let session = Session::decode(r)?;
             if last.is_some_and(|l| l >= session) {
                 return Err(DecodeError::Invalid("dlock sessions out of order"));

@@ -171,6 +171,7 @@ impl Sessions {
         // A session id and a connection id take at least four bytes.
         let n = r.count(4)?;
         for _ in 0..n {
+            codec::consumed(r);
             let s = Session::decode(r)?;
             let c = ConnId::decode(r)?;
             if s.0 == 0 || s.0 > t.last {
