@@ -1000,13 +1000,7 @@ impl RaftNode {
         let bytes_due = self.bytes_since_snapshot >= SNAPSHOT_LOG_BYTES.max(self.snapshot_bytes);
         let entries_due =
             self.applied >= self.last_snapshot + SNAPSHOT_EVERY.max(self.snapshot_bytes >> 10);
-        let due = bytes_due || entries_due || self.snapshot_due;
-        if let Some(child) = self.snapshot_child.as_mut().filter(|_| due) {
-            // Another snapshot's worth of log since this one began: it may no longer wait for
-            // idle CPU.
-            child.hurry();
-        }
-        if !due
+        if !(bytes_due || entries_due || self.snapshot_due)
             || self.snapshot_child.is_some()
             || self.installing.is_some()
             || self.snapshot_retry_at.is_some_and(|at| Instant::now() < at)
@@ -1088,14 +1082,13 @@ impl RaftNode {
             .map_err(|e| e.to_string())?;
         self.snapshot_bytes = d.len;
         crate::log_info!(
-            "cluster node {}: snapshot at index {} ({} bytes): fork {} ms, written in {} ms{}, \
+            "cluster node {}: snapshot at index {} ({} bytes): fork {} ms, written in {} ms, \
              adopted in {} ms",
             self.id(),
             index,
             d.len,
             child.fork_time.as_millis(),
             took.as_millis(),
-            if child.hurried() { " (hurried)" } else { "" },
             adopting.elapsed().as_millis()
         );
         let st = &mut self.snapshot_stats;

@@ -31,8 +31,7 @@ use raft::prelude::SnapshotMetadata;
 
 use super::snapfile::{Descriptor, SnapshotWriter, DESCRIPTOR_LEN};
 
-/// The child's CPU niceness once hurried ([`SnapshotChild::hurry`]; until then it runs under
-/// `SCHED_IDLE`) and its I/O priority (best effort, lowest level): below the node's.
+/// The child's CPU niceness and I/O priority (best effort, lowest level): below the node's.
 const CHILD_NICE: libc::c_int = 10;
 const IOPRIO_WHO_PROCESS: libc::c_int = 1;
 const IOPRIO_CLASS_BE: libc::c_int = 2;
@@ -62,7 +61,6 @@ pub struct SnapshotChild {
     /// How long the parent spent in `fork`.
     pub fork_time: Duration,
     reaped: bool,
-    hurried: bool,
 }
 
 /// What a finished child left.
@@ -110,7 +108,6 @@ impl SnapshotChild {
             started: t0,
             fork_time,
             reaped: false,
-            hurried: false,
         })
     }
 
@@ -153,24 +150,6 @@ impl SnapshotChild {
                 "the snapshot child's answer: {e}"
             ))),
         }
-    }
-
-    /// Gives the child an ordinary share of the CPU (at its niceness) from now on: a node whose
-    /// CPUs are never idle would otherwise starve it, and its log would grow without bound
-    /// while it waits for its snapshot. Once; later calls do nothing.
-    pub fn hurry(&mut self) {
-        if self.hurried || self.reaped {
-            return;
-        }
-        self.hurried = true;
-        let normal = libc::sched_param { sched_priority: 0 };
-        // SAFETY: changes the scheduling policy of our own child only.
-        unsafe { libc::sched_setscheduler(self.pid, libc::SCHED_OTHER, &normal) };
-    }
-
-    /// Whether [`SnapshotChild::hurry`] was called.
-    pub fn hurried(&self) -> bool {
-        self.hurried
     }
 
     /// The child's process id.
@@ -220,13 +199,9 @@ fn child_main(
             libc::_exit(3);
         }
         // The node's threads come first, for the CPU and the disk: a snapshot may take longer,
-        // a lock request must not. Under SCHED_IDLE the child runs on a CPU that nothing else
-        // wants, and any thread of the node that wakes takes the CPU from it at once (a nice
-        // child would keep it for the rest of its time slice, a millisecond or more, at every
-        // wake-up of every thread a request crosses).
+        // a lock request must not. (Not SCHED_IDLE: a child starved inside the file system,
+        // holding a journal handle, would hold up every sync of the node's log behind it.)
         libc::setpriority(libc::PRIO_PROCESS, 0, CHILD_NICE);
-        let idle = libc::sched_param { sched_priority: 0 };
-        libc::sched_setscheduler(0, libc::SCHED_IDLE, &idle);
         libc::syscall(
             libc::SYS_ioprio_set,
             IOPRIO_WHO_PROCESS,
@@ -465,36 +440,5 @@ mod tests {
         let back = std::fs::read(&path).unwrap();
         assert_eq!(back.len(), 4 << 20);
         assert!(back.chunks(piece.len()).all(|c| c == piece.as_slice()));
-    }
-
-    /// A child runs under SCHED_IDLE until hurried, then under the ordinary policy.
-    #[test]
-    fn a_child_waits_for_idle_cpu_until_hurried() {
-        let dir = TempDir::new("child-policy");
-        let meta = SnapshotMetadata {
-            index: 1,
-            ..Default::default()
-        };
-        let mut child = SnapshotChild::spawn(meta, dir.0.join("snap.tmp"), |out| {
-            std::thread::sleep(Duration::from_secs(2));
-            out.push(1);
-        })
-        .unwrap();
-        let pid = child.pid() as libc::pid_t;
-        // SAFETY: reads the policy of our own child.
-        let policy = || unsafe { libc::sched_getscheduler(pid) };
-        // The child sets its own policy first thing: give it a moment.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while policy() != libc::SCHED_IDLE && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        assert_eq!(policy(), libc::SCHED_IDLE);
-        assert!(!child.hurried());
-        child.hurry();
-        assert!(child.hurried());
-        assert_eq!(policy(), libc::SCHED_OTHER);
-        // SAFETY: reads the niceness of our own child.
-        let nice = unsafe { libc::getpriority(libc::PRIO_PROCESS, pid as libc::id_t) };
-        assert_eq!(nice, CHILD_NICE);
     }
 }
