@@ -63,9 +63,133 @@ pub fn with_seed<R>(seed: u64, f: impl FnOnce() -> R) -> R {
     r
 }
 
+/// An index of ids (slots of a slab) by hash, split into [`SHARDS`] tables that grow one at a
+/// time, each entry carrying its hash. Growing one table of a million entries rehashes all of
+/// them at once, reading each entry's key at random: hundreds of milliseconds on the owner's
+/// thread. Here a growth moves a 256th of the entries, from their stored hashes alone.
+/// Never iterated (no order to leak); a lookup costs a shift more, and compares stored hashes
+/// before it reads a key.
+pub struct Sharded {
+    shards: Box<[hashbrown::HashTable<Indexed>; SHARDS]>,
+    len: usize,
+}
+
+/// Shards of a [`Sharded`] index.
+pub const SHARDS: usize = 256;
+
+/// An id and the low half of its hash.
+#[derive(Clone, Copy)]
+struct Indexed {
+    id: u32,
+    hash: u32,
+}
+
+impl Indexed {
+    /// The hash a shard's table files an entry under, from the stored half alone: its low bits
+    /// place it, its top seven are the table's control byte.
+    #[inline]
+    fn table_hash(low: u32) -> u64 {
+        (u64::from(low) << 32) | u64::from(low)
+    }
+}
+
+impl Default for Sharded {
+    fn default() -> Self {
+        Sharded {
+            shards: Box::new(std::array::from_fn(|_| hashbrown::HashTable::new())),
+            len: 0,
+        }
+    }
+}
+
+impl Sharded {
+    /// The shard of a hash: bits of its high half, which the stored low half does not hold.
+    #[inline]
+    fn shard(hash: u64) -> usize {
+        (hash >> 48) as usize % SHARDS
+    }
+
+    /// The id filed under `hash` that `eq` accepts.
+    #[inline]
+    pub fn find(&self, hash: u64, mut eq: impl FnMut(u32) -> bool) -> Option<u32> {
+        let low = hash as u32;
+        self.shards[Self::shard(hash)]
+            .find(Indexed::table_hash(low), |e| e.hash == low && eq(e.id))
+            .map(|e| e.id)
+    }
+
+    /// Files `id` under `hash` (no entry for the same key may be there).
+    #[inline]
+    pub fn insert_unique(&mut self, hash: u64, id: u32) {
+        let low = hash as u32;
+        self.shards[Self::shard(hash)].insert_unique(
+            Indexed::table_hash(low),
+            Indexed { id, hash: low },
+            |e| Indexed::table_hash(e.hash),
+        );
+        self.len += 1;
+    }
+
+    /// Removes `id`, filed under `hash`; whether it was there.
+    #[inline]
+    pub fn remove(&mut self, hash: u64, id: u32) -> bool {
+        let low = hash as u32;
+        match self.shards[Self::shard(hash)].find_entry(Indexed::table_hash(low), |e| e.id == id) {
+            Ok(entry) => {
+                entry.remove();
+                self.len -= 1;
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Ids filed under equal hashes, equal low halves or equal shards are told apart by their
+    /// ids and keys; what is removed is gone and the rest stays, through every shard's growth.
+    #[test]
+    fn a_sharded_index_finds_what_it_holds_through_growth() {
+        let mut t = Sharded::default();
+        let hash = |i: u32| -> u64 {
+            match i % 3 {
+                0 => u64::from(i).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+                // The same low half as i - 1's, another high half.
+                1 => (u64::from(i - 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) & 0xffff_ffff) | 1 << 50,
+                // The very hash of i - 2.
+                _ => u64::from(i - 2).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+            }
+        };
+        let n = 200_000u32;
+        for i in 0..n {
+            t.insert_unique(hash(i), i);
+        }
+        assert_eq!(t.len(), n as usize);
+        for i in 0..n {
+            assert_eq!(t.find(hash(i), |id| id == i), Some(i));
+        }
+        for i in (0..n).filter(|i| i % 2 == 0) {
+            assert!(t.remove(hash(i), i));
+            assert!(!t.remove(hash(i), i));
+        }
+        assert_eq!(t.len(), n as usize / 2);
+        for i in 0..n {
+            let want = (i % 2 == 1).then_some(i);
+            assert_eq!(t.find(hash(i), |id| id == i), want, "id {i}");
+        }
+        assert_eq!(t.find(hash(7), |_| false), None);
+    }
 
     #[test]
     fn pinned_seeds_change_the_hash_and_restore_the_previous_seed() {

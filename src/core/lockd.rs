@@ -26,8 +26,7 @@
 
 use std::hash::BuildHasher;
 
-use super::hash::{HashMap, Seeded};
-use hashbrown::hash_table::HashTable;
+use super::hash::{HashMap, Seeded, Sharded};
 use slab::Slab;
 
 use super::codec::{self, DecodeError, Reader, Snapshot};
@@ -82,7 +81,7 @@ pub struct LockdTable {
     config: LockdConfig,
     locks: Slab<Lock>,
     /// Slab keys of `locks`, found by the hash of the name stored in the entry.
-    by_name: HashTable<usize>,
+    by_name: Sharded,
     hasher: Seeded,
     waiters: Slab<Waiter>,
     sessions: HashMap<Session, ConnLocks>,
@@ -185,7 +184,7 @@ impl LockdTable {
         LockdTable {
             config,
             locks: Slab::new(),
-            by_name: HashTable::new(),
+            by_name: Sharded::default(),
             hasher: Seeded::default(),
             waiters: Slab::new(),
             sessions: HashMap::default(),
@@ -475,8 +474,8 @@ impl LockdTable {
     fn find_hashed(&self, name: &[u8], hash: u64) -> Option<usize> {
         let locks = &self.locks;
         self.by_name
-            .find(hash, |&k| *locks[k].name == *name)
-            .copied()
+            .find(hash, |k| *locks[k as usize].name == *name)
+            .map(|k| k as usize)
     }
 
     /// Lock a free name for `session`: an immediate grant.
@@ -493,8 +492,7 @@ impl LockdTable {
             tail: Link::NONE,
         });
         debug_assert_eq!(inserted, key);
-        let locks = &self.locks;
-        self.by_name.insert_unique(hash, key, |&k| locks[k].hash);
+        self.by_name.insert_unique(hash, slab_id(key));
         self.grants += 1;
     }
 
@@ -502,12 +500,8 @@ impl LockdTable {
     fn remove_lock(&mut self, key: usize) {
         let lock = self.locks.remove(key);
         debug_assert!(lock.head == Link::NONE && lock.tail == Link::NONE);
-        match self.by_name.find_entry(lock.hash, |&k| k == key) {
-            Ok(entry) => {
-                entry.remove();
-            }
-            Err(_) => debug_assert!(false, "lock {key} missing from by_name"),
-        }
+        let found = self.by_name.remove(lock.hash, slab_id(key));
+        debug_assert!(found, "lock {key} missing from by_name");
     }
 
     /// Record that `session` holds lock `key`; returns the holder to store in the lock.
@@ -780,8 +774,7 @@ impl Snapshot for LockdTable {
                 tail: Link::NONE,
             });
             debug_assert_eq!(inserted, key);
-            let locks = &t.locks;
-            t.by_name.insert_unique(hash, key, |&k| locks[k].hash);
+            t.by_name.insert_unique(hash, slab_id(key));
             let waiters = r.count(2)?;
             for _ in 0..waiters {
                 let session = Session::decode(r)?;
@@ -794,6 +787,14 @@ impl Snapshot for LockdTable {
         t.adoptions = adoptions;
         Ok(t)
     }
+}
+
+/// A lock's slab key as its id in `by_name`: a table holds far fewer than 2^32 locks (each
+/// takes a hundred bytes and more, its name included).
+#[inline]
+fn slab_id(key: usize) -> u32 {
+    debug_assert!(u32::try_from(key).is_ok());
+    key as u32
 }
 
 #[cfg(test)]

@@ -46,10 +46,8 @@ mod memory;
 mod slab;
 mod snapshot;
 
-use hashbrown::HashTable;
-
 use super::fence::Fence;
-use super::hash::{HashMap, Seeded};
+use super::hash::{HashMap, Seeded, Sharded};
 use super::wheel::{TimerKey, Wheel};
 use super::{Now, Session};
 
@@ -194,7 +192,7 @@ pub struct Store {
     config: StoreConfig,
     slots: Vec<Item>,
     free_head: u32,
-    index: HashTable<u32>,
+    index: Sharded,
     hasher: Seeded,
     lists: [Ends; 2],
     epoch: u32,
@@ -259,7 +257,7 @@ impl Store {
             config,
             slots: Vec::new(),
             free_head: NIL,
-            index: HashTable::new(),
+            index: Sharded::default(),
             hasher: Seeded::default(),
             lists: [EMPTY; 2],
             epoch: 0,

@@ -136,8 +136,7 @@ impl Store {
     pub(super) fn find(&self, key: &[u8]) -> Option<u32> {
         let slots = &self.slots;
         self.index
-            .find(self.hash(key), |&j| slots[j as usize].key() == key)
-            .copied()
+            .find(self.hash(key), |j| slots[j as usize].key() == key)
     }
 
     pub(super) fn link_head(&mut self, list: usize, i: u32) {
@@ -220,9 +219,7 @@ impl Store {
             i
         };
         let hash = self.hash(self.slots[i as usize].key());
-        let (slots, hasher) = (&self.slots, &self.hasher);
-        self.index
-            .insert_unique(hash, i, |&j| hasher.hash_one(slots[j as usize].key()));
+        self.index.insert_unique(hash, i);
         self.link_head(LRU, i);
         self.live_count += 1;
         self.live_bytes += charge;
@@ -267,12 +264,8 @@ impl Store {
             self.wheel.cancel(timer);
         }
         let hash = self.hash(self.slots[idx].key());
-        match self.index.find_entry(hash, |&j| j == i) {
-            Ok(entry) => {
-                entry.remove();
-            }
-            Err(_) => debug_assert!(false, "item missing from the index"),
-        }
+        let found = self.index.remove(hash, i);
+        debug_assert!(found, "item missing from the index");
         self.slots[idx] = Item::vacant(self.free_head);
         self.free_head = i;
     }
