@@ -45,6 +45,7 @@ pub mod fdlimit;
 #[macro_use]
 pub mod log;
 pub mod proto;
+pub mod protocol;
 pub mod rng;
 pub mod server;
 pub mod tls;

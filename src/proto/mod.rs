@@ -5,7 +5,7 @@
 //! `Incomplete`, never as an error. Parsers never allocate, never read a clock and never panic on
 //! any input.
 
-pub mod counter;
+pub use crate::protocol::counter::wire as counter;
 pub mod dlock;
 pub mod lockd;
 pub mod memcache;

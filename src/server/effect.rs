@@ -13,7 +13,11 @@
 
 use crate::core::codec;
 use crate::core::Session;
+use crate::protocol::counter::Counter;
+use crate::protocol::Protocol;
 use crate::server::msg::{Arena, ConnId, McForm, Span};
+
+pub use crate::protocol::counter::{put_counter, CounterEntry, CounterIter, CounterReply};
 
 /// One effect of a turn, for one session.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -130,22 +134,6 @@ pub struct DlockReply {
     pub fence: Option<u64>,
 }
 
-/// A yrmcds counter reply.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CounterReply {
-    /// A status reply: OK with an optional 4-byte value, or an error with its status text.
-    Status {
-        opcode: u8,
-        status: u8,
-        opaque: u32,
-        value: Option<u32>,
-    },
-    /// Stats: name/value pairs (entries, two per statistic).
-    Stats { opaque: u32, pairs: Span },
-    /// Dump: one entry per counter (written by [`put_counter`]), then the empty terminator.
-    Dump { opaque: u32, entries: Span },
-}
-
 /// A turn's effects, in the order apply produced them, with their bytes. Reused across turns
 /// (cleared, not dropped) so that the hot path allocates nothing.
 #[derive(Debug, Default)]
@@ -250,9 +238,9 @@ pub mod tag {
     pub const LOCKD_TOKEN: u8 = 21;
     pub const LOCKD_SYNC: u8 = 22;
     pub const DLOCK: u8 = 30;
-    pub const COUNTER_STATUS: u8 = 40;
-    pub const COUNTER_STATS: u8 = 41;
-    pub const COUNTER_DUMP: u8 = 42;
+    pub use crate::protocol::counter::reply_tag::{
+        DUMP as COUNTER_DUMP, STATS as COUNTER_STATS, STATUS as COUNTER_STATUS,
+    };
 }
 
 impl Body {
@@ -392,34 +380,7 @@ impl Body {
                 put_opt_u64(out, r.fence);
                 Entries(r.keys.get(a)).for_each(|e| put_bytes(out, e));
             }
-            Body::Counter(r) => match r {
-                CounterReply::Status {
-                    opcode,
-                    status,
-                    opaque,
-                    value,
-                } => {
-                    put_u8(out, tag::COUNTER_STATUS);
-                    put_u8(out, opcode);
-                    put_u8(out, status);
-                    put_u64(out, u64::from(opaque));
-                    put_opt_u64(out, value.map(u64::from));
-                }
-                CounterReply::Stats { opaque, pairs } => {
-                    put_u8(out, tag::COUNTER_STATS);
-                    put_u64(out, u64::from(opaque));
-                    Entries(pairs.get(a)).for_each(|e| put_bytes(out, e));
-                }
-                CounterReply::Dump { opaque, entries } => {
-                    put_u8(out, tag::COUNTER_DUMP);
-                    put_u64(out, u64::from(opaque));
-                    for c in CounterIter(entries.get(a)) {
-                        put_bytes(out, c.name);
-                        put_u64(out, u64::from(c.current));
-                        put_u64(out, u64::from(c.max));
-                    }
-                }
-            },
+            Body::Counter(r) => Counter::encode_canonical(&r, a, out),
         }
     }
 }
@@ -437,7 +398,7 @@ pub fn put_entry(a: &mut Arena, bytes: &[u8]) {
     a.bytes.extend_from_slice(bytes);
 }
 
-fn take_u32(b: &mut &[u8]) -> Option<u32> {
+pub(crate) fn take_u32(b: &mut &[u8]) -> Option<u32> {
     let (head, rest) = b.split_first_chunk::<4>()?;
     *b = rest;
     Some(u32::from_le_bytes(*head))
@@ -449,7 +410,7 @@ fn take_u64(b: &mut &[u8]) -> Option<u64> {
     Some(u64::from_le_bytes(*head))
 }
 
-fn take_entry<'a>(b: &mut &'a [u8]) -> Option<&'a [u8]> {
+pub(crate) fn take_entry<'a>(b: &mut &'a [u8]) -> Option<&'a [u8]> {
     let len = take_u32(b)? as usize;
     if b.len() < len {
         return None;
@@ -514,37 +475,6 @@ impl<'a> Iterator for ItemIter<'a> {
     }
 }
 
-/// One counter of a Dump, as [`put_counter`] writes it.
-pub struct CounterEntry<'a> {
-    pub name: &'a [u8],
-    pub current: u32,
-    pub max: u32,
-}
-
-pub fn put_counter(a: &mut Arena, name: &[u8], current: u32, max: u32) {
-    a.bytes.extend_from_slice(&current.to_le_bytes());
-    a.bytes.extend_from_slice(&max.to_le_bytes());
-    put_entry(a, name);
-}
-
-pub struct CounterIter<'a>(pub &'a [u8]);
-
-impl<'a> Iterator for CounterIter<'a> {
-    type Item = CounterEntry<'a>;
-
-    fn next(&mut self) -> Option<CounterEntry<'a>> {
-        let mut b = self.0;
-        let c = (|| {
-            let current = take_u32(&mut b)?;
-            let max = take_u32(&mut b)?;
-            let name = take_entry(&mut b)?;
-            Some(CounterEntry { name, current, max })
-        })();
-        self.0 = if c.is_some() { b } else { &[] };
-        c
-    }
-}
-
 impl Body {
     /// Every span this body names, to re-base when its bytes move to another arena.
     pub fn spans_mut(&mut self, mut f: impl FnMut(&mut Span)) {
@@ -572,11 +502,7 @@ impl Body {
                 LockdReply::Sync { names } => f(names),
             },
             Body::Dlock(r) => f(&mut r.keys),
-            Body::Counter(r) => match r {
-                CounterReply::Status { .. } => {}
-                CounterReply::Stats { pairs, .. } => f(pairs),
-                CounterReply::Dump { entries, .. } => f(entries),
-            },
+            Body::Counter(r) => Counter::spans_mut(r, f),
         }
     }
 }

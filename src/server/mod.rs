@@ -9,7 +9,7 @@ pub mod msg;
 pub mod notify;
 pub(crate) mod owner;
 pub mod sim;
-mod worker;
+pub(crate) mod worker;
 
 pub use owner::cluster::Replicated;
 pub use owner::{command, sessions};

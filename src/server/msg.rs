@@ -10,6 +10,8 @@
 use crate::core::codec;
 use crate::core::store::StoreMode;
 
+pub use crate::protocol::counter::{CounterKind, CounterOp};
+
 /// Identity of one client connection: the cluster node that accepted it (0 on a single
 /// node), which worker owns it, its slab slot, and the generation of that slot. A slot is
 /// reused after a close; the generation is not, so a late reply addressed to a closed
@@ -239,32 +241,6 @@ pub enum DlockKind {
 pub struct DlockOp {
     pub id: Option<u64>,
     pub kind: DlockKind,
-}
-
-/// One yrmcds counter request that needs the counter table (Noop and malformed requests are
-/// answered by the worker).
-#[derive(Clone, Copy, Debug)]
-pub enum CounterKind {
-    Get {
-        name: Span,
-    },
-    Acquire {
-        resources: u32,
-        maximum: u32,
-        name: Span,
-    },
-    Release {
-        resources: u32,
-        name: Span,
-    },
-    Stats,
-    Dump,
-}
-
-#[derive(Clone, Copy, Debug)]
-pub struct CounterOp {
-    pub opaque: u32,
-    pub kind: CounterKind,
 }
 
 #[derive(Clone, Copy, Debug)]

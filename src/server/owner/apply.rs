@@ -8,6 +8,8 @@
 
 use super::tables::Tables;
 use crate::core::Now;
+use crate::protocol::counter::Counter;
+use crate::protocol::Protocol;
 use crate::server::effect::{Body, Effects};
 use crate::server::msg::{ConnId, Op, OpMsg};
 use crate::server::Shared;
@@ -58,7 +60,7 @@ pub fn apply_op(
         Op::Mc(op) => super::exec_mc::apply(t, fx, shared, session, op, arena, now),
         Op::Lockd(op) => super::exec_lockd::apply(t, fx, session, op, arena, now),
         Op::Dlock(op) => super::exec_dlock::receive(t, fx, session, op, arena, now),
-        Op::Counter(op) => super::exec_counter::apply(t, fx, shared, session, op, arena, now),
+        Op::Counter(op) => Counter::apply(t, fx, shared, session, op, arena, now),
         Op::DlockOpen => super::exec_dlock::open(t, session, now),
         Op::Open { proto, peer } => t.admin.opened(session, proto, peer),
         Op::Literal { bytes, close } => {

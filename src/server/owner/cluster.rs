@@ -82,6 +82,8 @@ use crate::core::Now;
 use crate::proto::dlock as dl;
 use crate::proto::lockd as ld;
 use crate::proto::memcache::binary;
+use crate::protocol::counter::Counter;
+use crate::protocol::Protocol;
 use crate::server::effect::{Body, Effect, Effects};
 use crate::server::msg::{Arena, Batch, ConnId, McForm, Op, OpMsg, Replies, ToOwner};
 use crate::server::Shared;
@@ -1725,8 +1727,10 @@ fn no_quorum(out: &mut Outbox, m: &OpMsg, arena: &Arena) {
             );
             true
         }
-        // The counter protocol has no status for it: the connection closes unanswered.
-        Op::Counter(_) => true,
+        Op::Counter(op) => {
+            Counter::no_quorum(&op, &arena.bytes, now_unix_ms(), &mut w);
+            true
+        }
         // The worker's own answer, kept in order behind the others.
         Op::Literal { bytes, close } => {
             w.extend_from_slice(bytes.get(&arena.bytes));

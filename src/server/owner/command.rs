@@ -23,9 +23,10 @@ use crate::server::msg::ConnId;
 
 use std::net::{IpAddr, SocketAddr};
 
+use crate::protocol::counter::Counter;
+use crate::protocol::Protocol;
 use crate::server::msg::{
-    Arena, Batch, CounterKind, CounterOp, DlockKind, DlockOp, LockdOp, McCmd, McForm, McOp, Op,
-    OpMsg, Span,
+    Arena, Batch, DlockKind, DlockOp, LockdOp, McCmd, McForm, McOp, Op, OpMsg, Span,
 };
 use crate::server::Proto;
 
@@ -124,11 +125,15 @@ pub fn decode_entry(bytes: &[u8], limits: Limits, batch: &mut Batch) -> Result<u
     Ok(now_ms)
 }
 
-fn put_span(out: &mut Vec<u8>, arena: &[u8], s: Span) {
+pub(crate) fn put_span(out: &mut Vec<u8>, arena: &[u8], s: Span) {
     codec::put_bytes(out, s.get(arena));
 }
 
-fn get_span(r: &mut Reader<'_>, limits: Limits, arena: &mut Arena) -> Result<Span, DecodeError> {
+pub(crate) fn get_span(
+    r: &mut Reader<'_>,
+    limits: Limits,
+    arena: &mut Arena,
+) -> Result<Span, DecodeError> {
     let b = r.bytes(limits.max_field)?;
     if arena.bytes.len().saturating_add(b.len()) > u32::MAX as usize {
         return Err(DecodeError::Invalid("entry bytes over 4 GiB"));
@@ -190,11 +195,7 @@ mod tag {
     pub const CLOSE: u8 = 42;
     pub const EOF: u8 = 43;
     pub const OPEN: u8 = 44;
-    pub const COUNTER_GET: u8 = 50;
-    pub const COUNTER_ACQUIRE: u8 = 51;
-    pub const COUNTER_RELEASE: u8 = 52;
-    pub const COUNTER_STATS: u8 = 53;
-    pub const COUNTER_DUMP: u8 = 54;
+    // 50 to 54: the counter protocol's (`protocol::counter`).
 }
 
 fn proto_code(p: Proto) -> u8 {
@@ -214,19 +215,6 @@ fn proto_of(code: u8) -> Result<Proto, DecodeError> {
         3 => Proto::Counter,
         _ => return Err(DecodeError::Invalid("listener")),
     })
-}
-
-/// A counter name as the worker accepts it: 1 to 65535 bytes (the table relies on it).
-fn get_counter_name(
-    r: &mut Reader<'_>,
-    limits: Limits,
-    a: &mut Arena,
-) -> Result<Span, DecodeError> {
-    let span = get_span(r, limits, a)?;
-    if span.len == 0 || span.len as usize > crate::core::counter::MAX_NAME {
-        return Err(DecodeError::Invalid("counter name length"));
-    }
-    Ok(span)
 }
 
 fn store_mode_code(m: StoreMode) -> u8 {
@@ -518,34 +506,7 @@ pub fn encode_op(m: &OpMsg, arena: &[u8], out: &mut Vec<u8>) {
                 }
             }
         }
-        Op::Counter(CounterOp { opaque, kind }) => {
-            let t = match kind {
-                CounterKind::Get { .. } => tag::COUNTER_GET,
-                CounterKind::Acquire { .. } => tag::COUNTER_ACQUIRE,
-                CounterKind::Release { .. } => tag::COUNTER_RELEASE,
-                CounterKind::Stats => tag::COUNTER_STATS,
-                CounterKind::Dump => tag::COUNTER_DUMP,
-            };
-            o.push(t);
-            codec::put_u64(o, u64::from(opaque));
-            match kind {
-                CounterKind::Get { name } => put_span(o, arena, name),
-                CounterKind::Acquire {
-                    resources,
-                    maximum,
-                    name,
-                } => {
-                    codec::put_u64(o, u64::from(resources));
-                    codec::put_u64(o, u64::from(maximum));
-                    put_span(o, arena, name);
-                }
-                CounterKind::Release { resources, name } => {
-                    codec::put_u64(o, u64::from(resources));
-                    put_span(o, arena, name);
-                }
-                CounterKind::Stats | CounterKind::Dump => {}
-            }
-        }
+        Op::Counter(op) => Counter::encode_op(&op, arena, o),
         Op::Literal { bytes, close } => {
             o.push(tag::LITERAL);
             put_span(o, arena, bytes);
@@ -608,34 +569,6 @@ pub fn decode_op(r: &mut Reader<'_>, limits: Limits, a: &mut Arena) -> Result<Op
             };
             Op::Dlock(DlockOp { id, kind })
         }
-        tag::COUNTER_GET..=tag::COUNTER_DUMP => {
-            let opaque = r.u32()?;
-            let kind = match t {
-                tag::COUNTER_GET => CounterKind::Get {
-                    name: get_counter_name(r, limits, a)?,
-                },
-                tag::COUNTER_ACQUIRE => {
-                    let resources = r.u32()?;
-                    let maximum = r.u32()?;
-                    // The worker answers anything else Invalid arguments itself.
-                    if resources == 0 || resources > maximum {
-                        return Err(DecodeError::Invalid("counter acquire arguments"));
-                    }
-                    CounterKind::Acquire {
-                        resources,
-                        maximum,
-                        name: get_counter_name(r, limits, a)?,
-                    }
-                }
-                tag::COUNTER_RELEASE => CounterKind::Release {
-                    resources: r.u32()?,
-                    name: get_counter_name(r, limits, a)?,
-                },
-                tag::COUNTER_STATS => CounterKind::Stats,
-                _ => CounterKind::Dump,
-            };
-            Op::Counter(CounterOp { opaque, kind })
-        }
         tag::LITERAL => Op::Literal {
             bytes: get_span(r, limits, a)?,
             close: r.bool()?,
@@ -668,7 +601,10 @@ pub fn decode_op(r: &mut Reader<'_>, limits: Limits, a: &mut Arena) -> Result<Op
         }
         tag::CLOSE => Op::Close,
         tag::EOF => Op::Eof,
-        _ => return Err(DecodeError::Invalid("operation tag")),
+        _ => match Counter::decode_op(t, r, limits, a) {
+            Some(op) => Op::Counter(op?),
+            None => return Err(DecodeError::Invalid("operation tag")),
+        },
     };
     Ok(OpMsg { conn, op })
 }

@@ -24,7 +24,6 @@ pub mod cluster;
 pub mod command;
 mod dlock_sessions;
 mod exec_admin;
-mod exec_counter;
 mod exec_dlock;
 mod exec_lockd;
 mod exec_mc;

@@ -111,6 +111,13 @@ impl Conn {
         }
     }
 
+    /// Hand a request to the owner: it is answered there, in order.
+    #[inline]
+    pub fn push(&mut self, id: ConnId, op: Op, batch: &mut Batch) {
+        batch.ops.push(OpMsg { conn: id, op });
+        self.inflight += 1;
+    }
+
     pub fn pending_output(&self) -> usize {
         self.wbuf.len() - self.wpos
     }

@@ -4,16 +4,14 @@
 use super::conn::{Conn, REPLY_BUDGET};
 use crate::config::{Compat, Config};
 use crate::core::store::StoreMode;
-use crate::proto::counter as ct;
 use crate::proto::dlock as dl;
 use crate::proto::lockd as ld;
 use crate::proto::memcache::text::StoreCmd;
 use crate::proto::memcache::{binary, text};
+use crate::protocol::counter::Counter;
+use crate::protocol::Protocol;
 use crate::server::msg::ConnId;
-use crate::server::msg::{
-    Arena, Batch, CounterKind, CounterOp, DlockKind, DlockOp, LockdOp, McCmd, McForm, McOp, Op,
-    OpMsg,
-};
+use crate::server::msg::{Arena, Batch, DlockKind, DlockOp, LockdOp, McCmd, McForm, McOp, Op};
 use crate::server::Proto;
 
 /// The version string `version` answers: memcached's form (clients parse the numbers), with our
@@ -58,7 +56,7 @@ pub fn parse(
             Proto::Memcache => super::auth::unauthenticated(conn, rest, id, cx, batch),
             Proto::Lockd => lockd(conn, rest, id, batch),
             Proto::Dlock => dlock(conn, rest, id, cx, batch),
-            Proto::Counter => counter(conn, rest, id, batch),
+            Proto::Counter => Counter::parse(conn, rest, id, cx, batch),
         };
         match step {
             Step::Consumed(n) => pos += n,
@@ -102,11 +100,6 @@ fn binary_reply_bound(opcode: u8, config: &Config) -> usize {
         o::STAT => STATS_REPLY_BOUND,
         _ => 0,
     }
-}
-
-fn push(conn: &mut Conn, id: ConnId, op: Op, batch: &mut Batch) {
-    batch.ops.push(OpMsg { conn: id, op });
-    conn.inflight += 1;
 }
 
 fn memcache(conn: &mut Conn, buf: &[u8], id: ConnId, config: &Config, batch: &mut Batch) -> Step {
@@ -443,7 +436,7 @@ fn binary_request(
             if matches!(cmd, McCmd::Keys { .. }) {
                 conn.dump = super::conn::Dump::Running;
             }
-            push(conn, id, Op::Mc(McOp { cmd, form }), batch);
+            conn.push(id, Op::Mc(McOp { cmd, form }), batch);
             conn.charge(binary_reply_bound(req.opcode, config));
         }
         Err(status) => {
@@ -642,7 +635,7 @@ fn text_request(
         R::Quit => return conn.emit(b"", true, id, batch),
     };
     let op = McOp::text(cmd, noreply);
-    push(conn, id, Op::Mc(op), batch);
+    conn.push(id, Op::Mc(op), batch);
     conn.charge(bound);
 }
 
@@ -673,8 +666,7 @@ fn lockd(conn: &mut Conn, buf: &[u8], id: ConnId, batch: &mut Batch) -> Step {
         | ld::op::SYNC
         | ld::op::REQ_TOKEN => {
             let payload = batch.arena.push(frame.payload);
-            push(
-                conn,
+            conn.push(
                 id,
                 Op::Lockd(LockdOp {
                     opcode: frame.opcode,
@@ -717,13 +709,13 @@ fn dlock(conn: &mut Conn, buf: &[u8], id: ConnId, cx: Cx<'_>, batch: &mut Batch)
                     text: reason,
                 },
             };
-            push(conn, id, Op::Dlock(op), batch);
+            conn.push(id, Op::Dlock(op), batch);
             conn.closing = true;
             return Step::Fatal;
         }
     };
     let kind = dlock_kind(&req, cx, batch);
-    push(conn, id, Op::Dlock(DlockOp { id: req.id, kind }), batch);
+    conn.push(id, Op::Dlock(DlockOp { id: req.id, kind }), batch);
     Step::Consumed(n)
 }
 
@@ -765,69 +757,6 @@ fn dlock_kind(req: &dl::Request<'_>, cx: Cx<'_>, batch: &mut Batch) -> DlockKind
         }
         _ => refuse(dl::status::INVALID_TYPE, "unknown request type"),
     }
-}
-
-/// yrmcds counter protocol: a bad magic or a body over the cap closes the connection at once
-/// (nothing sensible can be answered: the opcode and opaque of a stream that is not this protocol
-/// mean nothing); Noop, malformed bodies and unknown opcodes are answered here, in order.
-fn counter(conn: &mut Conn, buf: &[u8], id: ConnId, batch: &mut Batch) -> Step {
-    let (req, n) = match ct::parse(buf) {
-        Ok(x) => x,
-        Err(ct::ParseError::Incomplete) => return Step::Incomplete,
-        Err(ct::ParseError::BadMagic | ct::ParseError::TooLarge) => return Step::Fatal,
-    };
-    let a = &mut batch.arena;
-    let kind = match req.command {
-        ct::Command::Get { name } => CounterKind::Get { name: a.push(name) },
-        ct::Command::Acquire {
-            resources,
-            maximum,
-            name,
-        } => CounterKind::Acquire {
-            resources,
-            maximum,
-            name: a.push(name),
-        },
-        ct::Command::Release { resources, name } => CounterKind::Release {
-            resources,
-            name: a.push(name),
-        },
-        ct::Command::Stats => CounterKind::Stats,
-        ct::Command::Dump => CounterKind::Dump,
-        ct::Command::Noop | ct::Command::Invalid | ct::Command::Unknown => {
-            let status = match req.command {
-                ct::Command::Noop => ct::status::OK,
-                ct::Command::Invalid => ct::status::INVALID,
-                _ => ct::status::UNKNOWN_COMMAND,
-            };
-            if status == ct::status::OK {
-                let mut header = [0u8; ct::HEADER_LEN];
-                ct::encode_header_into(&mut header, req.opcode, status, req.opaque, 0);
-                conn.emit(&header, false, id, batch);
-            } else {
-                let mut w = Vec::with_capacity(ct::HEADER_LEN + 32);
-                ct::encode_error(&mut w, req.opcode, status, req.opaque);
-                conn.emit(&w, false, id, batch);
-            }
-            return Step::Consumed(n);
-        }
-    };
-    push(
-        conn,
-        id,
-        Op::Counter(CounterOp {
-            opaque: req.opaque,
-            kind,
-        }),
-        batch,
-    );
-    // Dump writes the whole table; the others a few bytes.
-    conn.charge(if matches!(kind, CounterKind::Dump) {
-        REPLY_BUDGET
-    } else {
-        64
-    });
-    Step::Consumed(n)
 }
 
 #[cfg(test)]

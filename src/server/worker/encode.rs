@@ -5,14 +5,13 @@
 //! texts, old-protocol.txt frames, dlock Responses, yrmcds counter replies). Must not: decide
 //! what a reply says (the owner's `exec_*` files chose the effect).
 
-use crate::proto::counter::{self as ct, op as ct_op, status as ct_status};
 use crate::proto::dlock as dl;
 use crate::proto::lockd::{self as ld, op as ld_op};
 use crate::proto::memcache::binary::{self, opcode as opc, status as st};
+use crate::protocol::counter::Counter;
+use crate::protocol::Protocol;
 use crate::server::effect::push_u64;
-use crate::server::effect::{
-    BinHead, Body, CounterIter, CounterReply, DlockReply, Entries, ItemIter, LockdReply, McReply,
-};
+use crate::server::effect::{BinHead, Body, DlockReply, Entries, ItemIter, LockdReply, McReply};
 use crate::server::msg::McForm;
 
 /// Append `body`'s wire bytes to `out`; `a` is the arena its spans name.
@@ -24,7 +23,7 @@ pub fn write(out: &mut Vec<u8>, body: &Body, a: &[u8]) {
         Body::Mc(r) => mc(out, r, a),
         Body::Lockd(r) => lockd(out, r, a),
         Body::Dlock(r) => dlock(out, r, a),
-        Body::Counter(r) => counter(out, r, a),
+        Body::Counter(r) => Counter::write(out, r, a),
     }
 }
 
@@ -237,37 +236,6 @@ fn dlock(out: &mut Vec<u8>, r: &DlockReply, a: &[u8]) {
         r.time,
         r.fence,
     )
-}
-
-fn counter(w: &mut Vec<u8>, r: &CounterReply, a: &[u8]) {
-    match *r {
-        CounterReply::Status {
-            opcode,
-            status,
-            opaque,
-            value,
-        } => match (status, value) {
-            (ct_status::OK, None) => ct::encode_header(w, opcode, status, opaque, 0),
-            (ct_status::OK, Some(v)) => ct::encode(w, opcode, status, opaque, &v.to_be_bytes()),
-            _ => ct::encode_error(w, opcode, status, opaque),
-        },
-        CounterReply::Stats { opaque, pairs } => {
-            let start = w.len();
-            ct::encode_header(w, ct_op::STATS, ct_status::OK, opaque, 0);
-            let mut e = Entries(pairs.get(a));
-            while let (Some(name), Some(value)) = (e.next(), e.next()) {
-                ct::encode_stat(w, name, value);
-            }
-            let body = (w.len() - start - ct::HEADER_LEN) as u32;
-            w[start + 4..start + 8].copy_from_slice(&body.to_be_bytes());
-        }
-        CounterReply::Dump { opaque, entries } => {
-            for c in CounterIter(entries.get(a)) {
-                ct::encode_dump_entry(w, opaque, c.current, c.max, c.name);
-            }
-            ct::encode_header(w, ct_op::DUMP, ct_status::OK, opaque, 0);
-        }
-    }
 }
 
 #[cfg(test)]

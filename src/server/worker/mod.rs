@@ -31,8 +31,8 @@ use slab::Slab;
 
 mod auth;
 mod boundary;
-mod conn;
-mod decode;
+pub(crate) mod conn;
+pub(crate) mod decode;
 pub(crate) mod encode;
 
 pub use boundary::TlsBoundary;

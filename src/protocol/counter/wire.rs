@@ -262,5 +262,5 @@ pub fn get_body(out: &mut Vec<u8>, name: &[u8]) {
 }
 
 #[cfg(test)]
-#[path = "counter_tests.rs"]
+#[path = "wire_tests.rs"]
 mod tests;

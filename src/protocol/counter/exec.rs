@@ -1,14 +1,15 @@
-//! yrmcds counter requests applied to the counter table (contract: "yrmcds parity").
+//! Counter requests applied to the counter table, as yrmcds answers them.
 //!
 //! Owns: the mapping from table outcomes to the protocol's statuses and the Stats and Dump
 //! replies. Must not: keep state of its own (the table and its statistics live in [`Tables`]).
 
-use super::tables::Tables;
+use super::wire::{op, status};
+use super::{CounterKind, CounterOp, CounterReply};
 use crate::core::counter::CounterError;
 use crate::core::{Now, Session};
-use crate::proto::counter::{op, status};
-use crate::server::effect::{self, push_u64, Body, CounterReply, Effects};
-use crate::server::msg::{CounterKind, CounterOp};
+use crate::server::effect::{self, push_u64, Body, Effects};
+use crate::server::owner::Tables;
+use crate::server::Shared;
 
 fn status_of(e: CounterError) -> u8 {
     match e {
@@ -21,7 +22,7 @@ fn status_of(e: CounterError) -> u8 {
 pub fn apply(
     t: &mut Tables,
     fx: &mut Effects,
-    shared: &super::Shared,
+    shared: &Shared,
     session: Session,
     o: CounterOp,
     arena: &[u8],
@@ -107,7 +108,7 @@ pub fn apply(
             let mark = fx.mark();
             let a = &mut fx.arena;
             table.dump(now.ms, |name, cur, max| {
-                effect::put_counter(a, name, cur, max)
+                super::put_counter(a, name, cur, max)
             });
             let entries = fx.since(mark);
             fx.reply(

@@ -1,0 +1,78 @@
+//! The protocols holdfast speaks, one folder each.
+//!
+//! A protocol's folder holds everything that is particular to it: its wire codec (`wire`: the
+//! zero-copy parser and the reply encoders, public as [`crate::proto`] for clients and tests),
+//! what the worker makes of a parsed request (`decode`: answer it on the spot, or copy it once
+//! into the owner's batch as the protocol's [`Protocol::Op`]), what the owner does with that op
+//! (`exec`: the protocol's rules over its table, yielding effects), its reply type with its
+//! writer, canonical bytes and spans (`reply`), its ops' encoding in command entries
+//! (`command`), and its answer to a request the cluster gives up on ([`Protocol::no_quorum`]).
+//!
+//! The rest of the daemon reaches a protocol only through the [`Protocol`] trait, with static
+//! dispatch: each op and each reply is one variant of a plain enum (`server::msg::Op`,
+//! `server::effect::Body`), matched to the protocol's functions, which inline. Nothing on the
+//! request path goes through a vtable. `docs/adding-a-protocol.md` lists what a new protocol
+//! touches.
+
+pub mod counter;
+
+use crate::core::codec::{DecodeError, Reader};
+use crate::core::{Now, Session};
+use crate::server::command::Limits;
+use crate::server::effect::Effects;
+use crate::server::msg::{Arena, Batch, ConnId, Span};
+use crate::server::owner::Tables;
+use crate::server::worker::conn::Conn;
+use crate::server::worker::decode::{Cx, Step};
+use crate::server::Shared;
+
+/// One protocol: the types that cross the daemon's layers and the functions each layer calls.
+pub(crate) trait Protocol {
+    /// A request as the worker hands it to the owner: decoded, its variable bytes in the
+    /// batch's arena.
+    type Op: Copy + std::fmt::Debug;
+    /// A reply as the owner decides it: typed, its variable bytes in the effects' arena.
+    type Reply: Copy + std::fmt::Debug + PartialEq + Eq;
+
+    /// Worker: parse one request at the start of `buf` (more may follow); answer it on the
+    /// spot (`Conn::emit`) or push its op into `batch` (`Conn::push`).
+    fn parse(conn: &mut Conn, buf: &[u8], id: ConnId, cx: Cx<'_>, batch: &mut Batch) -> Step;
+
+    /// Owner: apply one op of `session` at `now`; its answers go to `fx`.
+    fn apply(
+        t: &mut Tables,
+        fx: &mut Effects,
+        shared: &Shared,
+        session: Session,
+        op: Self::Op,
+        arena: &[u8],
+        now: Now,
+    );
+
+    /// Worker: append the reply's wire bytes; `a` is the arena its spans name.
+    fn write(out: &mut Vec<u8>, reply: &Self::Reply, a: &[u8]);
+
+    /// The reply in canonical bytes (its tag first, every span resolved to its bytes): what
+    /// the replay tests compare. Equal replies give equal bytes whatever their arena layout.
+    fn encode_canonical(reply: &Self::Reply, a: &[u8], out: &mut Vec<u8>);
+
+    /// Every span the reply names, to re-base when its bytes move to another arena.
+    fn spans_mut(reply: &mut Self::Reply, f: impl FnMut(&mut Span));
+
+    /// Command codec: append the op as it is stored in a command entry, its tag first.
+    fn encode_op(op: &Self::Op, arena: &[u8], out: &mut Vec<u8>);
+
+    /// Command codec: the op whose tag `tag` was just read, its bytes appended to `a`; `None`
+    /// when the tag is not one of this protocol's. What it decodes is checked as the worker
+    /// checks a request: an entry is hostile input.
+    fn decode_op(
+        tag: u8,
+        r: &mut Reader<'_>,
+        limits: Limits,
+        a: &mut Arena,
+    ) -> Option<Result<Self::Op, DecodeError>>;
+
+    /// Cluster: append the answer to a request given up for want of a quorum (the
+    /// connection closes after it); `now_unix_ms` is the wall clock.
+    fn no_quorum(op: &Self::Op, arena: &[u8], now_unix_ms: u64, out: &mut Vec<u8>);
+}
