@@ -60,10 +60,11 @@ fn turn(workload: &str, depth: usize) -> Batch {
                     )
                 }
                 "lockd" => {
-                    let payload = b.arena.push(format!("{name}\0").as_bytes());
+                    let bytes = format!("{name}\0");
+                    let payload = b.arena.push(bytes.as_bytes());
                     (
-                        Op::Lockd(LockdOp { opcode: 1, payload }),
-                        Op::Lockd(LockdOp { opcode: 2, payload }),
+                        Op::Lockd(LockdOp::new(1, payload, bytes.as_bytes())),
+                        Op::Lockd(LockdOp::new(2, payload, bytes.as_bytes())),
                     )
                 }
                 "dlock" => {

@@ -2128,10 +2128,7 @@ pub mod holdfast {
             let payload = arena.push(&request[1..]);
             let ops = [OpMsg {
                 conn: conn(client),
-                op: Op::Lockd(LockdOp {
-                    opcode: request[0],
-                    payload,
-                }),
+                op: Op::Lockd(LockdOp::new(request[0], payload, &request[1..])),
             }];
             let mut out = Vec::new();
             command::encode_entry(now_ms, &ops, &arena.bytes, &mut out);

@@ -457,10 +457,7 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
                 Some(opcode) => {
                     let mut payload = p.name.clone();
                     payload.push(0);
-                    Op::Lockd(LockdOp {
-                        opcode,
-                        payload: arena.push(&payload),
-                    })
+                    Op::Lockd(LockdOp::new(opcode, arena.push(&payload), &payload))
                 }
             };
             ops.push(OpMsg { conn: p.conn, op });

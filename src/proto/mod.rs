@@ -7,5 +7,5 @@
 
 pub use crate::protocol::counter::wire as counter;
 pub mod dlock;
-pub mod lockd;
+pub use crate::protocol::lockd::wire as lockd;
 pub mod memcache;

@@ -14,10 +14,12 @@
 use crate::core::codec;
 use crate::core::Session;
 use crate::protocol::counter::Counter;
+use crate::protocol::lockd::Lockd;
 use crate::protocol::Protocol;
 use crate::server::msg::{Arena, ConnId, McForm, Span};
 
 pub use crate::protocol::counter::{put_counter, CounterEntry, CounterIter, CounterReply};
+pub use crate::protocol::lockd::LockdReply;
 
 /// One effect of a turn, for one session.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -107,18 +109,6 @@ pub enum McReply {
         keys: Span,
         end: bool,
     },
-}
-
-/// An old lock-daemon reply.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LockdReply {
-    /// One frame: opcode and payload (an echo of the request's, or a grant's).
-    Frame { opcode: u8, payload: Span },
-    /// REQ_TOKEN's ACK: `name NUL token` (8 bytes, big-endian).
-    Token { name: Span, token: u64 },
-    /// SYNC's answer: every locked name, each NUL-terminated, in byte order. One frame when it
-    /// fits, else frames of whole names and an empty one.
-    Sync { names: Span },
 }
 
 /// A dlock Response.
@@ -232,11 +222,9 @@ pub mod tag {
     pub const MC_BIN_KEYED: u8 = 19;
     pub const MC_STATS: u8 = 17;
     pub const MC_KEYS: u8 = 18;
-    /// Followed by the opcode (one byte) and the payload (the rest): what the cluster
-    /// simulator's lockd check reads.
-    pub const LOCKD_FRAME: u8 = 20;
-    pub const LOCKD_TOKEN: u8 = 21;
-    pub const LOCKD_SYNC: u8 = 22;
+    pub use crate::protocol::lockd::reply_tag::{
+        FRAME as LOCKD_FRAME, SYNC as LOCKD_SYNC, TOKEN as LOCKD_TOKEN,
+    };
     pub const DLOCK: u8 = 30;
     pub use crate::protocol::counter::reply_tag::{
         DUMP as COUNTER_DUMP, STATS as COUNTER_STATS, STATUS as COUNTER_STATUS,
@@ -349,22 +337,7 @@ impl Body {
                     Entries(keys.get(a)).for_each(|e| put_bytes(out, e));
                 }
             },
-            Body::Lockd(r) => match r {
-                LockdReply::Frame { opcode, payload } => {
-                    put_u8(out, tag::LOCKD_FRAME);
-                    put_u8(out, opcode);
-                    out.extend_from_slice(payload.get(a));
-                }
-                LockdReply::Token { name, token } => {
-                    put_u8(out, tag::LOCKD_TOKEN);
-                    put_bytes(out, name.get(a));
-                    put_u64(out, token);
-                }
-                LockdReply::Sync { names } => {
-                    put_u8(out, tag::LOCKD_SYNC);
-                    put_bytes(out, names.get(a));
-                }
-            },
+            Body::Lockd(r) => Lockd::encode_canonical(&r, a, out),
             Body::Dlock(r) => {
                 put_u8(out, tag::DLOCK);
                 put_opt_u64(out, r.id);
@@ -496,11 +469,7 @@ impl Body {
                 McReply::Stats { pairs, .. } => f(pairs),
                 McReply::Keys { keys, .. } => f(keys),
             },
-            Body::Lockd(r) => match r {
-                LockdReply::Frame { payload, .. } => f(payload),
-                LockdReply::Token { name, .. } => f(name),
-                LockdReply::Sync { names } => f(names),
-            },
+            Body::Lockd(r) => Lockd::spans_mut(r, f),
             Body::Dlock(r) => f(&mut r.keys),
             Body::Counter(r) => Counter::spans_mut(r, f),
         }

@@ -11,6 +11,7 @@ use crate::core::codec;
 use crate::core::store::StoreMode;
 
 pub use crate::protocol::counter::{CounterKind, CounterOp};
+pub use crate::protocol::lockd::LockdOp;
 
 /// Identity of one client connection: the cluster node that accepted it (0 on a single
 /// node), which worker owns it, its slab slot, and the generation of that slot. A slot is
@@ -206,13 +207,6 @@ impl McOp {
             form: McForm::Text { noreply },
         }
     }
-}
-
-/// One old lock-daemon request that needs the lock table.
-#[derive(Clone, Copy, Debug)]
-pub struct LockdOp {
-    pub opcode: u8,
-    pub payload: Span,
 }
 
 /// One dlock request, already checked by the worker for version, type, token and key count.

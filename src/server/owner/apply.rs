@@ -9,6 +9,7 @@
 use super::tables::Tables;
 use crate::core::Now;
 use crate::protocol::counter::Counter;
+use crate::protocol::lockd::Lockd;
 use crate::protocol::Protocol;
 use crate::server::effect::{Body, Effects};
 use crate::server::msg::{ConnId, Op, OpMsg};
@@ -38,7 +39,7 @@ pub fn apply_turn(
 pub fn fire_timers(t: &mut Tables, fx: &mut Effects, now: Now) {
     t.store.advance(now);
     t.lockd.advance(now.ms, &mut t.grants);
-    super::exec_lockd::deliver_grants(t, fx);
+    crate::protocol::lockd::exec::deliver_grants(t, fx);
     t.dlock.advance(now.ms, &mut t.dlock_events);
     super::exec_dlock::deliver_events(t, fx, now);
 }
@@ -58,7 +59,7 @@ pub fn apply_op(
     let session = t.sessions.session(conn);
     match op {
         Op::Mc(op) => super::exec_mc::apply(t, fx, shared, session, op, arena, now),
-        Op::Lockd(op) => super::exec_lockd::apply(t, fx, session, op, arena, now),
+        Op::Lockd(op) => Lockd::apply(t, fx, shared, session, op, arena, now),
         Op::Dlock(op) => super::exec_dlock::receive(t, fx, session, op, arena, now),
         Op::Counter(op) => Counter::apply(t, fx, shared, session, op, arena, now),
         Op::DlockOpen => super::exec_dlock::open(t, session, now),

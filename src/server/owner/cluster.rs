@@ -80,9 +80,9 @@ use crate::config::ClusterConfig;
 use crate::core::codec::{self, DecodeError, Reader};
 use crate::core::Now;
 use crate::proto::dlock as dl;
-use crate::proto::lockd as ld;
 use crate::proto::memcache::binary;
 use crate::protocol::counter::Counter;
+use crate::protocol::lockd::Lockd;
 use crate::protocol::Protocol;
 use crate::server::effect::{Body, Effect, Effects};
 use crate::server::msg::{Arena, Batch, ConnId, McForm, Op, OpMsg, Replies, ToOwner};
@@ -1712,7 +1712,7 @@ fn no_quorum(out: &mut Outbox, m: &OpMsg, arena: &Arena) {
             true
         }
         Op::Lockd(op) => {
-            ld::encode(&mut w, ld::op::ERR, op.payload.get(&arena.bytes));
+            Lockd::no_quorum(&op, &arena.bytes, now_unix_ms(), &mut w);
             true
         }
         Op::Dlock(op) => {

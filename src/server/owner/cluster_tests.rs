@@ -1,6 +1,7 @@
 use super::*;
 use crate::config::{self, Command};
 use crate::core::lockd::LockState;
+use crate::proto::lockd as ld;
 use crate::server::msg::LockdOp;
 
 const T0: u64 = 1_700_000_000_000;
@@ -30,7 +31,7 @@ fn proposal(node: u64, inc: u64, seq: u64, time: u64, reqs: &[(ConnId, u8, &[u8]
         let payload = batch.arena.push(name);
         batch.ops.push(OpMsg {
             conn,
-            op: Op::Lockd(LockdOp { opcode, payload }),
+            op: Op::Lockd(LockdOp::new(opcode, payload, name)),
         });
     }
     let mut data = vec![KIND_COMMANDS];
@@ -587,10 +588,10 @@ fn open(b: &mut Batch, conn: ConnId) {
 }
 
 fn request(b: &mut Batch, conn: ConnId, opcode: u8, payload: &[u8]) {
-    let payload = b.arena.push(payload);
+    let span = b.arena.push(payload);
     b.ops.push(OpMsg {
         conn,
-        op: Op::Lockd(LockdOp { opcode, payload }),
+        op: Op::Lockd(LockdOp::new(opcode, span, payload)),
     });
 }
 

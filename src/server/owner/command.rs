@@ -24,10 +24,9 @@ use crate::server::msg::ConnId;
 use std::net::{IpAddr, SocketAddr};
 
 use crate::protocol::counter::Counter;
+use crate::protocol::lockd::Lockd;
 use crate::protocol::Protocol;
-use crate::server::msg::{
-    Arena, Batch, DlockKind, DlockOp, LockdOp, McCmd, McForm, McOp, Op, OpMsg, Span,
-};
+use crate::server::msg::{Arena, Batch, DlockKind, DlockOp, McCmd, McForm, McOp, Op, OpMsg, Span};
 use crate::server::Proto;
 
 const MAGIC: &[u8] = b"HFc2";
@@ -185,7 +184,7 @@ mod tag {
     pub const MC_VERBOSITY: u8 = 18;
     pub const MC_QUIT: u8 = 19;
     pub const MC_LAST: u8 = 19;
-    pub const LOCKD: u8 = 20;
+    // 20: the old lock-daemon protocol's (`protocol::lockd`).
     pub const DLOCK_PING: u8 = 30;
     pub const DLOCK_LOCK: u8 = 31;
     pub const DLOCK_UNLOCK: u8 = 32;
@@ -464,11 +463,7 @@ pub fn encode_op(m: &OpMsg, arena: &[u8], out: &mut Vec<u8>) {
     let o = out;
     match m.op {
         Op::Mc(op) => encode_mc(op, arena, o),
-        Op::Lockd(LockdOp { opcode, payload }) => {
-            o.push(tag::LOCKD);
-            o.push(opcode);
-            put_span(o, arena, payload);
-        }
+        Op::Lockd(op) => Lockd::encode_op(&op, arena, o),
         Op::Dlock(DlockOp { id, kind }) => {
             let id_field = |o: &mut Vec<u8>| codec::put_opt_u64(o, id);
             match kind {
@@ -539,10 +534,6 @@ pub fn decode_op(r: &mut Reader<'_>, limits: Limits, a: &mut Arena) -> Result<Op
     let t = r.u8()?;
     let op = match t {
         tag::MC_FIRST..=tag::MC_LAST => Op::Mc(decode_mc(t, r, limits, a)?),
-        tag::LOCKD => Op::Lockd(LockdOp {
-            opcode: r.u8()?,
-            payload: get_span(r, limits, a)?,
-        }),
         tag::DLOCK_PING | tag::DLOCK_LOCK | tag::DLOCK_UNLOCK | tag::DLOCK_REFUSE => {
             let id = r.opt_u64()?;
             let kind = match t {
@@ -601,10 +592,15 @@ pub fn decode_op(r: &mut Reader<'_>, limits: Limits, a: &mut Arena) -> Result<Op
         }
         tag::CLOSE => Op::Close,
         tag::EOF => Op::Eof,
-        _ => match Counter::decode_op(t, r, limits, a) {
-            Some(op) => Op::Counter(op?),
-            None => return Err(DecodeError::Invalid("operation tag")),
-        },
+        _ => {
+            if let Some(op) = Lockd::decode_op(t, r, limits, a) {
+                Op::Lockd(op?)
+            } else if let Some(op) = Counter::decode_op(t, r, limits, a) {
+                Op::Counter(op?)
+            } else {
+                return Err(DecodeError::Invalid("operation tag"));
+            }
+        }
     };
     Ok(OpMsg { conn, op })
 }

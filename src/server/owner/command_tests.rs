@@ -1,6 +1,6 @@
 use super::*;
 use crate::rng::Rng;
-use crate::server::msg::{CounterKind, CounterOp};
+use crate::server::msg::{CounterKind, CounterOp, LockdOp};
 use crate::server::Proto;
 
 /// A valid RequestLock message of one to three random keys (field 1, length-delimited).
@@ -97,7 +97,11 @@ fn random_mc(rng: &mut Rng, span: &mut impl FnMut(&mut Rng) -> Span) -> McOp {
 
 /// A random operation with random bytes behind its spans.
 fn random_op(rng: &mut Rng, arena: &mut Arena) -> OpMsg {
-    let mut span = |rng: &mut Rng| arena.push(&rng.bytes(40));
+    let mut bytes = Vec::new();
+    let mut span = |rng: &mut Rng| {
+        bytes = rng.bytes(40);
+        arena.push(&bytes)
+    };
     let conn = ConnId::new(
         rng.below(3) as u16,
         rng.below(1 << 20) as u32,
@@ -106,10 +110,10 @@ fn random_op(rng: &mut Rng, arena: &mut Arena) -> OpMsg {
     let opt = |rng: &mut Rng| rng.chance(50).then(|| rng.wide());
     let op = match rng.below(23) {
         0..=10 | 16 | 17 | 19 => Op::Mc(random_mc(rng, &mut span)),
-        11 => Op::Lockd(LockdOp {
-            opcode: rng.next() as u8,
-            payload: span(rng),
-        }),
+        11 => {
+            let payload = span(rng);
+            Op::Lockd(LockdOp::new(rng.next() as u8, payload, &bytes))
+        }
         12 => {
             let id = opt(rng);
             let kind = match rng.below(4) {
@@ -245,10 +249,7 @@ fn caps_refuse_big_fields_and_many_ops_before_allocating() {
     let value = arena.push(&[7u8; 100]);
     let op = OpMsg {
         conn: ConnId::new(0, 1, 1),
-        op: Op::Lockd(LockdOp {
-            opcode: 1,
-            payload: value,
-        }),
+        op: Op::Lockd(LockdOp::new(1, value, &[7u8; 100])),
     };
     let mut bytes = Vec::new();
     encode_entry(5, &[op, op, op], &arena.bytes, &mut bytes);

@@ -221,12 +221,7 @@ fn a_lockd_release_answers_its_sender_and_grants_the_waiter_unsolicited() {
     m.open(a, Proto::Lockd);
     m.open(b, Proto::Lockd);
     let name = m.span(b"n\0");
-    let lockd = |opcode| {
-        Op::Lockd(LockdOp {
-            opcode,
-            payload: name,
-        })
-    };
+    let lockd = |opcode| Op::Lockd(LockdOp::new(opcode, name, b"n\0"));
     m.op(a, lockd(ld_op::ACQ));
     m.op(b, lockd(ld_op::ACQ));
     m.op(a, lockd(ld_op::REL));
@@ -366,10 +361,7 @@ fn mixed_turns() -> Vec<Batch> {
     let name = b.arena.push(b"n\0");
     let keys = b.arena.push(&request_lock(&[b"x"]));
     let (key, value) = (b.arena.push(b"k"), b.arena.push(b"v"));
-    let acq = Op::Lockd(LockdOp {
-        opcode: ld_op::ACQ,
-        payload: name,
-    });
+    let acq = Op::Lockd(LockdOp::new(ld_op::ACQ, name, b"n\0"));
     let lock = Op::Dlock(DlockOp {
         id: Some(1),
         kind: DlockKind::Lock {
@@ -400,10 +392,7 @@ fn mixed_turns() -> Vec<Batch> {
     turns.push(b);
     let mut b = Batch::default();
     let name = b.arena.push(b"n\0");
-    let rel = Op::Lockd(LockdOp {
-        opcode: ld_op::REL,
-        payload: name,
-    });
+    let rel = Op::Lockd(LockdOp::new(ld_op::REL, name, b"n\0"));
     b.ops.push(OpMsg { conn: far, op: rel });
     b.ops.push(OpMsg {
         conn: far,
@@ -533,10 +522,7 @@ fn routing_again_before_the_batch_goes_out_keeps_every_effects_bytes() {
         let mut want = Vec::new();
         for name in [&b"first\0"[..], b"second\0", b"third\0"] {
             let payload = m.span(name);
-            let acq = Op::Lockd(LockdOp {
-                opcode: ld_op::ACQ,
-                payload,
-            });
+            let acq = Op::Lockd(LockdOp::new(ld_op::ACQ, payload, name));
             m.op(a, acq);
             m.turn();
             let mut frame = crate::proto::lockd::header(ld_op::ACQUIRED, name.len()).to_vec();

@@ -25,7 +25,6 @@ pub mod command;
 mod dlock_sessions;
 mod exec_admin;
 mod exec_dlock;
-mod exec_lockd;
 mod exec_mc;
 mod mc_state;
 mod outbox;
@@ -33,9 +32,9 @@ pub mod sessions;
 mod stats;
 mod tables;
 
+pub use crate::protocol::lockd::MAX_QUEUED_PER_CONN as LOCKD_MAX_QUEUED_PER_CONN;
 pub use apply::{apply_op, apply_turn, fire_timers};
 pub use exec_dlock::LEASE_CLOCK_SLACK_MS;
-pub use exec_lockd::MAX_QUEUED_PER_CONN as LOCKD_MAX_QUEUED_PER_CONN;
 #[cfg(test)]
 pub use exec_mc::KEYS_SLOTS_PER_STEP;
 pub use outbox::Outbox;

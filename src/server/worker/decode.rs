@@ -1,17 +1,17 @@
 //! Worker side of each wire format: parse what arrived, answer what needs no lock state, and copy
 //! everything else once into the owner's batch.
 
-use super::conn::{Conn, REPLY_BUDGET};
+use super::conn::Conn;
 use crate::config::{Compat, Config};
 use crate::core::store::StoreMode;
 use crate::proto::dlock as dl;
-use crate::proto::lockd as ld;
 use crate::proto::memcache::text::StoreCmd;
 use crate::proto::memcache::{binary, text};
 use crate::protocol::counter::Counter;
+use crate::protocol::lockd::Lockd;
 use crate::protocol::Protocol;
 use crate::server::msg::ConnId;
-use crate::server::msg::{Arena, Batch, DlockKind, DlockOp, LockdOp, McCmd, McForm, McOp, Op};
+use crate::server::msg::{Arena, Batch, DlockKind, DlockOp, McCmd, McForm, McOp, Op};
 use crate::server::Proto;
 
 /// The version string `version` answers: memcached's form (clients parse the numbers), with our
@@ -54,7 +54,7 @@ pub fn parse(
             // request of the hot loop.
             Proto::Memcache if conn.authenticated => memcache(conn, rest, id, cx.config, batch),
             Proto::Memcache => super::auth::unauthenticated(conn, rest, id, cx, batch),
-            Proto::Lockd => lockd(conn, rest, id, batch),
+            Proto::Lockd => Lockd::parse(conn, rest, id, cx, batch),
             Proto::Dlock => dlock(conn, rest, id, cx, batch),
             Proto::Counter => Counter::parse(conn, rest, id, cx, batch),
         };
@@ -637,56 +637,6 @@ fn text_request(
     let op = McOp::text(cmd, noreply);
     conn.push(id, Op::Mc(op), batch);
     conn.charge(bound);
-}
-
-fn lockd(conn: &mut Conn, buf: &[u8], id: ConnId, batch: &mut Batch) -> Step {
-    let mut out = Vec::new();
-    // Contract: a version other than 1 gets ERR (empty), then the connection is closed. The
-    // version is the top nibble of the first byte, so decide there: the length field of a frame
-    // in an unknown version means nothing, and waiting for the up to 1 MiB it announces would
-    // leave the client hanging with no answer.
-    if ld::peek_version(buf).is_some_and(|v| v != ld::VERSION) {
-        ld::encode(&mut out, ld::op::ERR, &[]);
-        conn.emit(&out, true, id, batch);
-        return Step::Fatal;
-    }
-    let Some((frame, n)) = ld::parse(buf) else {
-        return Step::Incomplete;
-    };
-    debug_assert_eq!(frame.version, ld::VERSION);
-    match frame.opcode {
-        ld::op::PING => {
-            ld::encode(&mut out, ld::op::PONG, frame.payload);
-            conn.emit(&out, false, id, batch);
-        }
-        ld::op::ACQ
-        | ld::op::REL
-        | ld::op::TRY
-        | ld::op::ADOPT
-        | ld::op::SYNC
-        | ld::op::REQ_TOKEN => {
-            let payload = batch.arena.push(frame.payload);
-            conn.push(
-                id,
-                Op::Lockd(LockdOp {
-                    opcode: frame.opcode,
-                    payload,
-                }),
-                batch,
-            );
-            // Every reply echoes the payload; SYNC copies the whole table.
-            conn.charge(if frame.opcode == ld::op::SYNC {
-                REPLY_BUDGET
-            } else {
-                n
-            });
-        }
-        _ => {
-            ld::encode(&mut out, ld::op::ERR, frame.payload);
-            conn.emit(&out, false, id, batch);
-        }
-    }
-    Step::Consumed(n)
 }
 
 fn dlock(conn: &mut Conn, buf: &[u8], id: ConnId, cx: Cx<'_>, batch: &mut Batch) -> Step {

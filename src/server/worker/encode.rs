@@ -6,12 +6,12 @@
 //! what a reply says (the owner's `exec_*` files chose the effect).
 
 use crate::proto::dlock as dl;
-use crate::proto::lockd::{self as ld, op as ld_op};
 use crate::proto::memcache::binary::{self, opcode as opc, status as st};
 use crate::protocol::counter::Counter;
+use crate::protocol::lockd::Lockd;
 use crate::protocol::Protocol;
 use crate::server::effect::push_u64;
-use crate::server::effect::{BinHead, Body, DlockReply, Entries, ItemIter, LockdReply, McReply};
+use crate::server::effect::{BinHead, Body, DlockReply, Entries, ItemIter, McReply};
 use crate::server::msg::McForm;
 
 /// Append `body`'s wire bytes to `out`; `a` is the arena its spans name.
@@ -21,7 +21,7 @@ pub fn write(out: &mut Vec<u8>, body: &Body, a: &[u8]) {
         Body::Nothing | Body::Abort => {}
         Body::Literal(s) => out.extend_from_slice(s.get(a)),
         Body::Mc(r) => mc(out, r, a),
-        Body::Lockd(r) => lockd(out, r, a),
+        Body::Lockd(r) => Lockd::write(out, r, a),
         Body::Dlock(r) => dlock(out, r, a),
         Body::Counter(r) => Counter::write(out, r, a),
     }
@@ -183,49 +183,6 @@ fn digits(n: u64) -> usize {
 }
 
 #[inline]
-fn lockd(out: &mut Vec<u8>, r: &LockdReply, a: &[u8]) {
-    match *r {
-        LockdReply::Frame { opcode, payload } => ld::encode(out, opcode, payload.get(a)),
-        LockdReply::Token { name, token } => {
-            let name = name.get(a);
-            out.extend_from_slice(&ld::header(ld_op::ACK, name.len() + 9));
-            out.extend_from_slice(name);
-            out.push(0);
-            out.extend_from_slice(&token.to_be_bytes());
-        }
-        LockdReply::Sync { names } => sync(out, names.get(a)),
-    }
-}
-
-/// SYNC: every locked name, NUL-terminated. One frame when it fits (as the original daemon
-/// answers); otherwise several frames each holding whole names, then an empty one.
-fn sync(w: &mut Vec<u8>, names: &[u8]) {
-    let mut frame_start = w.len();
-    let mut split = false;
-    ld::encode(w, ld_op::SYNC_REPLY, &[]);
-    for name in names.split_inclusive(|&b| b == 0) {
-        let used = w.len() - frame_start - ld::HEADER_LEN;
-        if used + name.len() > ld::MAX_PAYLOAD {
-            patch_length(w, frame_start);
-            frame_start = w.len();
-            split = true;
-            ld::encode(w, ld_op::SYNC_REPLY, &[]);
-        }
-        w.extend_from_slice(name);
-    }
-    patch_length(w, frame_start);
-    if split {
-        ld::encode(w, ld_op::SYNC_REPLY, &[]);
-    }
-}
-
-/// Rewrite the header at `start` with the length of the payload that follows it.
-fn patch_length(w: &mut [u8], start: usize) {
-    let len = w.len() - start - ld::HEADER_LEN;
-    w[start..start + ld::HEADER_LEN].copy_from_slice(&ld::header(ld_op::SYNC_REPLY, len));
-}
-
-#[inline]
 fn dlock(out: &mut Vec<u8>, r: &DlockReply, a: &[u8]) {
     dl::encode_response_fenced(
         out,
@@ -257,30 +214,5 @@ mod tests {
                 out.len()
             );
         }
-    }
-
-    #[test]
-    fn a_sync_that_outgrows_a_frame_splits_at_whole_names_and_ends_with_an_empty_frame() {
-        let name = vec![b'n'; 1000];
-        let mut names = Vec::new();
-        for _ in 0..2000 {
-            names.extend_from_slice(&name);
-            names.push(0);
-        }
-        let mut out = Vec::new();
-        sync(&mut out, &names);
-        let mut rest = &out[..];
-        let mut payloads = Vec::new();
-        while let Some((h, tail)) = rest.split_first_chunk::<4>() {
-            let h = u32::from_be_bytes(*h);
-            let len = (h & 0xf_ffff) as usize;
-            assert_eq!((h >> 20) & 0xff, u32::from(ld_op::SYNC_REPLY));
-            payloads.push(&tail[..len]);
-            rest = &tail[len..];
-        }
-        assert_eq!(payloads.len(), 3, "two full frames and the empty one");
-        assert!(payloads[0].len() <= ld::MAX_PAYLOAD && payloads[0].len() % 1001 == 0);
-        assert!(payloads[2].is_empty());
-        assert_eq!(payloads.concat(), names);
     }
 }

@@ -1,11 +1,12 @@
-//! old lock-daemon requests applied to the lockd table (contract: "old lock-daemon protocol").
+//! Old lock-daemon operations applied to the lockd table: the opcode and the name decide, the
+//! payload is only echoed.
 
-use super::tables::Tables;
+use super::wire::op;
+use super::{LockdOp, LockdReply};
 use crate::core::lockd::{AcquireOutcome, LockState};
 use crate::core::{Now, Session};
-use crate::proto::lockd::{self as ld, op, Frame};
-use crate::server::effect::{Body, Effects, LockdReply};
-use crate::server::msg::LockdOp;
+use crate::server::effect::{Body, Effects};
+use crate::server::owner::Tables;
 
 /// ACQs one connection may have queued at once; one more that would queue gets ERR. Each queued
 /// ACQ keeps its payload (up to 1 MiB) until granted, so without a cap one client could make the
@@ -32,14 +33,10 @@ pub fn apply(
     }
     // A lock operation needs a name: an empty payload gets ERR with an empty payload, one without
     // a NUL gets ERR echoing it.
-    let frame = Frame {
-        version: ld::VERSION,
-        opcode: o.opcode,
-        payload,
-    };
-    let Some(name) = frame.name() else {
+    let Some(name) = o.name else {
         return reply(fx, op::ERR);
     };
+    let name = name.get(arena);
     let lockd = &mut t.lockd;
     match o.opcode {
         op::ACQ

@@ -54,9 +54,14 @@ impl<'a> Frame<'a> {
     /// bytes before the first NUL", so the empty name is a name like any other.
     pub fn name(&self) -> Option<&'a [u8]> {
         let payload: &'a [u8] = self.payload;
-        let nul = payload.iter().position(|&b| b == 0)?;
-        payload.get(..nul)
+        payload.get(..name_len(payload)?)
     }
+}
+
+/// The length of the object name at the start of `payload` (see [`Frame::name`]).
+#[inline]
+pub fn name_len(payload: &[u8]) -> Option<usize> {
+    payload.iter().position(|&b| b == 0)
 }
 
 /// Parse one frame; `Err(())` never happens for a 20-bit length, so the result is the frame and
@@ -109,5 +114,5 @@ pub fn encode(out: &mut Vec<u8>, opcode: u8, payload: &[u8]) {
 }
 
 #[cfg(test)]
-#[path = "lockd_tests.rs"]
+#[path = "wire_tests.rs"]
 mod tests;
