@@ -27,19 +27,29 @@ use crate::server::worker::conn::Conn;
 use crate::server::worker::decode::{Cx, Step};
 use crate::server::Shared;
 
-/// One protocol: the types that cross the daemon's layers and the functions each layer calls.
+/// One protocol: the two types that cross the daemon's layers. Each layer reaches the
+/// protocol through one trait of its own, implemented in the file of that layer in the
+/// protocol's folder: [`Decode`] (the worker), [`Execute`] (the owner), [`Answer`] (the
+/// worker's writer, the replay tests, the cluster's no-quorum answers) and [`Entry`] (the
+/// command codec).
 pub(crate) trait Protocol {
     /// A request as the worker hands it to the owner: decoded, its variable bytes in the
     /// batch's arena.
     type Op: Copy + std::fmt::Debug;
     /// A reply as the owner decides it: typed, its variable bytes in the effects' arena.
     type Reply: Copy + std::fmt::Debug + PartialEq + Eq;
+}
 
-    /// Worker: parse one request at the start of `buf` (more may follow); answer it on the
-    /// spot (`Conn::emit`) or push its op into `batch` (`Conn::push`).
+/// The worker's side (`decode.rs`).
+pub(crate) trait Decode: Protocol {
+    /// Parse one request at the start of `buf` (more may follow); answer it on the spot
+    /// (`Conn::emit`) or hand its op to the owner (`Conn::push`).
     fn parse(conn: &mut Conn, buf: &[u8], id: ConnId, cx: Cx<'_>, batch: &mut Batch) -> Step;
+}
 
-    /// Owner: apply one op of `session` at `now`; its answers go to `fx`.
+/// The owner's side (`exec.rs`).
+pub(crate) trait Execute: Protocol {
+    /// Apply one op of `session` at `now`; its answers go to `fx`.
     fn apply(
         t: &mut Tables,
         fx: &mut Effects,
@@ -49,8 +59,11 @@ pub(crate) trait Protocol {
         arena: &[u8],
         now: Now,
     );
+}
 
-    /// Worker: append the reply's wire bytes; `a` is the arena its spans name.
+/// The replies (`reply.rs`).
+pub(crate) trait Answer: Protocol {
+    /// Append the reply's wire bytes; `a` is the arena its spans name.
     fn write(out: &mut Vec<u8>, reply: &Self::Reply, a: &[u8]);
 
     /// The reply in canonical bytes (its tag first, every span resolved to its bytes): what
@@ -60,20 +73,23 @@ pub(crate) trait Protocol {
     /// Every span the reply names, to re-base when its bytes move to another arena.
     fn spans_mut(reply: &mut Self::Reply, f: impl FnMut(&mut Span));
 
-    /// Command codec: append the op as it is stored in a command entry, its tag first.
+    /// Append the wire answer to a request the cluster gave up on for want of a quorum (the
+    /// connection closes after it); `now_unix_ms` is the wall clock.
+    fn no_quorum(op: &Self::Op, arena: &[u8], now_unix_ms: u64, out: &mut Vec<u8>);
+}
+
+/// The command codec (`command.rs`).
+pub(crate) trait Entry: Protocol {
+    /// Append the op as a command entry stores it, its tag first.
     fn encode_op(op: &Self::Op, arena: &[u8], out: &mut Vec<u8>);
 
-    /// Command codec: the op whose tag `tag` was just read, its bytes appended to `a`; `None`
-    /// when the tag is not one of this protocol's. What it decodes is checked as the worker
-    /// checks a request: an entry is hostile input.
+    /// The op whose tag `tag` was just read, its bytes appended to `a`; `None` when the tag is
+    /// not one of this protocol's. What it decodes is checked as the worker checks a request:
+    /// an entry is hostile input.
     fn decode_op(
         tag: u8,
         r: &mut Reader<'_>,
         limits: Limits,
         a: &mut Arena,
     ) -> Option<Result<Self::Op, DecodeError>>;
-
-    /// Cluster: append the answer to a request given up for want of a quorum (the
-    /// connection closes after it); `now_unix_ms` is the wall clock.
-    fn no_quorum(op: &Self::Op, arena: &[u8], now_unix_ms: u64, out: &mut Vec<u8>);
 }

@@ -15,7 +15,7 @@ use crate::core::codec;
 use crate::core::Session;
 use crate::protocol::counter::Counter;
 use crate::protocol::lockd::Lockd;
-use crate::protocol::Protocol;
+use crate::protocol::Answer;
 use crate::server::msg::{Arena, ConnId, McForm, Span};
 
 pub use crate::protocol::counter::{put_counter, CounterEntry, CounterIter, CounterReply};

@@ -1,8 +1,9 @@
 //! A [`CounterOp`] in a command entry: its tag (one per kind), the opaque, then the kind's
 //! fields in declaration order.
 
-use super::{CounterKind, CounterOp};
+use super::{Counter, CounterKind, CounterOp};
 use crate::core::codec::{self, DecodeError, Reader};
+use crate::protocol::Entry;
 use crate::server::command::{get_span, put_span, Limits};
 use crate::server::msg::{Arena, Span};
 
@@ -15,46 +16,48 @@ mod tag {
     pub const DUMP: u8 = 54;
 }
 
-pub fn encode(op: &CounterOp, arena: &[u8], o: &mut Vec<u8>) {
-    let CounterOp { opaque, kind } = *op;
-    let t = match kind {
-        CounterKind::Get { .. } => tag::GET,
-        CounterKind::Acquire { .. } => tag::ACQUIRE,
-        CounterKind::Release { .. } => tag::RELEASE,
-        CounterKind::Stats => tag::STATS,
-        CounterKind::Dump => tag::DUMP,
-    };
-    o.push(t);
-    codec::put_u64(o, u64::from(opaque));
-    match kind {
-        CounterKind::Get { name } => put_span(o, arena, name),
-        CounterKind::Acquire {
-            resources,
-            maximum,
-            name,
-        } => {
-            codec::put_u64(o, u64::from(resources));
-            codec::put_u64(o, u64::from(maximum));
-            put_span(o, arena, name);
+impl Entry for Counter {
+    fn encode_op(op: &CounterOp, arena: &[u8], o: &mut Vec<u8>) {
+        let CounterOp { opaque, kind } = *op;
+        let t = match kind {
+            CounterKind::Get { .. } => tag::GET,
+            CounterKind::Acquire { .. } => tag::ACQUIRE,
+            CounterKind::Release { .. } => tag::RELEASE,
+            CounterKind::Stats => tag::STATS,
+            CounterKind::Dump => tag::DUMP,
+        };
+        o.push(t);
+        codec::put_u64(o, u64::from(opaque));
+        match kind {
+            CounterKind::Get { name } => put_span(o, arena, name),
+            CounterKind::Acquire {
+                resources,
+                maximum,
+                name,
+            } => {
+                codec::put_u64(o, u64::from(resources));
+                codec::put_u64(o, u64::from(maximum));
+                put_span(o, arena, name);
+            }
+            CounterKind::Release { resources, name } => {
+                codec::put_u64(o, u64::from(resources));
+                put_span(o, arena, name);
+            }
+            CounterKind::Stats | CounterKind::Dump => {}
         }
-        CounterKind::Release { resources, name } => {
-            codec::put_u64(o, u64::from(resources));
-            put_span(o, arena, name);
-        }
-        CounterKind::Stats | CounterKind::Dump => {}
     }
-}
 
-pub fn decode(
-    t: u8,
-    r: &mut Reader<'_>,
-    limits: Limits,
-    a: &mut Arena,
-) -> Option<Result<CounterOp, DecodeError>> {
-    if !(tag::GET..=tag::DUMP).contains(&t) {
-        return None;
+    fn decode_op(
+        t: u8,
+        r: &mut Reader<'_>,
+        limits: Limits,
+        a: &mut Arena,
+    ) -> Option<Result<CounterOp, DecodeError>> {
+        if !(tag::GET..=tag::DUMP).contains(&t) {
+            return None;
+        }
+        Some(decode_kind(t, r, limits, a))
     }
-    Some(decode_kind(t, r, limits, a))
 }
 
 fn decode_kind(

@@ -16,15 +16,7 @@ pub use reply::tag as reply_tag;
 pub use reply::{put_counter, CounterEntry, CounterIter};
 
 use super::Protocol;
-use crate::core::codec::{DecodeError, Reader};
-use crate::core::{Now, Session};
-use crate::server::command::Limits;
-use crate::server::effect::Effects;
-use crate::server::msg::{Arena, Batch, ConnId, Span};
-use crate::server::owner::Tables;
-use crate::server::worker::conn::Conn;
-use crate::server::worker::decode::{Cx, Step};
-use crate::server::Shared;
+use crate::server::msg::Span;
 
 /// One counter request that needs the counter table (Noop and malformed requests are
 /// answered by the worker).
@@ -74,51 +66,4 @@ pub(crate) struct Counter;
 impl Protocol for Counter {
     type Op = CounterOp;
     type Reply = CounterReply;
-
-    #[inline]
-    fn parse(conn: &mut Conn, buf: &[u8], id: ConnId, _cx: Cx<'_>, batch: &mut Batch) -> Step {
-        decode::parse(conn, buf, id, batch)
-    }
-
-    #[inline]
-    fn apply(
-        t: &mut Tables,
-        fx: &mut Effects,
-        shared: &Shared,
-        session: Session,
-        op: CounterOp,
-        arena: &[u8],
-        now: Now,
-    ) {
-        exec::apply(t, fx, shared, session, op, arena, now)
-    }
-
-    #[inline]
-    fn write(out: &mut Vec<u8>, reply: &CounterReply, a: &[u8]) {
-        reply::write(out, reply, a)
-    }
-
-    fn encode_canonical(reply: &CounterReply, a: &[u8], out: &mut Vec<u8>) {
-        reply::encode_canonical(reply, a, out)
-    }
-
-    fn spans_mut(reply: &mut CounterReply, f: impl FnMut(&mut Span)) {
-        reply::spans_mut(reply, f)
-    }
-
-    fn encode_op(op: &CounterOp, arena: &[u8], out: &mut Vec<u8>) {
-        command::encode(op, arena, out)
-    }
-
-    fn decode_op(
-        tag: u8,
-        r: &mut Reader<'_>,
-        limits: Limits,
-        a: &mut Arena,
-    ) -> Option<Result<CounterOp, DecodeError>> {
-        command::decode(tag, r, limits, a)
-    }
-
-    /// The counter protocol has no status for it: the connection closes unanswered.
-    fn no_quorum(_op: &CounterOp, _arena: &[u8], _now_unix_ms: u64, _out: &mut Vec<u8>) {}
 }

@@ -17,15 +17,7 @@ pub use exec::MAX_QUEUED_PER_CONN;
 pub use reply::tag as reply_tag;
 
 use super::Protocol;
-use crate::core::codec::{DecodeError, Reader};
-use crate::core::{Now, Session};
-use crate::server::command::Limits;
-use crate::server::effect::Effects;
-use crate::server::msg::{Arena, Batch, ConnId, Span};
-use crate::server::owner::Tables;
-use crate::server::worker::conn::Conn;
-use crate::server::worker::decode::{Cx, Step};
-use crate::server::Shared;
+use crate::server::msg::Span;
 
 /// One lock operation (ACQ, REL, TRY, ADOPT, SYNC or REQ_TOKEN), decoded on the worker.
 #[derive(Clone, Copy, Debug)]
@@ -74,53 +66,4 @@ pub(crate) struct Lockd;
 impl Protocol for Lockd {
     type Op = LockdOp;
     type Reply = LockdReply;
-
-    #[inline]
-    fn parse(conn: &mut Conn, buf: &[u8], id: ConnId, _cx: Cx<'_>, batch: &mut Batch) -> Step {
-        decode::parse(conn, buf, id, batch)
-    }
-
-    #[inline]
-    fn apply(
-        t: &mut Tables,
-        fx: &mut Effects,
-        _shared: &Shared,
-        session: Session,
-        op: LockdOp,
-        arena: &[u8],
-        now: Now,
-    ) {
-        exec::apply(t, fx, session, op, arena, now)
-    }
-
-    #[inline]
-    fn write(out: &mut Vec<u8>, reply: &LockdReply, a: &[u8]) {
-        reply::write(out, reply, a)
-    }
-
-    fn encode_canonical(reply: &LockdReply, a: &[u8], out: &mut Vec<u8>) {
-        reply::encode_canonical(reply, a, out)
-    }
-
-    fn spans_mut(reply: &mut LockdReply, f: impl FnMut(&mut Span)) {
-        reply::spans_mut(reply, f)
-    }
-
-    fn encode_op(op: &LockdOp, arena: &[u8], out: &mut Vec<u8>) {
-        command::encode(op, arena, out)
-    }
-
-    fn decode_op(
-        tag: u8,
-        r: &mut Reader<'_>,
-        limits: Limits,
-        a: &mut Arena,
-    ) -> Option<Result<LockdOp, DecodeError>> {
-        command::decode(tag, r, limits, a)
-    }
-
-    /// ERR, echoing the payload.
-    fn no_quorum(op: &LockdOp, arena: &[u8], _now_unix_ms: u64, out: &mut Vec<u8>) {
-        wire::encode(out, wire::op::ERR, op.payload.get(arena));
-    }
 }

@@ -2,8 +2,9 @@
 //! outgrows one) and their canonical bytes.
 
 use super::wire::{self as ld, op as ld_op};
-use super::LockdReply;
+use super::{Lockd, LockdOp, LockdReply};
 use crate::core::codec::{put_bytes, put_u64, put_u8};
+use crate::protocol::Answer;
 use crate::server::msg::Span;
 
 /// Tags of the canonical encoding (`server::effect::tag` lists every protocol's).
@@ -15,18 +16,52 @@ pub mod tag {
     pub const SYNC: u8 = 22;
 }
 
-#[inline]
-pub fn write(out: &mut Vec<u8>, r: &LockdReply, a: &[u8]) {
-    match *r {
-        LockdReply::Frame { opcode, payload } => ld::encode(out, opcode, payload.get(a)),
-        LockdReply::Token { name, token } => {
-            let name = name.get(a);
-            out.extend_from_slice(&ld::header(ld_op::ACK, name.len() + 9));
-            out.extend_from_slice(name);
-            out.push(0);
-            out.extend_from_slice(&token.to_be_bytes());
+impl Answer for Lockd {
+    #[inline]
+    fn write(out: &mut Vec<u8>, r: &LockdReply, a: &[u8]) {
+        match *r {
+            LockdReply::Frame { opcode, payload } => ld::encode(out, opcode, payload.get(a)),
+            LockdReply::Token { name, token } => {
+                let name = name.get(a);
+                out.extend_from_slice(&ld::header(ld_op::ACK, name.len() + 9));
+                out.extend_from_slice(name);
+                out.push(0);
+                out.extend_from_slice(&token.to_be_bytes());
+            }
+            LockdReply::Sync { names } => sync(out, names.get(a)),
         }
-        LockdReply::Sync { names } => sync(out, names.get(a)),
+    }
+
+    fn encode_canonical(r: &LockdReply, a: &[u8], out: &mut Vec<u8>) {
+        match *r {
+            LockdReply::Frame { opcode, payload } => {
+                put_u8(out, tag::FRAME);
+                put_u8(out, opcode);
+                out.extend_from_slice(payload.get(a));
+            }
+            LockdReply::Token { name, token } => {
+                put_u8(out, tag::TOKEN);
+                put_bytes(out, name.get(a));
+                put_u64(out, token);
+            }
+            LockdReply::Sync { names } => {
+                put_u8(out, tag::SYNC);
+                put_bytes(out, names.get(a));
+            }
+        }
+    }
+
+    fn spans_mut(r: &mut LockdReply, mut f: impl FnMut(&mut Span)) {
+        match r {
+            LockdReply::Frame { payload, .. } => f(payload),
+            LockdReply::Token { name, .. } => f(name),
+            LockdReply::Sync { names } => f(names),
+        }
+    }
+
+    /// ERR, echoing the payload.
+    fn no_quorum(op: &LockdOp, arena: &[u8], _now_unix_ms: u64, out: &mut Vec<u8>) {
+        ld::encode(out, ld_op::ERR, op.payload.get(arena));
     }
 }
 
@@ -56,33 +91,6 @@ fn sync(w: &mut Vec<u8>, names: &[u8]) {
 fn patch_length(w: &mut [u8], start: usize) {
     let len = w.len() - start - ld::HEADER_LEN;
     w[start..start + ld::HEADER_LEN].copy_from_slice(&ld::header(ld_op::SYNC_REPLY, len));
-}
-
-pub fn encode_canonical(r: &LockdReply, a: &[u8], out: &mut Vec<u8>) {
-    match *r {
-        LockdReply::Frame { opcode, payload } => {
-            put_u8(out, tag::FRAME);
-            put_u8(out, opcode);
-            out.extend_from_slice(payload.get(a));
-        }
-        LockdReply::Token { name, token } => {
-            put_u8(out, tag::TOKEN);
-            put_bytes(out, name.get(a));
-            put_u64(out, token);
-        }
-        LockdReply::Sync { names } => {
-            put_u8(out, tag::SYNC);
-            put_bytes(out, names.get(a));
-        }
-    }
-}
-
-pub fn spans_mut(r: &mut LockdReply, mut f: impl FnMut(&mut Span)) {
-    match r {
-        LockdReply::Frame { payload, .. } => f(payload),
-        LockdReply::Token { name, .. } => f(name),
-        LockdReply::Sync { names } => f(names),
-    }
 }
 
 #[cfg(test)]

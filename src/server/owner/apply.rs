@@ -10,7 +10,7 @@ use super::tables::Tables;
 use crate::core::Now;
 use crate::protocol::counter::Counter;
 use crate::protocol::lockd::Lockd;
-use crate::protocol::Protocol;
+use crate::protocol::Execute;
 use crate::server::effect::{Body, Effects};
 use crate::server::msg::{ConnId, Op, OpMsg};
 use crate::server::Shared;

@@ -83,7 +83,7 @@ use crate::proto::dlock as dl;
 use crate::proto::memcache::binary;
 use crate::protocol::counter::Counter;
 use crate::protocol::lockd::Lockd;
-use crate::protocol::Protocol;
+use crate::protocol::Answer as _;
 use crate::server::effect::{Body, Effect, Effects};
 use crate::server::msg::{Arena, Batch, ConnId, McForm, Op, OpMsg, Replies, ToOwner};
 use crate::server::Shared;

@@ -25,7 +25,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use crate::protocol::counter::Counter;
 use crate::protocol::lockd::Lockd;
-use crate::protocol::Protocol;
+use crate::protocol::Entry;
 use crate::server::msg::{Arena, Batch, DlockKind, DlockOp, McCmd, McForm, McOp, Op, OpMsg, Span};
 use crate::server::Proto;
 

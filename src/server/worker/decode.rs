@@ -9,7 +9,7 @@ use crate::proto::memcache::text::StoreCmd;
 use crate::proto::memcache::{binary, text};
 use crate::protocol::counter::Counter;
 use crate::protocol::lockd::Lockd;
-use crate::protocol::Protocol;
+use crate::protocol::Decode;
 use crate::server::msg::ConnId;
 use crate::server::msg::{Arena, Batch, DlockKind, DlockOp, McCmd, McForm, McOp, Op};
 use crate::server::Proto;

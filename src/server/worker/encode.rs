@@ -9,7 +9,7 @@ use crate::proto::dlock as dl;
 use crate::proto::memcache::binary::{self, opcode as opc, status as st};
 use crate::protocol::counter::Counter;
 use crate::protocol::lockd::Lockd;
-use crate::protocol::Protocol;
+use crate::protocol::Answer;
 use crate::server::effect::push_u64;
 use crate::server::effect::{BinHead, Body, DlockReply, Entries, ItemIter, McReply};
 use crate::server::msg::McForm;
