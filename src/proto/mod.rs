@@ -6,6 +6,6 @@
 //! any input.
 
 pub use crate::protocol::counter::wire as counter;
-pub mod dlock;
+pub use crate::protocol::dlock::wire as dlock;
 pub use crate::protocol::lockd::wire as lockd;
 pub mod memcache;

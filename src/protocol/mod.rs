@@ -15,6 +15,7 @@
 //! touches.
 
 pub mod counter;
+pub mod dlock;
 pub mod lockd;
 
 use crate::core::codec::{DecodeError, Reader};

@@ -14,11 +14,13 @@
 use crate::core::codec;
 use crate::core::Session;
 use crate::protocol::counter::Counter;
+use crate::protocol::dlock::Dlock;
 use crate::protocol::lockd::Lockd;
 use crate::protocol::Answer;
 use crate::server::msg::{Arena, ConnId, McForm, Span};
 
 pub use crate::protocol::counter::{put_counter, CounterEntry, CounterIter, CounterReply};
+pub use crate::protocol::dlock::DlockReply;
 pub use crate::protocol::lockd::LockdReply;
 
 /// One effect of a turn, for one session.
@@ -109,19 +111,6 @@ pub enum McReply {
         keys: Span,
         end: bool,
     },
-}
-
-/// A dlock Response.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DlockReply {
-    pub id: Option<u64>,
-    pub status: u32,
-    pub text: Option<&'static str>,
-    /// Keys (entries): busy or not-held keys.
-    pub keys: Span,
-    pub time: i64,
-    /// The fencing token of a granted Lock (Response field 7).
-    pub fence: Option<u64>,
 }
 
 /// A turn's effects, in the order apply produced them, with their bytes. Reused across turns
@@ -222,12 +211,12 @@ pub mod tag {
     pub const MC_BIN_KEYED: u8 = 19;
     pub const MC_STATS: u8 = 17;
     pub const MC_KEYS: u8 = 18;
-    pub use crate::protocol::lockd::reply_tag::{
-        FRAME as LOCKD_FRAME, SYNC as LOCKD_SYNC, TOKEN as LOCKD_TOKEN,
-    };
-    pub const DLOCK: u8 = 30;
     pub use crate::protocol::counter::reply_tag::{
         DUMP as COUNTER_DUMP, STATS as COUNTER_STATS, STATUS as COUNTER_STATUS,
+    };
+    pub use crate::protocol::dlock::reply_tag::RESPONSE as DLOCK;
+    pub use crate::protocol::lockd::reply_tag::{
+        FRAME as LOCKD_FRAME, SYNC as LOCKD_SYNC, TOKEN as LOCKD_TOKEN,
     };
 }
 
@@ -338,21 +327,7 @@ impl Body {
                 }
             },
             Body::Lockd(r) => Lockd::encode_canonical(&r, a, out),
-            Body::Dlock(r) => {
-                put_u8(out, tag::DLOCK);
-                put_opt_u64(out, r.id);
-                put_u64(out, u64::from(r.status));
-                match r.text {
-                    Some(t) => {
-                        put_bool(out, true);
-                        put_bytes(out, t.as_bytes());
-                    }
-                    None => put_bool(out, false),
-                }
-                put_u64(out, r.time as u64);
-                put_opt_u64(out, r.fence);
-                Entries(r.keys.get(a)).for_each(|e| put_bytes(out, e));
-            }
+            Body::Dlock(r) => Dlock::encode_canonical(&r, a, out),
             Body::Counter(r) => Counter::encode_canonical(&r, a, out),
         }
     }
@@ -470,7 +445,7 @@ impl Body {
                 McReply::Keys { keys, .. } => f(keys),
             },
             Body::Lockd(r) => Lockd::spans_mut(r, f),
-            Body::Dlock(r) => f(&mut r.keys),
+            Body::Dlock(r) => Dlock::spans_mut(r, f),
             Body::Counter(r) => Counter::spans_mut(r, f),
         }
     }

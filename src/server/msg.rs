@@ -11,6 +11,7 @@ use crate::core::codec;
 use crate::core::store::StoreMode;
 
 pub use crate::protocol::counter::{CounterKind, CounterOp};
+pub use crate::protocol::dlock::{DlockKind, DlockOp};
 pub use crate::protocol::lockd::LockdOp;
 
 /// Identity of one client connection: the cluster node that accepted it (0 on a single
@@ -207,34 +208,6 @@ impl McOp {
             form: McForm::Text { noreply },
         }
     }
-}
-
-/// One dlock request, already checked by the worker for version, type, token and key count.
-#[derive(Clone, Copy, Debug)]
-pub enum DlockKind {
-    Ping,
-    /// `keys` spans the raw RequestLock message (iterate with `proto::dlock::Keys`).
-    Lock {
-        keys: Span,
-        key_count: u32,
-        wait_us: Option<u64>,
-        lease_us: Option<u64>,
-    },
-    Unlock {
-        keys: Span,
-        key_count: u32,
-    },
-    /// Answer with this status and error text, touching nothing.
-    Refuse {
-        status: u32,
-        text: &'static str,
-    },
-}
-
-#[derive(Clone, Copy, Debug)]
-pub struct DlockOp {
-    pub id: Option<u64>,
-    pub kind: DlockKind,
 }
 
 #[derive(Clone, Copy, Debug)]

@@ -9,6 +9,7 @@
 use super::tables::Tables;
 use crate::core::Now;
 use crate::protocol::counter::Counter;
+use crate::protocol::dlock::Dlock;
 use crate::protocol::lockd::Lockd;
 use crate::protocol::Execute;
 use crate::server::effect::{Body, Effects};
@@ -41,7 +42,7 @@ pub fn fire_timers(t: &mut Tables, fx: &mut Effects, now: Now) {
     t.lockd.advance(now.ms, &mut t.grants);
     crate::protocol::lockd::exec::deliver_grants(t, fx);
     t.dlock.advance(now.ms, &mut t.dlock_events);
-    super::exec_dlock::deliver_events(t, fx, now);
+    crate::protocol::dlock::exec::deliver_events(t, fx, now);
 }
 
 /// Apply one operation of one connection.
@@ -60,9 +61,9 @@ pub fn apply_op(
     match op {
         Op::Mc(op) => super::exec_mc::apply(t, fx, shared, session, op, arena, now),
         Op::Lockd(op) => Lockd::apply(t, fx, shared, session, op, arena, now),
-        Op::Dlock(op) => super::exec_dlock::receive(t, fx, session, op, arena, now),
+        Op::Dlock(op) => Dlock::apply(t, fx, shared, session, op, arena, now),
         Op::Counter(op) => Counter::apply(t, fx, shared, session, op, arena, now),
-        Op::DlockOpen => super::exec_dlock::open(t, session, now),
+        Op::DlockOpen => crate::protocol::dlock::exec::open(t, session, now),
         Op::Open { proto, peer } => t.admin.opened(session, proto, peer),
         Op::Literal { bytes, close } => {
             if t.dlock_sessions.is_waiting(session) {
@@ -73,7 +74,7 @@ pub fn apply_op(
                 fx.push(session, 1, close, Body::Literal(span));
             }
         }
-        Op::Eof => super::exec_dlock::eof(t, fx, session, now),
+        Op::Eof => crate::protocol::dlock::exec::eof(t, fx, session, now),
         Op::Close => {
             t.mc.disconnect(session);
             t.store.disconnect(session, now);
@@ -82,7 +83,7 @@ pub fn apply_op(
             t.dlock_sessions.remove(session);
             t.admin.closed(session);
             t.dlock.disconnect(session, now.ms, &mut t.dlock_events);
-            super::exec_dlock::deliver_events(t, fx, now);
+            crate::protocol::dlock::exec::deliver_events(t, fx, now);
             t.sessions.close(conn);
         }
     }

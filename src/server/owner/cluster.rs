@@ -79,9 +79,9 @@ use crate::cluster::transport::{PeerTls, PeerTlsConfigs};
 use crate::config::ClusterConfig;
 use crate::core::codec::{self, DecodeError, Reader};
 use crate::core::Now;
-use crate::proto::dlock as dl;
 use crate::proto::memcache::binary;
 use crate::protocol::counter::Counter;
+use crate::protocol::dlock::Dlock;
 use crate::protocol::lockd::Lockd;
 use crate::protocol::Answer as _;
 use crate::server::effect::{Body, Effect, Effects};
@@ -1716,15 +1716,7 @@ fn no_quorum(out: &mut Outbox, m: &OpMsg, arena: &Arena) {
             true
         }
         Op::Dlock(op) => {
-            let no_keys: [&[u8]; 0] = [];
-            dl::encode_response(
-                &mut w,
-                op.id,
-                dl::status::GENERAL,
-                Some(NO_QUORUM),
-                no_keys,
-                (now_unix_ms() / 1000) as i64,
-            );
+            Dlock::no_quorum(&op, &arena.bytes, now_unix_ms(), &mut w);
             true
         }
         Op::Counter(op) => {

@@ -24,37 +24,14 @@ use crate::server::msg::ConnId;
 use std::net::{IpAddr, SocketAddr};
 
 use crate::protocol::counter::Counter;
+use crate::protocol::dlock::Dlock;
+pub use crate::protocol::dlock::REFUSALS as DLOCK_REFUSALS;
 use crate::protocol::lockd::Lockd;
 use crate::protocol::Entry;
-use crate::server::msg::{Arena, Batch, DlockKind, DlockOp, McCmd, McForm, McOp, Op, OpMsg, Span};
+use crate::server::msg::{Arena, Batch, McCmd, McForm, McOp, Op, OpMsg, Span};
 use crate::server::Proto;
 
 const MAGIC: &[u8] = b"HFc2";
-
-/// Refusal texts a dlock request can carry (`DlockKind::Refuse`): sent as their index, because
-/// the op holds a `&'static str`. A text not in this list (a new one someone forgot to add) is
-/// sent as the last entry; the test below keeps the list in step with the decoder.
-pub const DLOCK_REFUSALS: &[&str] = &[
-    "unsupported version",
-    "access denied",
-    "no keys",
-    "too many keys",
-    "unknown request type",
-    "field lock (51) repeated",
-    "field number 0",
-    "field number out of range",
-    "groups are not supported",
-    "invalid wire type",
-    "length out of range",
-    "truncated field",
-    "truncated length-delimited field",
-    "truncated varint",
-    "varint longer than 10 bytes or over 64 bits",
-    "varint longer than 10 bytes",
-    "wrong wire type for a known field of lock",
-    "wrong wire type for a known field",
-    "invalid request",
-];
 
 /// Caps on what one entry may hold: a decoded entry can never ask for more memory than the
 /// daemon would have accepted from clients in one turn.
@@ -140,17 +117,6 @@ pub(crate) fn get_span(
     Ok(arena.push(b))
 }
 
-/// The raw RequestLock message of a dlock Lock or Unlock, validated as the worker validates it
-/// (the table iterates its keys and trusts it to parse), with at least one key.
-fn get_lock_keys(r: &mut Reader<'_>, limits: Limits, a: &mut Arena) -> Result<Span, DecodeError> {
-    let start = a.bytes.len();
-    let span = get_span(r, limits, a)?;
-    match crate::proto::dlock::decode_lock(&a.bytes[start..]) {
-        Ok(lock) if lock.key_count > 0 => Ok(span),
-        _ => Err(DecodeError::Invalid("dlock lock message")),
-    }
-}
-
 fn put_i64(out: &mut Vec<u8>, v: i64) {
     // Zig-zag, so that small negative exptimes stay small.
     codec::put_u64(out, ((v << 1) ^ (v >> 63)) as u64);
@@ -185,10 +151,7 @@ mod tag {
     pub const MC_QUIT: u8 = 19;
     pub const MC_LAST: u8 = 19;
     // 20: the old lock-daemon protocol's (`protocol::lockd`).
-    pub const DLOCK_PING: u8 = 30;
-    pub const DLOCK_LOCK: u8 = 31;
-    pub const DLOCK_UNLOCK: u8 = 32;
-    pub const DLOCK_REFUSE: u8 = 33;
+    // 30 to 33: dlock's (`protocol::dlock`).
     pub const LITERAL: u8 = 40;
     pub const DLOCK_OPEN: u8 = 41;
     pub const CLOSE: u8 = 42;
@@ -464,43 +427,7 @@ pub fn encode_op(m: &OpMsg, arena: &[u8], out: &mut Vec<u8>) {
     match m.op {
         Op::Mc(op) => encode_mc(op, arena, o),
         Op::Lockd(op) => Lockd::encode_op(&op, arena, o),
-        Op::Dlock(DlockOp { id, kind }) => {
-            let id_field = |o: &mut Vec<u8>| codec::put_opt_u64(o, id);
-            match kind {
-                DlockKind::Ping => {
-                    o.push(tag::DLOCK_PING);
-                    id_field(o);
-                }
-                DlockKind::Lock {
-                    keys,
-                    key_count,
-                    wait_us,
-                    lease_us,
-                } => {
-                    o.push(tag::DLOCK_LOCK);
-                    id_field(o);
-                    put_span(o, arena, keys);
-                    codec::put_u64(o, u64::from(key_count));
-                    codec::put_opt_u64(o, wait_us);
-                    codec::put_opt_u64(o, lease_us);
-                }
-                DlockKind::Unlock { keys, key_count } => {
-                    o.push(tag::DLOCK_UNLOCK);
-                    id_field(o);
-                    put_span(o, arena, keys);
-                    codec::put_u64(o, u64::from(key_count));
-                }
-                DlockKind::Refuse { status, text } => {
-                    o.push(tag::DLOCK_REFUSE);
-                    id_field(o);
-                    codec::put_u64(o, u64::from(status));
-                    let last = DLOCK_REFUSALS.len() - 1;
-                    let i = DLOCK_REFUSALS.iter().position(|t| *t == text);
-                    debug_assert!(i.is_some(), "refusal text {text:?} missing from the list");
-                    codec::put_u64(o, i.unwrap_or(last) as u64);
-                }
-            }
-        }
+        Op::Dlock(op) => Dlock::encode_op(&op, arena, o),
         Op::Counter(op) => Counter::encode_op(&op, arena, o),
         Op::Literal { bytes, close } => {
             o.push(tag::LITERAL);
@@ -534,32 +461,6 @@ pub fn decode_op(r: &mut Reader<'_>, limits: Limits, a: &mut Arena) -> Result<Op
     let t = r.u8()?;
     let op = match t {
         tag::MC_FIRST..=tag::MC_LAST => Op::Mc(decode_mc(t, r, limits, a)?),
-        tag::DLOCK_PING | tag::DLOCK_LOCK | tag::DLOCK_UNLOCK | tag::DLOCK_REFUSE => {
-            let id = r.opt_u64()?;
-            let kind = match t {
-                tag::DLOCK_PING => DlockKind::Ping,
-                tag::DLOCK_LOCK => DlockKind::Lock {
-                    keys: get_lock_keys(r, limits, a)?,
-                    key_count: r.u32()?,
-                    wait_us: r.opt_u64()?,
-                    lease_us: r.opt_u64()?,
-                },
-                tag::DLOCK_UNLOCK => DlockKind::Unlock {
-                    keys: get_lock_keys(r, limits, a)?,
-                    key_count: r.u32()?,
-                },
-                _ => {
-                    let status = r.u32()?;
-                    let i = r.u64()?;
-                    let text = usize::try_from(i)
-                        .ok()
-                        .and_then(|i| DLOCK_REFUSALS.get(i))
-                        .ok_or(DecodeError::Invalid("dlock refusal text"))?;
-                    DlockKind::Refuse { status, text }
-                }
-            };
-            Op::Dlock(DlockOp { id, kind })
-        }
         tag::LITERAL => Op::Literal {
             bytes: get_span(r, limits, a)?,
             close: r.bool()?,
@@ -595,6 +496,8 @@ pub fn decode_op(r: &mut Reader<'_>, limits: Limits, a: &mut Arena) -> Result<Op
         _ => {
             if let Some(op) = Lockd::decode_op(t, r, limits, a) {
                 Op::Lockd(op?)
+            } else if let Some(op) = Dlock::decode_op(t, r, limits, a) {
+                Op::Dlock(op?)
             } else if let Some(op) = Counter::decode_op(t, r, limits, a) {
                 Op::Counter(op?)
             } else {

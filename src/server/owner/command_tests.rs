@@ -1,6 +1,6 @@
 use super::*;
 use crate::rng::Rng;
-use crate::server::msg::{CounterKind, CounterOp, LockdOp};
+use crate::server::msg::{CounterKind, CounterOp, DlockKind, DlockOp, LockdOp};
 use crate::server::Proto;
 
 /// A valid RequestLock message of one to three random keys (field 1, length-delimited).

@@ -22,9 +22,7 @@ mod admin_state;
 mod apply;
 pub mod cluster;
 pub mod command;
-mod dlock_sessions;
 mod exec_admin;
-mod exec_dlock;
 mod exec_mc;
 mod mc_state;
 mod outbox;
@@ -32,9 +30,9 @@ pub mod sessions;
 mod stats;
 mod tables;
 
+pub use crate::protocol::dlock::LEASE_CLOCK_SLACK_MS;
 pub use crate::protocol::lockd::MAX_QUEUED_PER_CONN as LOCKD_MAX_QUEUED_PER_CONN;
 pub use apply::{apply_op, apply_turn, fire_timers};
-pub use exec_dlock::LEASE_CLOCK_SLACK_MS;
 #[cfg(test)]
 pub use exec_mc::KEYS_SLOTS_PER_STEP;
 pub use outbox::Outbox;

@@ -4,14 +4,14 @@
 use super::conn::Conn;
 use crate::config::{Compat, Config};
 use crate::core::store::StoreMode;
-use crate::proto::dlock as dl;
 use crate::proto::memcache::text::StoreCmd;
 use crate::proto::memcache::{binary, text};
 use crate::protocol::counter::Counter;
+use crate::protocol::dlock::Dlock;
 use crate::protocol::lockd::Lockd;
 use crate::protocol::Decode;
 use crate::server::msg::ConnId;
-use crate::server::msg::{Arena, Batch, DlockKind, DlockOp, McCmd, McForm, McOp, Op};
+use crate::server::msg::{Arena, Batch, McCmd, McForm, McOp, Op};
 use crate::server::Proto;
 
 /// The version string `version` answers: memcached's form (clients parse the numbers), with our
@@ -55,7 +55,7 @@ pub fn parse(
             Proto::Memcache if conn.authenticated => memcache(conn, rest, id, cx.config, batch),
             Proto::Memcache => super::auth::unauthenticated(conn, rest, id, cx, batch),
             Proto::Lockd => Lockd::parse(conn, rest, id, cx, batch),
-            Proto::Dlock => dlock(conn, rest, id, cx, batch),
+            Proto::Dlock => Dlock::parse(conn, rest, id, cx, batch),
             Proto::Counter => Counter::parse(conn, rest, id, cx, batch),
         };
         match step {
@@ -637,76 +637,6 @@ fn text_request(
     let op = McOp::text(cmd, noreply);
     conn.push(id, Op::Mc(op), batch);
     conn.charge(bound);
-}
-
-fn dlock(conn: &mut Conn, buf: &[u8], id: ConnId, cx: Cx<'_>, batch: &mut Batch) -> Step {
-    let config = cx.config;
-    let (body, n) = match dl::parse_frame(buf, config.dlock_max_message) {
-        Ok(x) => x,
-        Err(dl::FrameError::Incomplete) => return Step::Incomplete,
-        Err(dl::FrameError::TooLarge) => return Step::Fatal,
-    };
-    let req = match dl::decode_request(body) {
-        Ok(r) => r,
-        Err(reason) => {
-            // Contract: bytes that are not a valid protobuf message close the connection, after a
-            // General response where the frame was complete. The answer goes through the owner
-            // (in order behind earlier requests) with the close.
-            let op = DlockOp {
-                id: None,
-                kind: DlockKind::Refuse {
-                    status: dl::status::GENERAL,
-                    text: reason,
-                },
-            };
-            conn.push(id, Op::Dlock(op), batch);
-            conn.closing = true;
-            return Step::Fatal;
-        }
-    };
-    let kind = dlock_kind(&req, cx, batch);
-    conn.push(id, Op::Dlock(DlockOp { id: req.id, kind }), batch);
-    Step::Consumed(n)
-}
-
-/// Checks in this order: version, access token, type, keys.
-fn dlock_kind(req: &dl::Request<'_>, cx: Cx<'_>, batch: &mut Batch) -> DlockKind {
-    let config = cx.config;
-    let refuse = |status, text| DlockKind::Refuse { status, text };
-    if !matches!(req.version, None | Some(0) | Some(2)) {
-        return refuse(dl::status::VERSION, "unsupported version");
-    }
-    if let Some(token) = &cx.secrets.dlock_token {
-        let given = req.access_token.unwrap_or_default();
-        if req.access_token.is_none() || !crate::tls::constant_time_eq(given, token) {
-            return refuse(dl::status::GENERAL, "access denied");
-        }
-    }
-    match req.req_type {
-        Some(dl::req_type::PING) => DlockKind::Ping,
-        Some(t @ (dl::req_type::LOCK | dl::req_type::UNLOCK)) => {
-            let lock = req.lock.unwrap_or_default();
-            if lock.key_count == 0 {
-                return refuse(dl::status::GENERAL, "no keys");
-            }
-            if lock.key_count > config.dlock_max_keys {
-                return refuse(dl::status::TOO_MANY_KEYS, "too many keys");
-            }
-            let keys = batch.arena.push(lock.keys.raw);
-            let key_count = lock.key_count as u32;
-            if t == dl::req_type::LOCK {
-                DlockKind::Lock {
-                    keys,
-                    key_count,
-                    wait_us: lock.wait_micro,
-                    lease_us: lock.release_micro,
-                }
-            } else {
-                DlockKind::Unlock { keys, key_count }
-            }
-        }
-        _ => refuse(dl::status::INVALID_TYPE, "unknown request type"),
-    }
 }
 
 #[cfg(test)]

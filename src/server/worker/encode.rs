@@ -5,13 +5,13 @@
 //! texts, old-protocol.txt frames, dlock Responses, yrmcds counter replies). Must not: decide
 //! what a reply says (the owner's `exec_*` files chose the effect).
 
-use crate::proto::dlock as dl;
 use crate::proto::memcache::binary::{self, opcode as opc, status as st};
 use crate::protocol::counter::Counter;
+use crate::protocol::dlock::Dlock;
 use crate::protocol::lockd::Lockd;
 use crate::protocol::Answer;
 use crate::server::effect::push_u64;
-use crate::server::effect::{BinHead, Body, DlockReply, Entries, ItemIter, McReply};
+use crate::server::effect::{BinHead, Body, Entries, ItemIter, McReply};
 use crate::server::msg::McForm;
 
 /// Append `body`'s wire bytes to `out`; `a` is the arena its spans name.
@@ -22,7 +22,7 @@ pub fn write(out: &mut Vec<u8>, body: &Body, a: &[u8]) {
         Body::Literal(s) => out.extend_from_slice(s.get(a)),
         Body::Mc(r) => mc(out, r, a),
         Body::Lockd(r) => Lockd::write(out, r, a),
-        Body::Dlock(r) => dlock(out, r, a),
+        Body::Dlock(r) => Dlock::write(out, r, a),
         Body::Counter(r) => Counter::write(out, r, a),
     }
 }
@@ -180,19 +180,6 @@ pub fn text_value_len(key: usize, flags: u32, value: usize, cas: Option<u64>) ->
 
 fn digits(n: u64) -> usize {
     n.checked_ilog10().map_or(1, |d| d as usize + 1)
-}
-
-#[inline]
-fn dlock(out: &mut Vec<u8>, r: &DlockReply, a: &[u8]) {
-    dl::encode_response_fenced(
-        out,
-        r.id,
-        r.status,
-        r.text,
-        Entries(r.keys.get(a)),
-        r.time,
-        r.fence,
-    )
 }
 
 #[cfg(test)]

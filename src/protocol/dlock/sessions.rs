@@ -3,16 +3,17 @@
 //!
 //! Owns: which session waits for which Lock (its internal token and request id) and the
 //! backlog of requests and literal replies queued behind it. Must not: run requests
-//! (`exec_dlock.rs` does).
+//! (`exec.rs` does).
 
 use std::collections::VecDeque;
 
 use hashbrown::HashMap;
 
-use super::command::{self, Limits};
+use super::DlockOp;
 use crate::core::codec::{self, DecodeError, Reader};
 use crate::core::Session;
-use crate::server::msg::{Arena, ConnId, DlockOp, Op, OpMsg};
+use crate::server::command::{self, Limits};
+use crate::server::msg::{Arena, ConnId, Op, OpMsg};
 
 /// The connection a deferred request is written under in a snapshot (it belongs to its
 /// session, not to a connection).

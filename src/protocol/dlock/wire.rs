@@ -626,5 +626,5 @@ mod client_tests {
 }
 
 #[cfg(test)]
-#[path = "dlock_tests.rs"]
+#[path = "wire_tests.rs"]
 mod tests;

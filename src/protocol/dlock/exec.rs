@@ -1,4 +1,4 @@
-//! dlock requests applied to the dlock table (contract: "dlock protocol").
+//! dlock requests applied to the dlock table.
 //!
 //! One connection's requests are answered in order, and a waiting Lock delays that connection's
 //! later answers: while a connection has a Lock waiting, its later requests are kept here, in
@@ -7,53 +7,59 @@
 
 use std::collections::VecDeque;
 
-use super::dlock_sessions::{Deferred, Waiting};
-use super::tables::Tables;
+use super::sessions::{Deferred, Waiting};
+use super::wire::{status, Keys};
+use super::{Dlock, DlockKind, DlockOp, DlockReply};
 use crate::core::dlock::{DlockEvent, LockRequest, LockResult};
 use crate::core::{Now, Session};
-use crate::proto::dlock::{status, Keys};
-use crate::server::effect::{self, Body, DlockReply, Effects};
-use crate::server::msg::{DlockKind, DlockOp, Span};
+use crate::protocol::Execute;
+use crate::server::effect::{self, Body, Effects};
+use crate::server::msg::Span;
+use crate::server::owner::Tables;
+use crate::server::Shared;
 
 pub fn open(t: &mut Tables, session: Session, now: Now) {
     t.dlock.connect(session, now.ms);
 }
 
 /// A request arrives: it resets the idle timer, then runs now or waits behind a pending Lock.
-pub fn receive(
-    t: &mut Tables,
-    fx: &mut Effects,
-    session: Session,
-    op: DlockOp,
-    arena: &[u8],
-    now: Now,
-) {
-    // Any request resets the idle timer; Lock and Unlock do it inside the table.
-    if !matches!(op.kind, DlockKind::Lock { .. } | DlockKind::Unlock { .. }) {
-        t.dlock.touch(session, now.ms);
+impl Execute for Dlock {
+    fn apply(
+        t: &mut Tables,
+        fx: &mut Effects,
+        _shared: &Shared,
+        session: Session,
+        op: DlockOp,
+        arena: &[u8],
+        now: Now,
+    ) {
+        // Any request resets the idle timer; Lock and Unlock do it inside the table.
+        if !matches!(op.kind, DlockKind::Lock { .. } | DlockKind::Unlock { .. }) {
+            t.dlock.touch(session, now.ms);
+        }
+        if let Some(w) = t.dlock_sessions.waiting.get_mut(&session) {
+            let (op, bytes) = match op.kind {
+                DlockKind::Lock { keys, .. } | DlockKind::Unlock { keys, .. } => {
+                    let bytes: Box<[u8]> = keys.get(arena).into();
+                    (
+                        rebase(
+                            op,
+                            Span {
+                                start: 0,
+                                len: keys.len,
+                            },
+                        ),
+                        bytes,
+                    )
+                }
+                _ => (op, Box::default()),
+            };
+            w.backlog.push_back(Deferred::Request(op, bytes));
+            return;
+        }
+        run(t, fx, session, op, arena, now);
+        deliver_events(t, fx, now);
     }
-    if let Some(w) = t.dlock_sessions.waiting.get_mut(&session) {
-        let (op, bytes) = match op.kind {
-            DlockKind::Lock { keys, .. } | DlockKind::Unlock { keys, .. } => {
-                let bytes: Box<[u8]> = keys.get(arena).into();
-                (
-                    rebase(
-                        op,
-                        Span {
-                            start: 0,
-                            len: keys.len,
-                        },
-                    ),
-                    bytes,
-                )
-            }
-            _ => (op, Box::default()),
-        };
-        w.backlog.push_back(Deferred::Request(op, bytes));
-        return;
-    }
-    run(t, fx, session, op, arena, now);
-    deliver_events(t, fx, now);
 }
 
 fn rebase(mut op: DlockOp, to: Span) -> DlockOp {

@@ -1,0 +1,71 @@
+//! dlock (`dlock.proto`): multi-key locks with waits and leases over length-prefixed protobuf
+//! messages, on its own listener (`--dlock`).
+//!
+//! `wire` decodes Requests and encodes Responses; `decode` checks a Request on the worker
+//! (version, access token, type, key count) and hands it to the owner as a [`DlockOp`]; `exec`
+//! applies it to the dlock table ([`crate::core::dlock`]), keeping a connection's later
+//! requests behind its waiting Lock (`sessions`); `reply` writes a [`DlockReply`]; `command`
+//! stores a [`DlockOp`] in a command entry.
+
+mod command;
+mod decode;
+pub(crate) mod exec;
+mod reply;
+pub(crate) mod sessions;
+pub mod wire;
+
+pub use command::REFUSALS;
+pub use exec::LEASE_CLOCK_SLACK_MS;
+pub use reply::tag as reply_tag;
+
+use super::Protocol;
+use crate::server::msg::Span;
+
+/// One dlock request, already checked by the worker for version, type, token and key count.
+#[derive(Clone, Copy, Debug)]
+pub enum DlockKind {
+    Ping,
+    /// `keys` spans the raw RequestLock message (iterate with [`wire::Keys`]).
+    Lock {
+        keys: Span,
+        key_count: u32,
+        wait_us: Option<u64>,
+        lease_us: Option<u64>,
+    },
+    Unlock {
+        keys: Span,
+        key_count: u32,
+    },
+    /// Answer with this status and error text, touching nothing.
+    Refuse {
+        status: u32,
+        text: &'static str,
+    },
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct DlockOp {
+    pub id: Option<u64>,
+    pub kind: DlockKind,
+}
+
+/// A dlock Response.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DlockReply {
+    pub id: Option<u64>,
+    pub status: u32,
+    pub text: Option<&'static str>,
+    /// Keys (entries): busy or not-held keys.
+    pub keys: Span,
+    pub time: i64,
+    /// The fencing token of a granted Lock (Response field 7).
+    pub fence: Option<u64>,
+}
+
+/// The dlock protocol.
+pub(crate) struct Dlock;
+
+impl Protocol for Dlock {
+    type Op = DlockOp;
+    type Reply = DlockReply;
+}
