@@ -8,4 +8,4 @@
 pub use crate::protocol::counter::wire as counter;
 pub use crate::protocol::dlock::wire as dlock;
 pub use crate::protocol::lockd::wire as lockd;
-pub mod memcache;
+pub use crate::protocol::memcache::wire as memcache;

@@ -17,6 +17,7 @@
 pub mod counter;
 pub mod dlock;
 pub mod lockd;
+pub mod memcache;
 
 use crate::core::codec::{DecodeError, Reader};
 use crate::core::{Now, Session};

@@ -16,12 +16,14 @@ use crate::core::Session;
 use crate::protocol::counter::Counter;
 use crate::protocol::dlock::Dlock;
 use crate::protocol::lockd::Lockd;
+use crate::protocol::memcache::Memcache;
 use crate::protocol::Answer;
-use crate::server::msg::{Arena, ConnId, McForm, Span};
+use crate::server::msg::{Arena, ConnId, Span};
 
 pub use crate::protocol::counter::{put_counter, CounterEntry, CounterIter, CounterReply};
 pub use crate::protocol::dlock::DlockReply;
 pub use crate::protocol::lockd::LockdReply;
+pub use crate::protocol::memcache::{put_item, BinHead, ItemEntry, ItemIter, McReply};
 
 /// One effect of a turn, for one session.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,64 +55,6 @@ pub enum Body {
     Lockd(LockdReply),
     Dlock(DlockReply),
     Counter(CounterReply),
-}
-
-/// A binary memcached response's header fields that every binary reply has.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct BinHead {
-    pub opcode: u8,
-    pub status: u16,
-    pub opaque: u32,
-}
-
-/// A memcached reply (text or binary).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum McReply {
-    /// Text words (`STORED\r\n`).
-    Words(&'static [u8]),
-    /// incr/decr's new value in text: `<n>\r\n`.
-    Number(u64),
-    /// `TOKEN <n>\r\n`.
-    Token(u64),
-    /// A text get's hits (entries written by [`put_item`]), then `END`.
-    Items { items: Span, cas: bool },
-    /// A binary response without key or extras: success (empty `value`), an error with its
-    /// status text, or Version.
-    Bin {
-        head: BinHead,
-        cas: u64,
-        value: &'static [u8],
-    },
-    /// A binary hit: the item's flags as extras, its key (K variants only, else empty) and value.
-    BinItem {
-        head: BinHead,
-        cas: u64,
-        flags: u32,
-        key: Span,
-        value: Span,
-    },
-    /// A binary response with a key and a static value, no extras (a K variant's miss).
-    BinKeyed {
-        head: BinHead,
-        key: Span,
-        value: &'static [u8],
-    },
-    /// A binary incr/decr: the new value, 8 bytes big-endian.
-    BinNumber { head: BinHead, cas: u64, value: u64 },
-    /// `stats`: name/value pairs (entries, two per statistic), then the end, or the error for an
-    /// unknown group (`known` false).
-    Stats {
-        form: McForm,
-        pairs: Span,
-        known: bool,
-    },
-    /// One step of a key dump: keys (entries), in text (`binary` None) or binary with its
-    /// opaque, and whether the dump ends here.
-    Keys {
-        binary: Option<u32>,
-        keys: Span,
-        end: bool,
-    },
 }
 
 /// A turn's effects, in the order apply produced them, with their bytes. Reused across turns
@@ -201,16 +145,6 @@ pub mod tag {
     pub const NOTHING: u8 = 0;
     pub const LITERAL: u8 = 1;
     pub const ABORT: u8 = 2;
-    pub const MC_WORDS: u8 = 10;
-    pub const MC_NUMBER: u8 = 11;
-    pub const MC_TOKEN: u8 = 12;
-    pub const MC_ITEMS: u8 = 13;
-    pub const MC_BIN: u8 = 14;
-    pub const MC_BIN_ITEM: u8 = 15;
-    pub const MC_BIN_NUMBER: u8 = 16;
-    pub const MC_BIN_KEYED: u8 = 19;
-    pub const MC_STATS: u8 = 17;
-    pub const MC_KEYS: u8 = 18;
     pub use crate::protocol::counter::reply_tag::{
         DUMP as COUNTER_DUMP, STATS as COUNTER_STATS, STATUS as COUNTER_STATUS,
     };
@@ -218,17 +152,17 @@ pub mod tag {
     pub use crate::protocol::lockd::reply_tag::{
         FRAME as LOCKD_FRAME, SYNC as LOCKD_SYNC, TOKEN as LOCKD_TOKEN,
     };
+    pub use crate::protocol::memcache::reply_tag::{
+        BIN as MC_BIN, BIN_ITEM as MC_BIN_ITEM, BIN_KEYED as MC_BIN_KEYED,
+        BIN_NUMBER as MC_BIN_NUMBER, ITEMS as MC_ITEMS, KEYS as MC_KEYS, NUMBER as MC_NUMBER,
+        STATS as MC_STATS, TOKEN as MC_TOKEN, WORDS as MC_WORDS,
+    };
 }
 
 impl Body {
     /// The body alone in canonical bytes (see [`Effects::encode_canonical`]).
     pub fn encode_canonical(&self, a: &[u8], out: &mut Vec<u8>) {
-        use codec::{put_bool, put_bytes, put_opt_u64, put_u64, put_u8};
-        let head = |out: &mut Vec<u8>, h: &BinHead| {
-            put_u8(out, h.opcode);
-            put_u64(out, u64::from(h.status));
-            put_u64(out, u64::from(h.opaque));
-        };
+        use codec::{put_bytes, put_u8};
         match *self {
             Body::Nothing => put_u8(out, tag::NOTHING),
             Body::Abort => put_u8(out, tag::ABORT),
@@ -236,96 +170,7 @@ impl Body {
                 put_u8(out, tag::LITERAL);
                 put_bytes(out, s.get(a));
             }
-            Body::Mc(r) => match r {
-                McReply::Words(w) => {
-                    put_u8(out, tag::MC_WORDS);
-                    put_bytes(out, w);
-                }
-                McReply::Number(n) => {
-                    put_u8(out, tag::MC_NUMBER);
-                    put_u64(out, n);
-                }
-                McReply::Token(n) => {
-                    put_u8(out, tag::MC_TOKEN);
-                    put_u64(out, n);
-                }
-                McReply::Items { items, cas } => {
-                    put_u8(out, tag::MC_ITEMS);
-                    put_bool(out, cas);
-                    for it in ItemIter(items.get(a)) {
-                        put_bytes(out, it.key);
-                        put_u64(out, u64::from(it.flags));
-                        put_u64(out, it.cas);
-                        put_bytes(out, it.value);
-                    }
-                }
-                McReply::Bin {
-                    head: h,
-                    cas,
-                    value,
-                } => {
-                    put_u8(out, tag::MC_BIN);
-                    head(out, &h);
-                    put_u64(out, cas);
-                    put_bytes(out, value);
-                }
-                McReply::BinItem {
-                    head: h,
-                    cas,
-                    flags,
-                    key,
-                    value,
-                } => {
-                    put_u8(out, tag::MC_BIN_ITEM);
-                    head(out, &h);
-                    put_u64(out, cas);
-                    put_u64(out, u64::from(flags));
-                    put_bytes(out, key.get(a));
-                    put_bytes(out, value.get(a));
-                }
-                McReply::BinKeyed {
-                    head: h,
-                    key,
-                    value,
-                } => {
-                    put_u8(out, tag::MC_BIN_KEYED);
-                    head(out, &h);
-                    put_bytes(out, key.get(a));
-                    put_bytes(out, value);
-                }
-                McReply::BinNumber {
-                    head: h,
-                    cas,
-                    value,
-                } => {
-                    put_u8(out, tag::MC_BIN_NUMBER);
-                    head(out, &h);
-                    put_u64(out, cas);
-                    put_u64(out, value);
-                }
-                McReply::Stats { form, pairs, known } => {
-                    put_u8(out, tag::MC_STATS);
-                    match form {
-                        McForm::Text { noreply } => {
-                            put_u8(out, 0);
-                            put_bool(out, noreply);
-                        }
-                        McForm::Binary { opcode, opaque } => {
-                            put_u8(out, 1);
-                            put_u8(out, opcode);
-                            put_u64(out, u64::from(opaque));
-                        }
-                    }
-                    put_bool(out, known);
-                    Entries(pairs.get(a)).for_each(|e| put_bytes(out, e));
-                }
-                McReply::Keys { binary, keys, end } => {
-                    put_u8(out, tag::MC_KEYS);
-                    put_opt_u64(out, binary.map(u64::from));
-                    put_bool(out, end);
-                    Entries(keys.get(a)).for_each(|e| put_bytes(out, e));
-                }
-            },
+            Body::Mc(r) => Memcache::encode_canonical(&r, a, out),
             Body::Lockd(r) => Lockd::encode_canonical(&r, a, out),
             Body::Dlock(r) => Dlock::encode_canonical(&r, a, out),
             Body::Counter(r) => Counter::encode_canonical(&r, a, out),
@@ -352,7 +197,7 @@ pub(crate) fn take_u32(b: &mut &[u8]) -> Option<u32> {
     Some(u32::from_le_bytes(*head))
 }
 
-fn take_u64(b: &mut &[u8]) -> Option<u64> {
+pub(crate) fn take_u64(b: &mut &[u8]) -> Option<u64> {
     let (head, rest) = b.split_first_chunk::<8>()?;
     *b = rest;
     Some(u64::from_le_bytes(*head))
@@ -383,67 +228,13 @@ impl<'a> Iterator for Entries<'a> {
     }
 }
 
-/// One hit of a text get, as [`put_item`] writes it.
-pub struct ItemEntry<'a> {
-    pub key: &'a [u8],
-    pub flags: u32,
-    pub cas: u64,
-    pub value: &'a [u8],
-}
-
-/// Append one item: flags, cas, key entry, value entry.
-pub fn put_item(a: &mut Arena, key: &[u8], flags: u32, cas: u64, value: &[u8]) {
-    a.bytes.extend_from_slice(&flags.to_le_bytes());
-    a.bytes.extend_from_slice(&cas.to_le_bytes());
-    put_entry(a, key);
-    put_entry(a, value);
-}
-
-pub struct ItemIter<'a>(pub &'a [u8]);
-
-impl<'a> Iterator for ItemIter<'a> {
-    type Item = ItemEntry<'a>;
-
-    fn next(&mut self) -> Option<ItemEntry<'a>> {
-        let mut b = self.0;
-        let item = (|| {
-            let flags = take_u32(&mut b)?;
-            let cas = take_u64(&mut b)?;
-            let key = take_entry(&mut b)?;
-            let value = take_entry(&mut b)?;
-            Some(ItemEntry {
-                key,
-                flags,
-                cas,
-                value,
-            })
-        })();
-        self.0 = if item.is_some() { b } else { &[] };
-        item
-    }
-}
-
 impl Body {
     /// Every span this body names, to re-base when its bytes move to another arena.
     pub fn spans_mut(&mut self, mut f: impl FnMut(&mut Span)) {
         match self {
             Body::Nothing | Body::Abort => {}
             Body::Literal(s) => f(s),
-            Body::Mc(r) => match r {
-                McReply::Words(_)
-                | McReply::Number(_)
-                | McReply::Token(_)
-                | McReply::Bin { .. }
-                | McReply::BinNumber { .. } => {}
-                McReply::Items { items, .. } => f(items),
-                McReply::BinItem { key, value, .. } => {
-                    f(key);
-                    f(value);
-                }
-                McReply::BinKeyed { key, .. } => f(key),
-                McReply::Stats { pairs, .. } => f(pairs),
-                McReply::Keys { keys, .. } => f(keys),
-            },
+            Body::Mc(r) => Memcache::spans_mut(r, f),
             Body::Lockd(r) => Lockd::spans_mut(r, f),
             Body::Dlock(r) => Dlock::spans_mut(r, f),
             Body::Counter(r) => Counter::spans_mut(r, f),

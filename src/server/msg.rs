@@ -8,11 +8,11 @@
 //! worker encodes the wire bytes.
 
 use crate::core::codec;
-use crate::core::store::StoreMode;
 
 pub use crate::protocol::counter::{CounterKind, CounterOp};
 pub use crate::protocol::dlock::{DlockKind, DlockOp};
 pub use crate::protocol::lockd::LockdOp;
+pub use crate::protocol::memcache::{McCmd, McForm, McOp};
 
 /// Identity of one client connection: the cluster node that accepted it (0 on a single
 /// node), which worker owns it, its slab slot, and the generation of that slot. A slot is
@@ -99,113 +99,6 @@ impl Arena {
         Span {
             start,
             len: data.len() as u32,
-        }
-    }
-}
-
-/// How a memcached request is answered: the wire form it came in, and what it asked of the
-/// reply. Everything else about a request is in its [`McCmd`], the same for text and binary.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum McForm {
-    /// A text request; `noreply` asks for no answer.
-    Text { noreply: bool },
-    /// A binary request: its opcode (which also says quiet, and whether a hit carries its key)
-    /// and the opaque every reply echoes.
-    Binary { opcode: u8, opaque: u32 },
-}
-
-/// One memcached request as a semantic command, decoded on the worker from text or binary.
-#[derive(Clone, Copy, Debug)]
-pub enum McCmd {
-    /// Retrieve items, and with `touch` set their expiry too (gat). `keys` is text's
-    /// space-separated list, or a binary request's one key (which may hold spaces).
-    Get {
-        keys: Span,
-        cas: bool,
-        touch: Option<i64>,
-    },
-    /// set/add/replace/append/prepend, and text's `cas` (a `Set` with `cas`).
-    Store {
-        mode: StoreMode,
-        key: Span,
-        flags: u32,
-        exptime: i64,
-        value: Span,
-        cas: Option<u64>,
-    },
-    Delete {
-        key: Span,
-        cas: Option<u64>,
-    },
-    /// incr/decr; binary's may create the item (`create`: initial value and expiry).
-    Arith {
-        key: Span,
-        incr: bool,
-        delta: u64,
-        create: Option<(u64, i64)>,
-        cas: Option<u64>,
-    },
-    Touch {
-        key: Span,
-        exptime: i64,
-    },
-    Flush {
-        delay: i64,
-    },
-    Stats {
-        arg: Option<Span>,
-    },
-    Lock {
-        key: Span,
-    },
-    Unlock {
-        key: Span,
-    },
-    UnlockAll,
-    /// `lock_token KEY`: the caller's fencing token for KEY's lock.
-    LockToken {
-        key: Span,
-    },
-    /// yrmcds's LaG (lock and get), with an optional new expiry.
-    LockAndGet {
-        key: Span,
-        touch: Option<i64>,
-    },
-    /// yrmcds's RaU (replace and unlock).
-    ReplaceAndUnlock {
-        key: Span,
-        flags: u32,
-        exptime: i64,
-        value: Span,
-        cas: Option<u64>,
-    },
-    /// yrmcds's key dump (`keys [<prefix>]`, binary Keys; an empty prefix lists every key).
-    Keys {
-        prefix: Span,
-    },
-    /// Continue this connection's key dump: sent by the worker, not counted in flight, once the
-    /// previous chunk went out (`docs/compat.md`).
-    KeysNext,
-    /// Binary Noop, Version, Verbosity and Quit (text answers its own on the worker): they go
-    /// through the owner to keep their place among the connection's replies and in `stats ops`.
-    Noop,
-    Version,
-    Verbosity,
-    Quit,
-}
-
-/// One memcached request: what it asks, and how to answer.
-#[derive(Clone, Copy, Debug)]
-pub struct McOp {
-    pub cmd: McCmd,
-    pub form: McForm,
-}
-
-impl McOp {
-    pub const fn text(cmd: McCmd, noreply: bool) -> McOp {
-        McOp {
-            cmd,
-            form: McForm::Text { noreply },
         }
     }
 }

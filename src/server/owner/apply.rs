@@ -11,6 +11,7 @@ use crate::core::Now;
 use crate::protocol::counter::Counter;
 use crate::protocol::dlock::Dlock;
 use crate::protocol::lockd::Lockd;
+use crate::protocol::memcache::Memcache;
 use crate::protocol::Execute;
 use crate::server::effect::{Body, Effects};
 use crate::server::msg::{ConnId, Op, OpMsg};
@@ -59,7 +60,7 @@ pub fn apply_op(
     // or its first request when no Open came) starts its session.
     let session = t.sessions.session(conn);
     match op {
-        Op::Mc(op) => super::exec_mc::apply(t, fx, shared, session, op, arena, now),
+        Op::Mc(op) => Memcache::apply(t, fx, shared, session, op, arena, now),
         Op::Lockd(op) => Lockd::apply(t, fx, shared, session, op, arena, now),
         Op::Dlock(op) => Dlock::apply(t, fx, shared, session, op, arena, now),
         Op::Counter(op) => Counter::apply(t, fx, shared, session, op, arena, now),

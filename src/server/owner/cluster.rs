@@ -79,13 +79,13 @@ use crate::cluster::transport::{PeerTls, PeerTlsConfigs};
 use crate::config::ClusterConfig;
 use crate::core::codec::{self, DecodeError, Reader};
 use crate::core::Now;
-use crate::proto::memcache::binary;
 use crate::protocol::counter::Counter;
 use crate::protocol::dlock::Dlock;
 use crate::protocol::lockd::Lockd;
+use crate::protocol::memcache::Memcache;
 use crate::protocol::Answer as _;
 use crate::server::effect::{Body, Effect, Effects};
-use crate::server::msg::{Arena, Batch, ConnId, McForm, Op, OpMsg, Replies, ToOwner};
+use crate::server::msg::{Arena, Batch, ConnId, Op, OpMsg, Replies, ToOwner};
 use crate::server::Shared;
 
 /// A proposal's first byte: what it is.
@@ -130,9 +130,6 @@ pub fn max_entry_bytes(max_item_size: usize) -> usize {
 /// What an op adds to an entry beyond its bytes in the arena, about (ids, tags, lengths; a
 /// small dlock request takes about 48 bytes in all).
 const OP_OVERHEAD: usize = 64;
-/// binary protocol status "temporary failure" (memcached's PROTOCOL_BINARY_RESPONSE_ETMPFAIL).
-const BINARY_TEMPORARY_FAILURE: u16 = 0x0086;
-const NO_QUORUM: &str = "no quorum";
 /// The exit status of a node whose storage failed (sysexits' EX_IOERR).
 const EXIT_STORAGE_FAILED: i32 = 74;
 
@@ -1693,22 +1690,7 @@ fn no_quorum(out: &mut Outbox, m: &OpMsg, arena: &Arena) {
     let mut w = Vec::new();
     let close = match m.op {
         Op::Mc(op) => {
-            match op.form {
-                McForm::Text { noreply: true } => {}
-                McForm::Text { noreply: false } => {
-                    w.extend_from_slice(b"SERVER_ERROR no quorum\r\n")
-                }
-                McForm::Binary { opcode, opaque } => binary::encode_response(
-                    &mut w,
-                    opcode,
-                    BINARY_TEMPORARY_FAILURE,
-                    opaque,
-                    0,
-                    &[],
-                    &[],
-                    NO_QUORUM.as_bytes(),
-                ),
-            }
+            Memcache::no_quorum(&op, &arena.bytes, now_unix_ms(), &mut w);
             true
         }
         Op::Lockd(op) => {

@@ -1,6 +1,9 @@
 use super::*;
+use crate::core::store::StoreMode;
 use crate::rng::Rng;
-use crate::server::msg::{CounterKind, CounterOp, DlockKind, DlockOp, LockdOp};
+use crate::server::msg::{
+    CounterKind, CounterOp, DlockKind, DlockOp, LockdOp, McCmd, McForm, McOp,
+};
 use crate::server::Proto;
 
 /// A valid RequestLock message of one to three random keys (field 1, length-delimited).

@@ -23,18 +23,16 @@ mod apply;
 pub mod cluster;
 pub mod command;
 mod exec_admin;
-mod exec_mc;
-mod mc_state;
 mod outbox;
 pub mod sessions;
-mod stats;
+pub(crate) mod stats;
 mod tables;
 
 pub use crate::protocol::dlock::LEASE_CLOCK_SLACK_MS;
 pub use crate::protocol::lockd::MAX_QUEUED_PER_CONN as LOCKD_MAX_QUEUED_PER_CONN;
-pub use apply::{apply_op, apply_turn, fire_timers};
 #[cfg(test)]
-pub use exec_mc::KEYS_SLOTS_PER_STEP;
+pub use crate::protocol::memcache::KEYS_SLOTS_PER_STEP;
+pub use apply::{apply_op, apply_turn, fire_timers};
 pub use outbox::Outbox;
 pub use tables::Tables;
 

@@ -128,7 +128,7 @@ pub fn write(
         }
         // yrmcds's groups (cybozu/yrmcds src/memcache/memcache.cpp, `stats_ops`, `stats_sizes`).
         Some(b"ops") => {
-            use super::mc_state::{BINARY_OPS, TEXT_OPS};
+            use crate::protocol::memcache::state::{BINARY_OPS, TEXT_OPS};
             let mut name = String::with_capacity(24);
             for (i, op) in TEXT_OPS.iter().enumerate() {
                 name.clear();

@@ -4,7 +4,6 @@
 //! apply commands (`apply.rs`, the `exec_*` files), or know about threads.
 
 use super::admin_state::AdminState;
-use super::mc_state::McState;
 use super::sessions::Sessions;
 use crate::core::codec::{self, DecodeError, Reader, Snapshot};
 use crate::core::counter::CounterTable;
@@ -14,6 +13,7 @@ use crate::core::lockd::{Grant, LockdConfig, LockdTable};
 use crate::core::store::{Store, StoreConfig};
 use crate::core::Now;
 use crate::protocol::dlock::sessions::DlockSessions;
+use crate::protocol::memcache::state::McState;
 
 /// yrmcds's default `counter.stats_interval` (one day) in ms: Dump's "maximum consumption" is the
 /// peak since the start of the current interval, and idle counters at zero are forgotten after

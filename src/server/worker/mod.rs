@@ -29,7 +29,6 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token, Waker};
 use slab::Slab;
 
-mod auth;
 mod boundary;
 pub(crate) mod conn;
 pub(crate) mod decode;
@@ -37,8 +36,9 @@ pub(crate) mod encode;
 
 pub use boundary::TlsBoundary;
 
+pub use crate::protocol::memcache::VERSION_REPLY;
 pub use conn::{MAX_INFLIGHT, REPLY_BUDGET, WBUF_HIGH, WBUF_MAX};
-pub use decode::{Cx, VERSION_REPLY};
+pub use decode::Cx;
 
 use super::effect::Effect;
 use super::msg::{Arena, Batch, Op, OpMsg, Pool, Replies, ToOwner};

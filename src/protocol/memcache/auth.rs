@@ -24,12 +24,12 @@
 //! starts over (a wrong password leaves it unauthenticated, as memcached does), and a text
 //! `set` is a `set`.
 
-use super::conn::Conn;
-use super::decode::{Cx, Step};
-use crate::proto::memcache::binary::{self, opcode, status, HEADER_LEN};
-use crate::proto::memcache::text::MAX_LINE;
-use crate::proto::memcache::BINARY_REQUEST_MAGIC;
+use super::wire::binary::{self, opcode, status, HEADER_LEN};
+use super::wire::text::MAX_LINE;
+use super::wire::BINARY_REQUEST_MAGIC;
 use crate::server::msg::{Batch, ConnId};
+use crate::server::worker::conn::Conn;
+use crate::server::worker::decode::{Cx, Step};
 use crate::tls::Users;
 
 /// SASL opcodes (memcached's protocol_binary.h).

@@ -1,24 +1,26 @@
 //! memcached text and binary requests applied to the item store, answered with typed effects
 //! ([`McReply`]; the worker encodes them).
 //!
-//! Reply texts are memcached's (doc/protocol.txt) and yrmcds's (yrmcds-locking.md); the contract
-//! (`shared/specs/README.md`, "memcached + yrmcds locks") settles the rest. With `--compat
-//! yrmcds` the cases where yrmcds answers otherwise answer as yrmcds does (`docs/compat.md`).
+//! Reply texts are memcached's (doc/protocol.txt) and yrmcds's (yrmcds-locking.md);
+//! `docs/protocol.md` settles the rest. With `--compat yrmcds` the cases where yrmcds answers
+//! otherwise answer as yrmcds does (`docs/compat.md`).
 //! Also yrmcds's extensions: the key dump (`keys`, opcode 0x50), a few thousand slots per step,
-//! and the `stats ops` counters ([`McState`]).
+//! and the `stats ops` counters ([`super::state::McState`]).
 
-use super::mc_state::KeyDump;
-use super::tables::Tables;
+use super::state::KeyDump;
+use super::wire::binary::{self, opcode as opc, status as st};
+use super::wire::text::Keys;
+use super::{BinHead, McCmd, McForm, McOp, McReply, Memcache};
 use crate::config::Compat;
 use crate::core::store::{
     Arith, ArithOutcome, DeleteOutcome, ItemView, LockOutcome, RauOutcome, StoreMode, StoreOutcome,
     UnlockOutcome, Write,
 };
 use crate::core::{Now, Session};
-use crate::proto::memcache::binary::{self, opcode as opc, status as st};
-use crate::proto::memcache::text::Keys;
-use crate::server::effect::{self, BinHead, Body, Effects, McReply};
-use crate::server::msg::{McCmd, McForm, McOp, Span};
+use crate::protocol::Execute;
+use crate::server::effect::{self, Body, Effects};
+use crate::server::msg::Span;
+use crate::server::owner::Tables;
 use crate::server::Shared;
 
 /// Largest reply to one text get/gets/gat/gats (a 64 KiB line names up to ~32,000 keys, each
@@ -122,256 +124,264 @@ fn dump_start(
 }
 
 /// Apply one memcached command and answer it in the form it came in.
-pub fn apply(
-    t: &mut Tables,
-    fx: &mut Effects,
-    shared: &Shared,
-    session: Session,
-    op: McOp,
-    arena: &[u8],
-    now: Now,
-) {
-    let McOp { cmd, form } = op;
-    if let McCmd::KeysNext = cmd {
-        return dump_step(t, fx, session, now);
-    }
-    match form {
-        McForm::Text { .. } => {
-            if let Some(i) = text_op_index(&cmd) {
-                t.mc.text_ops[i] += 1;
-            }
+impl Execute for Memcache {
+    fn apply(
+        t: &mut Tables,
+        fx: &mut Effects,
+        shared: &Shared,
+        session: Session,
+        op: McOp,
+        arena: &[u8],
+        now: Now,
+    ) {
+        let McOp { cmd, form } = op;
+        if let McCmd::KeysNext = cmd {
+            return dump_step(t, fx, session, now);
         }
-        // Every opcode counts; `stats ops` shows those yrmcds names.
-        McForm::Binary { opcode, .. } => t.mc.binary_ops[usize::from(opcode)] += 1,
-    }
-    let yrmcds = shared.config.compat == Compat::Yrmcds;
-    let r = Reply {
-        fx,
-        session,
-        form,
-        yrmcds,
-    };
-    let text = matches!(form, McForm::Text { .. });
-    let s = &mut t.store;
-    match cmd {
-        // yrmcds has no gat/gats.
-        McCmd::Get { touch: Some(_), .. } if text && yrmcds => r.text(b"ERROR\r\n"),
-        McCmd::Get { keys, cas, touch } if text => {
-            text_get(t, r.fx, session, keys.get(arena), cas, touch, now)
-        }
-        McCmd::Get { keys, touch, .. } => {
-            let key = keys.get(arena);
-            t.counters.cmd_get += 1;
-            let item = match touch {
-                Some(e) => {
-                    t.counters.cmd_touch += 1;
-                    s.get_and_touch(key, e, now)
+        match form {
+            McForm::Text { .. } => {
+                if let Some(i) = text_op_index(&cmd) {
+                    t.mc.text_ops[i] += 1;
                 }
-                None => s.get(key, now),
-            };
-            match item {
-                Some(item) => r.hit(&item),
-                None => r.miss(key),
             }
+            // Every opcode counts; `stats ops` shows those yrmcds names.
+            McForm::Binary { opcode, .. } => t.mc.binary_ops[usize::from(opcode)] += 1,
         }
-        McCmd::Store {
-            mode,
-            key,
-            flags,
-            exptime,
-            value,
-            cas,
-        } => {
-            t.counters.cmd_set += 1;
-            let res = s.store(
-                session,
-                mode,
-                Write {
-                    key: key.get(arena),
-                    flags,
-                    exptime,
-                    value: value.get(arena),
-                },
-                cas,
-                now,
-            );
-            let bin = match store_status(res) {
-                // memcached: add of an existing key answers "exists"; replace of a missing one
-                // "not found"; yrmcds: so does append or prepend to a missing item.
-                Err(st::ITEM_NOT_STORED) => match mode {
-                    StoreMode::Add => Err(st::KEY_EXISTS),
-                    StoreMode::Replace => Err(st::KEY_NOT_FOUND),
-                    StoreMode::Append | StoreMode::Prepend if yrmcds => Err(st::KEY_NOT_FOUND),
-                    _ => Err(st::ITEM_NOT_STORED),
-                },
-                other => other,
-            };
-            let words: &[u8] = match res {
-                StoreOutcome::Stored { .. } => b"STORED\r\n",
-                StoreOutcome::NotStored => b"NOT_STORED\r\n",
-                StoreOutcome::Exists => b"EXISTS\r\n",
-                StoreOutcome::NotFound => b"NOT_FOUND\r\n",
-                StoreOutcome::Locked => b"LOCKED\r\n",
-                StoreOutcome::TooLarge => b"SERVER_ERROR object too large for cache\r\n",
-                StoreOutcome::OutOfMemory => b"SERVER_ERROR out of memory storing object\r\n",
-            };
-            r.answer(words, bin);
-        }
-        McCmd::Delete { key, cas } => match s.delete(session, key.get(arena), cas, now) {
-            DeleteOutcome::Deleted => r.answer(b"DELETED\r\n", Ok(0)),
-            // yrmcds: a DeleteQ of a missing key is silent.
-            DeleteOutcome::NotFound if yrmcds && r.quiet() => r.fx.reply(session, Body::Nothing),
-            DeleteOutcome::NotFound => r.answer(b"NOT_FOUND\r\n", Err(st::KEY_NOT_FOUND)),
-            DeleteOutcome::Exists => r.answer(b"EXISTS\r\n", Err(st::KEY_EXISTS)),
-            DeleteOutcome::Locked => r.answer(b"LOCKED\r\n", Err(st::LOCKED)),
-        },
-        McCmd::Arith {
-            key,
-            incr,
-            delta,
-            create,
-            cas,
-        } => {
-            let res = s.incr_decr(
-                session,
-                key.get(arena),
-                Arith {
-                    incr,
-                    delta,
-                    create,
-                    cas,
-                },
-                now,
-            );
-            if let ArithOutcome::Value { value, cas } = res {
-                return r.number(value, cas);
+        let yrmcds = shared.config.compat == Compat::Yrmcds;
+        let r = Reply {
+            fx,
+            session,
+            form,
+            yrmcds,
+        };
+        let text = matches!(form, McForm::Text { .. });
+        let s = &mut t.store;
+        match cmd {
+            // yrmcds has no gat/gats.
+            McCmd::Get { touch: Some(_), .. } if text && yrmcds => r.text(b"ERROR\r\n"),
+            McCmd::Get { keys, cas, touch } if text => {
+                text_get(t, r.fx, session, keys.get(arena), cas, touch, now)
             }
-            let (words, status): (&[u8], u16) = match res {
-                ArithOutcome::Value { .. } => unreachable!("answered above"),
-                ArithOutcome::NotFound => (b"NOT_FOUND\r\n", st::KEY_NOT_FOUND),
-                ArithOutcome::NonNumeric => (
-                    b"CLIENT_ERROR cannot increment or decrement non-numeric value\r\n",
-                    st::NON_NUMERIC,
-                ),
-                ArithOutcome::Exists => (b"EXISTS\r\n", st::KEY_EXISTS),
-                ArithOutcome::Locked => (b"LOCKED\r\n", st::LOCKED),
-                ArithOutcome::OutOfMemory => (b"SERVER_ERROR out of memory\r\n", st::OUT_OF_MEMORY),
-            };
-            r.answer(words, Err(status));
-        }
-        McCmd::Touch { key, exptime } => {
-            t.counters.cmd_touch += 1;
-            let key = key.get(arena);
-            if s.touch(key, exptime, now) {
-                // yrmcds answers a binary touch with the item's CAS.
-                let cas = if yrmcds && !text {
-                    s.peek(key, now).map_or(0, |item| item.cas)
-                } else {
-                    0
+            McCmd::Get { keys, touch, .. } => {
+                let key = keys.get(arena);
+                t.counters.cmd_get += 1;
+                let item = match touch {
+                    Some(e) => {
+                        t.counters.cmd_touch += 1;
+                        s.get_and_touch(key, e, now)
+                    }
+                    None => s.get(key, now),
                 };
-                r.answer(b"TOUCHED\r\n", Ok(cas));
-            } else {
-                r.answer(b"NOT_FOUND\r\n", Err(st::KEY_NOT_FOUND));
-            }
-        }
-        McCmd::Flush { delay } => {
-            t.counters.cmd_flush += 1;
-            s.flush_all(delay, now);
-            r.answer(b"OK\r\n", Ok(0));
-        }
-        // yrmcds has no `stats slabs` nor `stats conns`.
-        McCmd::Stats { arg }
-            if text && yrmcds && matches!(arg.map(|a| a.get(arena)), Some(b"slabs" | b"conns")) =>
-        {
-            r.text(b"ERROR\r\n")
-        }
-        McCmd::Stats { arg } => stats(t, r, shared, arg.map(|a| a.get(arena)), now),
-        // The CAS field of a successful binary Lock carries its fencing token (contract:
-        // "Fencing tokens"); memcached clients ignore a Lock reply's CAS.
-        McCmd::Lock { key } => match s.lock_for_token(session, key.get(arena), now) {
-            Ok(token) => r.answer(b"OK\r\n", Ok(token)),
-            Err(LockOutcome::Locked) => r.answer(b"LOCKED\r\n", Err(st::LOCKED)),
-            Err(_) => r.answer(b"NOT_FOUND\r\n", Err(st::KEY_NOT_FOUND)),
-        },
-        McCmd::Unlock { key } => {
-            const NOT_LOCKED: &[u8] = b"CLIENT_ERROR object is not locked or not found\r\n";
-            match s.unlock(session, key.get(arena), now) {
-                UnlockOutcome::Ok => r.answer(b"OK\r\n", Ok(0)),
-                UnlockOutcome::NotFound => r.answer(NOT_LOCKED, Err(st::KEY_NOT_FOUND)),
-                UnlockOutcome::NotLocked => r.answer(NOT_LOCKED, Err(st::NOT_LOCKED)),
-            }
-        }
-        McCmd::UnlockAll => {
-            s.unlock_all(session, now);
-            r.answer(b"OK\r\n", Ok(0));
-        }
-        McCmd::LockToken { key } => {
-            let reply = match s.lock_token(session, key.get(arena), now) {
-                Some(token) => McReply::Token(token),
-                None => McReply::Words(b"CLIENT_ERROR object is not locked by you\r\n"),
-            };
-            r.fx.reply(session, Body::Mc(reply));
-        }
-        McCmd::LockAndGet { key, touch } => {
-            let key = key.get(arena);
-            t.counters.cmd_get += 1;
-            match s.lock_and_get(session, key, touch, now) {
-                Ok(item) => r.hit(&item),
-                Err(LockOutcome::NotFound) => r.miss(key),
-                Err(_) => r.answer(b"LOCKED\r\n", Err(st::LOCKED)),
-            }
-        }
-        McCmd::ReplaceAndUnlock {
-            key,
-            flags,
-            exptime,
-            value,
-            cas,
-        } => {
-            t.counters.cmd_set += 1;
-            let (key, value) = (key.get(arena), value.get(arena));
-            let status = match s.replace_and_unlock(
-                session,
-                Write {
-                    key,
-                    flags,
-                    exptime,
-                    value,
-                },
-                cas,
-                now,
-            ) {
-                RauOutcome::Stored { cas } => return r.answer(b"STORED\r\n", Ok(cas)),
-                RauOutcome::NotFound => st::KEY_NOT_FOUND,
-                RauOutcome::NotLocked => st::NOT_LOCKED,
-                RauOutcome::Exists => st::KEY_EXISTS,
-                RauOutcome::TooLarge => st::VALUE_TOO_LARGE,
-                RauOutcome::OutOfMemory => st::OUT_OF_MEMORY,
-            };
-            r.answer(b"ERROR\r\n", Err(status));
-        }
-        McCmd::Keys { prefix } => {
-            let binary = match form {
-                McForm::Text { .. } => None,
-                McForm::Binary { opaque, .. } => Some(opaque),
-            };
-            dump_start(t, r.fx, session, prefix.get(arena), binary, now)
-        }
-        McCmd::Noop | McCmd::Verbosity => r.answer(b"OK\r\n", Ok(0)),
-        McCmd::Version => {
-            let v = crate::server::VERSION_REPLY;
-            r.ok(0, &v[b"VERSION ".len()..v.len() - 2]);
-        }
-        McCmd::Quit => {
-            let body = match (r.form, r.quiet()) {
-                (McForm::Binary { opcode, opaque }, false) => {
-                    bin(opcode, st::NO_ERROR, opaque, 0, &[])
+                match item {
+                    Some(item) => r.hit(&item),
+                    None => r.miss(key),
                 }
-                _ => Body::Nothing,
-            };
-            r.fx.push(session, 1, true, body);
+            }
+            McCmd::Store {
+                mode,
+                key,
+                flags,
+                exptime,
+                value,
+                cas,
+            } => {
+                t.counters.cmd_set += 1;
+                let res = s.store(
+                    session,
+                    mode,
+                    Write {
+                        key: key.get(arena),
+                        flags,
+                        exptime,
+                        value: value.get(arena),
+                    },
+                    cas,
+                    now,
+                );
+                let bin = match store_status(res) {
+                    // memcached: add of an existing key answers "exists"; replace of a missing one
+                    // "not found"; yrmcds: so does append or prepend to a missing item.
+                    Err(st::ITEM_NOT_STORED) => match mode {
+                        StoreMode::Add => Err(st::KEY_EXISTS),
+                        StoreMode::Replace => Err(st::KEY_NOT_FOUND),
+                        StoreMode::Append | StoreMode::Prepend if yrmcds => Err(st::KEY_NOT_FOUND),
+                        _ => Err(st::ITEM_NOT_STORED),
+                    },
+                    other => other,
+                };
+                let words: &[u8] = match res {
+                    StoreOutcome::Stored { .. } => b"STORED\r\n",
+                    StoreOutcome::NotStored => b"NOT_STORED\r\n",
+                    StoreOutcome::Exists => b"EXISTS\r\n",
+                    StoreOutcome::NotFound => b"NOT_FOUND\r\n",
+                    StoreOutcome::Locked => b"LOCKED\r\n",
+                    StoreOutcome::TooLarge => b"SERVER_ERROR object too large for cache\r\n",
+                    StoreOutcome::OutOfMemory => b"SERVER_ERROR out of memory storing object\r\n",
+                };
+                r.answer(words, bin);
+            }
+            McCmd::Delete { key, cas } => match s.delete(session, key.get(arena), cas, now) {
+                DeleteOutcome::Deleted => r.answer(b"DELETED\r\n", Ok(0)),
+                // yrmcds: a DeleteQ of a missing key is silent.
+                DeleteOutcome::NotFound if yrmcds && r.quiet() => {
+                    r.fx.reply(session, Body::Nothing)
+                }
+                DeleteOutcome::NotFound => r.answer(b"NOT_FOUND\r\n", Err(st::KEY_NOT_FOUND)),
+                DeleteOutcome::Exists => r.answer(b"EXISTS\r\n", Err(st::KEY_EXISTS)),
+                DeleteOutcome::Locked => r.answer(b"LOCKED\r\n", Err(st::LOCKED)),
+            },
+            McCmd::Arith {
+                key,
+                incr,
+                delta,
+                create,
+                cas,
+            } => {
+                let res = s.incr_decr(
+                    session,
+                    key.get(arena),
+                    Arith {
+                        incr,
+                        delta,
+                        create,
+                        cas,
+                    },
+                    now,
+                );
+                if let ArithOutcome::Value { value, cas } = res {
+                    return r.number(value, cas);
+                }
+                let (words, status): (&[u8], u16) = match res {
+                    ArithOutcome::Value { .. } => unreachable!("answered above"),
+                    ArithOutcome::NotFound => (b"NOT_FOUND\r\n", st::KEY_NOT_FOUND),
+                    ArithOutcome::NonNumeric => (
+                        b"CLIENT_ERROR cannot increment or decrement non-numeric value\r\n",
+                        st::NON_NUMERIC,
+                    ),
+                    ArithOutcome::Exists => (b"EXISTS\r\n", st::KEY_EXISTS),
+                    ArithOutcome::Locked => (b"LOCKED\r\n", st::LOCKED),
+                    ArithOutcome::OutOfMemory => {
+                        (b"SERVER_ERROR out of memory\r\n", st::OUT_OF_MEMORY)
+                    }
+                };
+                r.answer(words, Err(status));
+            }
+            McCmd::Touch { key, exptime } => {
+                t.counters.cmd_touch += 1;
+                let key = key.get(arena);
+                if s.touch(key, exptime, now) {
+                    // yrmcds answers a binary touch with the item's CAS.
+                    let cas = if yrmcds && !text {
+                        s.peek(key, now).map_or(0, |item| item.cas)
+                    } else {
+                        0
+                    };
+                    r.answer(b"TOUCHED\r\n", Ok(cas));
+                } else {
+                    r.answer(b"NOT_FOUND\r\n", Err(st::KEY_NOT_FOUND));
+                }
+            }
+            McCmd::Flush { delay } => {
+                t.counters.cmd_flush += 1;
+                s.flush_all(delay, now);
+                r.answer(b"OK\r\n", Ok(0));
+            }
+            // yrmcds has no `stats slabs` nor `stats conns`.
+            McCmd::Stats { arg }
+                if text
+                    && yrmcds
+                    && matches!(arg.map(|a| a.get(arena)), Some(b"slabs" | b"conns")) =>
+            {
+                r.text(b"ERROR\r\n")
+            }
+            McCmd::Stats { arg } => stats(t, r, shared, arg.map(|a| a.get(arena)), now),
+            // The CAS field of a successful binary Lock carries its fencing token (contract:
+            // "Fencing tokens"); memcached clients ignore a Lock reply's CAS.
+            McCmd::Lock { key } => match s.lock_for_token(session, key.get(arena), now) {
+                Ok(token) => r.answer(b"OK\r\n", Ok(token)),
+                Err(LockOutcome::Locked) => r.answer(b"LOCKED\r\n", Err(st::LOCKED)),
+                Err(_) => r.answer(b"NOT_FOUND\r\n", Err(st::KEY_NOT_FOUND)),
+            },
+            McCmd::Unlock { key } => {
+                const NOT_LOCKED: &[u8] = b"CLIENT_ERROR object is not locked or not found\r\n";
+                match s.unlock(session, key.get(arena), now) {
+                    UnlockOutcome::Ok => r.answer(b"OK\r\n", Ok(0)),
+                    UnlockOutcome::NotFound => r.answer(NOT_LOCKED, Err(st::KEY_NOT_FOUND)),
+                    UnlockOutcome::NotLocked => r.answer(NOT_LOCKED, Err(st::NOT_LOCKED)),
+                }
+            }
+            McCmd::UnlockAll => {
+                s.unlock_all(session, now);
+                r.answer(b"OK\r\n", Ok(0));
+            }
+            McCmd::LockToken { key } => {
+                let reply = match s.lock_token(session, key.get(arena), now) {
+                    Some(token) => McReply::Token(token),
+                    None => McReply::Words(b"CLIENT_ERROR object is not locked by you\r\n"),
+                };
+                r.fx.reply(session, Body::Mc(reply));
+            }
+            McCmd::LockAndGet { key, touch } => {
+                let key = key.get(arena);
+                t.counters.cmd_get += 1;
+                match s.lock_and_get(session, key, touch, now) {
+                    Ok(item) => r.hit(&item),
+                    Err(LockOutcome::NotFound) => r.miss(key),
+                    Err(_) => r.answer(b"LOCKED\r\n", Err(st::LOCKED)),
+                }
+            }
+            McCmd::ReplaceAndUnlock {
+                key,
+                flags,
+                exptime,
+                value,
+                cas,
+            } => {
+                t.counters.cmd_set += 1;
+                let (key, value) = (key.get(arena), value.get(arena));
+                let status = match s.replace_and_unlock(
+                    session,
+                    Write {
+                        key,
+                        flags,
+                        exptime,
+                        value,
+                    },
+                    cas,
+                    now,
+                ) {
+                    RauOutcome::Stored { cas } => return r.answer(b"STORED\r\n", Ok(cas)),
+                    RauOutcome::NotFound => st::KEY_NOT_FOUND,
+                    RauOutcome::NotLocked => st::NOT_LOCKED,
+                    RauOutcome::Exists => st::KEY_EXISTS,
+                    RauOutcome::TooLarge => st::VALUE_TOO_LARGE,
+                    RauOutcome::OutOfMemory => st::OUT_OF_MEMORY,
+                };
+                r.answer(b"ERROR\r\n", Err(status));
+            }
+            McCmd::Keys { prefix } => {
+                let binary = match form {
+                    McForm::Text { .. } => None,
+                    McForm::Binary { opaque, .. } => Some(opaque),
+                };
+                dump_start(t, r.fx, session, prefix.get(arena), binary, now)
+            }
+            McCmd::Noop | McCmd::Verbosity => r.answer(b"OK\r\n", Ok(0)),
+            McCmd::Version => {
+                let v = crate::server::VERSION_REPLY;
+                r.ok(0, &v[b"VERSION ".len()..v.len() - 2]);
+            }
+            McCmd::Quit => {
+                let body = match (r.form, r.quiet()) {
+                    (McForm::Binary { opcode, opaque }, false) => {
+                        bin(opcode, st::NO_ERROR, opaque, 0, &[])
+                    }
+                    _ => Body::Nothing,
+                };
+                r.fx.push(session, 1, true, body);
+            }
+            McCmd::KeysNext => unreachable!("continued above"),
         }
-        McCmd::KeysNext => unreachable!("continued above"),
     }
 }
 
@@ -401,13 +411,8 @@ fn text_get(
         };
         if let Some(item) = item {
             let c = cas.then_some(item.cas);
-            wire += crate::server::worker::encode::text_value_len(
-                item.key.len(),
-                item.flags,
-                item.value.len(),
-                c,
-            );
-            effect::put_item(&mut fx.arena, item.key, item.flags, item.cas, item.value);
+            wire += super::text_value_len(item.key.len(), item.flags, item.value.len(), c);
+            super::put_item(&mut fx.arena, item.key, item.flags, item.cas, item.value);
         }
         if wire > GET_REPLY_CAP {
             // As memcached does when a multi-get outgrows its buffers: say so and close,
@@ -429,7 +434,7 @@ fn stats(t: &Tables, r: Reply<'_>, shared: &Shared, arg: Option<&[u8]>, now: Now
     } = r;
     let mark = fx.mark();
     let arena = &mut fx.arena;
-    let known = super::stats::write(t, shared, now, arg, &mut |name, value| {
+    let known = crate::server::owner::stats::write(t, shared, now, arg, &mut |name, value| {
         effect::put_entry(arena, name.as_bytes());
         effect::put_entry(arena, value);
     });
@@ -611,7 +616,7 @@ impl Reply<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::mc_state::{BINARY_OPS, TEXT_OPS};
+    use super::super::state::{BINARY_OPS, TEXT_OPS};
     use super::*;
     use crate::server::msg::Span;
 

@@ -1,13 +1,13 @@
 //! What the owner keeps for the memcached port beyond the item store: yrmcds's key dumps under
 //! way and its `stats ops` counters, with their snapshot.
 //!
-//! Owns: that state and its canonical bytes. Must not: answer requests (`exec_mc.rs` does).
+//! Owns: that state and its canonical bytes. Must not: answer requests (`exec.rs` does).
 
 use std::collections::BTreeMap;
 
+use super::wire::binary::opcode as opc;
 use crate::core::codec::{self, DecodeError, Reader};
 use crate::core::Session;
-use crate::proto::memcache::binary::opcode as opc;
 
 /// yrmcds's text commands as `stats ops` names them, in its order (cybozu/yrmcds
 /// src/memcache/memcache.cpp, `stats_ops`).
