@@ -7,7 +7,7 @@
 use std::net::SocketAddr;
 
 /// The lock protocols, in the order of the per-protocol arrays: memcache, lockd, dlock, counter.
-pub const PROTOCOLS: usize = 4;
+pub const PROTOCOLS: usize = crate::server::Proto::ALL.len();
 
 use crate::core::Session;
 

@@ -19,10 +19,35 @@ pub mod dlock;
 pub mod lockd;
 pub mod memcache;
 
+/// The list of protocols, one line each, in listener order (their place in per-listener
+/// arrays, and their code in a command entry's `Open`): the listener ([`crate::server::Proto`]
+/// variant), the variant of its ops and replies (`server::msg::Op`, `server::effect::Body`),
+/// its name on the admin port and in logs, the type implementing [`Protocol`], its op and its
+/// reply. `protocols!(m)` calls the macro `m` with the list; each place that dispatches on the
+/// protocol (the enums, the worker's parse, apply, the writer, the canonical encoding, the
+/// command codec, the no-quorum answers) is one such macro, so a new protocol is one more line
+/// here.
+macro_rules! protocols {
+    ($then:ident) => {
+        $then! {
+            Memcache, Mc, "memcache", $crate::protocol::memcache::Memcache,
+                $crate::protocol::memcache::McOp, $crate::protocol::memcache::McReply;
+            Lockd, Lockd, "lockd", $crate::protocol::lockd::Lockd,
+                $crate::protocol::lockd::LockdOp, $crate::protocol::lockd::LockdReply;
+            Dlock, Dlock, "dlock", $crate::protocol::dlock::Dlock,
+                $crate::protocol::dlock::DlockOp, $crate::protocol::dlock::DlockReply;
+            Counter, Counter, "counter", $crate::protocol::counter::Counter,
+                $crate::protocol::counter::CounterOp, $crate::protocol::counter::CounterReply;
+        }
+    };
+}
+pub(crate) use protocols;
+
 use crate::core::codec::{DecodeError, Reader};
 use crate::core::{Now, Session};
 use crate::server::command::Limits;
 use crate::server::effect::Effects;
+use crate::server::msg::Op;
 use crate::server::msg::{Arena, Batch, ConnId, Span};
 use crate::server::owner::Tables;
 use crate::server::worker::conn::Conn;
@@ -94,4 +119,18 @@ pub(crate) trait Entry: Protocol {
         limits: Limits,
         a: &mut Arena,
     ) -> Option<Result<Self::Op, DecodeError>>;
+}
+
+/// Append the wire answer to a request the cluster gave up on for want of a quorum (its
+/// protocol's [`Answer::no_quorum`]); nothing for an op that is not a request.
+pub(crate) fn no_quorum(op: &Op, arena: &[u8], now_unix_ms: u64, out: &mut Vec<u8>) {
+    macro_rules! answer {
+        ($($proto:ident, $v:ident, $name:literal, $ty:ty, $op:ty, $reply:ty;)*) => {
+            match op {
+                $(Op::$v(op) => <$ty>::no_quorum(op, arena, now_unix_ms, out),)*
+                _ => {}
+            }
+        };
+    }
+    protocols!(answer)
 }

@@ -13,10 +13,6 @@
 
 use crate::core::codec;
 use crate::core::Session;
-use crate::protocol::counter::Counter;
-use crate::protocol::dlock::Dlock;
-use crate::protocol::lockd::Lockd;
-use crate::protocol::memcache::Memcache;
 use crate::protocol::Answer;
 use crate::server::msg::{Arena, ConnId, Span};
 
@@ -40,22 +36,51 @@ pub struct Effect {
     pub conn: Option<ConnId>,
 }
 
-/// What to write, if anything.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Body {
-    /// Nothing (a quiet success, a close, a completion).
-    Nothing,
-    /// Close the connection now: requests still unanswered stay so, and replies not yet written
-    /// are dropped. A cluster node that fenced itself, or whose sessions the cluster expired,
-    /// must not answer anything more on its clients' connections.
-    Abort,
-    /// Bytes the worker answered itself, kept in order behind requests that were at the owner.
-    Literal(Span),
-    Mc(McReply),
-    Lockd(LockdReply),
-    Dlock(DlockReply),
-    Counter(CounterReply),
+macro_rules! define_body {
+    ($($proto:ident, $v:ident, $name:literal, $ty:ty, $op:ty, $reply:ty;)*) => {
+        /// What to write, if anything: a reply of one protocol (one variant per protocol of
+        /// `crate::protocol`'s list), or one of the bodies every connection may get.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub enum Body {
+            /// Nothing (a quiet success, a close, a completion).
+            Nothing,
+            /// Close the connection now: requests still unanswered stay so, and replies not yet
+            /// written are dropped. A cluster node that fenced itself, or whose sessions the
+            /// cluster expired, must not answer anything more on its clients' connections.
+            Abort,
+            /// Bytes the worker answered itself, kept in order behind requests that were at the
+            /// owner.
+            Literal(Span),
+            $($v($reply),)*
+        }
+
+        impl Body {
+            /// The body alone in canonical bytes (see [`Effects::encode_canonical`]).
+            pub fn encode_canonical(&self, a: &[u8], out: &mut Vec<u8>) {
+                use codec::{put_bytes, put_u8};
+                match *self {
+                    Body::Nothing => put_u8(out, tag::NOTHING),
+                    Body::Abort => put_u8(out, tag::ABORT),
+                    Body::Literal(s) => {
+                        put_u8(out, tag::LITERAL);
+                        put_bytes(out, s.get(a));
+                    }
+                    $(Body::$v(r) => <$ty>::encode_canonical(&r, a, out),)*
+                }
+            }
+
+            /// Every span this body names, to re-base when its bytes move to another arena.
+            pub fn spans_mut(&mut self, mut f: impl FnMut(&mut Span)) {
+                match self {
+                    Body::Nothing | Body::Abort => {}
+                    Body::Literal(s) => f(s),
+                    $(Body::$v(r) => <$ty>::spans_mut(r, f),)*
+                }
+            }
+        }
+    };
 }
+crate::protocol::protocols!(define_body);
 
 /// A turn's effects, in the order apply produced them, with their bytes. Reused across turns
 /// (cleared, not dropped) so that the hot path allocates nothing.
@@ -159,25 +184,6 @@ pub mod tag {
     };
 }
 
-impl Body {
-    /// The body alone in canonical bytes (see [`Effects::encode_canonical`]).
-    pub fn encode_canonical(&self, a: &[u8], out: &mut Vec<u8>) {
-        use codec::{put_bytes, put_u8};
-        match *self {
-            Body::Nothing => put_u8(out, tag::NOTHING),
-            Body::Abort => put_u8(out, tag::ABORT),
-            Body::Literal(s) => {
-                put_u8(out, tag::LITERAL);
-                put_bytes(out, s.get(a));
-            }
-            Body::Mc(r) => Memcache::encode_canonical(&r, a, out),
-            Body::Lockd(r) => Lockd::encode_canonical(&r, a, out),
-            Body::Dlock(r) => Dlock::encode_canonical(&r, a, out),
-            Body::Counter(r) => Counter::encode_canonical(&r, a, out),
-        }
-    }
-}
-
 // ---------------------------------------------------------------------------------------------
 // Arena layouts of the lists. The arena is written by apply and read by the worker in the same
 // process, never from the network; the readers still stop at the first short entry rather than
@@ -225,20 +231,6 @@ impl<'a> Iterator for Entries<'a> {
         let e = take_entry(&mut b);
         self.0 = if e.is_some() { b } else { &[] };
         e
-    }
-}
-
-impl Body {
-    /// Every span this body names, to re-base when its bytes move to another arena.
-    pub fn spans_mut(&mut self, mut f: impl FnMut(&mut Span)) {
-        match self {
-            Body::Nothing | Body::Abort => {}
-            Body::Literal(s) => f(s),
-            Body::Mc(r) => Memcache::spans_mut(r, f),
-            Body::Lockd(r) => Lockd::spans_mut(r, f),
-            Body::Dlock(r) => Dlock::spans_mut(r, f),
-            Body::Counter(r) => Counter::spans_mut(r, f),
-        }
     }
 }
 

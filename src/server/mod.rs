@@ -26,35 +26,33 @@ use crate::config::Config;
 pub use owner::{LEASE_CLOCK_SLACK_MS, LOCKD_MAX_QUEUED_PER_CONN};
 pub use worker::{TlsBoundary, MAX_INFLIGHT, REPLY_BUDGET, VERSION_REPLY, WBUF_HIGH, WBUF_MAX};
 
-/// Which wire format a listener (and so each of its connections) speaks.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum Proto {
-    Memcache,
-    Lockd,
-    Dlock,
-    Counter,
-}
-
-impl Proto {
-    /// The protocol's place in per-listener arrays (memcache, lockd, dlock, counter).
-    pub fn index(self) -> usize {
-        match self {
-            Proto::Memcache => 0,
-            Proto::Lockd => 1,
-            Proto::Dlock => 2,
-            Proto::Counter => 3,
+macro_rules! define_proto {
+    ($($proto:ident, $v:ident, $name:literal, $ty:ty, $op:ty, $reply:ty;)*) => {
+        /// Which wire format a listener (and so each of its connections) speaks: one per
+        /// protocol of `crate::protocol`'s list, in its order.
+        #[derive(Clone, Copy, PartialEq, Eq, Debug)]
+        pub enum Proto {
+            $($proto,)*
         }
-    }
 
-    pub fn name(self) -> &'static str {
-        match self {
-            Proto::Memcache => "memcache",
-            Proto::Lockd => "lockd",
-            Proto::Dlock => "dlock",
-            Proto::Counter => "counter",
+        impl Proto {
+            /// Every protocol, in the list's order.
+            pub const ALL: &'static [Proto] = &[$(Proto::$proto,)*];
+
+            /// The protocol's place in per-listener arrays (its place in the list).
+            pub fn index(self) -> usize {
+                self as usize
+            }
+
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(Proto::$proto => $name,)*
+                }
+            }
         }
-    }
+    };
 }
+crate::protocol::protocols!(define_proto);
 
 /// State every thread may read: the configuration, counters kept by the workers, the clock base.
 pub struct Shared {
@@ -63,7 +61,7 @@ pub struct Shared {
     pub curr_connections: AtomicU64,
     /// This process's client sockets per listener (memcache, lockd, dlock, counter): the
     /// workers count a socket from its accept to its close, as `curr_connections`.
-    pub open_per_listener: [AtomicU64; 4],
+    pub open_per_listener: [AtomicU64; Proto::ALL.len()],
     pub total_connections: AtomicU64,
     pub rejected_connections: AtomicU64,
     pub started: Instant,

@@ -103,34 +103,49 @@ impl Arena {
     }
 }
 
-#[derive(Clone, Copy, Debug)]
-pub enum Op {
-    Mc(McOp),
-    Lockd(LockdOp),
-    Dlock(DlockOp),
-    Counter(CounterOp),
-    /// Bytes the worker could answer itself but must keep in order behind operations still at
-    /// the owner; `close` closes the connection after them.
-    Literal {
-        bytes: Span,
-        close: bool,
-    },
-    /// A dlock connection was accepted (starts its idle timer).
-    DlockOpen,
-    /// A connection was accepted from `peer` on a `proto` listener (for the admin port's lock
-    /// listing and per-listener counts). Never answered, not counted in flight.
-    Open {
-        proto: super::Proto,
-        peer: std::net::SocketAddr,
-    },
-    /// The connection is gone: release or orphan what it held, drop its waits. Never answered.
-    Close,
-    /// The client ended its side of a dlock connection (EOF) with requests still in flight. If
-    /// one is a Lock waiting, the client is gone as far as that Lock is concerned ("wait until
-    /// acquired, or the client disconnects"): the owner gives it up and answers with one record
-    /// that completes every request it dropped and closes. Not itself counted in flight.
-    Eof,
+macro_rules! define_op {
+    ($($proto:ident, $v:ident, $name:literal, $ty:ty, $op:ty, $reply:ty;)*) => {
+        /// What a worker sends the owner about one connection: a request of its protocol (one
+        /// variant per protocol of `crate::protocol`'s list), or a connection event.
+        #[derive(Clone, Copy, Debug)]
+        pub enum Op {
+            $($v($op),)*
+        /// Bytes the worker could answer itself but must keep in order behind operations still at
+        /// the owner; `close` closes the connection after them.
+        Literal {
+            bytes: Span,
+            close: bool,
+        },
+        /// A dlock connection was accepted (starts its idle timer).
+        DlockOpen,
+        /// A connection was accepted from `peer` on a `proto` listener (for the admin port's lock
+        /// listing and per-listener counts). Never answered, not counted in flight.
+        Open {
+            proto: super::Proto,
+            peer: std::net::SocketAddr,
+        },
+        /// The connection is gone: release or orphan what it held, drop its waits. Never answered.
+        Close,
+        /// The client ended its side of a dlock connection (EOF) with requests still in flight. If
+        /// one is a Lock waiting, the client is gone as far as that Lock is concerned ("wait until
+        /// acquired, or the client disconnects"): the owner gives it up and answers with one record
+        /// that completes every request it dropped and closes. Not itself counted in flight.
+        Eof,
+        }
+
+        impl Op {
+            /// The protocol whose request this is; `None` for the other ops.
+            #[inline]
+            pub fn proto(&self) -> Option<super::Proto> {
+                match self {
+                    $(Op::$v(_) => Some(super::Proto::$proto),)*
+                    _ => None,
+                }
+            }
+        }
+    };
 }
+crate::protocol::protocols!(define_op);
 
 #[derive(Clone, Copy, Debug)]
 pub struct OpMsg {

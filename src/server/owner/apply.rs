@@ -8,10 +8,6 @@
 
 use super::tables::Tables;
 use crate::core::Now;
-use crate::protocol::counter::Counter;
-use crate::protocol::dlock::Dlock;
-use crate::protocol::lockd::Lockd;
-use crate::protocol::memcache::Memcache;
 use crate::protocol::Execute;
 use crate::server::effect::{Body, Effects};
 use crate::server::msg::{ConnId, Op, OpMsg};
@@ -59,35 +55,37 @@ pub fn apply_op(
     // The tables and the effects see sessions only. A connection's first command (its Open,
     // or its first request when no Open came) starts its session.
     let session = t.sessions.session(conn);
-    match op {
-        Op::Mc(op) => Memcache::apply(t, fx, shared, session, op, arena, now),
-        Op::Lockd(op) => Lockd::apply(t, fx, shared, session, op, arena, now),
-        Op::Dlock(op) => Dlock::apply(t, fx, shared, session, op, arena, now),
-        Op::Counter(op) => Counter::apply(t, fx, shared, session, op, arena, now),
-        Op::DlockOpen => crate::protocol::dlock::exec::open(t, session, now),
-        Op::Open { proto, peer } => t.admin.opened(session, proto, peer),
-        Op::Literal { bytes, close } => {
-            if t.dlock_sessions.is_waiting(session) {
-                t.dlock_sessions
-                    .defer_literal(session, bytes.get(arena), close);
-            } else {
-                let span = fx.bytes(bytes.get(arena));
-                fx.push(session, 1, close, Body::Literal(span));
+    macro_rules! apply {
+        ($($proto:ident, $v:ident, $name:literal, $ty:ty, $op:ty, $reply:ty;)*) => {
+            match op {
+                $(Op::$v(op) => <$ty>::apply(t, fx, shared, session, op, arena, now),)*
+                Op::DlockOpen => crate::protocol::dlock::exec::open(t, session, now),
+                Op::Open { proto, peer } => t.admin.opened(session, proto, peer),
+                Op::Literal { bytes, close } => {
+                    if t.dlock_sessions.is_waiting(session) {
+                        t.dlock_sessions
+                            .defer_literal(session, bytes.get(arena), close);
+                    } else {
+                        let span = fx.bytes(bytes.get(arena));
+                        fx.push(session, 1, close, Body::Literal(span));
+                    }
+                }
+                Op::Eof => crate::protocol::dlock::exec::eof(t, fx, session, now),
+                Op::Close => {
+                    t.mc.disconnect(session);
+                    t.store.disconnect(session, now);
+                    t.lockd.disconnect(session, now.ms);
+                    t.counter.disconnect(session, now.ms);
+                    t.dlock_sessions.remove(session);
+                    t.admin.closed(session);
+                    t.dlock.disconnect(session, now.ms, &mut t.dlock_events);
+                    crate::protocol::dlock::exec::deliver_events(t, fx, now);
+                    t.sessions.close(conn);
+                }
             }
-        }
-        Op::Eof => crate::protocol::dlock::exec::eof(t, fx, session, now),
-        Op::Close => {
-            t.mc.disconnect(session);
-            t.store.disconnect(session, now);
-            t.lockd.disconnect(session, now.ms);
-            t.counter.disconnect(session, now.ms);
-            t.dlock_sessions.remove(session);
-            t.admin.closed(session);
-            t.dlock.disconnect(session, now.ms, &mut t.dlock_events);
-            crate::protocol::dlock::exec::deliver_events(t, fx, now);
-            t.sessions.close(conn);
-        }
+        };
     }
+    crate::protocol::protocols!(apply);
 }
 
 #[cfg(test)]

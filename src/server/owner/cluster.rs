@@ -79,11 +79,6 @@ use crate::cluster::transport::{PeerTls, PeerTlsConfigs};
 use crate::config::ClusterConfig;
 use crate::core::codec::{self, DecodeError, Reader};
 use crate::core::Now;
-use crate::protocol::counter::Counter;
-use crate::protocol::dlock::Dlock;
-use crate::protocol::lockd::Lockd;
-use crate::protocol::memcache::Memcache;
-use crate::protocol::Answer as _;
 use crate::server::effect::{Body, Effect, Effects};
 use crate::server::msg::{Arena, Batch, ConnId, Op, OpMsg, Replies, ToOwner};
 use crate::server::Shared;
@@ -1684,33 +1679,21 @@ fn refuse_poisoned(poisoned: &mut HashSet<ConnId>, out: &mut Outbox, b: &mut Bat
     answered
 }
 
-/// The no-quorum answer to one request (the contract's cluster section), closing its
-/// connection after it.
+/// The no-quorum answer to one request (`docs/cluster.md`), closing its connection after it.
 fn no_quorum(out: &mut Outbox, m: &OpMsg, arena: &Arena) {
     let mut w = Vec::new();
     let close = match m.op {
-        Op::Mc(op) => {
-            Memcache::no_quorum(&op, &arena.bytes, now_unix_ms(), &mut w);
-            true
-        }
-        Op::Lockd(op) => {
-            Lockd::no_quorum(&op, &arena.bytes, now_unix_ms(), &mut w);
-            true
-        }
-        Op::Dlock(op) => {
-            Dlock::no_quorum(&op, &arena.bytes, now_unix_ms(), &mut w);
-            true
-        }
-        Op::Counter(op) => {
-            Counter::no_quorum(&op, &arena.bytes, now_unix_ms(), &mut w);
-            true
-        }
         // The worker's own answer, kept in order behind the others.
         Op::Literal { bytes, close } => {
             w.extend_from_slice(bytes.get(&arena.bytes));
             close
         }
         Op::Open { .. } | Op::Close | Op::DlockOpen | Op::Eof => return,
+        // A request: its protocol's answer.
+        op => {
+            crate::protocol::no_quorum(&op, &arena.bytes, now_unix_ms(), &mut w);
+            true
+        }
     };
     out.direct(m.conn, 1, close, &w);
 }

@@ -22,11 +22,7 @@ use crate::server::msg::ConnId;
 
 use std::net::{IpAddr, SocketAddr};
 
-use crate::protocol::counter::Counter;
-use crate::protocol::dlock::Dlock;
 pub use crate::protocol::dlock::REFUSALS as DLOCK_REFUSALS;
-use crate::protocol::lockd::Lockd;
-use crate::protocol::memcache::Memcache;
 use crate::protocol::Entry;
 use crate::server::msg::{Arena, Batch, Op, OpMsg, Span};
 use crate::server::Proto;
@@ -129,23 +125,16 @@ mod tag {
     // 50 to 54: the counter protocol's (`protocol::counter`).
 }
 
+/// A listener's code: its place in the protocol list.
 fn proto_code(p: Proto) -> u8 {
-    match p {
-        Proto::Memcache => 0,
-        Proto::Lockd => 1,
-        Proto::Dlock => 2,
-        Proto::Counter => 3,
-    }
+    p.index() as u8
 }
 
 fn proto_of(code: u8) -> Result<Proto, DecodeError> {
-    Ok(match code {
-        0 => Proto::Memcache,
-        1 => Proto::Lockd,
-        2 => Proto::Dlock,
-        3 => Proto::Counter,
-        _ => return Err(DecodeError::Invalid("listener")),
-    })
+    Proto::ALL
+        .get(usize::from(code))
+        .copied()
+        .ok_or(DecodeError::Invalid("listener"))
 }
 
 /// One operation: the connection, a tag, then the fields of that variant in declaration order
@@ -153,35 +142,37 @@ fn proto_of(code: u8) -> Result<Proto, DecodeError> {
 pub fn encode_op(m: &OpMsg, arena: &[u8], out: &mut Vec<u8>) {
     m.conn.encode(out);
     let o = out;
-    match m.op {
-        Op::Mc(op) => Memcache::encode_op(&op, arena, o),
-        Op::Lockd(op) => Lockd::encode_op(&op, arena, o),
-        Op::Dlock(op) => Dlock::encode_op(&op, arena, o),
-        Op::Counter(op) => Counter::encode_op(&op, arena, o),
-        Op::Literal { bytes, close } => {
-            o.push(tag::LITERAL);
-            put_span(o, arena, bytes);
-            codec::put_bool(o, close);
-        }
-        Op::DlockOpen => o.push(tag::DLOCK_OPEN),
-        Op::Open { proto, peer } => {
-            o.push(tag::OPEN);
-            o.push(proto_code(proto));
-            match peer.ip() {
-                IpAddr::V4(ip) => {
-                    o.push(4);
-                    o.extend_from_slice(&ip.octets());
+    macro_rules! encode {
+        ($($proto:ident, $v:ident, $name:literal, $ty:ty, $op:ty, $reply:ty;)*) => {
+            match m.op {
+                $(Op::$v(op) => <$ty>::encode_op(&op, arena, o),)*
+                Op::Literal { bytes, close } => {
+                    o.push(tag::LITERAL);
+                    put_span(o, arena, bytes);
+                    codec::put_bool(o, close);
                 }
-                IpAddr::V6(ip) => {
-                    o.push(6);
-                    o.extend_from_slice(&ip.octets());
+                Op::DlockOpen => o.push(tag::DLOCK_OPEN),
+                Op::Open { proto, peer } => {
+                    o.push(tag::OPEN);
+                    o.push(proto_code(proto));
+                    match peer.ip() {
+                        IpAddr::V4(ip) => {
+                            o.push(4);
+                            o.extend_from_slice(&ip.octets());
+                        }
+                        IpAddr::V6(ip) => {
+                            o.push(6);
+                            o.extend_from_slice(&ip.octets());
+                        }
+                    }
+                    codec::put_u64(o, u64::from(peer.port()));
                 }
+                Op::Close => o.push(tag::CLOSE),
+                Op::Eof => o.push(tag::EOF),
             }
-            codec::put_u64(o, u64::from(peer.port()));
-        }
-        Op::Close => o.push(tag::CLOSE),
-        Op::Eof => o.push(tag::EOF),
+        };
     }
+    crate::protocol::protocols!(encode);
 }
 
 /// Decode one operation, its bytes appended to `a` (the inverse of [`encode_op`]).
@@ -222,17 +213,18 @@ pub fn decode_op(r: &mut Reader<'_>, limits: Limits, a: &mut Arena) -> Result<Op
         tag::CLOSE => Op::Close,
         tag::EOF => Op::Eof,
         _ => {
-            if let Some(op) = Memcache::decode_op(t, r, limits, a) {
-                Op::Mc(op?)
-            } else if let Some(op) = Lockd::decode_op(t, r, limits, a) {
-                Op::Lockd(op?)
-            } else if let Some(op) = Dlock::decode_op(t, r, limits, a) {
-                Op::Dlock(op?)
-            } else if let Some(op) = Counter::decode_op(t, r, limits, a) {
-                Op::Counter(op?)
-            } else {
-                return Err(DecodeError::Invalid("operation tag"));
+            // A request: the protocol whose tag this is decodes it.
+            macro_rules! decode_request {
+                ($($proto:ident, $v:ident, $name:literal, $ty:ty, $op:ty, $reply:ty;)*) => {
+                    'found: {
+                        $(if let Some(op) = <$ty>::decode_op(t, r, limits, a) {
+                            break 'found Op::$v(op?);
+                        })*
+                        return Err(DecodeError::Invalid("operation tag"));
+                    }
+                };
             }
+            crate::protocol::protocols!(decode_request)
         }
     };
     Ok(OpMsg { conn, op })

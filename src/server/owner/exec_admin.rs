@@ -11,6 +11,7 @@ use crate::admin::data::{
 use crate::core::Now;
 use crate::core::Session;
 use crate::server::msg::{McCmd, McOp, Op};
+use crate::server::Proto;
 use crate::server::Shared;
 
 /// Lock requests in `ops` per protocol (memcache: yrmcds's lock commands, text or binary; lockd,
@@ -27,11 +28,13 @@ pub fn count_lock_requests<'a>(ops: impl Iterator<Item = &'a Op>) -> [u32; PROTO
                     | McCmd::LockAndGet { .. }
                     | McCmd::ReplaceAndUnlock { .. },
                 ..
-            }) => n[0] += 1,
-            Op::Lockd(_) => n[1] += 1,
-            Op::Dlock(_) => n[2] += 1,
-            Op::Counter(_) => n[3] += 1,
-            _ => {}
+            }) => n[Proto::Memcache.index()] += 1,
+            Op::Mc(_) => {}
+            op => {
+                if let Some(p) = op.proto() {
+                    n[p.index()] += 1;
+                }
+            }
         }
     }
     n

@@ -212,10 +212,7 @@ impl TlsBoundary {
 }
 
 fn is_request(op: &Op) -> bool {
-    matches!(
-        op,
-        Op::Mc(_) | Op::Lockd(_) | Op::Dlock(_) | Op::Counter(_) | Op::Literal { .. }
-    )
+    op.proto().is_some() || matches!(op, Op::Literal { .. })
 }
 
 fn kind(op: &Op) -> &'static str {
@@ -225,7 +222,7 @@ fn kind(op: &Op) -> &'static str {
         Op::Literal { .. } => "literal",
         Op::Eof => "eof",
         Op::Close => "close",
-        Op::Mc(_) | Op::Lockd(_) | Op::Dlock(_) | Op::Counter(_) => "request",
+        _ => "request",
     }
 }
 

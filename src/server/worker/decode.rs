@@ -3,10 +3,6 @@
 
 use super::conn::Conn;
 use crate::config::Config;
-use crate::protocol::counter::Counter;
-use crate::protocol::dlock::Dlock;
-use crate::protocol::lockd::Lockd;
-use crate::protocol::memcache::Memcache;
 use crate::protocol::Decode;
 use crate::server::msg::{Batch, ConnId};
 use crate::server::Proto;
@@ -40,12 +36,14 @@ pub fn parse(
             break;
         }
         let rest = &data[pos..];
-        let step = match conn.proto {
-            Proto::Memcache => Memcache::parse(conn, rest, id, cx, batch),
-            Proto::Lockd => Lockd::parse(conn, rest, id, cx, batch),
-            Proto::Dlock => Dlock::parse(conn, rest, id, cx, batch),
-            Proto::Counter => Counter::parse(conn, rest, id, cx, batch),
-        };
+        macro_rules! parse_one {
+            ($($proto:ident, $v:ident, $name:literal, $ty:ty, $op:ty, $reply:ty;)*) => {
+                match conn.proto {
+                    $(Proto::$proto => <$ty>::parse(conn, rest, id, cx, batch),)*
+                }
+            };
+        }
+        let step = crate::protocol::protocols!(parse_one);
         match step {
             Step::Consumed(n) => pos += n,
             Step::Incomplete => break,

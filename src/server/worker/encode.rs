@@ -1,26 +1,24 @@
 //! Effects to wire bytes: the worker writes each effect routed to one of its connections
-//! straight into that connection's write buffer, with the protocols' encoders (`proto::*`).
+//! straight into that connection's write buffer, with its protocol's writer
+//! (`protocol::<name>::reply`).
 //!
-//! Owns: the exact reply bytes of every protocol (memcached doc/protocol.txt and yrmcds's
-//! texts, old-protocol.txt frames, dlock Responses, yrmcds counter replies). Must not: decide
-//! what a reply says (the owner's `exec_*` files chose the effect).
+//! Owns: the bodies every connection may get (nothing, an abort, the worker's own bytes).
+//! Must not: decide what a reply says (the protocol's `exec` chose the effect).
 
-use crate::protocol::counter::Counter;
-use crate::protocol::dlock::Dlock;
-use crate::protocol::lockd::Lockd;
-use crate::protocol::memcache::Memcache;
 use crate::protocol::Answer;
 use crate::server::effect::Body;
 
 /// Append `body`'s wire bytes to `out`; `a` is the arena its spans name.
 #[inline]
 pub fn write(out: &mut Vec<u8>, body: &Body, a: &[u8]) {
-    match body {
-        Body::Nothing | Body::Abort => {}
-        Body::Literal(s) => out.extend_from_slice(s.get(a)),
-        Body::Mc(r) => Memcache::write(out, r, a),
-        Body::Lockd(r) => Lockd::write(out, r, a),
-        Body::Dlock(r) => Dlock::write(out, r, a),
-        Body::Counter(r) => Counter::write(out, r, a),
+    macro_rules! write_body {
+        ($($proto:ident, $v:ident, $name:literal, $ty:ty, $op:ty, $reply:ty;)*) => {
+            match body {
+                Body::Nothing | Body::Abort => {}
+                Body::Literal(s) => out.extend_from_slice(s.get(a)),
+                $(Body::$v(r) => <$ty>::write(out, r, a),)*
+            }
+        };
     }
+    crate::protocol::protocols!(write_body)
 }
