@@ -35,7 +35,9 @@
 //! touched connection once.
 //!
 //! Modules: [`config`] (flags), [`core`] (the tables: pure state machines, time passed in),
-//! [`proto`] (zero-copy parsers and encoders), [`server`] (threads and glue).
+//! [`protocol`] (one folder per protocol: its wire codec, the worker's decoding, the owner's
+//! executor, its replies and command entries), [`proto`] (the wire codecs by name),
+//! [`server`] (threads and glue).
 
 pub mod admin;
 pub mod cluster;

@@ -1,4 +1,5 @@
-//! Zero-copy parsers and reply encoders for the three wire formats.
+//! The wire codecs of every protocol, by protocol name, for clients, tools and tests: each is
+//! the `wire` module of its protocol's folder (`crate::protocol`).
 //!
 //! Every parser has httparse's shape: it takes the bytes received so far, returns a request that
 //! borrows from them and the number of bytes it consumed, and treats incomplete input as

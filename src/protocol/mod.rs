@@ -3,16 +3,16 @@
 //! A protocol's folder holds everything that is particular to it: its wire codec (`wire`: the
 //! zero-copy parser and the reply encoders, public as [`crate::proto`] for clients and tests),
 //! what the worker makes of a parsed request (`decode`: answer it on the spot, or copy it once
-//! into the owner's batch as the protocol's [`Protocol::Op`]), what the owner does with that op
-//! (`exec`: the protocol's rules over its table, yielding effects), its reply type with its
-//! writer, canonical bytes and spans (`reply`), its ops' encoding in command entries
-//! (`command`), and its answer to a request the cluster gives up on ([`Protocol::no_quorum`]).
+//! into the owner's batch as the protocol's op), what the owner does with that op (`exec`: the
+//! protocol's rules over its table, yielding effects), its reply type with its writer,
+//! canonical bytes and spans, and its answer to a request the cluster gives up on (`reply`),
+//! and its ops' encoding in command entries (`command`).
 //!
-//! The rest of the daemon reaches a protocol only through the [`Protocol`] trait, with static
-//! dispatch: each op and each reply is one variant of a plain enum (`server::msg::Op`,
-//! `server::effect::Body`), matched to the protocol's functions, which inline. Nothing on the
-//! request path goes through a vtable. `docs/adding-a-protocol.md` lists what a new protocol
-//! touches.
+//! The rest of the daemon reaches a protocol only through the traits below (`Protocol` and one
+//! trait per layer), with static dispatch: each op and each reply is one variant of a plain
+//! enum (`server::msg::Op`, `server::effect::Body`) generated from the list of protocols
+//! (`protocols!`), matched to the protocol's functions, which inline. Nothing on the request
+//! path goes through a vtable. `docs/adding-a-protocol.md` lists what a new protocol touches.
 
 pub mod counter;
 pub mod dlock;

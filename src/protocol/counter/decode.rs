@@ -11,6 +11,7 @@ use crate::server::worker::conn::{Conn, REPLY_BUDGET};
 use crate::server::worker::decode::{Cx, Step};
 
 impl Decode for Counter {
+    #[inline]
     fn parse(conn: &mut Conn, buf: &[u8], id: ConnId, _cx: Cx<'_>, batch: &mut Batch) -> Step {
         let (req, n) = match ct::parse(buf) {
             Ok(x) => x,

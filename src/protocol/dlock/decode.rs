@@ -10,6 +10,7 @@ use crate::server::worker::conn::Conn;
 use crate::server::worker::decode::{Cx, Step};
 
 impl Decode for Dlock {
+    #[inline]
     fn parse(conn: &mut Conn, buf: &[u8], id: ConnId, cx: Cx<'_>, batch: &mut Batch) -> Step {
         let config = cx.config;
         let (body, n) = match dl::parse_frame(buf, config.dlock_max_message) {

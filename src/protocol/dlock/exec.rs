@@ -134,7 +134,7 @@ fn respond<'k>(
 /// A lease's duration as the table runs it: rounded up to whole milliseconds, plus one. The
 /// state machine's clock counts whole milliseconds and a grant can happen up to a millisecond
 /// after the current one began, so a lease of exactly its duration on that clock could end up
-/// to a millisecond before its duration has passed; the contract says a lease never ends early.
+/// to a millisecond before its duration has passed; a lease never ends early (`docs/protocol.md`).
 fn lease_on_the_table_clock(lease_us: Option<u64>) -> Option<u64> {
     lease_us
         .filter(|&us| us > 0)

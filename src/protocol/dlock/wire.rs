@@ -1,5 +1,5 @@
 //! dlock frames and a hand-written protobuf (proto2) codec for `Request` and `Response`
-//! (`dlock.txt`, `dlock.proto`, and the "dlock protocol" section of the contract).
+//! (`dlock.txt`, `dlock.proto`, and the dlock section of `docs/protocol.md`).
 //!
 //! Owns: splitting a byte stream into 4-byte big-endian length-prefixed frames, decoding a
 //! `Request` body into a [`Request`] that borrows from the body (no allocation), and appending
@@ -8,7 +8,7 @@
 //! Must not: read a clock, allocate while decoding, panic on any input, or decide what a request
 //! means (version checks, key limits and the access token belong to the daemon).
 //!
-//! Decoding rules (protobuf's, with the choices the contract left open):
+//! Decoding rules (protobuf's, with the choices `dlock.txt` left open):
 //! - Unknown fields of wire types 0 (varint), 1 (64-bit), 2 (length-delimited) and 5 (32-bit) are
 //!   skipped. Groups (wire types 3 and 4, deprecated since proto2 and absent from dlock.proto) and
 //!   the undefined wire types 6 and 7 are invalid.
@@ -26,7 +26,7 @@
 //!   locks are names compared byte for byte, and rejecting a client's odd bytes would gain
 //!   nothing.
 
-/// RequestType values of dlock.proto (Unlock is the contract's extension).
+/// RequestType values of dlock.proto (Unlock is holdfast's extension).
 pub mod req_type {
     pub const PING: u64 = 1;
     pub const LOCK: u64 = 2;
@@ -75,7 +75,7 @@ const F_RESP_STATUS: u32 = 3;
 const F_RESP_ERROR_TEXT: u32 = 4;
 const F_RESP_KEYS: u32 = 5;
 const F_RESP_TIME: u32 = 6;
-/// holdfast's extension (contract: "Fencing tokens"): `optional uint64 fence = 7`, set on every
+/// holdfast's extension (`docs/protocol.md`, "Fencing tokens"): `optional uint64 fence = 7`, set on every
 /// Ok Lock reply. Clients built from the original dlock.proto skip it as an unknown field.
 const F_RESP_FENCE: u32 = 7;
 

@@ -9,6 +9,7 @@ use crate::server::worker::conn::{Conn, REPLY_BUDGET};
 use crate::server::worker::decode::{Cx, Step};
 
 impl Decode for Lockd {
+    #[inline]
     fn parse(conn: &mut Conn, buf: &[u8], id: ConnId, _cx: Cx<'_>, batch: &mut Batch) -> Step {
         let mut out = Vec::new();
         // A version other than 1 gets ERR (empty), then the connection is closed. The

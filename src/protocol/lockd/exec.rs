@@ -17,6 +17,7 @@ use crate::server::Shared;
 pub const MAX_QUEUED_PER_CONN: usize = 1024;
 
 impl Execute for Lockd {
+    #[inline]
     fn apply(
         t: &mut Tables,
         fx: &mut Effects,
@@ -90,7 +91,7 @@ pub fn deliver_grants(t: &mut Tables, fx: &mut Effects) {
     }
 }
 
-/// SYNC: every locked name (the worker frames them, `worker::encode`).
+/// SYNC: every locked name (the worker frames them, `reply.rs`).
 fn sync(t: &mut Tables, fx: &mut Effects, session: Session) {
     let mark = fx.mark();
     let arena = &mut fx.arena.bytes;

@@ -4,8 +4,8 @@
 //! length(20)`, then `length` payload bytes. Every header is well formed (any 20-bit length is
 //! legal), so parsing has no error case: a frame is either complete or not yet.
 //!
-//! Must not: decide what an unknown opcode or a wrong version means (the connection does, per the
-//! contract in `specs/README.md`), allocate while parsing, or panic on any input.
+//! Must not: decide what an unknown opcode or a wrong version means (the worker's decode does, as
+//! `docs/protocol.md` says), allocate while parsing, or panic on any input.
 
 /// Opcodes of old-protocol.txt.
 pub mod op {
@@ -15,7 +15,7 @@ pub mod op {
     pub const PING: u8 = 4;
     pub const ADOPT: u8 = 5;
     pub const SYNC: u8 = 6;
-    /// holdfast's extension (contract: "Fencing tokens"): the caller's fencing token for the
+    /// holdfast's extension (`docs/protocol.md`, "Fencing tokens"): the caller's fencing token for the
     /// named lock, answered with ACK (name, NUL, 8-byte big-endian token) or ERR.
     pub const REQ_TOKEN: u8 = 7;
     pub const ACQUIRED: u8 = 128;
@@ -50,8 +50,8 @@ impl<'a> Frame<'a> {
     /// The object name: the payload bytes before the first NUL; `None` if the payload is empty
     /// or holds no NUL.
     ///
-    /// A payload that starts with NUL yields `Some(b"")`: the contract defines the name as "the
-    /// bytes before the first NUL", so the empty name is a name like any other.
+    /// A payload that starts with NUL yields `Some(b"")`: the name is "the bytes before the
+    /// first NUL", so the empty name is a name like any other.
     pub fn name(&self) -> Option<&'a [u8]> {
         let payload: &'a [u8] = self.payload;
         payload.get(..name_len(payload)?)

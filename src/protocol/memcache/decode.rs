@@ -65,11 +65,12 @@ fn binary_reply_bound(opcode: u8, config: &Config) -> usize {
     }
 }
 
+#[inline]
 fn memcache(conn: &mut Conn, buf: &[u8], id: ConnId, config: &Config, batch: &mut Batch) -> Parsed {
     // Text and binary are told apart per request, by its first byte. A text command starts with
     // an ASCII letter or space, so a first byte with the high bit set is a binary header; any
     // such byte but the request magic 0x80 is a bad magic, and the binary parser closes the
-    // connection for it (the contract: "Binary with a bad magic byte: close"), instead of
+    // connection for it (`docs/protocol.md`: a bad magic byte closes), instead of
     // waiting up to 2048 bytes for a newline that a binary client never sends.
     if buf[0] & 0x80 != 0 {
         return match binary::parse(buf, config.max_item_size) {
@@ -367,6 +368,7 @@ fn binary_command(r: &binary::Request<'_>, yrmcds: bool, a: &mut Arena) -> Resul
 
 /// One parsed binary request: checked and decoded here, answered here when it is refused, else
 /// sent to the owner. False for a SASL request, which the caller answers (it knows the users).
+#[inline]
 fn binary_request(
     conn: &mut Conn,
     req: &binary::Request<'_>,

@@ -295,8 +295,8 @@ impl Execute for Memcache {
                 r.text(b"ERROR\r\n")
             }
             McCmd::Stats { arg } => stats(t, r, shared, arg.map(|a| a.get(arena)), now),
-            // The CAS field of a successful binary Lock carries its fencing token (contract:
-            // "Fencing tokens"); memcached clients ignore a Lock reply's CAS.
+            // The CAS field of a successful binary Lock carries its fencing token
+            // (`docs/protocol.md`, "Fencing tokens"); memcached clients ignore a Lock reply's CAS.
             McCmd::Lock { key } => match s.lock_for_token(session, key.get(arena), now) {
                 Ok(token) => r.answer(b"OK\r\n", Ok(token)),
                 Err(LockOutcome::Locked) => r.answer(b"LOCKED\r\n", Err(st::LOCKED)),

@@ -1,7 +1,7 @@
 //! The state machine's one entry point: a turn of commands applied to the [`Tables`].
 //!
 //! Owns: the order of a turn (timers, then commands, then timers again) and the dispatch of
-//! each command to its protocol's `exec_*` file, with the session the command's connection
+//! each command to its protocol's `exec` (`protocol/<name>/exec.rs`), with the session the command's connection
 //! maps to. Must not: read a clock or touch a thread or a socket (time comes in `now`), or
 //! address anything to a connection: its output is [`Effects`] addressed to sessions, which
 //! the server layer routes (`Outbox::route`).

@@ -4,7 +4,7 @@
 //! Owns: which connection each effect goes to (the session map's answer at the end of the
 //! turn), dropping effects for sessions with no connection in this process, moving their bytes
 //! into the worker's arena, and when a turn's effects must go out early. Must not: decide what
-//! an effect says (the `exec_*` files do) nor encode it (the worker does).
+//! an effect says (each protocol's `exec` does) nor encode it (the worker does).
 
 use super::sessions::Sessions;
 use crate::core::Session;

@@ -1,7 +1,7 @@
 //! The state machine's state: every table, the sessions, the counters, and its snapshot.
 //!
 //! Owns: what the owner holds between turns (`Tables`) and its canonical snapshot. Must not:
-//! apply commands (`apply.rs`, the `exec_*` files), or know about threads.
+//! apply commands (`apply.rs`, each protocol's `exec`), or know about threads.
 
 use super::admin_state::AdminState;
 use super::sessions::Sessions;

@@ -14,7 +14,7 @@
 //! |---|---|
 //! | magic != 0x80 | `Fatal` (close) |
 //! | extras length + key length > total body | `Fatal`: the frame cannot be delimited safely |
-//! | key length > 250 | `Refuse { status: VALUE_TOO_LARGE, skip: 24 + body }` (the contract) |
+//! | key length > 250 | `Refuse { status: VALUE_TOO_LARGE, skip: 24 + body }` (`docs/protocol.md`) |
 //! | body - extras - key > `max_value` | `Refuse { status: VALUE_TOO_LARGE, skip: 24 + body }` |
 //! | otherwise | `Incomplete` until 24 + body bytes are there, then the request |
 

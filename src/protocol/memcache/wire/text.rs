@@ -46,11 +46,11 @@
 
 /// Longest request line, `\n` included, for every command but get/gets/gat/gats. memcached
 /// closes a connection that sent 2048 bytes without a newline (proto_text.c,
-/// try_read_command_ascii); the contract keeps that number.
+/// try_read_command_ascii); holdfast keeps that number.
 pub const MAX_LINE: usize = 2048;
 
 /// Longest get/gets/gat/gats line, `\n` included: multi-gets carry many keys on one line
-/// (memcached lets them grow without bound; the contract caps them at 64 KiB).
+/// (memcached lets them grow without bound; holdfast caps them at 64 KiB).
 pub const MAX_RETRIEVAL_LINE: usize = 65536;
 
 /// Leading spaces allowed before a long retrieval command is recognised (memcached's own
@@ -175,7 +175,7 @@ pub enum Request<'a> {
         key: &'a [u8],
     },
     UnlockAll,
-    /// holdfast's `lock_token KEY` (contract: "Fencing tokens").
+    /// holdfast's `lock_token KEY` (`docs/protocol.md`, "Fencing tokens").
     LockToken {
         key: &'a [u8],
     },
