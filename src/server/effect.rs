@@ -14,7 +14,8 @@
 use crate::core::codec;
 use crate::core::Session;
 use crate::protocol::Answer;
-use crate::server::msg::{Arena, ConnId, Span};
+use crate::server::arena::{Arena, Span};
+use crate::server::conn_id::ConnId;
 
 pub use crate::protocol::counter::{put_counter, CounterEntry, CounterIter, CounterReply};
 pub use crate::protocol::dlock::DlockReply;

@@ -4,6 +4,8 @@
 //! one thread, or the worker itself when run to completion, that applies every command to the
 //! state machine in one serial order). `msg` is what crosses between them.
 
+pub mod arena;
+pub mod conn_id;
 pub mod effect;
 pub mod msg;
 pub mod notify;

@@ -7,101 +7,14 @@
 //! per-worker [`Replies`] batch that is sent, and the worker woken, once per owner turn. The
 //! worker encodes the wire bytes.
 
-use crate::core::codec;
+pub use super::arena::{Arena, Span};
+pub use super::conn_id::ConnId;
+use super::effect::Effect;
 
 pub use crate::protocol::counter::{CounterKind, CounterOp};
 pub use crate::protocol::dlock::{DlockKind, DlockOp};
 pub use crate::protocol::lockd::LockdOp;
 pub use crate::protocol::memcache::{McCmd, McForm, McOp};
-
-/// Identity of one client connection: the cluster node that accepted it (0 on a single
-/// node), which worker owns it, its slab slot, and the generation of that slot. A slot is
-/// reused after a close; the generation is not, so a late reply addressed to a closed
-/// connection can never reach the stranger that reuses its slot. The state machine never sees
-/// it: its holders are [`Session`]s, mapped from connections by `owner::Sessions`. In a
-/// cluster every node applies every node's commands; a node delivers only what is addressed to
-/// its own connections.
-///
-/// [`Session`]: crate::core::Session
-#[derive(Copy, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
-pub struct ConnId {
-    pub node: u16,
-    pub worker: u16,
-    pub slot: u32,
-    pub gen: u32,
-}
-
-impl ConnId {
-    /// A connection of a single node (node 0).
-    pub const fn new(worker: u16, slot: u32, gen: u32) -> Self {
-        ConnId {
-            node: 0,
-            worker,
-            slot,
-            gen,
-        }
-    }
-
-    /// A connection accepted by cluster node `node`.
-    pub const fn on_node(node: u16, worker: u16, slot: u32, gen: u32) -> Self {
-        ConnId {
-            node,
-            worker,
-            slot,
-            gen,
-        }
-    }
-
-    /// The connection in a command entry or a snapshot. The node shares the worker's number
-    /// (bits 16..32), so that a single node's entries (node 0) read as they always did.
-    pub fn encode(&self, out: &mut Vec<u8>) {
-        codec::put_u64(out, u64::from(self.node) << 16 | u64::from(self.worker));
-        codec::put_u64(out, u64::from(self.slot));
-        codec::put_u64(out, u64::from(self.gen));
-    }
-
-    pub fn decode(r: &mut codec::Reader<'_>) -> Result<ConnId, codec::DecodeError> {
-        let both = r.u64()?;
-        let node = u16::try_from(both >> 16)
-            .map_err(|_| codec::DecodeError::Invalid("node over 16 bits"))?;
-        Ok(ConnId::on_node(node, both as u16, r.u32()?, r.u32()?))
-    }
-}
-
-/// A byte range in a batch arena.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Span {
-    pub start: u32,
-    pub len: u32,
-}
-
-impl Span {
-    pub const EMPTY: Span = Span { start: 0, len: 0 };
-
-    #[inline]
-    pub fn get<'a>(&self, arena: &'a [u8]) -> &'a [u8] {
-        let start = self.start as usize;
-        &arena[start..start + self.len as usize]
-    }
-}
-
-/// A byte arena that hands out [`Span`]s.
-#[derive(Debug, Default)]
-pub struct Arena {
-    pub bytes: Vec<u8>,
-}
-
-impl Arena {
-    #[inline]
-    pub fn push(&mut self, data: &[u8]) -> Span {
-        let start = self.bytes.len() as u32;
-        self.bytes.extend_from_slice(data);
-        Span {
-            start,
-            len: data.len() as u32,
-        }
-    }
-}
 
 macro_rules! define_op {
     ($($proto:ident, $v:ident, $name:literal, $ty:ty, $op:ty, $reply:ty;)*) => {
@@ -161,7 +74,7 @@ pub struct Batch {
     pub arena: Arena,
     /// Emptied reply buffers the worker is done with, going back to be filled again (empty when
     /// it has none): with [`Replies::spare_ops`], no buffer is allocated per turn in steady state.
-    pub spare_effects: Vec<crate::server::effect::Effect>,
+    pub spare_effects: Vec<Effect>,
     pub spare_reply_arena: Vec<u8>,
     /// When the worker's loop turn that read these requests began (one clock read per turn, not
     /// per request): the owner's lock-request latency histograms count from here.
@@ -174,7 +87,7 @@ pub struct Replies {
     /// Effects for this worker's connections, in order, each with the connection routing gave
     /// it (`Effect::conn`; one without was dropped), their spans in `arena`. The worker encodes
     /// each into its connection's write buffer (`worker::encode`).
-    pub effects: Vec<crate::server::effect::Effect>,
+    pub effects: Vec<Effect>,
     pub arena: Arena,
     /// Emptied batch buffers the owner is done with, going back to the worker.
     pub spare_ops: Vec<OpMsg>,
