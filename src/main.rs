@@ -53,7 +53,7 @@ fn main() -> ExitCode {
     // As memcached does: --max-connections must not be cut short by a low default soft limit.
     holdfast::fdlimit::raise_to_hard();
 
-    let server = match Server::start_with(config, secrets) {
+    let server = match Server::start_with(config, secrets, holdfast::admin::start) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("holdfast: {e}");

@@ -7,8 +7,8 @@ use std::io::{ErrorKind, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use super::data::{Answer, Query, Table, DEFAULT_LIST, MAX_LIST};
 use super::{render, Ctx, MAX_HEADERS, MAX_REQUEST_BYTES, REQUEST_DEADLINE, WRITE_DEADLINE};
+use crate::server::query::{Answer, Query, Table, DEFAULT_LIST, MAX_LIST};
 
 /// The status page, served as is (no external assets).
 const PAGE: &str = include_str!("page.html");
@@ -424,8 +424,8 @@ fn route(req: &httparse::Request<'_, '_>, ctx: &Ctx) -> Response {
 fn member_change(
     path: &str,
     params: &[(String, Vec<u8>)],
-) -> Result<crate::admin::data::MemberChange, String> {
-    use crate::admin::data::MemberChange;
+) -> Result<crate::server::query::MemberChange, String> {
+    use crate::server::query::MemberChange;
     let get = |name: &str| {
         params
             .iter()
@@ -627,7 +627,7 @@ mod tests {
 
     #[test]
     fn membership_change_parameters_are_checked() {
-        use crate::admin::data::MemberChange;
+        use crate::server::query::MemberChange;
         let q = |path: &str, s: &str| member_change(path, &parse_query(s).unwrap());
         let add = "/cluster/add";
         let remove = "/cluster/remove";

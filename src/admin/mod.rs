@@ -3,7 +3,7 @@
 //!
 //! It owns its listener thread and one short-lived thread per admin connection (at most
 //! [`MAX_ADMIN_CONNS`]); it must never touch the lock tables or delay the lock path. Everything
-//! it shows comes from the owner thread as one [`data::Query`] message answered with a bounded
+//! it shows comes from the owner thread as one [`query::Query`] message answered with a bounded
 //! amount of data; the admin side waits for that answer with a deadline, so a busy owner makes
 //! the admin port slow, never the reverse.
 //!
@@ -18,7 +18,6 @@
 //! the token (`Authorization: Bearer`, or Basic with the token as password), checked before the
 //! request is routed; without it, membership changes are taken from loopback addresses only.
 
-pub mod data;
 mod http;
 pub(crate) mod render;
 
@@ -26,15 +25,16 @@ use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crossbeam_channel::Sender;
 use mio::net::TcpListener;
 use mio::{Events, Interest, Poll, Token, Waker};
 
-use crate::server::msg::ToOwner;
-use crate::server::{Proto, Shared};
+use crate::server::msg::{OwnerLink, ToOwner};
+/// The question and answer types, under the name the cluster code imports them by.
+pub use crate::server::query as data;
+use crate::server::query;
+use crate::server::{AdminPort as Admin, Proto, Shared};
 
 /// Admin connections served at once; more are answered 503 and closed at once. Operators and a
 /// scraper or two need a handful; the cap bounds the admin port's threads and memory.
@@ -62,24 +62,6 @@ const CONN_STACK: usize = 256 * 1024;
 const LISTENER: Token = Token(0);
 const WAKER: Token = Token(1);
 
-/// How the admin port reaches the owner: its channel, and the waker of the thread that runs it
-/// when that is the one I/O worker (run to completion), which sleeps in its poll otherwise.
-#[derive(Clone)]
-pub struct OwnerLink {
-    pub tx: Sender<ToOwner>,
-    pub wake: Option<Arc<Waker>>,
-}
-
-impl OwnerLink {
-    fn send(&self, msg: ToOwner) -> bool {
-        let sent = self.tx.send(msg).is_ok();
-        if let Some(w) = &self.wake {
-            let _ = w.wake();
-        }
-        sent
-    }
-}
-
 /// What every admin connection thread needs.
 pub struct Ctx {
     pub shared: Arc<Shared>,
@@ -98,8 +80,8 @@ pub struct Ctx {
 
 impl Ctx {
     /// Ask the owner and wait at most [`OWNER_DEADLINE`]; `None` if it did not answer.
-    pub fn ask(&self, q: data::Query) -> Option<data::Answer> {
-        let heavy = matches!(q, data::Query::Locks { .. } | data::Query::Status { .. });
+    pub fn ask(&self, q: query::Query) -> Option<query::Answer> {
+        let heavy = matches!(q, query::Query::Locks { .. } | query::Query::Status { .. });
         if !heavy {
             return self.ask_now(q);
         }
@@ -116,18 +98,11 @@ impl Ctx {
         answer
     }
 
-    fn ask_now(&self, q: data::Query) -> Option<data::Answer> {
+    fn ask_now(&self, q: query::Query) -> Option<query::Answer> {
         let (tx, rx) = crossbeam_channel::bounded(1);
         self.to_owner.send(ToOwner::Admin(q, tx)).then_some(())?;
         rx.recv_timeout(OWNER_DEADLINE).ok()
     }
-}
-
-/// A running admin port.
-pub struct Admin {
-    pub addr: SocketAddr,
-    pub waker: Arc<Waker>,
-    pub thread: JoinHandle<()>,
 }
 
 /// Start serving on `listener` (already bound: bind errors are reported with the others).

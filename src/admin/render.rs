@@ -6,11 +6,11 @@ use std::fmt::Write;
 
 use serde_json::{json, Map, Value};
 
-use super::data::{
+use super::Ctx;
+use crate::server::query::{
     ClusterMetrics, ClusterStatus, Histogram, LockList, Snapshot, Who, CLUSTER_BOUNDS,
     LATENCY_BOUNDS,
 };
-use super::Ctx;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) enum Kind {

@@ -10,6 +10,7 @@ pub mod effect;
 pub mod msg;
 pub mod notify;
 pub(crate) mod owner;
+pub mod query;
 pub mod sim;
 pub(crate) mod worker;
 
@@ -84,6 +85,22 @@ pub struct Shared {
 }
 
 /// A started daemon.
+/// Starts the admin port on its bound listener, once the lock threads run: `crate::admin::start`.
+/// The caller hands it in, so that the admin port imports the server and not the reverse.
+pub type StartAdmin = fn(
+    std::net::TcpListener,
+    Arc<Shared>,
+    msg::OwnerLink,
+    Vec<(Proto, SocketAddr)>,
+) -> io::Result<AdminPort>;
+
+/// A running admin port.
+pub struct AdminPort {
+    pub addr: SocketAddr,
+    pub waker: Arc<mio::Waker>,
+    pub thread: JoinHandle<()>,
+}
+
 pub struct Server {
     shared: Arc<Shared>,
     /// The addresses actually bound (port 0 resolved), one per enabled listener.
@@ -96,17 +113,22 @@ pub struct Server {
 }
 
 impl Server {
-    /// Load the secret files, bind every listener and start the threads.
-    pub fn start(config: Config) -> io::Result<Server> {
+    /// Load the secret files, bind every listener and start the threads; `start_admin` starts
+    /// the admin port when one is configured (`crate::admin::start`).
+    pub fn start(config: Config, start_admin: StartAdmin) -> io::Result<Server> {
         let secrets =
             crate::tls::SecretStore::load(config.secrets.clone(), config.dlock_token.clone())
                 .map_err(io::Error::other)?;
-        Server::start_with(config, secrets)
+        Server::start_with(config, secrets, start_admin)
     }
 
     /// Bind every listener and start the threads, with secrets already loaded (the daemon loads
     /// them first: a file that cannot be used is a bad flag, exit status 2).
-    pub fn start_with(config: Config, secrets: crate::tls::SecretStore) -> io::Result<Server> {
+    pub fn start_with(
+        config: Config,
+        secrets: crate::tls::SecretStore,
+        start_admin: StartAdmin,
+    ) -> io::Result<Server> {
         let started = Instant::now();
         let started_unix_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -240,11 +262,11 @@ impl Server {
         }
         let mut admin = None;
         if let Some(l) = admin_listener {
-            let owner_link = crate::admin::OwnerLink {
+            let owner_link = msg::OwnerLink {
                 tx: to_owner.clone(),
                 wake: inline_waker.clone(),
             };
-            let a = crate::admin::start(l, shared.clone(), owner_link, addresses.clone())?;
+            let a = start_admin(l, shared.clone(), owner_link, addresses.clone())?;
             admin = Some(a.addr);
             wakers.push(a.waker);
             threads.push(a.thread);

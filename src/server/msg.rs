@@ -125,6 +125,26 @@ impl<T> Pool<T> {
     }
 }
 
+/// How a thread outside the I/O path (the admin port) reaches the owner: its channel, and the
+/// waker of the thread that runs it when that is the one I/O worker (run to completion), which
+/// sleeps in its poll otherwise.
+#[derive(Clone)]
+pub struct OwnerLink {
+    pub tx: crossbeam_channel::Sender<ToOwner>,
+    pub wake: Option<std::sync::Arc<mio::Waker>>,
+}
+
+impl OwnerLink {
+    /// Send and wake; false if the owner is gone.
+    pub fn send(&self, msg: ToOwner) -> bool {
+        let sent = self.tx.send(msg).is_ok();
+        if let Some(w) = &self.wake {
+            let _ = w.wake();
+        }
+        sent
+    }
+}
+
 /// Messages into the owner.
 #[derive(Debug)]
 pub enum ToOwner {
@@ -132,8 +152,8 @@ pub enum ToOwner {
     /// An admin-port question; the answer goes back on the channel (the admin thread waits for
     /// it with a deadline, so a busy owner delays the admin port, never the reverse).
     Admin(
-        crate::admin::data::Query,
-        crossbeam_channel::Sender<crate::admin::data::Answer>,
+        super::query::Query,
+        crossbeam_channel::Sender<super::query::Answer>,
     ),
     Shutdown,
 }

@@ -11,8 +11,8 @@ use std::time::Instant;
 
 use hashbrown::HashMap;
 
-use crate::admin::data::{Histogram, Who, PROTOCOLS};
 use crate::core::Session;
+use crate::server::query::{Histogram, Who, PROTOCOLS};
 use crate::server::Proto;
 
 #[derive(Default)]

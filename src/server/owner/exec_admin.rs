@@ -4,13 +4,13 @@
 //! It owns the peer map and the histograms; it reads the tables and must never change them.
 
 use super::tables::Tables;
-use crate::admin::data::PROTOCOLS;
-use crate::admin::data::{
-    Answer, LockInfo, LockList, Query, Snapshot, Table, MAX_LIST, MAX_WAITERS_LISTED,
-};
 use crate::core::Now;
 use crate::core::Session;
 use crate::server::msg::{McCmd, McOp, Op};
+use crate::server::query::PROTOCOLS;
+use crate::server::query::{
+    Answer, LockInfo, LockList, Query, Snapshot, Table, MAX_LIST, MAX_WAITERS_LISTED,
+};
 use crate::server::Proto;
 use crate::server::Shared;
 

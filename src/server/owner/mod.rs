@@ -72,7 +72,7 @@ pub struct Owner {
     /// This turn's messages, taken from the channel before the turn's time is read.
     turn: Vec<ToOwner>,
     /// This turn's batches' start stamps and lock-request counts, for the latency histograms.
-    stamps: Vec<(std::time::Instant, [u32; crate::admin::data::PROTOCOLS])>,
+    stamps: Vec<(std::time::Instant, [u32; crate::server::query::PROTOCOLS])>,
     /// Run by the one worker's own thread (run to completion) instead of a thread of its own:
     /// replies go to that worker's channel without waking it, since it reads them next.
     inline: bool,
@@ -223,7 +223,7 @@ impl Owner {
         if let Some(stamp) = batch.stamp {
             let ops = batch.ops.iter().map(|m| &m.op);
             let counts = exec_admin::count_lock_requests(ops);
-            if counts != [0; crate::admin::data::PROTOCOLS] {
+            if counts != [0; crate::server::query::PROTOCOLS] {
                 self.stamps.push((stamp, counts));
             }
         }

@@ -1,13 +1,14 @@
-//! What the admin thread asks the owner and what the owner answers: plain data, built on the
+//! What the admin port asks the owner and what the owner answers: plain data, built on the
 //! owner thread in one bounded pass and formatted (Prometheus text, JSON) on the admin thread.
+//! The admin port (`crate::admin`) imports these types; the server never imports the admin port.
 //!
-//! It owns no state and must not reach into the tables: only `server::exec_admin` does, on the
+//! It owns no state and must not reach into the tables: only `owner::exec_admin` does, on the
 //! owner thread.
 
 use std::net::SocketAddr;
 
 /// The lock protocols, in the order of the per-protocol arrays: memcache, lockd, dlock, counter.
-pub const PROTOCOLS: usize = crate::server::Proto::ALL.len();
+pub const PROTOCOLS: usize = super::Proto::ALL.len();
 
 use crate::core::Session;
 
