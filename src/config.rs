@@ -1,6 +1,6 @@
 //! Command-line flags, parsed raw with getopts and then validated into a typed [`Config`].
 //!
-//! The flags and their defaults are the contract's (`shared/specs/README.md`, "The daemon").
+//! The flags and their defaults: `holdfast --help`, and `docs/operations.md` for how to use them.
 
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -74,7 +74,7 @@ impl std::fmt::Display for BadFlag {
 
 impl std::error::Error for BadFlag {}
 
-/// The contract's cluster flags, validated.
+/// The cluster flags, validated.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClusterConfig {
     /// This node's id, one of `peers`' (1 to 65535).
@@ -117,7 +117,7 @@ const DEFAULT_DLOCK: &str = "127.0.0.1:2627";
 const DEFAULT_ADMIN: &str = "127.0.0.1:2629";
 /// yrmcds's `counter.port` default.
 const DEFAULT_COUNTER: &str = "127.0.0.1:11215";
-/// memcached's default `-m 64` is small for a lock server; the contract says 1 GiB.
+/// memcached's default `-m 64` is small for a lock server: 1 GiB.
 const DEFAULT_MEMORY_MIB: usize = 1024;
 const DEFAULT_MAX_ITEM_SIZE: usize = 1024 * 1024;
 const DEFAULT_MAX_CONNECTIONS: usize = 65536;
@@ -128,7 +128,7 @@ const DEFAULT_DLOCK_MAX_MESSAGE: usize = 1024 * 1024;
 /// A client that takes none of its replies for 10 s is gone or hostile; one that reads at all,
 /// however slowly, resets the clock. Long enough for a paused process or a congested link.
 const DEFAULT_CLIENT_STALL_TIMEOUT_MS: u64 = 10_000;
-/// The contract's `--tls-handshake-timeout` default (a handshake takes a few round trips).
+/// `--tls-handshake-timeout`'s default (a handshake takes a few round trips).
 const DEFAULT_TLS_HANDSHAKE_TIMEOUT_MS: u64 = 10_000;
 /// The smallest item limit that still holds a key and a useful value; memcached's own minimum
 /// (`-I`) is 1 KiB.
@@ -472,7 +472,7 @@ where
     Ok(Command::Run(config))
 }
 
-/// Default `--election-timeout`, the contract's.
+/// Default `--election-timeout`.
 const DEFAULT_ELECTION_TIMEOUT_MS: u64 = 1000;
 
 /// The cluster flags: all or none (without `--peers` every other cluster flag is an error, so
@@ -683,7 +683,7 @@ mod tests {
     }
 
     #[test]
-    fn defaults_are_the_contracts() {
+    fn defaults_are_the_documented_ones() {
         let c = run(&[]).unwrap();
         assert_eq!(c.memcache, Some("127.0.0.1:11211".parse().unwrap()));
         assert_eq!(c.lockd, Some("127.0.0.1:2626".parse().unwrap()));

@@ -1,4 +1,4 @@
-//! Authentication against the real daemon (contract: "Security: TLS and authentication"):
+//! Authentication against the real daemon (`docs/operations.md`, "Security"):
 //! memcached users, the dlock token file, the admin token, the admin port over TLS, secret
 //! files that others can read, and SIGHUP reloads.
 

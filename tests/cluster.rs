@@ -404,8 +404,8 @@ fn reply_to(c: &mut Client, name: &[u8]) -> u8 {
 /// closes the connection; the next try opens another).
 /// Until `addr`'s node stores a value through the log. While the cluster forms, the node
 /// answers no quorum; and a node without a confirmed contact with a quorum for its fence time
-/// since it started counts as cut off: it closes its clients' connections (the contract's
-/// fencing), and its workers close a connection rather than write a reply the log decided
+/// since it started counts as cut off: it closes its clients' connections (fencing,
+/// `docs/cluster.md`), and its workers close a connection rather than write a reply the log decided
 /// before the node's first confirmed contact (the write deadline). With a 300 ms election
 /// timeout the fence time is 750 ms, which a first election that splits its votes can pass.
 /// Each of those is asked again on a new connection.
@@ -531,7 +531,7 @@ fn two_nodes_of_three_keep_serving_and_one_alone_answers_no_quorum() {
     m.expect(b"set k 0 0 1\r\nv\r\n", b"STORED\r\n");
     m.expect(b"lock k\r\n", b"OK\r\n");
     cluster.stop(2);
-    // One of three: no grant; the contract's answers, within 2 x the election timeout (plus
+    // One of three: no grant; the no-quorum answers, within 2 x the election timeout (plus
     // slack for a loaded machine), and the connection closed.
     let node = cluster.node(1);
     let mut m = node.memcache();
@@ -799,7 +799,7 @@ fn ids(v: &serde_json::Value, key: &str) -> Vec<u64> {
         .unwrap_or_default()
 }
 
-/// The contract's "replace a dead node": a node whose data directory is lost is removed, and a
+/// Replacing a dead node (`docs/operations.md`): a node whose data directory is lost is removed, and a
 /// new node (a new id, `--join`, an empty directory) is added while the cluster serves; it
 /// catches up from a snapshot and serves the same locks. The removed node, started again,
 /// is refused by the others and never grants; a live node removed stops by itself.
@@ -1712,7 +1712,7 @@ fn wait_until(within: Duration, what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
-/// Every node's `/metrics` has the contract's cluster series; they agree with `/cluster`,
+/// Every node's `/metrics` has the cluster series of `docs/operations.md`; they agree with `/cluster`,
 /// `/healthz` and `/status.json`; followers reach each other (keepalives); `/locks` names the
 /// node a holder's connection is on; open connections are this node's sockets.
 #[test]

@@ -1,4 +1,4 @@
-//! The dlock protocol over TCP against the real daemon (contract: "dlock protocol").
+//! The dlock protocol over TCP against the real daemon (`docs/protocol.md`, "dlock").
 
 mod common;
 

@@ -1,4 +1,4 @@
-//! Fencing tokens on all four paths (contract: "Fencing tokens"): every grant gets a token
+//! Fencing tokens on all four paths (`docs/protocol.md`, "Fencing tokens"): every grant gets a token
 //! strictly greater than every token before it anywhere in the daemon; memcached binary carries
 //! it in a Lock reply's CAS, memcached text answers `lock_token KEY`, dlock sets Response field
 //! 7 on an Ok Lock, old answers REQ_TOKEN (7). Replies that existed before stay byte-identical.

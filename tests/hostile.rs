@@ -1,5 +1,5 @@
-//! Hostile clients, faults and limits against the real daemon (contract: "Everywhere", "The
-//! daemon"): slow writers, clients that never read, resets mid-frame, half-closes, lying length
+//! Hostile clients, faults and limits against the real daemon (`docs/operations.md`,
+//! "What each failure does to clients"): slow writers, clients that never read, resets mid-frame, half-closes, lying length
 //! fields, connection churn, connection and file-descriptor limits, SIGTERM and SIGPIPE.
 //!
 //! Every wait is bounded by a deadline; sleeps only pace slow clients or measure CPU over a fixed

@@ -1,7 +1,6 @@
 //! The old lock-daemon protocol against the real daemon, over TCP, in raw bytes.
 //!
-//! The contract is `specs/README.md`, section "old lock-daemon protocol" (normative), on top of
-//! `specs/old-protocol.txt`. Every reply is checked whole: version 1, the opcode, and the request's
+//! The protocol is `docs/protocol.md`, "old, the Open Lock Daemon protocol". Every reply is checked whole: version 1, the opcode, and the request's
 //! payload echoed byte for byte. Asynchronous effects (a disconnect turning locks into orphans, a
 //! waiter leaving its queue) are awaited through the memcached `stats` counters with a deadline,
 //! never by sleeping; "nothing arrives" is checked with a bounded read.
@@ -269,7 +268,7 @@ fn orphan_daemon() -> Daemon {
     Daemon::start(&["--orphan-timeout", &ORPHAN_MS.to_string()])
 }
 
-/// Read every SYNC reply up to the end of the answer, the way a client of the contract must:
+/// Read every SYNC reply up to the end of the answer, the way a client of the protocol must:
 /// a non-empty reply under the maximum is the whole answer; a reply at the maximum or any reply
 /// after it continues until an empty one. Here the test knows how many frames to expect, so it
 /// reads that many and returns them.
@@ -292,7 +291,7 @@ fn sync_names(payload: &[u8]) -> Vec<Vec<u8>> {
         .collect()
 }
 
-// ---- the table of the contract, row by row ----
+// ---- the protocol's table, row by row ----
 
 #[test]
 fn acq_of_a_free_name_is_acquired_at_once_without_ack() {
@@ -589,7 +588,7 @@ fn unknown_opcode_is_an_error_echoing_the_payload() {
     a.ask(PING, b"ok", PONG, b"ok");
 }
 
-// ---- the bullets of the contract ----
+// ---- the protocol's rules, one by one ----
 
 #[test]
 fn lock_operation_with_an_empty_payload_is_an_empty_error_and_the_connection_stays_open() {
@@ -1010,7 +1009,7 @@ fn lockd_counters_in_memcached_stats_follow_the_table() {
     assert_eq!(s.lockd(), [0, 0, 0, 2, 1, 1], "a failed REL counts nothing");
 }
 
-// ---- edges the contract implies ----
+// ---- edges the rules imply ----
 
 #[test]
 fn bad_version_is_refused_without_waiting_for_the_payload_it_announces() {

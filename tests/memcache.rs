@@ -2,7 +2,7 @@
 //!
 //! Every test talks raw bytes and asserts exact replies; waits are bounded by deadlines (the
 //! harness's `Client` reads to a byte count or panics after `DEADLINE`; time-based checks poll
-//! with their own deadline). The contract is `shared/specs/README.md`, "memcached + yrmcds locks".
+//! with their own deadline).
 
 mod common;
 
@@ -123,7 +123,7 @@ fn expect_ok(c: &mut Client, frame: &[u8]) {
 }
 
 /// A binary Lock that must succeed: its reply is a bare success whose CAS field carries the
-/// lock's fencing token (contract: "Fencing tokens"), the same one `lock_token` reports.
+/// lock's fencing token (`docs/protocol.md`, "Fencing tokens"), the same one `lock_token` reports.
 fn expect_lock_token(c: &mut Client, key: &[u8]) -> u64 {
     let r = call(c, &keyed(LOCK, key));
     assert_eq!(

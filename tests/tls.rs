@@ -1,5 +1,5 @@
-//! TLS on the client listeners against the real daemon (contract: "Security: TLS and
-//! authentication", "Everywhere"): the lock protocols unchanged inside TLS (byte-identical
+//! TLS on the client listeners against the real daemon (`docs/operations.md`,
+//! "Security"): the lock protocols unchanged inside TLS (byte-identical
 //! replies), `notls:` listeners, mutual TLS, locks released when a TLS connection closes, large
 //! values and deep pipelines through the TLS send buffer, certificate reloads on SIGHUP, refused
 //! key files; and hostile input on a TLS port: plaintext, garbage, truncated, oversized and

@@ -1,5 +1,5 @@
 """The "state" part of `make bench-cluster` (BENCH_PARTS=state, or `make bench-cluster-state`):
-a cluster serving a large state (the contract's "State size": 1 GiB of items or 5 million held
+a cluster serving a large state (the state-size goal: 1 GiB of items or 5 million held
 locks) with no leader change, no no-quorum answer and no stall caused by its own housekeeping.
 
 Sub-parts (STATE_PARTS, default items,locks,paused,wiped):

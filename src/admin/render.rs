@@ -334,7 +334,7 @@ fn histogram(out: &mut String, name: &str, labels: &str, bounds: &[f64], h: &His
 /// The roles of `holdfast_cluster_role`, one sample each.
 const ROLES: [&str; 5] = ["leader", "follower", "candidate", "precandidate", "learner"];
 
-/// Cluster mode's metrics (the contract's names: `holdfast_cluster_*`).
+/// Cluster mode's metrics (`holdfast_cluster_*`, listed in `docs/operations.md`).
 fn cluster_metrics(out: &mut String, c: &ClusterMetrics) {
     let st = &c.status;
     let mut one = |name: &str, kind: Kind, help: &str, samples: &[(String, u64)]| {

@@ -73,8 +73,8 @@ impl CounterStats {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Holding {
     resources: u32,
-    /// The fencing token of the session's latest acquire of this counter (contract: "Fencing
-    /// tokens"). The counter protocol has no field for it, so only the admin listing shows it.
+    /// The fencing token of the session's latest acquire of this counter (`docs/protocol.md`,
+    /// "Fencing tokens"). The counter protocol has no field for it, so only the admin listing shows it.
     token: u64,
 }
 

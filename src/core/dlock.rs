@@ -1,4 +1,4 @@
-//! The dlock multi-key lock table ("dlock protocol" of the contract; `dlock.txt`).
+//! The dlock multi-key lock table (`docs/protocol.md`, "dlock").
 //!
 //! Owns: which connection holds which key (connection-bound or as a lease), the FIFO queue of
 //! waiters of every key, the pending Lock of every connection, idle tracking, and the timers of
@@ -22,7 +22,7 @@
 //! would head the same queue), so one pass over the affected heads settles everything and the
 //! outcome does not depend on the order of releases that happen at the same instant.
 //!
-//! # Choices where the contract is silent
+//! # Choices the protocol leaves open
 //!
 //! - Records are per key: a re-lock replaces the record (holder, lease or not, lease deadline) of
 //!   each key it names; other keys of an earlier Lock keep theirs.

@@ -169,7 +169,7 @@ fn relock_by_holder_replaces_lease_with_connection_bound_and_back() {
 /// The sequence behind the soak's one "DOUBLE GRANT" (a lease released ~100 ms before its
 /// deadline): the holder of a lease re-locks the key together with a busy one, without a
 /// lease, and closes while that Lock waits; granted just before the close, the re-lock made
-/// the key connection-bound, so the close releases it at once. Contract: "a re-lock replaces
+/// the key connection-bound, so the close releases it at once. The rule: "a re-lock replaces
 /// the old record"; "Absent or 0: held until the connection closes or Unlock".
 #[test]
 fn waiting_relock_granted_before_a_close_ends_the_lease_with_the_connection() {
@@ -650,7 +650,7 @@ fn stats_count_holders_leases_waiters_and_outcomes() {
     );
 }
 
-/// A naive model of the contract: waiters in a Vec in arrival order, re-scanned from the
+/// A naive model of the protocol's rules: waiters in a Vec in arrival order, re-scanned from the
 /// start after every change; time walked one millisecond at a time.
 mod model {
     use super::super::*;

@@ -1,4 +1,4 @@
-//! Fencing tokens (contract: "Fencing tokens"): every grant, in every table, gets a 64-bit number
+//! Fencing tokens (`docs/protocol.md`, "Fencing tokens"): every grant, in every table, gets a 64-bit number
 //! strictly greater than every token granted before it anywhere in the service, so that a storage
 //! system downstream can refuse a write from a holder whose lock has since gone to someone else.
 //!

@@ -1,4 +1,4 @@
-//! The old lock-daemon lock table (`specs/README.md`, "old lock-daemon protocol").
+//! The old lock-daemon lock table (`docs/protocol.md`, "old, the Open Lock Daemon protocol").
 //!
 //! Owns: every lockd lock name, its holder (a connection, or an orphan waiting for ADOPT), its
 //! strict FIFO queue of pending ACQs, the orphan timers, and a fencing-token counter.

@@ -134,7 +134,7 @@ pub struct ClusterMetrics {
     pub quorum_losses: u64,
     pub fences: u64,
     pub leader_changes: u64,
-    /// Requests this node answered no quorum (the contract's cluster section).
+    /// Requests this node answered no quorum (`docs/cluster.md`).
     pub no_quorum_answers: u64,
     /// Snapshot transfers (the peer transport's counters).
     pub snapshot_transfer: SnapshotTransfer,

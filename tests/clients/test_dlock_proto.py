@@ -1,7 +1,7 @@
 """dlock clients built from protobuf definitions against holdfast: one generated from the
 ORIGINAL dlock.proto (a copy of the dlock project's file, unchanged), which must read every reply
 as before and skip the fencing-token field it does not know; and one from the same file extended
-with `optional uint64 fence = 7;` in Response, which reads the token (contract: "Fencing tokens").
+with `optional uint64 fence = 7;` in Response, which reads the token (docs/protocol.md, "Fencing tokens").
 The Python code is generated at test time with grpcio-tools' protoc."""
 
 import importlib

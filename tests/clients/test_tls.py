@@ -1,5 +1,5 @@
-"""Real TLS clients against holdfast's TLS listeners (contract: "Security: TLS and
-authentication"): pymemcache with its tls_context, the dlock protobuf client and the old lock
+"""Real TLS clients against holdfast's TLS listeners (`docs/operations.md`,
+"Security"): pymemcache with its tls_context, the dlock protobuf client and the old lock
 protocol over Python's ssl module, and openssl s_client. The certificates are made here with
 trustme; the daemon's key file is written private (mode 0600), as the daemon demands."""
 

@@ -441,7 +441,7 @@ fn sleep_ms(rng: &mut Rng, (lo, hi): (u64, u64)) -> Duration {
 }
 
 /// One fault, from start to heal or restart. Returns an error text when the cluster did
-/// something the contract does not allow (a node that does not stop cleanly, cannot restart).
+/// something the daemon must not do (a node that does not stop cleanly, cannot restart).
 fn inject(
     nodes: &Nodes,
     fault: Fault,

@@ -88,8 +88,8 @@
 //! at a time. With `--peer-tls` every node also gets a certificate of one CA (made in the
 //! soak's directory with `holdfast_testkit::pki`) and runs with `--peer-tls-cert`,
 //! `--peer-tls-key` and `--peer-tls-ca`; the proxies forward the TLS bytes unchanged, and the
-//! soak checks at the start that every node says its peer links are TLS. The contract's cluster
-//! section gives two more rules:
+//! soak checks at the start that every node says its peer links are TLS. Cluster mode
+//! (`docs/cluster.md`) adds two more rules:
 //!
 //! 9. A no-quorum answer (`SERVER_ERROR no quorum`, binary status 0x0086, old ERR echoing
 //!    the payload, dlock General "no quorum") is an accepted outcome, and the connection must
@@ -118,7 +118,7 @@
 //!     holder's data check that fails after its bound is an error (the node answered a
 //!     session that may have ended), not a double grant.
 //! 11. **Fencing tokens** (every mode): per name, a grant whose request was *sent* after
-//!     another grant of that name was *read* must carry a larger token (the contract: strictly
+//!     another grant of that name was *read* must carry a larger token (`docs/protocol.md`: strictly
 //!     greater than every token granted before it). Tokens come from memcached binary Lock's
 //!     CAS, `lock_token` after a text lock, dlock's field 7 (every Ok Lock must carry it) and
 //!     old's REQ_TOKEN now and then after a grant or ADOPT. Each name keeps its last 64 grants

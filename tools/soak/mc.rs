@@ -24,9 +24,9 @@ mod op {
 const ST_OK: u16 = 0;
 const ST_NOT_FOUND: u16 = 1;
 const ST_LOCKED: u16 = 0x10;
-/// Cluster mode: the contract's no-quorum status (temporary failure).
+/// Cluster mode: the no-quorum status (temporary failure).
 const ST_NO_QUORUM: u16 = 0x0086;
-/// Cluster mode: the contract's no-quorum answer in the text protocol.
+/// Cluster mode: the no-quorum answer in the text protocol.
 const NO_QUORUM_LINE: &str = "SERVER_ERROR no quorum";
 
 struct BinReply {

@@ -364,7 +364,7 @@ impl Model {
 
     /// `who` gives up a waiting dlock Lock naming `name` by closing its connection (rule 5):
     /// the server may have granted that Lock just before the close. If `who` already held
-    /// `name` (a lease left to run out), that grant replaced its record (contract: "a re-lock
+    /// `name` (a lease left to run out), that grant replaced its record (the rule: "a re-lock
     /// replaces the old record"): without a lease (`lease_end` None) the key became
     /// connection-bound and the close releases it at once; with one, the new lease runs from
     /// that grant, so from `lease_end` (send time + lease) at the earliest, and may end before

@@ -20,9 +20,9 @@ pub enum Fail {
     Closed(String),
     /// No (complete) reply by the deadline.
     Timeout,
-    /// A reply that the protocol (or the contract) does not allow here.
+    /// A reply that the protocol (or `docs/`) does not allow here.
     Proto(String),
-    /// Cluster mode: the contract's no-quorum answer (the node closes the connection after it).
+    /// Cluster mode: the no-quorum answer (the node closes the connection after it).
     NoQuorum(String),
 }
 

@@ -38,7 +38,7 @@ counters!(
     dlock_gave_up_over_lease,
     slow_sends,
     hostile,
-    // Cluster mode: the contract's no-quorum answers, connections a node closed (killed,
+    // Cluster mode: the no-quorum answers, connections a node closed (killed,
     // fenced, sessions expired) or refused, grants over a mark whose holder's node may have
     // had its sessions expired (rule 10), and tokens checked (rule 11).
     no_quorum,

@@ -5,7 +5,7 @@
 //! locked), the delayed flush and the batched freeing of flushed items, and every timer of the
 //! store. Must not: read a clock (time comes in as [`Now`]), or expire a locked item.
 //!
-//! # Choices where the contract is silent (memcached 1.6 behaviour unless said otherwise)
+//! # Choices the protocol leaves open (memcached 1.6 behaviour unless said otherwise)
 //!
 //! - Expiry is kept as a monotonic deadline in ms, computed once when the exptime is given:
 //!   relative seconds (1..=30 days) from `now.ms`; an absolute Unix time from `now.unix`. An item is

@@ -4,7 +4,7 @@
 //! that makes room for a new or grown item, and yrmcds's `stats sizes` classes. Must not: free an
 //! item any other way than through the slab's `remove`, or evict a locked item.
 //!
-//! # Room for an item (the contract is silent)
+//! # Room for an item (the protocol leaves it open)
 //!
 //! The store first checks that the new item fits beside the locked items (else `OutOfMemory`
 //! with nothing evicted), then frees flushed items, then evicts from the LRU end, never the item

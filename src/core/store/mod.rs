@@ -1,5 +1,5 @@
-//! The memcached item store with yrmcds server-side locks (`specs/README.md`, "memcached + yrmcds
-//! locks"; `specs/yrmcds-locking.md`; memcached's `doc/protocol.txt`).
+//! The memcached item store with yrmcds server-side locks (`docs/protocol.md`, "memcached text
+//! and binary, with yrmcds locks"; memcached's `doc/protocol.txt`).
 //!
 //! Owns: every item (key, value, flags, CAS unique, expiry), the LRU order, the expiry timers (its own
 //! [`Wheel`]), the memory accounting, and the yrmcds lock of each item. Must not: read a clock, do
@@ -18,7 +18,7 @@
 //! - `snapshot`: the whole store as canonical bytes and back.
 //! - `check`: the structural invariant check (tests and fuzzing).
 //!
-//! # Choices where the contract is silent (memcached 1.6 behaviour unless said otherwise)
+//! # Choices the protocol leaves open (memcached 1.6 behaviour unless said otherwise)
 //!
 //! Expiry and `flush_all`: see `expiry`; the LRU: see `slab`; room and eviction: see `memory`.
 //!

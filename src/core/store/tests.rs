@@ -1409,7 +1409,7 @@ struct MItem {
     holder: Option<Session>,
 }
 
-/// The contract written the obvious way: a sorted map, an LRU vector (front = LRU end), a
+/// The store's rules written the obvious way: a sorted map, an LRU vector (front = LRU end), a
 /// vector of keys per lock holder, linear scans everywhere.
 struct Model {
     items: std::collections::BTreeMap<Vec<u8>, MItem>,
