@@ -9,7 +9,10 @@
 //! encodes it into the connection's write buffer (`worker::encode`).
 //!
 //! Owns: the effect types, the arena layouts of their lists, and their canonical encoding (what
-//! the replay tests compare). Must not: know about connections, sockets or wire formats.
+//! the replay tests compare). Apply never sets an effect's connection (routing does) and never
+//! builds a frame (the worker's writer does, from the body); a body holds wire bytes only where
+//! they are fixed (memcached's text words such as `STORED\r\n`, a binary response's static
+//! value) or where the worker already wrote them (`Literal`). Must not: know about sockets.
 
 use crate::core::codec;
 use crate::core::Session;

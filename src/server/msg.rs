@@ -2,10 +2,11 @@
 //!
 //! A worker parses requests zero-copy from its read buffer and copies each one exactly once, into
 //! the arena of the batch it is filling; the batch is sent to the owner once per loop turn. The
-//! owner answers with one [`Record`] per operation (plus unsolicited ones: lock grants, timeouts,
-//! idle closes): a typed effect routed to its connection, its variable bytes in the arena of a
-//! per-worker [`Replies`] batch that is sent, and the worker woken, once per owner turn. The
-//! worker encodes the wire bytes.
+//! owner answers with effects (`server::effect`: the reply to each operation, and unsolicited
+//! ones: lock grants, timeouts, idle closes), each routed to its connection, their variable
+//! bytes in the arena of a per-worker [`Replies`] batch that is sent, and the worker woken, once
+//! per owner turn. The worker encodes the wire bytes. [`ToOwner`] also carries the admin port's
+//! questions (`server::query`) and the shutdown.
 
 pub use super::arena::{Arena, Span};
 pub use super::conn_id::ConnId;

@@ -29,7 +29,7 @@ const GET_REPLY_CAP: usize = crate::server::REPLY_BUDGET;
 
 /// Store slots one step of a key dump looks at: a few thousand keys at most, a few hundred
 /// microseconds of the owner, so other connections' requests wait for no more than that; the
-/// next step comes when the worker asks for it ([`McOp::KeysNext`]).
+/// next step comes when the worker asks for it ([`McCmd::KeysNext`](super::McCmd::KeysNext)).
 pub const KEYS_SLOTS_PER_STEP: usize = 4096;
 
 /// The [`TEXT_OPS`] entry a text request counts under (an index, so that counting is one
