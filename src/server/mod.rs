@@ -57,6 +57,70 @@ macro_rules! define_proto {
 }
 crate::protocol::protocols!(define_proto);
 
+/// The process's connection counters at one moment, as `stats` reports them. The owner loop
+/// reads them (outside apply) and writes them beside each `stats` request of the batch it is
+/// about to apply ([`Live::stamp`]), so that apply reads no live counter.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Live {
+    pub curr_connections: u64,
+    pub total_connections: u64,
+    pub rejected_connections: u64,
+}
+
+impl Live {
+    const BYTES: usize = 24;
+
+    /// The counters of this process now.
+    pub fn of(shared: &Shared) -> Live {
+        Live {
+            curr_connections: shared.curr_connections.load(Ordering::Relaxed),
+            total_connections: shared.total_connections.load(Ordering::Relaxed),
+            rejected_connections: shared.rejected_connections.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Give every request of `batch` that reports the counters (`McCmd::Stats`) these, in
+    /// its arena; a batch with no such request (`Batch::wants_live` false) is left alone.
+    pub fn stamp(self, batch: &mut msg::Batch) {
+        if !batch.wants_live {
+            return;
+        }
+        let mut bytes = [0; Self::BYTES];
+        bytes[..8].copy_from_slice(&self.curr_connections.to_le_bytes());
+        bytes[8..16].copy_from_slice(&self.total_connections.to_le_bytes());
+        bytes[16..].copy_from_slice(&self.rejected_connections.to_le_bytes());
+        let span = batch.arena.push(&bytes);
+        for m in &mut batch.ops {
+            if let msg::Op::Mc(msg::McOp {
+                cmd: msg::McCmd::Stats { live, .. },
+                ..
+            }) = &mut m.op
+            {
+                *live = span;
+            }
+        }
+        batch.wants_live = false;
+    }
+
+    /// The counters a request was stamped with; `None` if it was not.
+    pub fn read(span: arena::Span, arena: &[u8]) -> Option<Live> {
+        if span.len as usize != Self::BYTES {
+            return None;
+        }
+        let b = span.get(arena);
+        let word = |i: usize| {
+            let mut w = [0; 8];
+            w.copy_from_slice(&b[i..i + 8]);
+            u64::from_le_bytes(w)
+        };
+        Some(Live {
+            curr_connections: word(0),
+            total_connections: word(8),
+            rejected_connections: word(16),
+        })
+    }
+}
+
 /// State every thread may read: the configuration, counters kept by the workers, the clock base.
 pub struct Shared {
     pub config: Config,

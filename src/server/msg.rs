@@ -48,6 +48,13 @@ macro_rules! define_op {
         }
 
         impl Op {
+            /// Whether this request reports the process's connection counters (`stats`), which
+            /// the owner loop gives it before apply ([`super::Live::stamp`]).
+            #[inline]
+            pub fn reports_live(&self) -> bool {
+                matches!(self, Op::Mc(McOp { cmd: McCmd::Stats { .. }, .. }))
+            }
+
             /// The protocol whose request this is; `None` for the other ops.
             #[inline]
             pub fn proto(&self) -> Option<super::Proto> {
@@ -80,6 +87,9 @@ pub struct Batch {
     /// When the worker's loop turn that read these requests began (one clock read per turn, not
     /// per request): the owner's lock-request latency histograms count from here.
     pub stamp: Option<std::time::Instant>,
+    /// Some request in `ops` reports the process's connection counters and has not been given
+    /// them yet ([`super::Live::stamp`]).
+    pub wants_live: bool,
 }
 
 /// What the owner sends one worker once per turn.

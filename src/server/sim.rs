@@ -14,7 +14,7 @@ use super::effect::Effects;
 use super::msg::{Batch, Op, OpMsg};
 use super::owner::{apply_turn, Outbox, Tables};
 use super::worker::{Conn, Cx};
-use super::{Proto, Shared};
+use super::{Live, Proto, Shared};
 use crate::config::Config;
 use crate::core::{Now, Session};
 use crate::server::msg::ConnId;
@@ -82,6 +82,7 @@ impl Replayer {
     pub fn apply(&mut self, entry: &[u8]) -> Result<Vec<u8>, crate::core::codec::DecodeError> {
         let limits = command::Limits::default();
         let now_ms = command::decode_entry(entry, limits, &mut self.batch)?;
+        Live::of(&self.shared).stamp(&mut self.batch);
         let now = Now::from_unix_ms(now_ms);
         self.fx.clear();
         apply_turn(
@@ -335,7 +336,8 @@ impl Sim {
     fn run(&mut self) {
         let now = Self::at(self.now_ms);
         loop {
-            let batch = std::mem::take(&mut self.batch);
+            let mut batch = std::mem::take(&mut self.batch);
+            Live::of(&self.shared).stamp(&mut batch);
             if let Some(r) = &mut self.recording {
                 let mut entry = Vec::new();
                 command::encode_entry(now.ms, &batch.ops, &batch.arena.bytes, &mut entry);

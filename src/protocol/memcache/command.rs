@@ -155,7 +155,7 @@ impl Entry for Memcache {
                 put_i64(o, exptime);
             }
             McCmd::Flush { delay } => put_i64(o, delay),
-            McCmd::Stats { arg } => {
+            McCmd::Stats { arg, live: _ } => {
                 codec::put_bool(o, arg.is_some());
                 put_span(o, arena, arg.unwrap_or(Span::EMPTY));
             }
@@ -250,6 +250,7 @@ impl Entry for Memcache {
                     }
                     McCmd::Stats {
                         arg: has.then_some(arg),
+                        live: Span::EMPTY,
                     }
                 }
                 tag::LOCK => McCmd::Lock {

@@ -337,6 +337,7 @@ fn binary_command(r: &binary::Request<'_>, yrmcds: bool, a: &mut Arena) -> Resul
             }
             McCmd::Stats {
                 arg: arg.map(|k| a.push(k)),
+                live: crate::server::arena::Span::EMPTY,
             }
         }
         o::LOCK | o::LOCKQ => McCmd::Lock { key: a.push(r.key) },
@@ -398,8 +399,10 @@ fn binary_request(
                 opcode: req.opcode,
                 opaque: req.opaque,
             };
-            if matches!(cmd, McCmd::Keys { .. }) {
-                conn.dump = Dump::Running;
+            match cmd {
+                McCmd::Keys { .. } => conn.dump = Dump::Running,
+                McCmd::Stats { .. } => batch.wants_live = true,
+                _ => {}
             }
             conn.push(id, Op::Mc(McOp { cmd, form }), batch);
             conn.charge(binary_reply_bound(req.opcode, config));
@@ -497,7 +500,10 @@ fn text_request(
         R::Get { keys, .. } | R::Gat { keys, .. } => {
             keys.count().saturating_mul(item_reply_bound(config))
         }
-        R::Stats { .. } => STATS_REPLY_BOUND,
+        R::Stats { .. } => {
+            batch.wants_live = true;
+            STATS_REPLY_BOUND
+        }
         _ => 0,
     };
     let a = &mut batch.arena;
@@ -577,6 +583,7 @@ fn text_request(
         R::Stats { arg } => (
             McCmd::Stats {
                 arg: arg.map(|x| a.push(x)),
+                live: crate::server::arena::Span::EMPTY,
             },
             false,
         ),

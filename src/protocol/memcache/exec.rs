@@ -21,7 +21,7 @@ use crate::protocol::Execute;
 use crate::server::effect::{self, Body, Effects};
 use crate::server::msg::Span;
 use crate::server::owner::Tables;
-use crate::server::Shared;
+use crate::server::{Live, Shared};
 
 /// Largest reply to one text get/gets/gat/gats (a 64 KiB line names up to ~32,000 keys, each
 /// perhaps a whole item): past it the request fails and the connection closes.
@@ -287,14 +287,19 @@ impl Execute for Memcache {
                 r.answer(b"OK\r\n", Ok(0));
             }
             // yrmcds has no `stats slabs` nor `stats conns`.
-            McCmd::Stats { arg }
+            McCmd::Stats { arg, .. }
                 if text
                     && yrmcds
                     && matches!(arg.map(|a| a.get(arena)), Some(b"slabs" | b"conns")) =>
             {
                 r.text(b"ERROR\r\n")
             }
-            McCmd::Stats { arg } => stats(t, r, shared, arg.map(|a| a.get(arena)), now),
+            McCmd::Stats { arg, live } => {
+                // The counters the owner loop stamped; a request the cluster loop decoded from
+                // the log is not stamped, and reads this process's (`docs/state-machine.md`).
+                let live = Live::read(live, arena).unwrap_or_else(|| Live::of(shared));
+                stats(t, r, shared, live, arg.map(|a| a.get(arena)), now)
+            }
             // The CAS field of a successful binary Lock carries its fencing token
             // (`docs/protocol.md`, "Fencing tokens"); memcached clients ignore a Lock reply's CAS.
             McCmd::Lock { key } => match s.lock_for_token(session, key.get(arena), now) {
@@ -428,16 +433,17 @@ fn text_get(
 
 /// `stats [group]` and binary Stat: one `STAT` line or one response per statistic, then the end
 /// (or the error for an unknown group).
-fn stats(t: &Tables, r: Reply<'_>, shared: &Shared, arg: Option<&[u8]>, now: Now) {
+fn stats(t: &Tables, r: Reply<'_>, shared: &Shared, live: Live, arg: Option<&[u8]>, now: Now) {
     let Reply {
         fx, session, form, ..
     } = r;
     let mark = fx.mark();
     let arena = &mut fx.arena;
-    let known = crate::server::owner::stats::write(t, shared, now, arg, &mut |name, value| {
-        effect::put_entry(arena, name.as_bytes());
-        effect::put_entry(arena, value);
-    });
+    let known =
+        crate::server::owner::stats::write(t, shared, live, now, arg, &mut |name, value| {
+            effect::put_entry(arena, name.as_bytes());
+            effect::put_entry(arena, value);
+        });
     let pairs = fx.since(mark);
     fx.reply(session, Body::Mc(McReply::Stats { form, pairs, known }));
 }
@@ -662,7 +668,13 @@ mod tests {
             (McCmd::Lock { key: k }, "lock"),
             (McCmd::Unlock { key: k }, "unlock"),
             (McCmd::UnlockAll, "unlock_all"),
-            (McCmd::Stats { arg: None }, "stats"),
+            (
+                McCmd::Stats {
+                    arg: None,
+                    live: Span::EMPTY,
+                },
+                "stats",
+            ),
             (McCmd::Flush { delay: 0 }, "flush_all"),
             (McCmd::Keys { prefix: k }, "keys"),
         ];

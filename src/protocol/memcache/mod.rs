@@ -76,6 +76,9 @@ pub enum McCmd {
     },
     Stats {
         arg: Option<Span>,
+        /// The process's connection counters (`server::Live`, 24 bytes in the arena), written by
+        /// the owner loop before apply; empty until then. Not part of a command entry.
+        live: Span,
     },
     Lock {
         key: Span,

@@ -81,6 +81,7 @@ pub fn encode_entry_of_batches<'a>(
 pub fn decode_entry(bytes: &[u8], limits: Limits, batch: &mut Batch) -> Result<u64, DecodeError> {
     batch.ops.clear();
     batch.arena.bytes.clear();
+    batch.wants_live = false;
     let mut r = Reader::new(bytes);
     r.expect(MAGIC, "command entry magic")?;
     let now_ms = r.u64()?;
@@ -91,6 +92,7 @@ pub fn decode_entry(bytes: &[u8], limits: Limits, batch: &mut Batch) -> Result<u
     }
     for _ in 0..n {
         let op = decode_op(&mut r, limits, &mut batch.arena)?;
+        batch.wants_live |= op.op.reports_live();
         batch.ops.push(op);
     }
     r.finish()?;

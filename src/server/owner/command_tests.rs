@@ -62,6 +62,7 @@ fn random_mc(rng: &mut Rng, span: &mut impl FnMut(&mut Rng) -> Span) -> McOp {
         },
         6 => McCmd::Stats {
             arg: rng.chance(50).then(|| span(rng)),
+            live: Span::EMPTY,
         },
         7 => McCmd::Lock { key: span(rng) },
         8 => McCmd::Unlock { key: span(rng) },

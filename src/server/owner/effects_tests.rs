@@ -587,3 +587,41 @@ fn the_cluster_lock_check_reads_grants_from_canonical_effects() {
         "a grant while another client holds the name is reported"
     );
 }
+
+/// `stats` reports the connection counters the owner loop stamped into the request, not the
+/// process's counters at the time of apply (rule 1 of `docs/state-machine.md`).
+#[test]
+fn stats_reports_the_stamped_connection_counters_not_the_live_ones() {
+    let stats_of = |live: crate::server::Live, curr_now: u64| {
+        let mut m = Machine::new();
+        let c = ConnId::new(0, 1, 1);
+        m.open(c, Proto::Memcache);
+        m.batch.wants_live = true;
+        let arg = Some(m.span(b"conns"));
+        m.op(
+            c,
+            text(McCmd::Stats {
+                arg,
+                live: Span::EMPTY,
+            }),
+        );
+        live.stamp(&mut m.batch);
+        assert!(!m.batch.wants_live);
+        m.shared
+            .curr_connections
+            .store(curr_now, std::sync::atomic::Ordering::Relaxed);
+        m.turn();
+        m.effects()
+    };
+    let live = |curr_connections| crate::server::Live {
+        curr_connections,
+        total_connections: 9,
+        rejected_connections: 1,
+    };
+    let seven = stats_of(live(7), 100);
+    assert_eq!(seven, stats_of(live(7), 5));
+    assert_ne!(seven, stats_of(live(8), 100));
+    let bytes: Vec<u8> = seven.iter().flat_map(|(_, b)| b.concat()).collect();
+    let needle = b"curr_connections";
+    assert!(bytes.windows(needle.len()).any(|w| w == needle));
+}

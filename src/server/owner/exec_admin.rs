@@ -12,7 +12,7 @@ use crate::server::query::{
     Answer, LockInfo, LockList, Query, Snapshot, Table, MAX_LIST, MAX_WAITERS_LISTED,
 };
 use crate::server::Proto;
-use crate::server::Shared;
+use crate::server::{Live, Shared};
 
 /// Lock requests in `ops` per protocol (memcache: yrmcds's lock commands, text or binary; lockd,
 /// dlock, counters: every request).
@@ -66,7 +66,7 @@ pub fn answer(t: &Tables, shared: &Shared, now: Now, q: Query) -> Answer {
 
 fn snapshot(t: &Tables, shared: &Shared, now: Now) -> Snapshot {
     let mut stats = Vec::with_capacity(64);
-    super::stats::write(t, shared, now, None, &mut |name, v| {
+    super::stats::write(t, shared, Live::of(shared), now, None, &mut |name, v| {
         stats.push((name.to_string(), String::from_utf8_lossy(v).into_owned()));
     });
     let open = &shared.open_per_listener;

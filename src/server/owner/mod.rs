@@ -16,7 +16,7 @@ use mio::Waker;
 use crate::core::Now;
 use crate::server::effect::Effects;
 use crate::server::msg::{Arena, Batch, OpMsg, Pool, Replies, ToOwner};
-use crate::server::Shared;
+use crate::server::{Live, Shared};
 
 mod admin_state;
 mod apply;
@@ -219,7 +219,8 @@ impl Owner {
 
     /// Apply one batch from `now` on; returns the time its last operations saw (later than
     /// `now` when the batch was long enough to read the clock again).
-    fn apply(&mut self, batch: Batch, mut now: Now) -> Now {
+    fn apply(&mut self, mut batch: Batch, mut now: Now) -> Now {
+        Live::of(&self.shared).stamp(&mut batch);
         if let Some(stamp) = batch.stamp {
             let ops = batch.ops.iter().map(|m| &m.op);
             let counts = exec_admin::count_lock_requests(ops);

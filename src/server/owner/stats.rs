@@ -2,17 +2,18 @@
 //! and `sizes`), with the lock counters of all three tables. Text and binary share this list;
 //! each encodes the pairs.
 
-use std::sync::atomic::Ordering;
-
 use super::tables::Tables;
 use crate::core::Now;
 use crate::server::effect::push_u64;
-use crate::server::Shared;
+use crate::server::{Live, Shared};
 
-/// Emit every `name value` pair of the group `arg`; false for an unknown group.
+/// Emit every `name value` pair of the group `arg`; false for an unknown group. `live` is the
+/// process's connection counters, read outside apply (`Live`); from `shared` this reads only
+/// what never changes while the process runs (the configuration, the pid, the start time).
 pub fn write(
     t: &Tables,
     shared: &Shared,
+    live: Live,
     now: Now,
     arg: Option<&[u8]>,
     emit: &mut dyn FnMut(&str, &[u8]),
@@ -33,18 +34,9 @@ pub fn write(
             );
             num("time", now.unix);
             num("pointer_size", usize::BITS as u64);
-            num(
-                "curr_connections",
-                shared.curr_connections.load(Ordering::Relaxed),
-            );
-            num(
-                "total_connections",
-                shared.total_connections.load(Ordering::Relaxed),
-            );
-            num(
-                "rejected_connections",
-                shared.rejected_connections.load(Ordering::Relaxed),
-            );
+            num("curr_connections", live.curr_connections);
+            num("total_connections", live.total_connections);
+            num("rejected_connections", live.rejected_connections);
             num("cmd_get", t.counters.cmd_get);
             num("cmd_set", t.counters.cmd_set);
             num("cmd_flush", t.counters.cmd_flush);
@@ -153,12 +145,7 @@ pub fn write(
             }
             num("huge", counts[crate::core::store::SIZE_CLASSES.len()]);
         }
-        Some(b"conns") => {
-            num(
-                "curr_connections",
-                shared.curr_connections.load(Ordering::Relaxed),
-            );
-        }
+        Some(b"conns") => num("curr_connections", live.curr_connections),
         Some(_) => return false,
     }
     true
