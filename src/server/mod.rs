@@ -79,6 +79,15 @@ impl Live {
         }
     }
 
+    /// Stamp `batch` with this process's counters if it holds a request that reports them (the
+    /// counters are read only then).
+    #[inline]
+    pub fn stamp_if_wanted(shared: &Shared, batch: &mut msg::Batch) {
+        if batch.wants_live {
+            Live::of(shared).stamp(batch);
+        }
+    }
+
     /// Give every request of `batch` that reports the counters (`McCmd::Stats`) these, in
     /// its arena; a batch with no such request (`Batch::wants_live` false) is left alone.
     pub fn stamp(self, batch: &mut msg::Batch) {

@@ -82,7 +82,7 @@ impl Replayer {
     pub fn apply(&mut self, entry: &[u8]) -> Result<Vec<u8>, crate::core::codec::DecodeError> {
         let limits = command::Limits::default();
         let now_ms = command::decode_entry(entry, limits, &mut self.batch)?;
-        Live::of(&self.shared).stamp(&mut self.batch);
+        Live::stamp_if_wanted(&self.shared, &mut self.batch);
         let now = Now::from_unix_ms(now_ms);
         self.fx.clear();
         apply_turn(
@@ -337,7 +337,7 @@ impl Sim {
         let now = Self::at(self.now_ms);
         loop {
             let mut batch = std::mem::take(&mut self.batch);
-            Live::of(&self.shared).stamp(&mut batch);
+            Live::stamp_if_wanted(&self.shared, &mut batch);
             if let Some(r) = &mut self.recording {
                 let mut entry = Vec::new();
                 command::encode_entry(now.ms, &batch.ops, &batch.arena.bytes, &mut entry);

@@ -220,7 +220,7 @@ impl Owner {
     /// Apply one batch from `now` on; returns the time its last operations saw (later than
     /// `now` when the batch was long enough to read the clock again).
     fn apply(&mut self, mut batch: Batch, mut now: Now) -> Now {
-        Live::of(&self.shared).stamp(&mut batch);
+        Live::stamp_if_wanted(&self.shared, &mut batch);
         if let Some(stamp) = batch.stamp {
             let ops = batch.ops.iter().map(|m| &m.op);
             let counts = exec_admin::count_lock_requests(ops);
