@@ -114,7 +114,7 @@ fn binary_request(
     match binary::parse(buf, MAX_AUTH_DATA) {
         Ok((req, n)) => {
             if req.opcode == opcode::VERSION {
-                let v = crate::server::VERSION_REPLY;
+                let v = super::VERSION_REPLY;
                 let version = &v[b"VERSION ".len()..v.len() - 2];
                 respond(
                     conn,

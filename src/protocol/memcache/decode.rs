@@ -12,11 +12,6 @@ use crate::server::msg::{Arena, Batch, ConnId, Op};
 use crate::server::worker::conn::{Conn, Dump};
 use crate::server::worker::decode::{Cx, Step};
 
-/// The version string `version` answers: memcached's form (clients parse the numbers), with our
-/// name after it.
-pub const VERSION_REPLY: &[u8] =
-    concat!("VERSION 1.6.0-holdfast-", env!("CARGO_PKG_VERSION"), "\r\n").as_bytes();
-
 impl Decode for Memcache {
     #[inline]
     fn parse(conn: &mut Conn, buf: &[u8], id: ConnId, cx: Cx<'_>, batch: &mut Batch) -> Step {
@@ -600,7 +595,7 @@ fn text_request(
                 false,
             )
         }
-        R::Version => return conn.emit(VERSION_REPLY, false, id, batch),
+        R::Version => return conn.emit(super::VERSION_REPLY, false, id, batch),
         R::Verbosity { noreply } => {
             return conn.emit(if noreply { b"" } else { b"OK\r\n" }, false, id, batch)
         }

@@ -373,7 +373,7 @@ impl Execute for Memcache {
             }
             McCmd::Noop | McCmd::Verbosity => r.answer(b"OK\r\n", Ok(0)),
             McCmd::Version => {
-                let v = crate::server::VERSION_REPLY;
+                let v = super::VERSION_REPLY;
                 r.ok(0, &v[b"VERSION ".len()..v.len() - 2]);
             }
             McCmd::Quit => {

@@ -16,10 +16,14 @@ mod reply;
 pub(crate) mod state;
 pub mod wire;
 
-pub use decode::VERSION_REPLY;
 pub use exec::KEYS_SLOTS_PER_STEP;
 pub use reply::tag as reply_tag;
 pub use reply::{put_item, text_value_len, ItemEntry, ItemIter};
+
+/// The version string `version` answers: memcached's form (clients parse the numbers), with our
+/// name after it.
+pub const VERSION_REPLY: &[u8] =
+    concat!("VERSION 1.6.0-holdfast-", env!("CARGO_PKG_VERSION"), "\r\n").as_bytes();
 
 use super::Protocol;
 use crate::core::store::StoreMode;
