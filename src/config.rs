@@ -1,6 +1,6 @@
 //! Command-line flags, parsed raw with getopts and then validated into a typed [`Config`].
 //!
-//! The flags and their defaults: `holdfast --help`, and `docs/operations.md` for how to use them.
+//! The flags and their defaults: `holdfast --help`, and "Flags" in the README.
 
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, ToSocketAddrs};
