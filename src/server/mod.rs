@@ -2,7 +2,13 @@
 //!
 //! Two sides: `worker/` (the mio threads: sockets, parsers, write buffers) and `owner/` (the
 //! one thread, or the worker itself when run to completion, that applies every command to the
-//! state machine in one serial order). `msg` is what crosses between them.
+//! state machine in one serial order; in cluster mode, after raft has committed it). Between
+//! them: `msg` (the batches and replies that cross, and the owner's inbox), `effect` (what
+//! applying a turn yields), `arena` (the byte arena both carry their bytes in), `conn_id` (a
+//! connection's address) and `query` (the admin port's questions and the owner's answers; the
+//! admin port, `crate::admin`, sits above this module and is handed in at start). Also here:
+//! `sim` (the whole request path in one thread, for tests and fuzzing) and `notify` (systemd
+//! readiness).
 
 pub mod arena;
 pub mod conn_id;
