@@ -4,9 +4,7 @@
 //! tables and the accounting. Must not: change the store, or run on the daemon's path (it is
 //! O(table)).
 
-use super::expiry::NEVER;
-use super::memory::size_class;
-use super::slab::{DEAD, LRU, NIL, OCCUPIED};
+use super::slab::{size_class, DEAD, LRU, NEVER, NIL, OCCUPIED};
 use super::{Store, SIZE_CLASSES};
 
 /// Read-only inspection for tests, fuzzing and invariant checks: O(table), never on the

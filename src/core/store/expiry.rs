@@ -22,7 +22,7 @@
 //!   batches by the wheel, or first of all when room is needed. `curr_items` and `bytes` drop at
 //!   once.
 
-use super::slab::{DEAD, EMPTY, FETCHED, LRU, NIL, OCCUPIED};
+use super::slab::{DEAD, EMPTY, FETCHED, LRU, NEVER, NIL, OCCUPIED};
 use super::Store;
 use crate::core::wheel::TimerKey;
 use crate::core::Now;
@@ -37,9 +37,6 @@ pub(super) const RECLAIM_BATCH: usize = 4096;
 /// Longest span a single timer is set for. A deadline further away (a far absolute exptime) is
 /// re-armed when this timer fires, so the wheel never sees absurd deadlines.
 const MAX_TIMER_SPAN_MS: u64 = 1 << 36; // about 2.2 years
-
-/// Deadline of an item that never expires.
-pub(super) const NEVER: u64 = u64::MAX;
 
 /// What the store's wheel holds.
 #[derive(Clone, Copy, Debug)]

@@ -11,7 +11,8 @@
 //! the ends of that list. Lock, unlock and the release of one lock are O(1); a disconnect is
 //! O(locks of that connection); neither allocates beyond hash-table growth.
 
-use super::expiry::{deadline_of, Timer, NEVER};
+use super::expiry::{deadline_of, Timer};
+use super::slab::NEVER;
 use super::slab::{make_data, FETCHED, LOCKED, LRU, NIL};
 use super::{ItemView, LockOutcome, RauOutcome, Store, UnlockOutcome, Write, ITEM_OVERHEAD};
 use crate::core::fence::Fence;

@@ -52,7 +52,7 @@ use super::wheel::{TimerKey, Wheel};
 use super::{Now, Session};
 
 pub use self::expiry::RELATIVE_EXPTIME_MAX;
-pub use self::memory::{ITEM_OVERHEAD, SIZE_CLASSES};
+pub use self::slab::{ITEM_OVERHEAD, SIZE_CLASSES};
 
 use self::expiry::{deadline_of, Timer};
 use self::locks::{ConnLocks, LockEntry};

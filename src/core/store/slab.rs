@@ -24,11 +24,46 @@
 
 use std::hash::BuildHasher;
 
-use super::expiry::NEVER;
-use super::memory::{size_class, ITEM_OVERHEAD};
 use super::{ItemView, Store, MAX_KEY_LEN};
 use crate::core::wheel::TimerKey;
 use crate::core::Now;
+
+/// An item's deadline when it never expires.
+pub(super) const NEVER: u64 = u64::MAX;
+
+/// Index bytes per item: an 8-byte entry (the slot and half its hash) and a control byte per
+/// bucket, at hashbrown's load factor (7/8 right before growth, 7/16 right after) at a typical
+/// 5/8.
+const INDEX_BYTES_PER_ITEM: usize = 14;
+
+/// Allocator bytes per key+value allocation: the malloc chunk header and the rounding to the next
+/// size class (glibc: 8-byte header, 16-byte granularity).
+const ALLOC_BYTES_PER_ITEM: usize = 16;
+
+/// Bytes charged per item beyond its key and value: the 64-byte slab record, its share of the key
+/// index and the allocator's overhead for the key+value allocation = 94 bytes on 64-bit targets
+/// (memcached's own item header is 48 to 56 bytes plus slab-class rounding).
+pub const ITEM_OVERHEAD: usize =
+    std::mem::size_of::<Item>() + INDEX_BYTES_PER_ITEM + ALLOC_BYTES_PER_ITEM;
+
+/// Upper bounds (exclusive) of yrmcds's `stats sizes` classes, in value bytes; larger values
+/// are "huge" (cybozu/yrmcds src/memcache/gc.cpp).
+pub const SIZE_CLASSES: [usize; 7] = [
+    1 << 10,
+    4 << 10,
+    16 << 10,
+    64 << 10,
+    256 << 10,
+    1 << 20,
+    4 << 20,
+];
+
+pub(super) fn size_class(value_len: usize) -> usize {
+    SIZE_CLASSES
+        .iter()
+        .position(|&bound| value_len < bound)
+        .unwrap_or(SIZE_CLASSES.len())
+}
 
 /// "No slot": list ends and free-list end.
 pub(super) const NIL: u32 = u32::MAX;
