@@ -3,8 +3,6 @@
 //! socket; [`crate::server::sim::Sim`] drives it with bytes and a fake clock, so the whole request path
 //! (parse, owner, reply) runs in tests and fuzzing without threads or sockets.
 
-use super::decode;
-use super::decode::Cx;
 use crate::server::effect::Effect;
 use crate::server::msg::ConnId;
 use crate::server::msg::{Batch, Op, OpMsg};
@@ -26,7 +24,7 @@ pub const WBUF_MAX: usize = 64 * 1024 * 1024;
 /// that reads keeps well clear of the hard cap.
 pub const REPLY_BUDGET: usize = WBUF_MAX / 2;
 /// Buffers larger than this are released once empty, so idle connections stay small.
-const KEEP_BUF: usize = 16 * 1024;
+pub(super) const KEEP_BUF: usize = 16 * 1024;
 
 pub struct Conn {
     pub proto: Proto,
@@ -134,38 +132,6 @@ impl Conn {
     /// Whether everything is answered and written, so a closing connection may go.
     pub fn finished(&self) -> bool {
         self.inflight == 0 && self.pending_output() == 0
-    }
-
-    /// Parse bytes just received. Whole requests are parsed straight out of `data`; only a
-    /// partial request is copied, into `rbuf`. Returns true when the connection must close once
-    /// its queued output is written.
-    pub fn receive(&mut self, data: &[u8], id: ConnId, cx: Cx<'_>, batch: &mut Batch) -> bool {
-        if !self.rbuf.is_empty() {
-            self.rbuf.extend_from_slice(data);
-            return self.parse_buffered(id, cx, batch);
-        }
-        let (consumed, fatal) = decode::parse(self, data, id, cx, batch);
-        if fatal {
-            self.closing = true;
-        } else if consumed < data.len() {
-            self.rbuf.extend_from_slice(&data[consumed..]);
-        }
-        fatal
-    }
-
-    /// Parse what is buffered (after backpressure cleared, or after more bytes arrived).
-    pub fn parse_buffered(&mut self, id: ConnId, cx: Cx<'_>, batch: &mut Batch) -> bool {
-        let data = std::mem::take(&mut self.rbuf);
-        let (consumed, fatal) = decode::parse(self, &data, id, cx, batch);
-        self.rbuf = data;
-        self.rbuf.drain(..consumed);
-        if self.rbuf.is_empty() && self.rbuf.capacity() > KEEP_BUF {
-            self.rbuf = Vec::new();
-        }
-        if fatal {
-            self.closing = true;
-        }
-        fatal
     }
 
     /// Count a request in flight whose reply may be up to `bytes` long.

@@ -1,7 +1,7 @@
 //! Worker side of each wire format: parse what arrived, answer what needs no lock state, and copy
 //! everything else once into the owner's batch.
 
-use super::conn::Conn;
+use super::conn::{Conn, KEEP_BUF};
 use crate::config::Config;
 use crate::protocol::Decode;
 use crate::server::msg::{Batch, ConnId};
@@ -13,6 +13,41 @@ use crate::server::Proto;
 pub struct Cx<'a> {
     pub config: &'a Config,
     pub secrets: &'a crate::tls::Secrets,
+}
+
+/// What a connection does with the bytes it reads: the parse loop below, over them or its buffer.
+impl Conn {
+    /// Parse bytes just received. Whole requests are parsed straight out of `data`; only a
+    /// partial request is copied, into `rbuf`. Returns true when the connection must close once
+    /// its queued output is written.
+    pub fn receive(&mut self, data: &[u8], id: ConnId, cx: Cx<'_>, batch: &mut Batch) -> bool {
+        if !self.rbuf.is_empty() {
+            self.rbuf.extend_from_slice(data);
+            return self.parse_buffered(id, cx, batch);
+        }
+        let (consumed, fatal) = parse(self, data, id, cx, batch);
+        if fatal {
+            self.closing = true;
+        } else if consumed < data.len() {
+            self.rbuf.extend_from_slice(&data[consumed..]);
+        }
+        fatal
+    }
+
+    /// Parse what is buffered (after backpressure cleared, or after more bytes arrived).
+    pub fn parse_buffered(&mut self, id: ConnId, cx: Cx<'_>, batch: &mut Batch) -> bool {
+        let data = std::mem::take(&mut self.rbuf);
+        let (consumed, fatal) = parse(self, &data, id, cx, batch);
+        self.rbuf = data;
+        self.rbuf.drain(..consumed);
+        if self.rbuf.is_empty() && self.rbuf.capacity() > KEEP_BUF {
+            self.rbuf = Vec::new();
+        }
+        if fatal {
+            self.closing = true;
+        }
+        fatal
+    }
 }
 
 /// Parse as many requests from `data` as backpressure allows. Returns the bytes consumed and
