@@ -14,6 +14,7 @@
 //! described in `docs/state-machine.md`, the whole of cluster mode in `docs/cluster.md`.
 
 pub mod crc32c;
+pub mod env;
 pub mod liveness;
 pub mod node;
 pub mod sim;

@@ -1,5 +1,7 @@
-//! One cluster node's Raft driver: raft-rs's `RawNode` over the durable log in `--data-dir`
-//! ([`DiskStorage`]) and the peer [`Transport`], ticked by the caller's clock.
+//! One cluster node's Raft driver: raft-rs's `RawNode` over a durable log ([`LogStore`]) and
+//! the peers ([`PeerLink`]), ticked by the caller's clock ([`Clock`]). The daemon's node runs
+//! over the log in `--data-dir` ([`DiskStorage`]), the TCP [`Transport`] and the system clock;
+//! the simulator (`cluster::sim`) runs this same driver over in-memory ones (`cluster::env`).
 //!
 //! Owns: the order of a `Ready` (send what may go before persisting, persist, apply, sync,
 //! then send what promised that state), ticking, forwarding proposals to the leader, making
@@ -25,10 +27,12 @@ use raft::prelude::{
 };
 use raft::{Config, RawNode, SnapshotStatus, StateRole, Storage};
 
+use super::env::{observe_sync, Clock, LogStore, LogSyncer, PeerLink, Restore, Restored};
+use super::env::{Snapshotting, Syncer, SystemClock};
 use super::liveness::{Micros, Probes};
-use super::snapchild::{Finished, SnapshotChild};
+use super::snapchild::Finished;
 use super::snapfile::{self, MappedState};
-use super::storage::{claim_dir, DirLock, DiskStorage, PendingLog};
+use super::storage::{claim_dir, DirLock, DiskStorage};
 use super::transport::{PeerEvent, PeerTls, Transport, TransportConfig, TransportStats};
 use crate::admin::data::{Histogram, CLUSTER_BOUNDS};
 use crate::core::codec;
@@ -191,9 +195,51 @@ pub fn max_frame(max_entry: usize) -> usize {
     (max_entry.max(MAX_MSG_BYTES as usize) + (1 << 20)).max(super::transport::DEFAULT_MAX_FRAME)
 }
 
-pub struct RaftNode {
-    raw: RawNode<DiskStorage>,
-    transport: Transport,
+/// When a node snapshots and what it keeps behind a snapshot: the daemon's are
+/// [`SNAPSHOT_EVERY`], [`SNAPSHOT_LOG_BYTES`], [`KEEP_ENTRIES`] and [`KEEP_BYTES`] (the
+/// simulator's are smaller, so that its short runs snapshot and compact often).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SnapshotPolicy {
+    pub every: u64,
+    pub log_bytes: u64,
+    pub keep_entries: u64,
+    pub keep_bytes: u64,
+}
+
+impl Default for SnapshotPolicy {
+    fn default() -> SnapshotPolicy {
+        SnapshotPolicy {
+            every: SNAPSHOT_EVERY,
+            log_bytes: SNAPSHOT_LOG_BYTES,
+            keep_entries: KEEP_ENTRIES,
+            keep_bytes: KEEP_BYTES,
+        }
+    }
+}
+
+/// The node's parts, as [`RaftNode::assemble`] takes them.
+pub struct Parts<S: LogStore, T, C> {
+    pub id: u64,
+    pub storage: S,
+    pub transport: T,
+    pub syncer: S::Syncer,
+    pub clock: C,
+    /// Where this node's `--peers` says its peers listen.
+    pub local_peers: BTreeMap<u64, SocketAddr>,
+    /// The index of the snapshot the machine was restored from (0: none), and its size.
+    pub applied: u64,
+    pub snapshot_bytes: u64,
+    pub tick: Duration,
+    pub sync_times: Arc<Mutex<Histogram>>,
+    pub dir_lock: Option<DirLock>,
+}
+
+pub struct RaftNode<S: LogStore = DiskStorage, T = Transport, C = SystemClock> {
+    raw: RawNode<S>,
+    transport: T,
+    clock: C,
+    /// When to snapshot, and what to keep behind a snapshot.
+    policy: SnapshotPolicy,
     /// Where this node's `--peers` says its peers listen (these win over the replicated book).
     local_peers: BTreeMap<u64, SocketAddr>,
     /// A membership change was applied since the caller last asked ([`RaftNode::take_conf_changed`]).
@@ -210,7 +256,7 @@ pub struct RaftNode {
     /// while there is no leader ([`RaftNode::peer_closed`]).
     campaign_at: Option<(Instant, u32)>,
     /// Makes written `Ready`s durable off the owner's thread.
-    syncer: Syncer,
+    syncer: S::Syncer,
     /// The last `Ready` handed to the sync thread, and the last one known durable.
     requested: u64,
     durable: u64,
@@ -226,7 +272,7 @@ pub struct RaftNode {
     /// The size of the latest snapshot's state, made, installed or started from.
     snapshot_bytes: u64,
     /// The snapshot being written by a child process, if any.
-    snapshot_child: Option<SnapshotChild>,
+    snapshot_child: Option<S::Snapshotting>,
     /// After a failed snapshot child: no new one before then.
     snapshot_retry_at: Option<Instant>,
     /// A leader's snapshot being restored off the owner's thread; committed entries after it
@@ -237,7 +283,7 @@ pub struct RaftNode {
     /// How long each log sync took (the sync thread's and those made on the spot).
     sync_times: Arc<Mutex<Histogram>>,
     /// The data directory's lock, held while the node runs.
-    _dir_lock: DirLock,
+    _dir_lock: Option<DirLock>,
 }
 
 /// One tick of a follower that must not campaign: its election clock advances to the end of
@@ -259,7 +305,7 @@ struct Installing {
     index: u64,
     bytes: u64,
     started: Instant,
-    done: Receiver<Result<Box<dyn std::any::Any + Send>, String>>,
+    done: Receiver<Restored>,
 }
 
 /// What the node's snapshots cost (for `/metrics`).
@@ -355,12 +401,15 @@ impl RaftNode {
                 Err(e) => return Err(StartError::Flag(e)),
             }
         }
-        let raw = RawNode::new(&raft_config(cfg.id, applied), storage, &logger())
-            .map_err(|e| format!("raft: {e}"))?;
         let listener = TcpListener::bind(addr)
             .map_err(|e| format!("cannot listen for peers on {addr}: {e}"))?;
         let peers = effective_peers(
-            &conf_members(&raw.raft.prs().conf().to_conf_state()),
+            &conf_members(
+                &storage
+                    .initial_state()
+                    .map_err(|e| e.to_string())?
+                    .conf_state,
+            ),
             &cfg.peers,
             &machine.membership(),
         );
@@ -374,34 +423,114 @@ impl RaftNode {
         transport.set_removed(&machine.membership().removed);
         let tick = (cfg.election_timeout / TICKS_PER_ELECTION as u32).max(Duration::from_millis(1));
         let sync_times = Arc::new(Mutex::new(Histogram::default()));
+        let syncer = Syncer::start(sync_times.clone())?;
+        let parts = Parts {
+            id: cfg.id,
+            storage,
+            transport,
+            syncer,
+            clock: SystemClock,
+            local_peers: cfg.peers.clone(),
+            applied,
+            snapshot_bytes,
+            tick,
+            sync_times,
+            dir_lock: Some(dir_lock),
+        };
+        Ok(RaftNode::assemble(parts, now)?)
+    }
+
+    /// The peers the transport sends to, and where.
+    pub fn peers(&self) -> BTreeMap<u64, SocketAddr> {
+        self.transport.peers()
+    }
+
+    /// The peer transport's counters.
+    pub fn transport_stats(&self) -> &TransportStats {
+        self.transport.stats()
+    }
+
+    /// Whether the peer links are mutual TLS.
+    pub fn peer_tls(&self) -> bool {
+        self.transport.tls()
+    }
+
+    /// When each peer's latest frame arrived (raft traffic or a keepalive).
+    pub fn heard(&self) -> BTreeMap<u64, Instant> {
+        self.transport.heard()
+    }
+
+    /// Peer messages for [`RaftNode::step`] (to `select!` on).
+    pub fn inbound(&self) -> &Receiver<Message> {
+        self.transport.inbound()
+    }
+
+    pub fn peer_addr(&self) -> SocketAddr {
+        self.transport.local_addr()
+    }
+
+    /// Peer events (to `select!` on, so that a leader's closed connection is seen at once).
+    pub fn events(&self) -> &Receiver<PeerEvent> {
+        self.transport.events()
+    }
+
+    /// The sync thread's answers (to `select!` on).
+    pub fn synced(&self) -> &Receiver<Result<u64, String>> {
+        &self.syncer.done
+    }
+}
+
+impl<S: LogStore, T: PeerLink, C: Clock> RaftNode<S, T, C> {
+    /// A node over `parts`: the machine is already restored from the snapshot at
+    /// `parts.applied`, and the storage holds the log after it.
+    pub fn assemble(parts: Parts<S, T, C>, now: Instant) -> Result<Self, String> {
+        let raw = RawNode::new(
+            &raft_config(parts.id, parts.applied),
+            parts.storage,
+            &logger(),
+        )
+        .map_err(|e| format!("raft: {e}"))?;
+        let tick = parts.tick;
         Ok(RaftNode {
             raw,
-            transport,
-            local_peers: cfg.peers.clone(),
+            transport: parts.transport,
+            clock: parts.clock,
+            policy: SnapshotPolicy::default(),
+            local_peers: parts.local_peers,
             conf_changed: false,
             snapshot_due: false,
             removed: false,
             bytes_since_snapshot: 0,
             probes: Probes::new(tick.as_micros() as Micros),
             campaign_at: None,
-            syncer: Syncer::start(sync_times.clone())?,
+            syncer: parts.syncer,
             requested: 0,
             durable: 0,
             promised: std::collections::VecDeque::new(),
             tick,
             next_tick: now + tick,
             keepalive_in: 0,
-            applied,
-            last_snapshot: applied,
-            snapshot_bytes,
+            applied: parts.applied,
+            last_snapshot: parts.applied,
+            snapshot_bytes: parts.snapshot_bytes,
             snapshot_child: None,
             snapshot_retry_at: None,
             installing: None,
             held: std::collections::VecDeque::new(),
             snapshot_stats: SnapshotStats::default(),
-            sync_times,
-            _dir_lock: dir_lock,
+            sync_times: parts.sync_times,
+            _dir_lock: parts.dir_lock,
         })
+    }
+
+    /// When this node snapshots, and what it keeps behind a snapshot.
+    pub fn set_snapshot_policy(&mut self, policy: SnapshotPolicy) {
+        self.policy = policy;
+    }
+
+    /// This node applied its own removal: its owner stops it.
+    pub fn is_removed(&self) -> bool {
+        self.removed
     }
 
     /// Ask the leader to confirm, with a quorum, that it still leads (raft's ReadIndex, which
@@ -440,21 +569,6 @@ impl RaftNode {
     /// Whether a membership change was applied since the last call.
     pub fn take_conf_changed(&mut self) -> bool {
         std::mem::take(&mut self.conf_changed)
-    }
-
-    /// The peers the transport sends to, and where.
-    pub fn peers(&self) -> BTreeMap<u64, SocketAddr> {
-        self.transport.peers()
-    }
-
-    /// The peer transport's counters.
-    pub fn transport_stats(&self) -> &TransportStats {
-        self.transport.stats()
-    }
-
-    /// Whether the peer links are mutual TLS.
-    pub fn peer_tls(&self) -> bool {
-        self.transport.tls()
     }
 
     /// Propose a membership change (through the leader, as raft-rs forwards it). Raft turns a
@@ -520,11 +634,6 @@ impl RaftNode {
         self.raw.raft.raft_log.committed
     }
 
-    /// When each peer's latest frame arrived (raft traffic or a keepalive).
-    pub fn heard(&self) -> BTreeMap<u64, Instant> {
-        self.transport.heard()
-    }
-
     /// The size of the latest snapshot's state (made, installed, or started from).
     pub fn snapshot_bytes(&self) -> u64 {
         self.snapshot_bytes
@@ -545,19 +654,10 @@ impl RaftNode {
 
     /// A sync made on the owner's thread (a snapshot's), timed like the sync thread's.
     fn sync_now(&mut self) -> Result<(), String> {
-        let started = Instant::now();
-        self.raw.mut_store().sync().map_err(|e| e.to_string())?;
-        observe_sync(&self.sync_times, started.elapsed());
+        let started = self.clock.now();
+        self.raw.mut_store().sync()?;
+        observe_sync(&self.sync_times, self.clock.now() - started);
         Ok(())
-    }
-
-    /// Peer messages for [`RaftNode::step`] (to `select!` on).
-    pub fn inbound(&self) -> &Receiver<Message> {
-        self.transport.inbound()
-    }
-
-    pub fn peer_addr(&self) -> SocketAddr {
-        self.transport.local_addr()
     }
 
     /// Propose `data`: appended if this node leads, forwarded to the leader it knows, refused
@@ -593,11 +693,7 @@ impl RaftNode {
             // A sole voter elects itself within a tick, and raft-rs requires a new leader's
             // own log to be durable first: wait for the sync thread (it takes milliseconds).
             while self.requested > self.durable {
-                let done = self
-                    .syncer
-                    .done
-                    .recv()
-                    .unwrap_or_else(|_| Err("the sync thread has stopped".into()));
+                let done = self.syncer.wait_done();
                 self.on_synced(done)?;
             }
         }
@@ -654,11 +750,6 @@ impl RaftNode {
         }
     }
 
-    /// Peer events (to `select!` on, so that a leader's closed connection is seen at once).
-    pub fn events(&self) -> &Receiver<PeerEvent> {
-        self.transport.events()
-    }
-
     /// Fast failover: the leader's connection to us closed, so its process has most likely
     /// exited. Rather than wait out an election timeout (one to two of them, randomized) for a
     /// leader that will not speak again, every follower forgets it (so that it no longer turns
@@ -712,7 +803,7 @@ impl RaftNode {
     ///
     /// An error is a storage failure: the node must stop acknowledging (the caller stops it).
     pub fn ready(&mut self, machine: &mut impl Machine) -> Result<(), String> {
-        while let Ok(done) = self.syncer.done.try_recv() {
+        while let Some(done) = self.syncer.try_done() {
             self.on_synced(done)?;
         }
         self.poll_install(machine)?;
@@ -730,17 +821,14 @@ impl RaftNode {
             let installed = !rd.snapshot().is_empty();
             if installed {
                 let snap = rd.snapshot().clone();
-                self.raw
-                    .mut_store()
-                    .apply_snapshot(&snap)
-                    .map_err(|e| e.to_string())?;
+                self.raw.mut_store().apply_snapshot(&snap)?;
                 self.begin_install(machine, snap.get_metadata().index);
             }
             self.apply(machine, rd.take_committed_entries())?;
             let store = self.raw.mut_store();
-            store.append(rd.entries()).map_err(|e| e.to_string())?;
+            store.append(rd.entries())?;
             if let Some(hs) = rd.hs() {
-                store.set_hard_state(hs).map_err(|e| e.to_string())?;
+                store.set_hard_state(hs)?;
             }
             let must_sync = rd.must_sync();
             let promised = rd.take_persisted_messages();
@@ -755,7 +843,7 @@ impl RaftNode {
                 self.sync_now()?;
                 self.durable_through(number);
             } else {
-                let log = self.raw.mut_store().write().map_err(|e| e.to_string())?;
+                let log = self.raw.mut_store().write()?;
                 if must_sync {
                     self.requested = number;
                     self.syncer.request(number, log)?;
@@ -778,11 +866,6 @@ impl RaftNode {
         }
         self.count_confirmations();
         Ok(())
-    }
-
-    /// The sync thread's answers (to `select!` on).
-    pub fn synced(&self) -> &Receiver<Result<u64, String>> {
-        &self.syncer.done
     }
 
     /// The sync thread made every `Ready` through `done` durable (or failed: the caller stops).
@@ -868,10 +951,7 @@ impl RaftNode {
                 return Ok(());
             }
         };
-        self.raw
-            .mut_store()
-            .set_conf_state(after.clone())
-            .map_err(|e| e.to_string())?;
+        self.raw.mut_store().set_conf_state(after.clone())?;
         machine.apply_conf_change(e.index, cc.get_context(), &before, &after);
         if !conf_members(&after).contains(&self.id()) {
             self.removed = true;
@@ -903,40 +983,19 @@ impl RaftNode {
     /// snapshot replaces one still being restored.
     fn begin_install(&mut self, machine: &mut impl Machine, index: u64) {
         self.held.retain(|e| e.index > index);
-        // The old state is freed on the install thread before the new one is built, and its
-        // memory given back: freed on another thread meanwhile, into another allocator arena
-        // than the one the new state grows in, the two would be held at once.
+        // The old state goes to the restore, which frees it before it builds the new one.
         let old = machine.release();
         self.snapshot_child = None;
         self.snapshot_stats.writing = false;
-        let path = self.raw.store().snapshot_path().unwrap_or_default();
-        let bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
         let restorer = machine.restorer();
-        let (tx, rx) = crossbeam_channel::bounded(1);
-        let spawned = std::thread::Builder::new()
-            .name("holdfast-install".into())
-            .spawn(move || {
-                drop(old);
-                give_back_free_memory();
-                let restored = snapfile::check(&path)
-                    .and_then(|c| MappedState::open(&path, &c))
-                    .map_err(|e| e.to_string())
-                    .and_then(|state| codec::release_as_read(state.releaser(), || restorer(&state)))
-                    .map(|r| Box::new(r) as Box<dyn std::any::Any + Send>);
-                let _ = tx.send(restored);
-            });
-        let done = match spawned {
-            Ok(_) => rx,
-            Err(e) => {
-                let (tx, rx) = crossbeam_channel::bounded(1);
-                let _ = tx.send(Err(format!("cannot start the install thread: {e}")));
-                rx
-            }
-        };
+        let restore: Restore = Box::new(move |state: &[u8]| {
+            restorer(state).map(|r| Box::new(r) as Box<dyn std::any::Any + Send>)
+        });
+        let (bytes, done) = self.raw.store().start_restore(old, restore);
         self.installing = Some(Installing {
             index,
             bytes,
-            started: Instant::now(),
+            started: self.clock.now(),
             done,
         });
         self.snapshot_stats.installing = true;
@@ -970,7 +1029,7 @@ impl RaftNode {
         let _ = std::thread::Builder::new()
             .name("holdfast-free".into())
             .spawn(move || drop(old));
-        let took = i.started.elapsed();
+        let took = self.clock.now() - i.started;
         self.applied = i.index;
         self.last_snapshot = i.index;
         self.bytes_since_snapshot = 0;
@@ -997,13 +1056,15 @@ impl RaftNode {
     /// past the floors, or a node was added), in a child process, unless one is running or
     /// the state is being replaced.
     fn maybe_snapshot(&mut self, machine: &impl Machine) {
-        let bytes_due = self.bytes_since_snapshot >= SNAPSHOT_LOG_BYTES.max(self.snapshot_bytes);
+        let bytes_due = self.bytes_since_snapshot >= self.policy.log_bytes.max(self.snapshot_bytes);
         let entries_due =
-            self.applied >= self.last_snapshot + SNAPSHOT_EVERY.max(self.snapshot_bytes >> 10);
+            self.applied >= self.last_snapshot + self.policy.every.max(self.snapshot_bytes >> 10);
         if !(bytes_due || entries_due || self.snapshot_due)
             || self.snapshot_child.is_some()
             || self.installing.is_some()
-            || self.snapshot_retry_at.is_some_and(|at| Instant::now() < at)
+            || self
+                .snapshot_retry_at
+                .is_some_and(|at| self.clock.now() < at)
         {
             return;
         }
@@ -1017,17 +1078,20 @@ impl RaftNode {
                 return;
             }
         };
-        let tmp = store.snapshot_tmp_path(&meta);
-        match SnapshotChild::spawn(meta, tmp, |out| machine.write_snapshot(out)) {
+        match self
+            .raw
+            .mut_store()
+            .start_snapshot(meta, |out| machine.write_snapshot(out))
+        {
             Ok(child) => {
                 self.snapshot_due = false;
                 self.bytes_since_snapshot = 0;
                 self.last_snapshot = self.applied;
-                let secs = child.fork_time.as_secs_f64();
+                let secs = child.fork_time().as_secs_f64();
                 self.snapshot_stats.last_fork_seconds = secs;
                 self.snapshot_stats.fork_times.observe_in(
                     &CLUSTER_BOUNDS,
-                    nanos(child.fork_time),
+                    nanos(child.fork_time()),
                     1,
                 );
                 self.snapshot_stats.writing = true;
@@ -1035,7 +1099,7 @@ impl RaftNode {
             }
             Err(e) => {
                 crate::log_error!("cluster node {}: cannot fork a snapshot: {e}", self.id());
-                self.snapshot_retry_at = Some(Instant::now() + SNAPSHOT_RETRY);
+                self.snapshot_retry_at = Some(self.clock.now() + SNAPSHOT_RETRY);
             }
         }
     }
@@ -1051,17 +1115,17 @@ impl RaftNode {
         };
         let child = self.snapshot_child.take().expect("checked");
         self.snapshot_stats.writing = false;
-        let took = child.started.elapsed();
+        let took = self.clock.now() - child.started();
         let d = match finished {
             Finished::Done(d) => d,
             Finished::Failed(why) => {
                 crate::log_error!(
                     "cluster node {}: snapshot at index {} failed: {why}",
                     self.id(),
-                    child.meta.index
+                    child.meta().index
                 );
                 self.snapshot_stats.failed += 1;
-                self.snapshot_retry_at = Some(Instant::now() + SNAPSHOT_RETRY);
+                self.snapshot_retry_at = Some(self.clock.now() + SNAPSHOT_RETRY);
                 // Its start reset the counters that made it due: it is due again (after the
                 // wait), not once the log has grown by another snapshot's worth.
                 self.snapshot_due = true;
@@ -1069,17 +1133,17 @@ impl RaftNode {
             }
         };
         self.snapshot_retry_at = None;
-        let index = child.meta.index;
-        let adopting = Instant::now();
+        let index = child.meta().index;
+        let adopting = self.clock.now();
         let store = self.raw.mut_store();
-        let upto = store.compaction_keeping(index, KEEP_ENTRIES, KEEP_BYTES);
+        let upto =
+            store.compaction_keeping(index, self.policy.keep_entries, self.policy.keep_bytes);
         // Nothing waits for these records: their sync, and the removal of the files they make
         // useless, happen off the owner's thread.
         store
-            .adopt_snapshot(child.meta.clone(), d)
+            .adopt_snapshot(child.meta().clone(), d)
             .and_then(|()| store.compact(upto))
-            .and_then(|()| store.sync_in_background())
-            .map_err(|e| e.to_string())?;
+            .and_then(|()| store.sync_in_background())?;
         self.snapshot_bytes = d.len;
         crate::log_info!(
             "cluster node {}: snapshot at index {} ({} bytes): fork {} ms, written in {} ms, \
@@ -1087,9 +1151,9 @@ impl RaftNode {
             self.id(),
             index,
             d.len,
-            child.fork_time.as_millis(),
+            child.fork_time().as_millis(),
             took.as_millis(),
-            adopting.elapsed().as_millis()
+            (self.clock.now() - adopting).as_millis()
         );
         let st = &mut self.snapshot_stats;
         st.made += 1;
@@ -1206,76 +1270,6 @@ fn v1_to_v2(c: ConfChange) -> ConfChangeV2 {
     v2.mut_changes().push(single);
     v2.context = c.context;
     v2
-}
-
-/// The node's sync thread: makes written log records durable while the owner works on. Each
-/// request names a `Ready` and the file it was written to; the thread takes every request
-/// queued, syncs each file once (one fdatasync covers every write before it) and answers with
-/// the last `Ready` covered.
-struct Syncer {
-    requests: crossbeam_channel::Sender<(u64, PendingLog)>,
-    done: Receiver<Result<u64, String>>,
-}
-
-/// Count one sync of `took` in `times`.
-fn observe_sync(times: &Mutex<Histogram>, took: Duration) {
-    let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
-    times
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .observe_in(&CLUSTER_BOUNDS, ns, 1);
-}
-
-impl Syncer {
-    /// `times`: where each sync's duration is counted.
-    fn start(times: Arc<Mutex<Histogram>>) -> Result<Syncer, String> {
-        let (requests, rx) = crossbeam_channel::unbounded::<(u64, PendingLog)>();
-        let (tx, done) = crossbeam_channel::unbounded();
-        std::thread::Builder::new()
-            .name("holdfast-sync".into())
-            .spawn(move || {
-                let mut files: Vec<PendingLog> = Vec::new();
-                while let Ok((mut number, log)) = rx.recv() {
-                    files.clear();
-                    files.push(log);
-                    while let Ok((n, log)) = rx.try_recv() {
-                        number = n;
-                        if !files.iter().any(|f| f.same_file(&log)) {
-                            files.push(log);
-                        }
-                    }
-                    let started = Instant::now();
-                    let synced = files.iter().try_for_each(PendingLog::sync);
-                    observe_sync(&times, started.elapsed());
-                    let failed = synced.is_err();
-                    if tx
-                        .send(synced.map(|()| number).map_err(|e| e.to_string()))
-                        .is_err()
-                        || failed
-                    {
-                        return;
-                    }
-                }
-            })
-            .map_err(|e| format!("cannot start the sync thread: {e}"))?;
-        Ok(Syncer { requests, done })
-    }
-
-    fn request(&self, number: u64, log: PendingLog) -> Result<(), String> {
-        self.requests
-            .send((number, log))
-            .map_err(|_| "the sync thread has stopped".to_string())
-    }
-}
-
-/// Hands the allocator's free pages back to the kernel (glibc keeps what a thread freed in its
-/// arenas; `malloc_trim` returns their whole free pages, wherever they are in the heap).
-fn give_back_free_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only releases memory the allocator holds free.
-    unsafe {
-        libc::malloc_trim(0);
-    }
 }
 
 #[cfg(test)]
