@@ -234,6 +234,92 @@ impl LogState {
         Ok(gone)
     }
 
+    /// The checks of an append from a `Ready`: it starts inside the log or right after it and
+    /// its entries are consecutive.
+    pub(crate) fn check_append(&self, ents: &[Entry]) -> Result<(), String> {
+        let Some(first) = ents.first() else {
+            return Ok(());
+        };
+        if first.index <= self.base_index || first.index > self.last_index() + 1 {
+            return Err(format!(
+                "append at {} outside {}..={}",
+                first.index,
+                self.base_index + 1,
+                self.last_index() + 1
+            ));
+        }
+        for (i, e) in ents.iter().enumerate() {
+            if e.index != first.index + i as u64 {
+                return Err(format!("append of non-consecutive entry {}", e.index));
+            }
+        }
+        Ok(())
+    }
+
+    /// The index and term a compaction that keeps `compact_index` drops through; `None` when
+    /// that is compacted already; an error past the last entry or the commit index.
+    pub(crate) fn compaction_point(
+        &self,
+        compact_index: u64,
+    ) -> Result<Option<(u64, u64)>, String> {
+        if compact_index <= self.base_index + 1 {
+            return Ok(None);
+        }
+        let index = compact_index - 1;
+        if index > self.last_index() || index > self.hard_state.commit {
+            return Err(format!(
+                "compaction to {} past the last entry {} or the commit index {}",
+                compact_index,
+                self.last_index(),
+                self.hard_state.commit
+            ));
+        }
+        Ok(Some((index, self.term(index).unwrap_or_default())))
+    }
+
+    /// See [`DiskStorage::compaction_keeping`].
+    pub(crate) fn compaction_keeping(&self, index: u64, max_entries: u64, max_bytes: u64) -> u64 {
+        let Some(e) = self.entry(index) else {
+            return index;
+        };
+        let (mut first, mut bytes) = (index, entry_bytes(e));
+        while first > self.base_index + 1 && index - first + 1 < max_entries {
+            let Some(e) = self.entry(first - 1) else {
+                break;
+            };
+            if bytes + entry_bytes(e) > max_bytes {
+                break;
+            }
+            bytes += entry_bytes(e);
+            first -= 1;
+        }
+        first
+    }
+
+    /// See [`DiskStorage::snapshot_metadata_at`].
+    pub(crate) fn snapshot_metadata_at(
+        &self,
+        index: u64,
+        cs: ConfState,
+    ) -> Result<Option<SnapshotMetadata>, String> {
+        if index > self.hard_state.commit || index < self.base_index {
+            return Err(format!(
+                "snapshot at {} outside {}..={}",
+                index, self.base_index, self.hard_state.commit
+            ));
+        }
+        if self.snapshot.as_ref().is_some_and(|m| m.index >= index) {
+            return Ok(None);
+        }
+        let mut meta = SnapshotMetadata {
+            index,
+            term: self.term(index).unwrap_or_default(),
+            ..Default::default()
+        };
+        meta.set_conf_state(cs);
+        Ok(Some(meta))
+    }
+
     /// A leader's snapshot: entries after it survive only if the log agrees at its index
     /// (Raft's InstallSnapshot rule); the commit index reaches it.
     pub(crate) fn install(&mut self, meta: &SnapshotMetadata) {
@@ -818,25 +904,7 @@ impl DiskStorage {
     /// Appends entries from a `Ready` (the leader's or our own), replacing any conflicting
     /// suffix. Durable after the next [`DiskStorage::sync`].
     pub fn append(&mut self, ents: &[Entry]) -> Result<(), LogError> {
-        let Some(first) = ents.first() else {
-            return Ok(());
-        };
-        if first.index <= self.state.base_index || first.index > self.state.last_index() + 1 {
-            return Err(LogError::Misuse(format!(
-                "append at {} outside {}..={}",
-                first.index,
-                self.state.base_index + 1,
-                self.state.last_index() + 1
-            )));
-        }
-        for (i, e) in ents.iter().enumerate() {
-            if e.index != first.index + i as u64 {
-                return Err(LogError::Misuse(format!(
-                    "append of non-consecutive entry {}",
-                    e.index
-                )));
-            }
-        }
+        self.state.check_append(ents).map_err(LogError::Misuse)?;
         let mark = self.pending.len();
         for e in ents {
             if let Err(err) = put_message(&mut self.pending, ENTRY, e) {
@@ -874,19 +942,13 @@ impl DiskStorage {
     /// Drops every entry before `compact_index` (they must be covered by a snapshot the
     /// driver made; at most up to the commit index). Indexes already compacted are ignored.
     pub fn compact(&mut self, compact_index: u64) -> Result<(), LogError> {
-        if compact_index <= self.state.base_index + 1 {
+        let Some((index, term)) = self
+            .state
+            .compaction_point(compact_index)
+            .map_err(LogError::Misuse)?
+        else {
             return Ok(());
-        }
-        let index = compact_index - 1;
-        if index > self.state.last_index() || index > self.state.hard_state.commit {
-            return Err(LogError::Misuse(format!(
-                "compaction to {} past the last entry {} or the commit index {}",
-                compact_index,
-                self.state.last_index(),
-                self.state.hard_state.commit
-            )));
-        }
-        let term = self.state.term(index).unwrap_or_default();
+        };
         let mut body = [0u8; 16];
         body[..8].copy_from_slice(&index.to_le_bytes());
         body[8..].copy_from_slice(&term.to_le_bytes());
@@ -906,21 +968,7 @@ impl DiskStorage {
     /// always): a follower a little behind catches up from the log, and the log left after a
     /// snapshot stays small whatever the entries' size.
     pub fn compaction_keeping(&self, index: u64, max_entries: u64, max_bytes: u64) -> u64 {
-        let Some(e) = self.state.entry(index) else {
-            return index;
-        };
-        let (mut first, mut bytes) = (index, entry_bytes(e));
-        while first > self.state.base_index + 1 && index - first + 1 < max_entries {
-            let Some(e) = self.state.entry(first - 1) else {
-                break;
-            };
-            if bytes + entry_bytes(e) > max_bytes {
-                break;
-            }
-            bytes += entry_bytes(e);
-            first -= 1;
-        }
-        first
+        self.state.compaction_keeping(index, max_entries, max_bytes)
     }
 
     /// The metadata of a snapshot of the state machine as applied through `index` (at most
@@ -932,27 +980,9 @@ impl DiskStorage {
         index: u64,
         cs: ConfState,
     ) -> Result<Option<SnapshotMetadata>, LogError> {
-        if index > self.state.hard_state.commit || index < self.state.base_index {
-            return Err(LogError::Misuse(format!(
-                "snapshot at {} outside {}..={}",
-                index, self.state.base_index, self.state.hard_state.commit
-            )));
-        }
-        if self
-            .state
-            .snapshot
-            .as_ref()
-            .is_some_and(|m| m.index >= index)
-        {
-            return Ok(None);
-        }
-        let mut meta = SnapshotMetadata {
-            index,
-            term: self.state.term(index).unwrap_or_default(),
-            ..Default::default()
-        };
-        meta.set_conf_state(cs);
-        Ok(Some(meta))
+        self.state
+            .snapshot_metadata_at(index, cs)
+            .map_err(LogError::Misuse)
     }
 
     /// Where the snapshot with `meta` is written before [`DiskStorage::adopt_snapshot`] (a
