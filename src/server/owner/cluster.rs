@@ -43,6 +43,9 @@
 //! hear of it. What waits for the log while there is no quorum is therefore bounded by the
 //! cap, by the connections, and by the requests of two election timeouts (the owner stops
 //! taking batches from the workers at [`MAX_QUEUED_BATCHES`]).
+//! Proposals of this node that came in a leader's snapshot it installed (not applied one entry
+//! at a time) made no replies here: their requests get the no-quorum answer when they leave
+//! the flight.
 //!
 //! What a no-quorum answer guarantees, and no more: the request is applied at most once, and
 //! its client learns nothing more of it. A request given up before it was proposed is never
@@ -145,6 +148,9 @@ pub struct Replicated {
     incarnation: u64,
     /// The last of this node's own sequence numbers applied (this incarnation).
     pub mine_applied: u64,
+    /// This node's proposals through this number came in a leader's snapshot installed here,
+    /// not applied one by one: their replies were never made.
+    pub installed_through: u64,
     /// Entries that did not decode (hostile or from a newer version): ignored on every replica.
     pub refused: u64,
     /// Expiries of a node's sessions applied.
@@ -187,6 +193,7 @@ impl Replicated {
             me,
             incarnation,
             mine_applied: 0,
+            installed_through: 0,
             refused: 0,
             expired: 0,
             leader_term: 0,
@@ -494,6 +501,7 @@ impl Machine for Replicated {
             .get(&self.me)
             .filter(|(inc, _)| *inc == self.incarnation)
             .map_or(0, |&(_, seq)| seq);
+        self.installed_through = self.mine_applied;
         Box::new(old)
     }
 }
@@ -822,7 +830,16 @@ impl ClusterOwner {
                 if self.state.mine_applied < f.seq {
                     break;
                 }
-                let f = self.inflight.pop_front().expect("checked");
+                let mut f = self.inflight.pop_front().expect("checked");
+                if f.seq <= self.state.installed_through && f.waiting_since.is_some() {
+                    // Applied in a leader's snapshot installed here, so its replies were never
+                    // made: its requests get the no-quorum answer (applied once, nothing more
+                    // to learn), or their clients would wait for good.
+                    for b in &mut f.batches {
+                        let n = refuse_requests(&mut self.poisoned, &mut self.state.outbox, b);
+                        self.watch.no_quorum_answers += n as u64;
+                    }
+                }
                 // One clock read per round that applied any of this node's proposals.
                 let at = *applied_at.get_or_insert_with(Instant::now);
                 let ns = at.saturating_duration_since(f.proposed).as_nanos();
