@@ -48,6 +48,16 @@ pub fn set_node(id: u64) {
     NODE.store(id, Ordering::Relaxed);
 }
 
+thread_local! {
+    static MUTED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Silence (or not) the lines written on this thread: the cluster simulator runs many nodes'
+/// drivers on one thread, thousands of runs in a row.
+pub fn mute_thread(muted: bool) {
+    MUTED.with(|m| m.set(muted));
+}
+
 pub fn set_level(level: Level) {
     LEVEL.store(level as u8, Ordering::Relaxed);
 }
@@ -60,7 +70,7 @@ pub fn enabled(level: Level) -> bool {
 /// Write one line if `level` is enabled: `2026-11-23T07:05:35.123Z warn holdfast: ...`, or on
 /// a cluster node `2026-11-23T07:05:35.123Z warn node=2 holdfast: ...`.
 pub fn write(level: Level, args: Arguments<'_>) {
-    if !enabled(level) {
+    if !enabled(level) || MUTED.with(std::cell::Cell::get) {
         return;
     }
     let now = SystemTime::now()

@@ -7,8 +7,9 @@
 //! - [`transport`]: framed raft messages between peers over TCP (mutual TLS with peer TLS).
 //! - [`liveness`]: quorum probes, fencing, the write deadline and session expiries, as pure
 //!   functions of time.
-//! - [`sim`]: a deterministic simulator of 3 or 5 raft nodes, their network, disks and clocks,
-//!   driving any [`sim::StateMachine`], holdfast's own `Replayer` included.
+//! - [`env`]: what a node's driver works through (its log, peers and clock), and the daemon's.
+//! - [`sim`]: a deterministic simulator of 3 to 5 nodes running the node's own driver over an
+//!   in-memory log, network and clocks, replicating holdfast's `Replayer` or its cluster state.
 //!
 //! The owner drives them (`server::owner::cluster`); the state machine they replicate is
 //! described in `docs/state-machine.md`, the whole of cluster mode in `docs/cluster.md`.

@@ -533,6 +533,21 @@ impl<S: LogStore, T: PeerLink, C: Clock> RaftNode<S, T, C> {
         self.removed
     }
 
+    /// raft-rs's node, for the simulator (which draws raft's randomized election timeout from
+    /// its seed, and inspects the node's raft state).
+    pub(crate) fn raw_mut(&mut self) -> &mut RawNode<S> {
+        &mut self.raw
+    }
+
+    pub(crate) fn raw(&self) -> &RawNode<S> {
+        &self.raw
+    }
+
+    /// Committed entries held behind a snapshot being installed.
+    pub(crate) fn held_entries(&self) -> usize {
+        self.held.len()
+    }
+
     /// Ask the leader to confirm, with a quorum, that it still leads (raft's ReadIndex, which
     /// writes nothing): at most one probe per tick. A confirmed probe proves that the leader
     /// received it, so the leader heard from this node no earlier than the probe was sent;

@@ -1,121 +1,215 @@
-//! A deterministic simulator of a raft cluster: 3 or 5 raft-rs `RawNode`s in one thread, their
-//! disks, their network and their clocks, all driven from one seed (after tigerbeetle's VOPR
-//! and FoundationDB's simulation testing).
+//! A deterministic simulator of a raft cluster: 3 to 5 nodes in one thread, each running the
+//! daemon's own Raft driver (`cluster::node::RaftNode`, its `tick`/`step`/`ready`/persist/sync
+//! path, background snapshots and installs included) over an in-memory log, transport and
+//! clock (`sim_env.rs`), with their disks, their network and their clocks all driven from one
+//! seed (after tigerbeetle's VOPR and FoundationDB's simulation testing).
 //!
-//! Owns: the simulated world (an event queue in simulated microseconds), the driving loop that
-//! a real node will run (ready → send → apply → persist → sync → send persisted → advance),
-//! and the invariant checks. It must not read a clock, a socket or a file: everything comes
-//! from the seed, so a failing seed replays exactly.
+//! Owns: the simulated world (an event queue in simulated microseconds), the owner's side of
+//! each node (when it ticks, steps, calls `ready`, hears of a sync), and the invariant checks.
+//! It must not read a clock, a socket or a file: everything comes from the seed, so a failing
+//! seed replays exactly (the instant the nodes' clocks start from is read once; only
+//! differences of instants matter).
 //!
-//! - **Disks** ([`MemLog`]): the node's raft storage in memory; a crash keeps only what the
-//!   last sync made durable. A node may crash between persisting a `Ready` and syncing it.
+//! - **Disks** ([`env::SimStore`]): the node's raft storage in memory; each `Ready` the driver
+//!   writes is made durable by a sync that finishes a seeded 0.2-3.2 ms later (the daemon's sync
+//!   thread), and a crash keeps only what the last sync made durable. The disk's fault hook
+//!   crashes a node between writing a `Ready` and syncing it.
 //! - **Network**: seeded loss, delay (hence reordering) and duplication; symmetric and one-way
 //!   partitions.
-//! - **Snapshots** (`sim_snap.rs`), as the daemon makes, sends and installs them: *made in the
-//!   background* when due (every [`Options::snapshot_every`] entries in some seeds; in all, in
-//!   proportion: log bytes applied since the last one >= max([`Options::snapshot_floor_bytes`],
-//!   the last snapshot's size); or on raft's demand), the state captured at the applied index
-//!   and recorded (then the log compacted, keeping a few entries) a seeded 1-300 ms later while
-//!   the node goes on; a crash meanwhile loses it; one at a time. *Sent in chunks*: a
-//!   `MsgSnapshot` carries the file's descriptor (length, crc32c) and the file travels beside
-//!   it in chunks through the lossy network, on numbered connections with acknowledged
-//!   offsets; seeded connection resets and the transport's stall timeout reconnect, resuming
-//!   from the acknowledged offset or (other seeds) restarting from 0; chunks are sometimes
-//!   damaged; the receiver's raft sees the `MsgSnapshot` only once the whole file arrived and
-//!   checks out; the sender's raft hears `Finish` when the receiver acknowledged it all and
-//!   `Failure` when the transfer failed (receiver down or refusing, file damaged, too many
-//!   reconnects). *Installed in the background*: a follower persists a leader's snapshot at
-//!   once and rebuilds its state from it a seeded while later, holding the committed entries
-//!   handed out meanwhile (raft is told only the snapshot's index is applied) and applying
-//!   them after, in order; it ticks and steps meanwhile; a crash restarts it from disk.
+//! - **Snapshots** (`sim_snap.rs`), made and installed by the driver: *made in the background*
+//!   when the driver's rule says so (its [`SnapshotPolicy`] with every
+//!   [`Options::snapshot_every`] entries in some seeds; in all, in proportion: log bytes
+//!   applied since the last one >= max([`Options::snapshot_floor_bytes`], the last snapshot's
+//!   size); and when a node was added), the state captured when the driver starts it and the
+//!   file written a seeded 1-300 ms later, when the driver adopts it and compacts its log
+//!   (keeping a few entries) while the node goes on; a crash meanwhile loses it. *Sent in
+//!   chunks* by the simulated transport: a `MsgSnapshot` carries the file's descriptor
+//!   (length, crc32c) and the file travels beside it in chunks through the lossy network, on
+//!   numbered connections with acknowledged offsets; seeded connection resets and the
+//!   transport's stall timeout reconnect, resuming from the acknowledged offset or (other
+//!   seeds) restarting from 0; chunks are sometimes damaged; the receiver's raft sees the
+//!   `MsgSnapshot` only once the whole file arrived and checks out; the sender's driver hears
+//!   `SnapshotSent` when the receiver acknowledged it all and `SnapshotFailed` when the
+//!   transfer failed (receiver down or refusing, file damaged, too many reconnects).
+//!   *Installed in the background* by the driver: it persists a leader's snapshot at once,
+//!   the state is rebuilt from it a seeded while later (the daemon's install thread), and the
+//!   driver holds the committed entries handed out meanwhile and applies them after, in order;
+//!   it ticks and steps meanwhile; a crash restarts it from disk.
 //! - **Clocks**: each node ticks at its own rate (±5%) and reads its own offset wall clock; the
-//!   leader stamps each command with its clock, so log time is the leader's.
+//!   leader stamps each command with its clock, so log time is the leader's. raft-rs's
+//!   randomized election timeout is redrawn from the seed whenever raft resets it.
 //! - **Membership** (seeds with [`Options::membership`]): an operator adds a fresh node (ids
 //!   10, 11, …, empty disk, empty `ConfState`), removes a voter, or replaces one by a fresh node,
 //!   one change in flight, 3 to 5 voters, always through joint consensus (`ConfChangeV2`,
 //!   `Implicit`: raft-rs's leader leaves the joint configuration by itself; the operator
 //!   proposes the empty leave-joint entry when no leader did, and always in the seeds that use
-//!   `Explicit`). Each node applies committed conf entries with `RawNode::apply_conf_change`
-//!   and keeps the `ConfState` in its [`MemLog`]; a node stops once it applied its own
-//!   removal; a node's transport refuses traffic from the nodes it saw removed.
+//!   `Explicit`). The driver applies committed conf entries; a node stops once it applied its
+//!   own removal; a node's transport refuses traffic from the nodes it saw removed.
 //! - **Clients** propose `(client, seq, request)` through any node; a follower forwards to the
 //!   leader it knows, and nothing tells a client that a proposal was dropped: it retries the
 //!   same `(client, seq)` until it sees it applied. [`Deduped`] (replicated, in the snapshot)
 //!   applies each `(client, seq)` once.
 //!
-//! Checked after every applied entry, on every node: the entry at each index is the same
-//! everywhere (log matching on what was applied), its effects are the same, the state
+//! Checked after every entry the driver applies, on every node: the entry at each index is the
+//! same everywhere (log matching on what was applied), its effects are the same, the state
 //! machine's snapshot at each applied index is byte-identical (also right after a restore),
-//! each client's requests apply once and in order, and the workload's own check (for locks:
-//! never two holders), every node that applied a conf entry got the same `ConfState` from it (a
-//! snapshot carries the `ConfState` of its index), a removed node never becomes leader once a
-//! majority of the new configuration applied its removal, and no leader is outside its own
-//! configuration. Of snapshots: no entry is applied while an install is in progress, a
-//! background snapshot's bytes are the state every node had at its index, an assembled file is
-//! byte for byte that state, and no log is compacted past its newest snapshot. At the end of
-//! the run the faults stop and every member of the final configuration (no longer joint) must
-//! converge and every client's request must have been applied (liveness); removed nodes are
-//! ignored.
+//! entries apply in increasing order and none while an install is in progress, each client's
+//! requests apply once and in order, and the workload's own check (for locks: never two
+//! holders), every node that applied a conf entry got the same `ConfState` from it and has the
+//! configuration the conf entries it applied made (a snapshot carries the `ConfState` of its
+//! index), a removed node never becomes leader once a majority of the new configuration applied
+//! its removal, and no leader is outside its own configuration. Of snapshots: a background
+//! snapshot's bytes are the state every node had at its index, an assembled file is byte for
+//! byte that state, and no log is compacted past its newest snapshot. At the end of the run the
+//! faults stop and every member of the final configuration (no longer joint) must converge and
+//! every client's request must have been applied (liveness); removed nodes are ignored.
+//!
+//! What the simulator models rather than runs: the TCP transport (its queues, connections and
+//! chunked snapshot files: `sim_snap.rs`), the disk log's file format and its sync thread, the
+//! forked snapshot child and the install thread (their timing and results), and, in the
+//! liveness mode, the owner's cluster loop (`sim_live.rs`).
 
-use std::cell::Cell;
+use std::cell::RefCell;
 use std::cmp::Ordering as CmpOrdering;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::{BTreeMap, BinaryHeap, VecDeque};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
 
-use protobuf::Message as _;
 use raft::prelude::{
-    ConfChange, ConfChangeSingle, ConfChangeTransition, ConfChangeType, ConfChangeV2, ConfState,
-    Entry, EntryType, Message, MessageType, Snapshot, SnapshotMetadata,
+    ConfChangeSingle, ConfChangeTransition, ConfChangeType, ConfChangeV2, ConfState, Message,
+    MessageType,
 };
-use raft::{Config, RawNode, SnapshotStatus, StateRole, Storage, StorageError};
+use raft::StateRole;
 
-use super::storage::{log_state_reads, LogState};
+use super::node::{Parts, RaftNode, SnapshotPolicy};
+use super::transport::PeerEvent;
 use crate::rng::Rng;
 use crate::server::msg::ConnId;
 
+#[path = "sim_env.rs"]
+mod env;
 #[path = "sim_live.rs"]
 mod live;
 #[path = "sim_snap.rs"]
 mod snap;
+use env::{DiskFaults, Io, MemLog, Record, RestoreJob, Shared, SimClock, SimLink, SimMachine};
+use env::{SimStore, SimSyncer};
 pub use live::{ELECTION_US, SESSION_TIMEOUT_US};
 
-/// A replicated state machine: deterministic, fed committed commands in log order.
-pub trait StateMachine {
-    /// Apply one committed command; returns its effects (replies, grants) as bytes.
-    fn apply(&mut self, command: &[u8]) -> Vec<u8>;
-    /// [`StateMachine::apply`] of client `client`'s request number `seq` (a machine that keeps
-    /// its own exactly-once table, as holdfast's cluster state does, needs them).
-    fn apply_from(&mut self, client: u64, seq: u64, command: &[u8]) -> Vec<u8> {
-        let _ = (client, seq);
-        self.apply(command)
-    }
-    /// The whole state as canonical bytes.
-    fn snapshot(&self) -> Vec<u8>;
-    /// Replace the state by one restored from `snapshot` (hostile input: an error, no panic).
-    fn restore(&mut self, snapshot: &[u8]) -> Result<(), String>;
-    /// Liveness mode ([`Options::liveness`]): apply a cluster proposal as it is (the machine's
-    /// own exactly-once rules apply).
-    fn apply_proposal(&mut self, proposal: &[u8]) -> Vec<u8> {
-        self.apply(proposal)
-    }
-    /// Liveness mode: whether any session of cluster node `node` is live.
-    fn has_sessions_of(&self, _node: u64) -> bool {
-        false
-    }
-    /// Liveness mode: the connections of `node`'s sessions.
-    fn conns_of_node(&self, _node: u64) -> Vec<ConnId> {
-        Vec::new()
-    }
-    /// Liveness mode: `node`'s latest run applied and its last sequence number applied.
-    fn run_of(&self, _node: u64) -> Option<(u64, u64)> {
-        None
-    }
-    /// Liveness mode: the fencing token of lockd lock `name` if `conn`'s session holds it.
-    fn token_of(&self, _conn: ConnId, _name: &[u8]) -> Option<u64> {
-        None
+/// The state the simulator replicates (behind [`SimMachine`], the `cluster::node::Machine` the
+/// driver applies entries to): holdfast's `Replayer`, or its cluster state (`Replicated`).
+pub enum SimState {
+    Replayer(Box<holdfast::HoldfastMachine>),
+    Replicated(Box<holdfast::ReplicatedMachine>),
+}
+
+impl From<holdfast::HoldfastMachine> for SimState {
+    fn from(m: holdfast::HoldfastMachine) -> SimState {
+        SimState::Replayer(Box::new(m))
     }
 }
 
-/// What clients do against a [`StateMachine`], and what must hold of its effects.
+impl From<holdfast::ReplicatedMachine> for SimState {
+    fn from(m: holdfast::ReplicatedMachine) -> SimState {
+        SimState::Replicated(Box::new(m))
+    }
+}
+
+impl SimState {
+    /// Apply client `client`'s request number `seq`; returns its effects (replies, grants) as
+    /// bytes.
+    pub fn apply_from(&mut self, client: u64, seq: u64, command: &[u8]) -> Vec<u8> {
+        match self {
+            SimState::Replayer(m) => m.apply(command),
+            SimState::Replicated(m) => m.apply_from(client, seq, command),
+        }
+    }
+
+    /// The whole state as canonical bytes.
+    pub fn snapshot(&self) -> Vec<u8> {
+        match self {
+            SimState::Replayer(m) => m.snapshot(),
+            SimState::Replicated(m) => m.snapshot(),
+        }
+    }
+
+    /// Replace the state by one restored from `snapshot` (hostile input: an error, no panic).
+    pub fn restore(&mut self, snapshot: &[u8]) -> Result<(), String> {
+        match self {
+            SimState::Replayer(m) => m.restore(snapshot),
+            SimState::Replicated(m) => m.restore(snapshot),
+        }
+    }
+
+    /// Liveness mode ([`Options::liveness`]): apply a cluster proposal as it is (the machine's
+    /// own exactly-once rules apply).
+    pub fn apply_proposal(&mut self, proposal: &[u8]) -> Vec<u8> {
+        match self {
+            SimState::Replayer(m) => m.apply(proposal),
+            SimState::Replicated(m) => m.apply_proposal(proposal),
+        }
+    }
+
+    fn cluster_state(&self) -> Option<&holdfast::ReplicatedMachine> {
+        match self {
+            SimState::Replicated(m) => Some(m),
+            SimState::Replayer(_) => None,
+        }
+    }
+
+    /// Liveness mode: whether any session of cluster node `node` is live.
+    pub fn has_sessions_of(&self, node: u64) -> bool {
+        self.cluster_state()
+            .is_some_and(|m| m.has_sessions_of(node))
+    }
+
+    /// Liveness mode: the connections of `node`'s sessions.
+    pub fn conns_of_node(&self, node: u64) -> Vec<ConnId> {
+        self.cluster_state()
+            .map(|m| m.conns_of_node(node))
+            .unwrap_or_default()
+    }
+
+    /// Liveness mode: `node`'s latest run applied and its last sequence number applied.
+    pub fn run_of(&self, node: u64) -> Option<(u64, u64)> {
+        self.cluster_state()?.run_of(node)
+    }
+
+    /// Liveness mode: the fencing token of lockd lock `name` if `conn`'s session holds it.
+    pub fn token_of(&self, conn: ConnId, name: &[u8]) -> Option<u64> {
+        self.cluster_state()?.token_of(conn, name)
+    }
+
+    /// A committed membership change (the cluster state keeps its book of members).
+    pub fn apply_conf_change(
+        &mut self,
+        index: u64,
+        context: &[u8],
+        before: &ConfState,
+        after: &ConfState,
+    ) {
+        if let SimState::Replicated(m) = self {
+            m.apply_conf_change(index, context, before, after);
+        }
+    }
+
+    /// The ids removed from the cluster, as the cluster state's book has them.
+    pub fn removed(&self) -> Vec<u64> {
+        self.cluster_state()
+            .map(|m| m.removed())
+            .unwrap_or_default()
+    }
+
+    /// The Replayer's locks held (0 for the cluster state).
+    pub fn locks_held(&self) -> u64 {
+        match self {
+            SimState::Replayer(m) => m.locks_held(),
+            SimState::Replicated(_) => 0,
+        }
+    }
+}
+
+/// What clients do against the replicated state, and what must hold of its effects.
 pub trait Workload {
     /// The next request of `client`, chosen from what the applied log has shown so far.
     fn request(&mut self, client: u64, rng: &mut Rng) -> Vec<u8>;
@@ -126,9 +220,9 @@ pub trait Workload {
 }
 
 /// Exactly-once application of client commands: the replicated `(client → last seq)` table in
-/// front of a state machine. A proposal is `client(u64 LE) seq(u64 LE) command`.
-pub struct Deduped<M> {
-    pub inner: M,
+/// front of the state. A proposal is `client(u64 LE) seq(u64 LE) command`.
+pub struct Deduped {
+    pub inner: SimState,
     last_seq: BTreeMap<u64, u64>,
 }
 
@@ -163,10 +257,10 @@ fn le_u64(b: &[u8]) -> u64 {
     u64::from_le_bytes(a)
 }
 
-impl<M: StateMachine> Deduped<M> {
-    pub fn new(inner: M) -> Deduped<M> {
+impl Deduped {
+    pub fn new(inner: impl Into<SimState>) -> Deduped {
         Deduped {
-            inner,
+            inner: inner.into(),
             last_seq: BTreeMap::new(),
         }
     }
@@ -218,84 +312,17 @@ impl<M: StateMachine> Deduped<M> {
     }
 }
 
-/// Raft storage in memory, cloned whole to model what a sync made durable.
-#[derive(Clone, Default)]
-pub struct MemLog {
-    state: LogState,
-    snapshot_data: Vec<u8>,
-    /// Raft asked for a snapshot the stored one cannot serve (older than asked, or made before
-    /// the receiver joined: raft-rs's receiver refuses a snapshot whose `ConfState` lacks it);
-    /// the driver starts a fresh one in the background, as TiKV generates them on demand.
-    snapshot_wanted: Cell<bool>,
-}
-
-impl MemLog {
-    fn new(voters: Vec<u64>) -> MemLog {
-        let mut m = MemLog::default();
-        m.state.conf_state = ConfState::from((voters, vec![]));
-        m
-    }
-
-    /// A founder's disk that starts with a snapshot at index 1 (`machine`: the empty state
-    /// machine's) instead of an empty log, as TiKV bootstraps at index 5: a leader's log then
-    /// never starts at index 1, so a node that joins always starts from a snapshot carrying
-    /// the `ConfState`. Replaying the log from index 1 would apply the first conf change on top
-    /// of the joiner's empty `ConfState` and give it a configuration nobody else has.
-    fn bootstrapped(voters: Vec<u64>, machine: Vec<u8>) -> MemLog {
-        let mut m = MemLog::default();
-        let mut meta = SnapshotMetadata {
-            index: 1,
-            term: 1,
-            ..Default::default()
-        };
-        meta.set_conf_state(ConfState::from((voters, vec![])));
-        m.state.install(&meta);
-        m.snapshot_data = machine;
-        m
-    }
-
-    fn append(&mut self, ents: &[Entry]) -> Result<(), String> {
-        for e in ents {
-            self.state.push(e.clone())?;
-        }
-        Ok(())
-    }
-
-    fn apply_snapshot(&mut self, snap: &Snapshot) {
-        self.state.install(snap.get_metadata());
-        self.snapshot_data = snap.get_data().to_vec();
-    }
-
-    fn compact(&mut self, compact_index: u64) -> Result<(), String> {
-        let Some(index) = compact_index.checked_sub(1) else {
-            return Ok(());
-        };
-        match self.state.term(index) {
-            Some(term) if index > self.state.base_index() => self.state.compact(index, term),
-            _ => Ok(()),
-        }
+/// The disk's fault hooks for `opts`.
+fn disk_faults(opts: &Options) -> DiskFaults {
+    DiskFaults {
+        crash_before_sync_permille: opts.crash_before_sync_permille,
+        ack_before_sync: opts.bug_ack_before_sync,
     }
 }
 
-impl Storage for MemLog {
-    log_state_reads!();
-
-    fn snapshot(&self, request_index: u64, to: u64) -> raft::Result<Snapshot> {
-        match &self.state.snapshot {
-            Some(meta) if meta.index >= request_index && is_member(meta.get_conf_state(), to) => {
-                let mut s = Snapshot::default();
-                s.set_metadata(meta.clone());
-                s.set_data(self.snapshot_data.clone().into());
-                Ok(s)
-            }
-            _ => {
-                self.snapshot_wanted.set(true);
-                Err(raft::Error::Store(
-                    StorageError::SnapshotTemporarilyUnavailable,
-                ))
-            }
-        }
-    }
+/// The generator of node `id`'s disk faults.
+fn disk_rng(seed: u64, id: u64) -> Rng {
+    Rng::new(seed.wrapping_mul(0x2545_F491_4F6C_DD1D) ^ id.wrapping_mul(0x6469_736b))
 }
 
 /// Every node `cs` names: voters (incoming and outgoing) and learners.
@@ -397,6 +424,9 @@ pub struct Options {
     /// A mutation: a new leader expires nodes a session timeout after it last heard from
     /// them, without waiting a session timeout from its own election.
     pub bug_leader_does_not_wait: bool,
+    /// A mutation: a node forgets the requests of its proposals that came in a leader's
+    /// snapshot it installed (their replies were never made) instead of answering them.
+    pub bug_forget_installed_requests: bool,
 }
 
 impl Options {
@@ -433,6 +463,7 @@ impl Options {
             bug_late_fence: false,
             bug_ignore_write_deadline: false,
             bug_leader_does_not_wait: false,
+            bug_forget_installed_requests: false,
             snapshot_floor_bytes: u64::MAX / 2,
             snapshot_max_us: 1_000,
             install_max_us: 1_000,
@@ -505,6 +536,12 @@ pub struct Report {
     pub expiries: u64,
     pub deadline_closes: u64,
     pub client_give_ups: u64,
+    /// Liveness mode: requests the nodes answered "no quorum" (the owner's rule), closes of a
+    /// crashed node's connections its peers saw, and leaders elected within an election timeout
+    /// of the previous leader's crash (fast failover).
+    pub no_quorum_answers: u64,
+    pub peer_closes: u64,
+    pub fast_failovers: u64,
     /// Releases in the log by connections whose sessions an expiry had ended (the state drops
     /// them; applied, each would free whoever held the lock then).
     pub stale_releases: u64,
@@ -554,6 +591,8 @@ const KEEP_ENTRIES: u64 = 5;
 const EPOCH_MS: u64 = 1_700_000_000_000;
 /// Share of seeds with membership changes: half, so the long runs cover both kinds alike.
 const MEMBERSHIP_PERCENT: u64 = 50;
+/// Liveness-mode seeds that may change the membership (half of them do, as in the others).
+const LIVE_MEMBERSHIP_PERCENT: u64 = 60;
 /// Share of those whose changes leave the joint configuration explicitly (the contract's
 /// default is raft-rs's automatic leave; TiKV leaves explicitly): both paths run.
 const EXPLICIT_LEAVE_PERCENT: u64 = 20;
@@ -614,6 +653,12 @@ enum Ev {
         i: usize,
         id: u64,
     },
+    /// Liveness mode: node `to`'s transport sees node `from`'s connection close (its process
+    /// exited).
+    PeerClosed {
+        to: usize,
+        from: usize,
+    },
     /// The transport of node `i` looks at outgoing transfer `id` on connection `conn`.
     TransferCheck {
         i: usize,
@@ -646,18 +691,24 @@ impl Ord for Queued {
     }
 }
 
-struct Node<M> {
+/// A simulated node running the daemon's Raft driver.
+type SimNode = RaftNode<SimStore, SimLink, SimClock>;
+
+struct Node {
     id: u64,
-    raw: Option<RawNode<MemLog>>,
-    durable: MemLog,
-    machine: Deduped<M>,
-    applied: u64,
-    last_snapshot: u64,
+    /// The daemon's driver while the node runs.
+    raft: Option<SimNode>,
+    machine: SimMachine,
+    /// What the node's log, transport, syncer and clock share with the simulator; its disk
+    /// (`Io::durable`) survives crashes.
+    io: Shared,
     /// Clock rate in per mille of real time, and wall-clock offset.
     rate: u64,
     offset_ms: u64,
-    /// Role and term when last driven: a change means raft redrew its election timeout.
+    /// Role and term when last driven (a change means raft redrew its election timeout), and
+    /// the election timeout drawn from the seed.
     seen: Option<(StateRole, u64)>,
+    timeout: usize,
     /// The `ConfState` raft starts from without a snapshot: the founders' voters, or none for
     /// a node that joined (not a voter: raft-rs will not let it campaign).
     initial_conf: ConfState,
@@ -668,24 +719,50 @@ struct Node<M> {
     refuses: Vec<u64>,
     /// Joined after the start (its snapshots are counted apart).
     joiner: bool,
-    /// Applied a configuration without itself: stopped for good. raft-rs 0.7 cannot keep a
-    /// removed leader running (the next acknowledgement panics: its own progress is gone), so
-    /// a node stops as soon as it applies its own removal, as TiKV destroys a removed peer.
+    /// Applied a configuration without itself: stopped for good, as the daemon's owner stops
+    /// a node that applied its own removal (raft-rs 0.7 cannot keep a removed leader running).
     retired: bool,
-    /// The node's asynchronous log sync, as the daemon's (`cluster::node`): this run of the
-    /// process (a sync of an earlier run is lost with it), the last `Ready` handed to the
-    /// sync, the last one durable, what each sync in flight will make durable, and the
-    /// messages each `Ready` promised, held until the `Ready` they need is durable.
+    /// This run of the process (a sync of an earlier run is lost with it), and the syncs in
+    /// flight: `Ready` number, write number, the log as written.
     life: u64,
-    requested: u64,
-    synced: u64,
-    syncing: std::collections::VecDeque<(u64, MemLog)>,
-    promised: std::collections::VecDeque<(u64, Vec<Message>)>,
-    /// Background snapshots, installs and chunked transfers (`sim_snap.rs`).
-    bg: snap::NodeSnap,
+    syncing: VecDeque<(u64, u64, MemLog)>,
+    /// Restores of a leader's snapshot in flight (the node's install threads).
+    restores: Vec<RestoreJob>,
+    /// Entries the driver held behind an install when last looked at.
+    held: usize,
+    /// Log bytes applied since the node's last snapshot, and its index (to tell snapshots made
+    /// in proportion to the log from those made every so many entries).
+    bytes_since: u64,
+    last_snapshot: u64,
+    /// Snapshot files its transport sends and receives (`sim_snap.rs`).
+    transfers: snap::Transfers,
 }
 
-impl<M> Node<M> {
+impl Node {
+    fn new(id: u64, rng: &mut Rng, initial_conf: ConfState, io: Io) -> Node {
+        Node {
+            id,
+            raft: None,
+            machine: SimMachine::new(SimState::replayer(), false),
+            io: Rc::new(RefCell::new(io)),
+            rate: 950 + rng.below(101),
+            offset_ms: rng.below(2_000),
+            seen: None,
+            timeout: 0,
+            initial_conf,
+            refuses: Vec::new(),
+            joiner: false,
+            retired: false,
+            life: 0,
+            syncing: VecDeque::new(),
+            restores: Vec::new(),
+            held: 0,
+            bytes_since: 0,
+            last_snapshot: 0,
+            transfers: Default::default(),
+        }
+    }
+
     /// The node's configuration went from `before` to `after`: who left is refused from now on.
     fn note_removed(&mut self, before: &ConfState, after: &ConfState) {
         for id in members(before) {
@@ -693,6 +770,10 @@ impl<M> Node<M> {
                 self.refuses.push(id);
             }
         }
+    }
+
+    fn applied(&self) -> u64 {
+        self.raft.as_ref().map_or(0, |r| r.applied())
     }
 }
 
@@ -713,21 +794,28 @@ struct Client {
     done: bool,
 }
 
+/// An applied entry: its term (where the node's log still had it), data and effects.
+type Logged = (Option<u64>, Vec<u8>, Vec<u8>);
+
 /// One simulated cluster.
-pub struct Cluster<M, W> {
+pub struct Cluster<W> {
     opts: Options,
+    seed: u64,
     rng: Rng,
     now: u64,
+    /// The instant the nodes' clocks start from (only differences of instants matter).
+    epoch: Instant,
     next_seq: u64,
     queue: BinaryHeap<Queued>,
-    nodes: Vec<Node<M>>,
-    new_machine: Box<dyn Fn() -> M>,
+    nodes: Vec<Node>,
+    new_state: fn() -> SimState,
     workload: W,
     clients: Vec<Client>,
     /// blocked[a][b]: packets from a to b are lost.
     blocked: Vec<Vec<bool>>,
-    /// The applied log: per index, the entry's term and data and its effects.
-    log: BTreeMap<u64, (u64, Vec<u8>, Vec<u8>)>,
+    /// The applied log: per index, the entry's term (where the node's log still had it), data
+    /// and effects.
+    log: BTreeMap<u64, Logged>,
     /// Per applied index, the state machine's snapshot there.
     snaps: BTreeMap<u64, Vec<u8>>,
     client_applied: BTreeMap<u64, u64>,
@@ -741,69 +829,27 @@ pub struct Cluster<M, W> {
     change: Option<Change>,
     changes_started: u64,
     joiners: u64,
-    logger: slog::Logger,
     pub report: Report,
     /// Liveness mode's world ([`Options::liveness`]).
     live: Option<live::LiveWorld>,
 }
 
-fn raft_config(id: u64, applied: u64) -> Config {
-    Config {
-        id,
-        election_tick: ELECTION_TICKS,
-        heartbeat_tick: 1,
-        // raft-rs 0.7 draws the randomized timeout from `thread_rng` whenever it changes role or
-        // term; the simulator overwrites it from its seed right after (see `drive`).
-        min_election_tick: ELECTION_TICKS,
-        max_election_tick: 2 * ELECTION_TICKS,
-        applied,
-        pre_vote: true,
-        check_quorum: true,
-        max_size_per_msg: 1 << 20,
-        max_inflight_msgs: 64,
-        ..Default::default()
-    }
-}
-
-impl<M: StateMachine, W: Workload> Cluster<M, W> {
-    pub fn new(
-        seed: u64,
-        opts: Options,
-        new_machine: Box<dyn Fn() -> M>,
-        workload: W,
-    ) -> Cluster<M, W> {
+impl<W: Workload> Cluster<W> {
+    pub fn new(seed: u64, opts: Options, new_state: fn() -> SimState, workload: W) -> Cluster<W> {
         let mut rng = Rng::new(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x5eed);
         let voters: Vec<u64> = (1..=opts.nodes as u64).collect();
-        let logger = slog::Logger::root(slog::Discard, slog::o!());
+        let epoch = Instant::now();
         let mut nodes = Vec::new();
         let initial_conf = canonical(ConfState::from((voters.clone(), vec![])));
         for i in 0..opts.nodes {
             let durable = if opts.bootstrap_snapshot {
-                MemLog::bootstrapped(voters.clone(), Deduped::new(new_machine()).snapshot())
+                MemLog::bootstrapped(voters.clone(), Deduped::new(new_state()).snapshot())
             } else {
                 MemLog::new(voters.clone())
             };
-            nodes.push(Node {
-                id: i as u64 + 1,
-                raw: None,
-                durable,
-                machine: Deduped::new(new_machine()),
-                applied: 0,
-                last_snapshot: 0,
-                rate: 950 + rng.below(101),
-                offset_ms: rng.below(2_000),
-                seen: None,
-                initial_conf: initial_conf.clone(),
-                refuses: Vec::new(),
-                joiner: false,
-                retired: false,
-                life: 0,
-                requested: 0,
-                synced: 0,
-                syncing: Default::default(),
-                promised: Default::default(),
-                bg: Default::default(),
-            });
+            let id = i as u64 + 1;
+            let io = Io::new(durable, disk_faults(&opts), disk_rng(seed, id), epoch);
+            nodes.push(Node::new(id, &mut rng, initial_conf.clone(), io));
         }
         let clients = (0..opts.clients)
             .map(|_| Client {
@@ -817,12 +863,14 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
         let live = opts.liveness.then(|| live::LiveWorld::new(n, opts.clients));
         let mut c = Cluster {
             opts,
+            seed,
             rng,
             now: 0,
+            epoch,
             next_seq: 0,
             queue: BinaryHeap::new(),
             nodes,
-            new_machine,
+            new_state,
             workload,
             clients,
             blocked: vec![vec![false; n]; n],
@@ -836,7 +884,6 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
             change: None,
             changes_started: 0,
             joiners: 0,
-            logger,
             report: Report::default(),
             live,
         };
@@ -893,49 +940,102 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
         EPOCH_MS + n.offset_ms + self.now * n.rate / 1_000_000
     }
 
-    /// (Re)starts node `i` from what its disk holds.
+    /// Node `i`'s clock as an instant (its own rate).
+    fn instant(&self, i: usize) -> Instant {
+        self.epoch + Duration::from_micros(self.local_us(i))
+    }
+
+    /// (Re)starts node `i` from what its disk holds, as the daemon's node starts: the state
+    /// restored from the snapshot, raft told that its index is applied, the log after it
+    /// applied again.
     fn start_node(&mut self, i: usize) -> Option<String> {
+        let now = self.instant(i);
+        let policy = SnapshotPolicy {
+            every: self.opts.snapshot_every,
+            log_bytes: self.opts.snapshot_floor_bytes,
+            keep_entries: KEEP_ENTRIES,
+            keep_bytes: u64::MAX / 2,
+        };
+        let state = (self.new_state)();
+        let live = self.opts.liveness;
         let node = &mut self.nodes[i];
-        node.machine = Deduped::new((self.new_machine)());
-        node.applied = 0;
+        node.machine = SimMachine::new(state, live);
+        let mut log = node.io.borrow().durable.clone();
         // Raft must start from the configuration at the index it is told is applied: the conf
         // entries after it are applied again (re-applying one on a configuration that already
         // holds it fails: "config is already joint").
-        node.durable.state.conf_state = node.initial_conf.clone();
-        if let Some(meta) = node.durable.state.snapshot.clone() {
-            if let Err(e) = node.machine.restore(&node.durable.snapshot_data) {
+        log.state.conf_state = node.initial_conf.clone();
+        let (mut applied, mut snapshot_bytes) = (0, 0);
+        if let Some(meta) = log.state.snapshot.clone() {
+            if let Err(e) = node.machine.state.restore(&log.snapshot_data) {
                 return Some(format!("node {} restart: restore failed: {}", node.id, e));
             }
-            node.applied = meta.index;
-            node.durable.state.conf_state = meta.get_conf_state().clone();
+            applied = meta.index;
+            snapshot_bytes = log.snapshot_data.len() as u64;
+            log.state.conf_state = meta.get_conf_state().clone();
+            node.machine.restored_at(applied);
         }
-        node.last_snapshot = node.applied;
-        let cfg = raft_config(node.id, node.applied);
-        match RawNode::new(&cfg, node.durable.clone(), &self.logger) {
-            Ok(raw) => node.raw = Some(raw),
+        node.io.borrow_mut().reset(now);
+        node.life += 1;
+        node.seen = None;
+        node.syncing.clear();
+        node.restores.clear();
+        node.transfers = Default::default();
+        node.held = 0;
+        node.bytes_since = 0;
+        node.last_snapshot = applied;
+        let io = &node.io;
+        let parts = Parts {
+            id: node.id,
+            storage: SimStore::new(log, io.clone()),
+            transport: SimLink { io: io.clone() },
+            syncer: SimSyncer { io: io.clone() },
+            clock: SimClock { io: io.clone() },
+            local_peers: BTreeMap::new(),
+            applied,
+            snapshot_bytes,
+            tick: Duration::from_micros(TICK_US),
+            sync_times: Default::default(),
+            dir_lock: None,
+        };
+        match RaftNode::assemble(parts, now) {
+            Ok(mut raft) => {
+                raft.set_snapshot_policy(policy);
+                node.raft = Some(raft);
+            }
             Err(e) => return Some(format!("node {} restart: {}", node.id, e)),
         }
-        node.seen = None;
-        node.life += 1;
-        node.requested = 0;
-        node.synced = 0;
-        node.syncing.clear();
-        node.promised.clear();
-        let (idx, snap) = (node.applied, node.machine.snapshot());
-        self.snap_start(i);
+        let snap = node.machine.state.snapshot();
         if self.live.is_some() {
             self.live_start(i);
         }
-        if idx > 0 {
-            return self.check_snapshot(i, idx, snap).err();
+        if applied > 0 {
+            return self.check_snapshot(i, applied, snap).err();
         }
         None
     }
 
+    /// Node `i`'s process dies: its driver, its syncs, snapshots and restores in flight, and
+    /// what its disk had not made durable are lost.
     fn crash(&mut self, i: usize) {
-        self.nodes[i].raw = None;
-        self.forget_syncs(i);
-        self.snap_crash(i);
+        let node = &mut self.nodes[i];
+        let (jobs, restores) = {
+            let io = node.io.borrow();
+            (
+                io.jobs.len(),
+                node.restores.len() + io.restores_started.len(),
+            )
+        };
+        node.raft = None;
+        node.life += 1;
+        node.syncing.clear();
+        node.restores.clear();
+        node.transfers = Default::default();
+        let now = self.epoch;
+        node.io.borrow_mut().reset(now);
+        node.io.borrow_mut().jobs_dropped = 0;
+        self.report.bg_snapshots_dropped_by_crash += jobs as u64;
+        self.report.installs_dropped_by_crash += restores as u64;
         if self.live.is_some() {
             self.live_crash(i);
         }
@@ -944,8 +1044,17 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
         self.push(after, Ev::Restart(i));
     }
 
-    /// Runs to the end; `Err` names the first broken invariant.
+    /// Runs to the end; `Err` names the first broken invariant. The nodes' log lines are
+    /// silenced unless HOLDFAST_SIM_TRACE=1.
     pub fn run(&mut self) -> Result<Report, String> {
+        let trace = std::env::var("HOLDFAST_SIM_TRACE").is_ok_and(|v| v == "1");
+        crate::log::mute_thread(!trace);
+        let result = self.run_quietly();
+        crate::log::mute_thread(false);
+        result
+    }
+
+    fn run_quietly(&mut self) -> Result<Report, String> {
         let end = (self.opts.chaos_ms + self.opts.quiet_ms) * 1000;
         let chaos_end = self.opts.chaos_ms * 1000;
         let mut healed = false;
@@ -972,8 +1081,10 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
         self.opts.crash_before_sync_permille = 0;
         self.opts.chunk_reset_percent = 0;
         self.opts.chunk_corrupt_permille = 0;
+        let faults = disk_faults(&self.opts);
         for i in 0..self.nodes.len() {
-            if self.nodes[i].raw.is_none() && !self.nodes[i].retired {
+            self.nodes[i].io.borrow_mut().faults = faults;
+            if self.nodes[i].raft.is_none() && !self.nodes[i].retired {
                 if let Some(e) = self.start_node(i) {
                     return Err(e);
                 }
@@ -988,25 +1099,24 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
         };
         match ev {
             Ev::Tick(i) => {
-                if let Some(raw) = self.nodes[i].raw.as_mut() {
-                    raw.tick();
+                let now = self.instant(i);
+                if let Some(raft) = self.nodes[i].raft.as_mut() {
+                    let id = raft.id();
+                    raft.tick(now)
+                        .map_err(|e| format!("node {id}: tick: {e}"))?;
                 }
                 let jitter = self.rng.below(TICK_US / 20);
                 let every = TICK_US * 1000 / self.nodes[i].rate + jitter;
                 self.push(every, Ev::Tick(i));
-                if self.live.is_some() {
-                    self.live_round(i)?;
-                } else {
-                    self.drive(i)?;
-                }
+                self.round(i)?;
             }
             Ev::Deliver { from, to, packet } => {
                 // The receiver's transport refuses a sender it saw removed.
                 let refused = self.nodes[to].refuses.contains(&self.nodes[from].id);
-                if refused && self.nodes[to].raw.is_some() {
+                if refused && self.nodes[to].raft.is_some() {
                     self.report.refused_from_removed += 1;
                 }
-                if self.nodes[to].raw.is_none() || refused {
+                if self.nodes[to].raft.is_none() || refused {
                     // A transport learns that a snapshot did not arrive (its connection failed):
                     // the leader must hear it, or it waits for that snapshot forever.
                     if let Packet::Chunk(c) = &packet {
@@ -1020,9 +1130,9 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
                 }
                 match packet {
                     Packet::Raft(m) => {
-                        if let Some(raw) = self.nodes[to].raw.as_mut() {
-                            // Errors here are stale or foreign messages raft refuses; it stays up.
-                            let _ = raw.step(m);
+                        if let Some(raft) = self.nodes[to].raft.as_mut() {
+                            // A stale or foreign message is ignored, as raft-rs decides.
+                            raft.step(m);
                         }
                     }
                     Packet::Forward {
@@ -1045,15 +1155,11 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
                 }
             }
             Ev::Restart(i) => {
-                if self.nodes[i].raw.is_none() && !self.nodes[i].retired {
+                if self.nodes[i].raft.is_none() && !self.nodes[i].retired {
                     if let Some(e) = self.start_node(i) {
                         return Err(e);
                     }
-                    if self.live.is_some() {
-                        self.live_round(i)?;
-                    } else {
-                        self.drive(i)?;
-                    }
+                    self.round(i)?;
                 }
             }
             Ev::Heal => {
@@ -1067,66 +1173,41 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
             }
             Ev::Synced { i, life, number } => {
                 let node = &mut self.nodes[i];
-                if node.life != life || node.raw.is_none() || number <= node.synced {
+                if node.life != life || node.raft.is_none() {
                     return Ok(());
                 }
-                while node.syncing.front().is_some_and(|(n, _)| *n <= number) {
-                    let (_, log) = node.syncing.pop_front().expect("checked");
-                    node.durable = log;
+                while node.syncing.front().is_some_and(|(n, ..)| *n <= number) {
+                    let (_, write, log) = node.syncing.pop_front().expect("checked");
+                    node.io.borrow_mut().made_durable(write, log);
                 }
-                self.durable_through(i, number);
+                // The owner's answer from the sync thread.
+                if let Some(raft) = node.raft.as_mut() {
+                    let id = raft.id();
+                    raft.on_synced(Ok(number))
+                        .map_err(|e| format!("node {id}: {e}"))?;
+                }
                 self.drive(i)?;
             }
             Ev::SnapshotMade { i, id } => self.snapshot_made(i, id)?,
             Ev::Installed { i, id } => self.installed(i, id)?,
+            Ev::PeerClosed { to, from } => self.live_peer_closed(to, from)?,
             Ev::TransferCheck { i, id, conn } => self.transfer_check(i, id, conn)?,
         }
         Ok(())
     }
 
-    /// A crash: the syncs in flight and the messages waiting for them are lost.
-    fn forget_syncs(&mut self, i: usize) {
-        let node = &mut self.nodes[i];
-        node.life += 1;
-        node.syncing.clear();
-        node.promised.clear();
-    }
-
-    /// Every `Ready` of node `i` through `number` is durable: tell raft, send what waited.
-    fn durable_through(&mut self, i: usize, number: u64) {
-        let node = &mut self.nodes[i];
-        if number > node.synced {
-            node.synced = number;
-            // Not on a node that applied its own removal: raft-rs 0.7 looks up a leader's own
-            // progress there, which the removal took away (it stops right after, see
-            // `retired`).
-            if let Some(raw) = node.raw.as_mut().filter(|_| !node.retired) {
-                raw.on_persist_ready(number);
-            }
-        }
-        let mut out = Vec::new();
-        while node
-            .promised
-            .front()
-            .is_some_and(|(n, _)| *n <= node.synced)
-        {
-            out.extend(node.promised.pop_front().expect("checked").1);
-        }
-        self.send_all(i, out);
-    }
-
     fn fault(&mut self) -> Result<(), String> {
         let n = self.nodes.len();
-        let kinds = if self.opts.membership || self.opts.pauses {
-            6
-        } else {
-            4
+        let kinds = match (self.opts.membership, self.opts.pauses) {
+            (true, true) => 8,
+            (false, false) => 4,
+            _ => 6,
         };
         match self.rng.below(kinds) {
             4 | 5 if self.opts.pauses => self.live_pause(),
             0 | 1 if self.opts.crashes => {
                 let i = self.rng.index(n);
-                if self.nodes[i].raw.is_some() {
+                if self.nodes[i].raft.is_some() {
                     self.crash(i);
                 }
             }
@@ -1152,7 +1233,7 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
                     self.push(heal, Ev::Heal);
                 }
             }
-            4 | 5 => return self.start_change(),
+            4..=7 => return self.start_change(),
             _ => {}
         }
         Ok(())
@@ -1197,7 +1278,7 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
             ids.iter()
                 .filter(|id| {
                     Some(**id) == added
-                        || c.index_of(**id).is_some_and(|i| c.nodes[i].raw.is_some())
+                        || c.index_of(**id).is_some_and(|i| c.nodes[i].raft.is_some())
                 })
                 .count()
         };
@@ -1240,27 +1321,18 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
     /// asking the leader to add it).
     fn add_node(&mut self, id: u64) -> Result<(), String> {
         self.joiners += 1;
-        self.nodes.push(Node {
-            id,
-            raw: None,
-            durable: MemLog::default(),
-            machine: Deduped::new((self.new_machine)()),
-            applied: 0,
-            last_snapshot: 0,
-            rate: 950 + self.rng.below(101),
-            offset_ms: self.rng.below(2_000),
-            seen: None,
-            initial_conf: ConfState::default(),
-            refuses: Vec::new(),
-            joiner: true,
-            retired: false,
-            life: 0,
-            requested: 0,
-            synced: 0,
-            syncing: Default::default(),
-            promised: Default::default(),
-            bg: Default::default(),
-        });
+        let io = Io::new(
+            MemLog::default(),
+            disk_faults(&self.opts),
+            disk_rng(self.seed, id),
+            self.epoch,
+        );
+        let mut node = Node::new(id, &mut self.rng, ConfState::default(), io);
+        node.joiner = true;
+        self.nodes.push(node);
+        if let Some(l) = self.live.as_mut() {
+            l.add_node();
+        }
         for row in &mut self.blocked {
             row.push(false);
         }
@@ -1292,31 +1364,28 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
         }
         let leader = (0..self.nodes.len())
             .filter_map(|i| {
-                let raw = self.nodes[i].raw.as_ref()?;
-                (raw.raft.state == StateRole::Leader).then_some((raw.raft.term, i))
+                let raft = self.nodes[i].raft.as_ref()?;
+                raft.is_leader().then_some((raft.term(), i))
             })
             .max();
         let Some((_, l)) = leader else {
             return Ok(());
         };
-        let Some(raw) = self.nodes[l].raw.as_mut() else {
+        let Some(raft) = self.nodes[l].raft.as_mut() else {
             return Ok(());
         };
-        if raw.raft.has_pending_conf() {
+        if raft.raw().raft.has_pending_conf() {
             return Ok(());
         }
-        let at_leader = canonical(raw.raft.prs().conf().to_conf_state());
+        let at_leader = canonical(raft.conf_state());
         if is_joint(&at_leader) {
             // Refused (and counted for nothing) by a leader that is not a member any more.
-            if raw
-                .propose_conf_change(Vec::new(), ConfChangeV2::default())
-                .is_ok()
-            {
+            if raft.propose_conf_change(ConfChangeV2::default()).is_ok() {
                 self.report.leave_joint_proposed += 1;
             }
         } else if at_leader.voters != change.target {
             // Refused by a leader that is not a member any more; the next look retries.
-            let _ = raw.propose_conf_change(Vec::new(), change.cc.clone());
+            let _ = raft.propose_conf_change(change.cc.clone());
         }
         self.drive(l)
     }
@@ -1339,21 +1408,21 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
         let home = self.clients[k as usize].home;
         if self.opts.membership {
             let id = self.nodes[home].id;
-            if self.nodes[home].raw.is_none() || !is_member(self.committed_conf(), id) {
+            if self.nodes[home].raft.is_none() || !is_member(self.committed_conf(), id) {
                 let voters = self.committed_conf().voters.clone();
                 let id = voters[self.rng.index(voters.len())];
                 if let Some(i) = self.index_of(id) {
                     self.clients[k as usize].home = i;
                 }
             }
-        } else if self.nodes[home].raw.is_none() {
+        } else if self.nodes[home].raft.is_none() {
             self.clients[k as usize].home = self.rng.index(self.nodes.len());
         }
         let (home, seq, request) = {
             let c = &self.clients[k as usize];
             (c.home, c.seq, c.request.clone())
         };
-        if self.nodes[home].raw.is_some() {
+        if self.nodes[home].raft.is_some() {
             self.propose_at(home, k, seq, &request);
             self.drive(home)?;
         }
@@ -1365,15 +1434,15 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
     /// dropped otherwise (the client retries).
     fn propose_at(&mut self, i: usize, client: u64, seq: u64, request: &[u8]) {
         let now_ms = self.local_ms(i);
-        let Some(raw) = self.nodes[i].raw.as_mut() else {
+        let Some(raft) = self.nodes[i].raft.as_mut() else {
             return;
         };
-        if raw.raft.state == StateRole::Leader {
+        if raft.is_leader() {
             let command = self.workload.command(client, request, now_ms);
             // A leader stepping down refuses; the client retries.
-            let _ = raw.propose(Vec::new(), encode_proposal(client, seq, &command));
-        } else if raw.raft.leader_id != 0 {
-            let leader = raw.raft.leader_id;
+            raft.propose(encode_proposal(client, seq, &command));
+        } else if raft.leader() != 0 {
+            let leader = raft.leader();
             let Some(to) = self.index_of(leader) else {
                 return;
             };
@@ -1410,131 +1479,157 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
         self.push(delay, Ev::Deliver { from, to, packet });
     }
 
-    /// The node's driving loop: handle every `Ready`.
+    /// The node's owner handles what raft has ready: the daemon's `RaftNode::ready` (persist,
+    /// apply, sync, send), again while its syncer has answers waiting; then the simulator
+    /// looks at what it did.
     fn drive(&mut self, i: usize) -> Result<(), String> {
         loop {
-            let Some(mut raw) = self.nodes[i].raw.take() else {
+            let now = self.instant(i);
+            let node = &mut self.nodes[i];
+            let Some(raft) = node.raft.as_mut() else {
                 return Ok(());
             };
-            // Randomize the election timeout from the seed whenever raft reset it.
-            let seen = Some((raw.raft.state, raw.raft.term));
-            if seen != self.nodes[i].seen {
-                self.nodes[i].seen = seen;
-                let t = ELECTION_TICKS + self.rng.index(ELECTION_TICKS);
-                raw.raft.set_randomized_election_timeout(t);
-                if raw.raft.state == StateRole::Leader {
-                    self.note_leader(&raw)?;
-                }
-            }
-            if !raw.has_ready() {
-                self.nodes[i].raw = Some(raw);
-                if self.live.is_some() {
-                    self.live_count(i);
-                }
-                return Ok(());
-            }
-            let mut rd = raw.ready();
-            let msgs = rd.take_messages();
-            self.send_all(i, msgs);
-            for rs in rd.take_read_states() {
-                self.live_read_state(i, &rs.request_ctx, rs.index);
-            }
-            let installed = !rd.snapshot().is_empty();
-            if installed {
-                let snap = rd.snapshot().clone();
-                let before = raw.store().state.conf_state.clone();
-                raw.mut_store().apply_snapshot(&snap);
-                let meta = snap.get_metadata();
-                let cs = canonical(meta.get_conf_state().clone());
-                if cs != *self.conf_at(meta.index) {
-                    return Err(format!(
-                        "node {}: a snapshot at {} carries {:?}, the configuration there is {:?}",
-                        self.nodes[i].id,
-                        meta.index,
-                        cs,
-                        self.conf_at(meta.index)
-                    ));
-                }
-                self.nodes[i].note_removed(&before, &cs);
-                // Persisted now; the state machine is rebuilt in the background.
-                self.begin_install(i, &snap);
-            }
-            let committed = rd.take_committed_entries();
-            if self.nodes[i].bg.installing().is_some() {
-                self.hold(i, committed);
-            } else {
-                self.apply_entries(i, &mut raw, committed)?;
-            }
-            raw.mut_store()
-                .append(rd.entries())
-                .map_err(|e| format!("node {}: append: {}", self.nodes[i].id, e))?;
-            if let Some(hs) = rd.hs() {
-                raw.mut_store().state.hard_state = hs.clone();
-            }
-            if self.opts.crash_before_sync_permille > 0
-                && self.rng.below(1000) < self.opts.crash_before_sync_permille
-            {
-                // Persisted but not synced: lost with the process.
+            node.io.borrow_mut().now = now;
+            let result = raft.ready(&mut node.machine);
+            let (crashed, again) = {
+                let io = node.io.borrow();
+                (io.crash, !io.sync_done.is_empty())
+            };
+            if crashed {
+                // The disk's fault hook: written, not synced, lost with the process.
                 self.report.crashes_before_sync += 1;
+                self.after(i)?;
                 self.crash(i);
                 return Ok(());
             }
-            // The daemon's asynchronous sync: the Ready's records are written now, a sync
-            // thread makes them durable a little later (every Ready written meanwhile with
-            // them), and what the Ready promised waits for that; raft goes on meanwhile.
-            let number = rd.number();
-            let must_sync = rd.must_sync();
-            let promised = rd.take_persisted_messages();
-            raw.advance_append_async(rd);
-            let node = &mut self.nodes[i];
-            let needs = if must_sync { number } else { node.requested };
-            if !promised.is_empty() {
-                node.promised.push_back((needs, promised));
-            }
-            self.nodes[i].raw = Some(raw);
-            if installed {
-                // Synced on the spot, as the daemon does.
-                self.nodes[i].durable = self.nodes[i].raw.as_ref().expect("set").store().clone();
-                self.nodes[i].syncing.clear();
-                self.durable_through(i, number);
-            } else if must_sync {
-                self.nodes[i].requested = number;
-                if self.opts.bug_ack_before_sync && self.rng.chance(50) {
-                    // The broken driver: acknowledges what it has not synced.
-                    self.durable_through(i, number);
-                } else {
-                    let log = self.nodes[i].raw.as_ref().expect("set").store().clone();
-                    let life = self.nodes[i].life;
-                    self.nodes[i].syncing.push_back((number, log));
-                    let took = SYNC_MIN_US + self.rng.below(SYNC_SPREAD_US);
-                    self.push(took, Ev::Synced { i, life, number });
-                }
-            }
-            self.durable_through(i, self.nodes[i].synced);
-            let mut raw = self.nodes[i].raw.take().expect("set");
-            // During an install raft is told that only the snapshot is applied: the entries it
-            // handed out since are held.
-            match self.nodes[i].bg.installing() {
-                Some(index) => raw.advance_apply_to(index),
-                None => raw.advance_apply(),
-            }
-            if self.nodes[i].retired {
-                // What this `Ready` promised is synced and sent; the node stops here.
-                self.nodes[i].durable = raw.store().clone();
-                self.nodes[i].syncing.clear();
-                let through = self.nodes[i].requested;
-                self.durable_through(i, through);
+            let id = node.id;
+            result.map_err(|e| format!("node {id}: {e}"))?;
+            self.after(i)?;
+            if !again {
                 return Ok(());
             }
-            self.maybe_snapshot(i, &mut raw);
-            self.nodes[i].raw = Some(raw);
+        }
+    }
+
+    /// After a call into node `i`'s driver: check what it applied, route what it sent, and
+    /// schedule what it started (syncs, snapshots, restores).
+    fn after(&mut self, i: usize) -> Result<(), String> {
+        let id = self.nodes[i].id;
+        if let Some(e) = self.nodes[i].machine.errors.first() {
+            return Err(format!("node {id}: {e}"));
+        }
+        let records = std::mem::take(&mut self.nodes[i].machine.records);
+        for r in records {
+            self.check_record(i, r)?;
+        }
+        let installs = std::mem::take(&mut self.nodes[i].machine.installs);
+        if installs > 0 && self.live.is_some() {
+            self.live_installed(i);
+        }
+        self.report.snapshots_installed += installs;
+        self.report.installs_completed += installs;
+        if self.nodes[i].joiner {
+            self.report.joiner_snapshots += installs;
+        }
+        let installed = std::mem::take(&mut self.nodes[i].io.borrow_mut().installed);
+        for (before, meta) in installed {
+            let cs = canonical(meta.get_conf_state().clone());
+            if cs != *self.conf_at(meta.index) {
+                return Err(format!(
+                    "node {id}: a snapshot at {} carries {cs:?}, the configuration there is {:?}",
+                    meta.index,
+                    self.conf_at(meta.index)
+                ));
+            }
+            self.nodes[i].note_removed(&before, &cs);
+            self.nodes[i].bytes_since = 0;
+            self.nodes[i].last_snapshot = meta.index;
+        }
+        let outbox = std::mem::take(&mut self.nodes[i].io.borrow_mut().outbox);
+        self.send_all(i, outbox);
+        self.schedule_syncs(i);
+        self.snap_after(i)?;
+        let node = &mut self.nodes[i];
+        let Some(raft) = node.raft.as_mut() else {
+            return Ok(());
+        };
+        // Draw the election timeout from the seed whenever raft may have reset it (raft-rs
+        // draws it from a thread's generator, and zeroes the elapsed ticks with it): after a
+        // change of role or term, or with no tick elapsed (also after a message from the
+        // leader: the timeout after the last one is a fresh draw either way).
+        let seen = Some((raft.role(), raft.term()));
+        let r = &raft.raw().raft;
+        let reset = r.election_elapsed == 0 || r.randomized_election_timeout() != node.timeout;
+        if seen != node.seen || reset {
+            let t = ELECTION_TICKS + self.rng.index(ELECTION_TICKS);
+            raft.raw_mut().raft.set_randomized_election_timeout(t);
+            node.timeout = t;
+        }
+        if seen != node.seen {
+            node.seen = seen;
+            if raft.is_leader() {
+                self.note_leader(i)?;
+            }
+        }
+        let node = &mut self.nodes[i];
+        let held = node.raft.as_ref().map_or(0, |r| r.held_entries());
+        self.report.entries_held += held.saturating_sub(node.held) as u64;
+        node.held = held;
+        if node.raft.as_ref().is_some_and(|r| r.is_removed()) {
+            // It applied its own removal: the owner stops it (its process exits).
+            node.retired = true;
+            node.raft = None;
+            if self.live.is_some() {
+                self.live_crash(i);
+            }
+        }
+        self.check_conf(i)?;
+        self.check_compaction(i)
+    }
+
+    /// A node's configuration is the one the conf entries it applied made (its driver applies
+    /// each through raft, which may refuse one: then it differs), except while a leader's
+    /// snapshot is being installed (raft has the snapshot's, the machine not yet) and before a
+    /// node that joined has anything.
+    fn check_conf(&self, i: usize) -> Result<(), String> {
+        let Some(raft) = self.nodes[i].raft.as_ref() else {
+            return Ok(());
+        };
+        let applied = raft.applied();
+        if applied == 0 || raft.snapshot_stats().installing {
+            return Ok(());
+        }
+        let cs = canonical(raft.conf_state());
+        let want = self.conf_at(applied);
+        if cs != *want {
+            return Err(format!(
+                "node {}: configuration {cs:?} after applying through {applied}, the conf entry \
+                 there made {want:?}",
+                self.nodes[i].id
+            ));
+        }
+        Ok(())
+    }
+
+    /// Syncs node `i` asked for: each done a seeded while later.
+    fn schedule_syncs(&mut self, i: usize) {
+        let requests = std::mem::take(&mut self.nodes[i].io.borrow_mut().sync_requests);
+        for (number, write, log) in requests {
+            let life = self.nodes[i].life;
+            self.nodes[i].syncing.push_back((number, write, log));
+            let took = SYNC_MIN_US + self.rng.below(SYNC_SPREAD_US);
+            self.push(took, Ev::Synced { i, life, number });
         }
     }
 
     /// A node became leader: one per term, a voter of its own configuration, and not a node
     /// whose removal a majority of the new configuration applied (they refuse its traffic
     /// since, restarts included, so it cannot have had their votes).
-    fn note_leader(&mut self, raw: &RawNode<MemLog>) -> Result<(), String> {
+    fn note_leader(&mut self, i: usize) -> Result<(), String> {
+        let Some(raft) = self.nodes[i].raft.as_ref() else {
+            return Ok(());
+        };
+        let raw = raft.raw();
         let (id, term) = (raw.raft.id, raw.raft.term);
         if !raw.raft.prs().conf().voters().contains(id) {
             return Err(format!(
@@ -1562,6 +1657,9 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
             }
         }
         self.report.leaders += 1;
+        if self.live.is_some() {
+            self.live_new_leader();
+        }
         match self.leader_terms.insert(term, id) {
             Some(other) if other != id => Err(format!(
                 "two leaders in term {}: {} and {}",
@@ -1583,121 +1681,82 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
         }
     }
 
-    fn apply_entries(
-        &mut self,
-        i: usize,
-        raw: &mut RawNode<MemLog>,
-        entries: Vec<Entry>,
-    ) -> Result<(), String> {
-        for e in entries {
-            let node = &mut self.nodes[i];
-            if e.index <= node.applied {
-                continue;
-            }
-            if let Some(index) = node.bg.installing() {
-                return Err(format!(
-                    "node {} applies {} while its install of the snapshot at {} is in progress",
-                    node.id, e.index, index
-                ));
-            }
-            if e.index != node.applied + 1 {
-                return Err(format!(
-                    "node {} applies {} after {}",
-                    node.id, e.index, node.applied
-                ));
-            }
-            let closed = self.live_closed_by(i, e.get_data());
-            if self.live.is_some() && !self.log.contains_key(&e.index) {
-                self.live_first(i, e.index, e.get_data());
-            }
-            let node = &mut self.nodes[i];
-            let effects = match e.get_entry_type() {
-                // Liveness mode: the machine's own exactly-once rules, not the client table.
-                EntryType::EntryNormal if !e.get_data().is_empty() && self.live.is_some() => {
-                    Applied::Raw {
-                        effects: node.machine.inner.apply_proposal(e.get_data()),
-                    }
-                }
-                EntryType::EntryNormal if !e.get_data().is_empty() => {
-                    node.machine.apply(e.get_data())
-                }
-                EntryType::EntryNormal => Applied::Ignored,
-                EntryType::EntryConfChange | EntryType::EntryConfChangeV2 => {
-                    self.apply_conf_entry(i, raw, &e)?;
-                    Applied::Ignored
-                }
-            };
-            self.snap_count(i, e.get_data().len());
-            let node = &mut self.nodes[i];
-            node.applied = e.index;
-            let snap = node.machine.snapshot();
-            let effect_bytes = match &effects {
-                Applied::Command { effects, .. } | Applied::Raw { effects } => effects.clone(),
-                _ => Vec::new(),
-            };
-            let id = node.id;
-            self.live_applied(i, &effect_bytes, closed)?;
-            match self.log.get(&e.index) {
-                Some((term, data, eff)) => {
-                    if *term != e.term || data[..] != e.get_data()[..] {
-                        return Err(format!(
-                            "node {} applied a different entry at {}",
-                            id, e.index
-                        ));
-                    }
-                    if *eff != effect_bytes {
-                        return Err(format!("node {}: different effects at {}", id, e.index));
-                    }
-                }
-                None => {
-                    self.log
-                        .insert(e.index, (e.term, e.get_data().to_vec(), effect_bytes));
-                    self.first_application(effects, e.get_data())?;
-                }
-            }
-            self.report.applied = self.report.applied.max(e.index);
-            self.check_snapshot(i, e.index, snap)?;
+    /// The checks of one entry node `i`'s machine applied (in log order), made as the driver
+    /// applied it.
+    fn check_record(&mut self, i: usize, r: Record) -> Result<(), String> {
+        let id = self.nodes[i].id;
+        let live = self.live.is_some();
+        // Liveness mode: an expiry of this node's own sessions closes their connections.
+        let expiry_of_me =
+            live && r.data.len() == 17 && r.data[0] == 2 && r.data[1..9] == id.to_le_bytes();
+        let closed = if expiry_of_me {
+            r.expired_conns.clone()
+        } else {
+            Vec::new()
+        };
+        if live && !self.log.contains_key(&r.index) {
+            self.live_first(r.index, &r.data, &r.expired_conns);
         }
-        Ok(())
+        if let Some((before, after)) = &r.conf {
+            self.conf_applied(i, r.index, before, after)?;
+        }
+        self.nodes[i].bytes_since += r.data.len() as u64;
+        let effect_bytes = match &r.applied {
+            Applied::Command { effects, .. } | Applied::Raw { effects } => effects.clone(),
+            _ => Vec::new(),
+        };
+        self.live_applied(i, &effect_bytes, closed, &r.tokens)?;
+        let term = self.nodes[i]
+            .raft
+            .as_ref()
+            .and_then(|raft| raft.raw().raft.raft_log.term(r.index).ok());
+        match self.log.get(&r.index) {
+            Some((t, data, eff)) => {
+                let terms_differ = matches!((t, term), (Some(a), Some(b)) if *a != b);
+                if terms_differ || *data != r.data {
+                    return Err(format!(
+                        "node {} applied a different entry at {}",
+                        id, r.index
+                    ));
+                }
+                if *eff != effect_bytes {
+                    return Err(format!("node {}: different effects at {}", id, r.index));
+                }
+            }
+            None => {
+                self.log
+                    .insert(r.index, (term, r.data.clone(), effect_bytes));
+                self.first_application(r.applied, &r.data)?;
+            }
+        }
+        self.report.applied = self.report.applied.max(r.index);
+        self.check_snapshot(i, r.index, r.snapshot)
     }
 
-    /// A committed conf entry: raft applies it (`apply_conf_change`), the node keeps the new
-    /// `ConfState` in its storage (a snapshot made after it carries it) and as its transport's
-    /// peers, and every node must get the same `ConfState` from the same entry.
-    fn apply_conf_entry(
+    /// A committed conf entry node `i`'s driver applied (`RawNode::apply_conf_change`, the
+    /// `ConfState` kept in its storage): who left is refused from now on, and every node must
+    /// get the same `ConfState` from the same entry.
+    fn conf_applied(
         &mut self,
         i: usize,
-        raw: &mut RawNode<MemLog>,
-        e: &Entry,
+        index: u64,
+        before: &ConfState,
+        after: &ConfState,
     ) -> Result<(), String> {
         let id = self.nodes[i].id;
-        let bad = |what: String| format!("node {}: conf entry at {}: {}", id, e.index, what);
-        let result = if e.get_entry_type() == EntryType::EntryConfChange {
-            let cc = ConfChange::parse_from_bytes(e.get_data()).map_err(|x| bad(x.to_string()))?;
-            raw.apply_conf_change(&cc)
-        } else {
-            let cc =
-                ConfChangeV2::parse_from_bytes(e.get_data()).map_err(|x| bad(x.to_string()))?;
-            raw.apply_conf_change(&cc)
-        };
-        let cs = canonical(result.map_err(|x| bad(format!("refused by raft: {}", x)))?);
-        let before = std::mem::replace(&mut raw.mut_store().state.conf_state, cs.clone());
-        self.nodes[i].note_removed(&before, &cs);
-        if !is_member(&cs, id) {
-            self.nodes[i].retired = true;
-        }
-        match self.confs.get(&e.index) {
-            Some(other) if *other != cs => {
-                Err(bad(format!("gave {:?}, another node got {:?}", cs, other)))
-            }
+        self.nodes[i].note_removed(before, after);
+        match self.confs.get(&index) {
+            Some(other) if other != after => Err(format!(
+                "node {id}: conf entry at {index}: gave {after:?}, another node got {other:?}"
+            )),
             Some(_) => Ok(()),
             None => {
-                for gone in members(self.conf_at(e.index)) {
-                    if !is_member(&cs, gone) {
-                        self.removed.insert(gone, e.index);
+                for gone in members(self.conf_at(index)) {
+                    if !is_member(after, gone) {
+                        self.removed.insert(gone, index);
                     }
                 }
-                self.confs.insert(e.index, cs);
+                self.confs.insert(index, after.clone());
                 Ok(())
             }
         }
@@ -1765,7 +1824,7 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
             ));
         }
         // Removed nodes are ignored: only the final voters must converge.
-        let live: Vec<&Node<M>> = self
+        let live: Vec<&Node> = self
             .nodes
             .iter()
             .filter(|n| conf.voters.contains(&n.id))
@@ -1773,11 +1832,11 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
         if live.len() != conf.voters.len() {
             return Err(format!("voters {:?} are not all nodes", conf.voters));
         }
-        let applied: Vec<u64> = live.iter().map(|n| n.applied).collect();
+        let applied: Vec<u64> = live.iter().map(|n| n.applied()).collect();
         if applied.iter().any(|&a| a != applied[0]) {
             let mut why = String::new();
             for n in &live {
-                if let Some(r) = &n.raw {
+                if let Some(r) = n.raft.as_ref().map(|r| r.raw()) {
                     let st = r.status();
                     why += &format!(
                         "\n node {} {:?} term {} commit {} last {} first {} snap {:?} progress {:?}",
@@ -1802,9 +1861,9 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
                 return Err(format!("client {} request {} never applied", k, c.seq));
             }
         }
-        let first = live[0].machine.snapshot();
+        let first = live[0].machine.state.snapshot();
         for n in &live[1..] {
-            if n.machine.snapshot() != first {
+            if n.machine.state.snapshot() != first {
                 return Err(format!("node {} state differs at the end", n.id));
             }
         }
@@ -1839,7 +1898,7 @@ pub fn run_holdfast(seed: u64, opts: Options) -> Result<Report, String> {
     let mut c = Cluster::new(
         seed,
         opts,
-        Box::new(holdfast::HoldfastMachine::new),
+        SimState::replayer,
         holdfast::LockWorkload::default(),
     );
     c.run().map_err(|e| format!("seed {}: {}", seed, e))
@@ -1850,7 +1909,7 @@ pub fn run_replicated_seed(seed: u64) -> Result<Report, String> {
     let mut c = Cluster::new(
         seed,
         Options::for_seed(seed),
-        Box::new(holdfast::ReplicatedMachine::new),
+        SimState::replicated,
         holdfast::LockWorkload::default(),
     );
     c.run()
@@ -1865,7 +1924,9 @@ pub fn run_live_seed(seed: u64) -> Result<Report, String> {
 
 /// The liveness mode's options for `seed`.
 pub fn live_options(seed: u64) -> Options {
-    let mut opts = Options::for_seed_without_membership(seed);
+    // Membership changes in about a third of the seeds (drawn as the other modes draw them).
+    let membership = Rng::new(seed ^ 0x6c69_7665_6d65_6d62).chance(LIVE_MEMBERSHIP_PERCENT);
+    let mut opts = Options::drawn(seed, membership);
     opts.liveness = true;
     opts.pauses = Rng::new(seed ^ 0x7061_7573_6573).chance(70);
     opts
@@ -1876,7 +1937,7 @@ pub fn run_live(seed: u64, opts: Options) -> Result<Report, String> {
     let mut c = Cluster::new(
         seed,
         opts,
-        Box::new(holdfast::ReplicatedMachine::without_orphan_windows),
+        SimState::live,
         holdfast::LockWorkload::default(),
     );
     c.run()
@@ -1887,7 +1948,7 @@ pub fn run_live(seed: u64, opts: Options) -> Result<Report, String> {
 pub mod holdfast {
     use std::collections::BTreeMap;
 
-    use super::{StateMachine, Workload};
+    use super::Workload;
     use crate::config::{self, Command, Config};
     use crate::core::codec::{self, Reader};
     use crate::proto::lockd::op;
@@ -1939,8 +2000,9 @@ pub mod holdfast {
         }
     }
 
-    impl StateMachine for HoldfastMachine {
-        fn apply(&mut self, cmd: &[u8]) -> Vec<u8> {
+    impl HoldfastMachine {
+        /// Apply one committed command; returns its effects (replies, grants) as bytes.
+        pub fn apply(&mut self, cmd: &[u8]) -> Vec<u8> {
             let Ok(now) = command::decode_entry(cmd, Limits::default(), &mut self.batch) else {
                 // Refused alike on every replica.
                 return b"bad command".to_vec();
@@ -1958,14 +2020,16 @@ pub mod holdfast {
                 .unwrap_or_else(|_| b"bad command".to_vec())
         }
 
-        fn snapshot(&self) -> Vec<u8> {
+        /// The whole state as canonical bytes.
+        pub fn snapshot(&self) -> Vec<u8> {
             let mut out = Vec::new();
             codec::put_u64(&mut out, self.last_ms);
             out.extend_from_slice(&self.replayer.snapshot());
             out
         }
 
-        fn restore(&mut self, bytes: &[u8]) -> Result<(), String> {
+        /// Replace the state by one restored from `bytes` (hostile: an error, no panic).
+        pub fn restore(&mut self, bytes: &[u8]) -> Result<(), String> {
             let mut r = Reader::new(bytes);
             let last_ms = r.u64().map_err(|e| format!("{:?}", e))?;
             let rest = &bytes[bytes.len() - r.remaining()..];
@@ -2021,12 +2085,9 @@ pub mod holdfast {
         }
     }
 
-    impl StateMachine for ReplicatedMachine {
-        fn apply(&mut self, command: &[u8]) -> Vec<u8> {
-            self.apply_from(0, 0, command)
-        }
-
-        fn apply_from(&mut self, client: u64, seq: u64, command: &[u8]) -> Vec<u8> {
+    impl ReplicatedMachine {
+        /// Client `client`'s request number `seq`, applied as node `client`'s proposal.
+        pub fn apply_from(&mut self, client: u64, seq: u64, command: &[u8]) -> Vec<u8> {
             self.buf.clear();
             Replicated::encode_commands(client, 1, seq, command, &mut self.buf);
             let mut effects = Vec::new();
@@ -2034,36 +2095,62 @@ pub mod holdfast {
             effects
         }
 
-        fn snapshot(&self) -> Vec<u8> {
+        pub fn snapshot(&self) -> Vec<u8> {
             crate::cluster::node::Machine::snapshot(&self.state)
         }
 
-        fn restore(&mut self, bytes: &[u8]) -> Result<(), String> {
+        pub fn restore(&mut self, bytes: &[u8]) -> Result<(), String> {
             crate::cluster::node::Machine::restore(&mut self.state, bytes)
         }
 
-        fn apply_proposal(&mut self, proposal: &[u8]) -> Vec<u8> {
+        /// A committed membership change, as the daemon's node hands it to the state.
+        pub fn apply_conf_change(
+            &mut self,
+            index: u64,
+            context: &[u8],
+            before: &raft::prelude::ConfState,
+            after: &raft::prelude::ConfState,
+        ) {
+            crate::cluster::node::Machine::apply_conf_change(
+                &mut self.state,
+                index,
+                context,
+                before,
+                after,
+            );
+        }
+
+        /// The ids its book says were removed.
+        pub fn removed(&self) -> Vec<u64> {
+            crate::cluster::node::Machine::membership(&self.state)
+                .removed
+                .into_iter()
+                .collect()
+        }
+
+        /// A cluster proposal as it is (the state's own exactly-once rules apply).
+        pub fn apply_proposal(&mut self, proposal: &[u8]) -> Vec<u8> {
             let mut effects = Vec::new();
             self.state.apply_canonical(proposal, &mut effects);
             effects
         }
 
-        fn has_sessions_of(&self, node: u64) -> bool {
+        pub fn has_sessions_of(&self, node: u64) -> bool {
             u16::try_from(node).is_ok_and(|n| self.state.has_sessions_of(n))
         }
 
-        fn conns_of_node(&self, node: u64) -> Vec<ConnId> {
+        pub fn conns_of_node(&self, node: u64) -> Vec<ConnId> {
             match u16::try_from(node) {
                 Ok(n) => self.state.tables.sessions.conns_of_node(n),
                 Err(_) => Vec::new(),
             }
         }
 
-        fn run_of(&self, node: u64) -> Option<(u64, u64)> {
+        pub fn run_of(&self, node: u64) -> Option<(u64, u64)> {
             self.state.run_of(node)
         }
 
-        fn token_of(&self, conn: ConnId, name: &[u8]) -> Option<u64> {
+        pub fn token_of(&self, conn: ConnId, name: &[u8]) -> Option<u64> {
             let session = self.state.tables.sessions.find(conn)?;
             self.state.tables.lockd.token_of(session, name)
         }

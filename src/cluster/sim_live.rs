@@ -28,7 +28,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use super::*;
-use crate::cluster::liveness::{Fence, Liveness, Micros, Probes};
+use crate::cluster::liveness::{Fence, Liveness, Micros};
 use crate::core::codec::Reader;
 use crate::proto::lockd::op;
 use crate::server::command;
@@ -44,9 +44,16 @@ pub const SESSION_TIMEOUT_US: Micros = 3 * ELECTION_US;
 const MAX_INFLIGHT: usize = 8;
 /// Lock names the clients fight over.
 const NAMES: u64 = 3;
-/// A client that waited this long for an answer closes its connection (the daemon answers
-/// "no quorum" and closes after two election timeouts).
+/// A client that waited this long for an answer closes its connection: its node answers
+/// "no quorum" and closes after two election timeouts (on its own clock, looked at once a
+/// tick), unless it was paused.
 const GIVE_UP_US: u64 = 3 * ELECTION_US;
+/// Share of grants after which the client works under the lock, sending nothing, for up to
+/// two session timeouts.
+const IDLE_PERCENT: u64 = 30;
+const IDLE_MAX_US: u64 = 2 * SESSION_TIMEOUT_US;
+/// Share of a client's turns without a lock or a wait on which it closes its connection.
+const RECONNECT_PERCENT: u64 = 15;
 /// A client acts this often (plus up to the same again).
 const CLIENT_EVERY_US: u64 = 20_000;
 /// A pause lasts from half to three session timeouts.
@@ -60,6 +67,8 @@ struct Pending {
     /// A lockd opcode, or `None` for the connection's close.
     opcode: Option<u8>,
     name: Vec<u8>,
+    /// When a request reached the node (on its clock).
+    since: Micros,
 }
 
 struct InFlight {
@@ -67,18 +76,24 @@ struct InFlight {
     data: Vec<u8>,
     tried: Micros,
     sent: bool,
+    /// What it proposes, and since when its oldest request waits for an answer (`None` once
+    /// answered "no quorum": then it proposes only its connection events).
+    ops: Vec<Pending>,
+    waiting_since: Option<Micros>,
 }
 
 /// One running node's liveness state: what `ClusterOwner` keeps.
 pub struct LiveNode {
     pub liveness: Liveness,
-    probes: Probes,
     incarnation: u64,
     seq: u64,
     inflight: VecDeque<InFlight>,
     queued: Vec<Pending>,
     leader_seen: u64,
     was_leader: bool,
+    /// Its proposals through this number came in a leader's snapshot it installed: their
+    /// replies were never made.
+    installed_through: u64,
 }
 
 /// A request a client sent and has not had answered.
@@ -99,6 +114,9 @@ struct Client {
     last_answered: u64,
     /// Names it was granted and has not released (whatever it believes of them now).
     owned: Vec<Vec<u8>>,
+    /// It works under a lock it was granted, sending nothing, until then: only a fence (or a
+    /// crash) closes its connection meanwhile.
+    idle_until: u64,
 }
 
 /// A claim on a lock ([module docs](self)).
@@ -130,9 +148,18 @@ pub struct LiveWorld {
     expired_conns: BTreeSet<ConnId>,
     /// HOLDFAST_SIM_TRACE=1: every client event on stderr (to read a failing seed's story).
     trace: bool,
+    /// When the leader last crashed (until a leader is elected).
+    leader_crashed_at: Option<u64>,
 }
 
 impl LiveWorld {
+    /// A node joined (its index is the next).
+    pub fn add_node(&mut self) {
+        self.nodes.push(None);
+        self.paused_until.push(0);
+        self.pauses.push(Vec::new());
+    }
+
     pub fn new(nodes: usize, clients: u64) -> LiveWorld {
         LiveWorld {
             nodes: (0..nodes).map(|_| None).collect(),
@@ -145,15 +172,38 @@ impl LiveWorld {
             grants: BTreeMap::new(),
             expired_conns: BTreeSet::new(),
             trace: std::env::var("HOLDFAST_SIM_TRACE").is_ok_and(|v| v == "1"),
+            leader_crashed_at: None,
         }
     }
+}
+
+/// Node `id`'s proposal number `seq` of run `inc`: its clients' `ops` at `time`.
+fn commands_proposal(id: u64, inc: u64, seq: u64, time: u64, ops: &[Pending]) -> Vec<u8> {
+    let mut arena = Arena::default();
+    let mut msgs = Vec::new();
+    for p in ops {
+        let op = match p.opcode {
+            None => Op::Close,
+            Some(opcode) => {
+                let mut payload = p.name.clone();
+                payload.push(0);
+                Op::Lockd(LockdOp::new(opcode, arena.push(&payload), &payload))
+            }
+        };
+        msgs.push(OpMsg { conn: p.conn, op });
+    }
+    let mut entry = Vec::new();
+    command::encode_entry(time, &msgs, &arena.bytes, &mut entry);
+    let mut data = Vec::new();
+    Replicated::encode_commands(id, inc, seq, &entry, &mut data);
+    data
 }
 
 fn lease_deadline(c: &Client) -> u64 {
     c.last_answered + SESSION_TIMEOUT_US - ELECTION_US
 }
 
-fn name_of(payload: &[u8]) -> &[u8] {
+pub(super) fn name_of(payload: &[u8]) -> &[u8] {
     let end = payload
         .iter()
         .position(|&b| b == 0)
@@ -165,7 +215,7 @@ fn lock_name(i: u64) -> Vec<u8> {
     format!("lock-{i}").into_bytes()
 }
 
-impl<M: StateMachine, W: Workload> Cluster<M, W> {
+impl<W: Workload> Cluster<W> {
     fn live(&mut self) -> &mut LiveWorld {
         self.live.as_mut().expect("liveness mode")
     }
@@ -186,7 +236,7 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
             | Ev::SnapshotMade { i, .. }
             | Ev::Installed { i, .. }
             | Ev::TransferCheck { i, .. } => *i,
-            Ev::Deliver { to, .. } => *to,
+            Ev::Deliver { to, .. } | Ev::PeerClosed { to, .. } => *to,
             _ => return Some(ev),
         };
         let until = live.paused_until[target];
@@ -200,20 +250,24 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
     /// Node `i` (re)started: a new run, whose first proposal (empty) announces it.
     pub(super) fn live_start(&mut self, i: usize) {
         let now = self.local_us(i);
-        let voters: Vec<u64> = (1..=self.opts.nodes as u64).collect();
+        let cs = self.nodes[i]
+            .raft
+            .as_ref()
+            .map(|r| r.conf_state())
+            .unwrap_or_default();
         let mut liveness = Liveness::new(
             self.nodes[i].id,
-            voters,
+            cs.voters.clone(),
             SESSION_TIMEOUT_US,
             ELECTION_US,
             now,
         );
+        liveness.outgoing = cs.voters_outgoing;
         if self.opts.bug_late_fence {
             liveness.fence_after = SESSION_TIMEOUT_US + ELECTION_US;
         }
         let node = LiveNode {
             liveness,
-            probes: Probes::new(TICK_US),
             // Later runs have larger incarnations (the daemon's: its start in Unix µs).
             incarnation: self.now + 1,
             seq: 0,
@@ -221,6 +275,7 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
             queued: Vec::new(),
             leader_seen: 0,
             was_leader: false,
+            installed_through: 0,
         };
         let live = self.live();
         live.nodes[i] = Some(node);
@@ -228,8 +283,19 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
         self.live_propose_new(i, true);
     }
 
-    /// Node `i` crashed: its clients' connections close at once.
+    /// Node `i` crashed: its clients' connections close at once, and so do its peers'
+    /// connections to it, which each peer that it does not block sees a network delay later
+    /// (a leader's close starts the daemon's fast failover).
     pub(super) fn live_crash(&mut self, i: usize) {
+        if self.leader_terms.values().next_back() == Some(&self.nodes[i].id) {
+            self.live().leader_crashed_at = Some(self.now);
+        }
+        for to in 0..self.nodes.len() {
+            if to != i && self.nodes[to].raft.is_some() && !self.blocked[i][to] {
+                let delay = 50 + self.rng.below(self.opts.max_delay_us);
+                self.push(delay, Ev::PeerClosed { to, from: i });
+            }
+        }
         let live = self.live();
         live.nodes[i] = None;
         live.paused_until[i] = 0;
@@ -243,12 +309,35 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
         }
     }
 
+    /// Node `to` sees node `from`'s connection close: the daemon's peer event
+    /// (`RaftNode::peer_event`, which campaigns at once if `from` led).
+    pub(super) fn live_peer_closed(&mut self, to: usize, from: usize) -> Result<(), String> {
+        let (now, id) = (self.instant(to), self.nodes[from].id);
+        let Some(raft) = self.nodes[to].raft.as_mut() else {
+            return Ok(());
+        };
+        raft.peer_event(PeerEvent::Closed(id), now);
+        self.report.peer_closes += 1;
+        self.round(to)
+    }
+
+    /// A leader was elected (liveness mode): within an election timeout of the last leader's
+    /// crash, only the fast failover gets there.
+    pub(super) fn live_new_leader(&mut self) {
+        let now = self.now;
+        if let Some(at) = self.live.as_mut().and_then(|l| l.leader_crashed_at.take()) {
+            if now - at < ELECTION_US {
+                self.report.fast_failovers += 1;
+            }
+        }
+    }
+
     /// The pause fault: node `i` is not driven for a while.
     pub(super) fn live_pause(&mut self) {
         let i = self.rng.index(self.nodes.len());
         let len = PAUSE_MIN_US + self.rng.below(PAUSE_SPREAD_US);
         let now = self.now;
-        if self.nodes[i].raw.is_none() || self.live().paused_until[i] > now {
+        if self.nodes[i].raft.is_none() || self.live().paused_until[i] > now {
             return;
         }
         let live = self.live();
@@ -268,49 +357,86 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
         Ok(())
     }
 
-    /// A read state: a probe's answer.
-    pub(super) fn live_read_state(&mut self, i: usize, ctx: &[u8], index: u64) {
-        let id = self.nodes[i].id;
-        if let Some(n) = self.live.as_mut().and_then(|l| l.nodes[i].as_mut()) {
-            n.probes.answered(id, ctx, index);
-        }
-    }
-
-    /// Node `i` has nothing more to handle: count its confirmed probes.
-    pub(super) fn live_count(&mut self, i: usize) {
-        let applied = self.nodes[i].applied;
-        if let Some(n) = self.live.as_mut().and_then(|l| l.nodes[i].as_mut()) {
-            n.probes.count(applied);
-        }
-    }
-
     /// One round of node `i`'s owner after an event: propose, drive raft, then watch (probe,
     /// contact, expiries, fence), announce a new leadership, and drive again.
     pub(super) fn live_round(&mut self, i: usize) -> Result<(), String> {
-        if self.nodes[i].raw.is_none() {
+        if self.nodes[i].raft.is_none() {
             return Ok(());
         }
         self.live_propose(i);
         self.drive(i)?;
+        self.live_conf(i);
         self.live_watch(i)?;
         self.drive(i)?;
+        self.live_conf(i);
         self.live_settle(i);
         Ok(())
     }
 
+    /// A membership change applied (or a snapshot installed) on node `i`: the members it
+    /// watches follow raft's configuration, and the removed nodes that still have sessions are
+    /// departed ones for the leader to expire (the owner's `conf_changed`).
+    fn live_conf(&mut self, i: usize) {
+        let Some(raft) = self.nodes[i].raft.as_mut() else {
+            return;
+        };
+        if !raft.take_conf_changed() {
+            return;
+        }
+        let cs = raft.conf_state();
+        let id = self.nodes[i].id;
+        let state = &self.nodes[i].machine.state.inner;
+        let departed: Vec<u64> = state
+            .removed()
+            .into_iter()
+            .filter(|&gone| gone != id && state.has_sessions_of(gone))
+            .collect();
+        if let Some(n) = self.live.as_mut().and_then(|l| l.nodes[i].as_mut()) {
+            n.liveness.voters = cs.voters;
+            n.liveness.outgoing = cs.voters_outgoing;
+            n.liveness.departed.extend(departed);
+        }
+    }
+
     /// Proposals of node `i` seen applied leave its in-flight list.
+    /// Those applied in a leader's snapshot it installed get the no-quorum answer (the owner's
+    /// rule: their replies were never made).
     fn live_settle(&mut self, i: usize) {
         let id = self.nodes[i].id;
-        let run = self.nodes[i].machine.inner.run_of(id);
+        let run = self.nodes[i].machine.state.inner.run_of(id);
+        let mut unanswered = Vec::new();
         if let Some(n) = self.live.as_mut().and_then(|l| l.nodes[i].as_mut()) {
             while let Some(f) = n.inflight.front() {
                 match run {
                     Some((inc, seq)) if inc == n.incarnation && seq >= f.seq => {
-                        n.inflight.pop_front();
+                        let f = n.inflight.pop_front().expect("checked");
+                        let forget = self.opts.bug_forget_installed_requests;
+                        if f.seq <= n.installed_through && f.waiting_since.is_some() && !forget {
+                            let ops = f.ops.into_iter().filter(|p| p.opcode.is_some());
+                            unanswered.extend(ops.map(|p| p.conn));
+                        }
                     }
                     _ => break,
                 }
             }
+        }
+        for conn in unanswered {
+            if self.live().conn_client.contains_key(&conn) {
+                self.report.no_quorum_answers += 1;
+                self.live_close(conn, true);
+            }
+        }
+    }
+
+    /// Node `i` installed a leader's snapshot: its proposals applied in it are noted.
+    pub(super) fn live_installed(&mut self, i: usize) {
+        let id = self.nodes[i].id;
+        let run = self.nodes[i].machine.state.inner.run_of(id);
+        if let Some(n) = self.live.as_mut().and_then(|l| l.nodes[i].as_mut()) {
+            n.installed_through = match run {
+                Some((inc, seq)) if inc == n.incarnation => seq,
+                _ => 0,
+            };
         }
     }
 
@@ -318,25 +444,20 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
         let now = self.local_us(i);
         let time = self.local_ms(i);
         let id = self.nodes[i].id;
-        let Some(raw) = self.nodes[i].raw.as_mut() else {
+        let Some(raft) = self.nodes[i].raft.as_mut() else {
             return Ok(());
         };
-        let (leader, is_leader, term) = (
-            raw.raft.leader_id,
-            raw.raft.state == StateRole::Leader,
-            raw.raft.term,
-        );
+        // The daemon's quorum probes (raft ReadIndex requests), answered in `ready`.
+        raft.probe_quorum(now);
+        let (is_leader, term, confirmed) = (raft.is_leader(), raft.term(), raft.quorum_confirmed());
         let Some(n) = self.live.as_mut().and_then(|l| l.nodes[i].as_mut()) else {
             return Ok(());
         };
-        if let Some(ctx) = n.probes.due(id, leader != 0, now) {
-            raw.read_index(ctx.to_vec());
-        }
-        n.liveness.confirmed(n.probes.confirmed());
+        n.liveness.confirmed(confirmed);
         if self.opts.bug_leader_does_not_wait && is_leader {
             n.liveness.leader_since.get_or_insert(0);
         }
-        let machine = &self.nodes[i].machine.inner;
+        let machine = &self.nodes[i].machine.state.inner;
         let due = n
             .liveness
             .expiries(is_leader, now, |p| machine.has_sessions_of(p));
@@ -366,7 +487,7 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
         if let Some(Fence::Lost { .. }) = n.liveness.fence_check(now) {
             self.report.fences += 1;
             // The connections of this node's sessions in the state it applied, as the daemon.
-            let conns = self.nodes[i].machine.inner.conns_of_node(id);
+            let conns = self.nodes[i].machine.state.inner.conns_of_node(id);
             for conn in conns {
                 self.live_close(conn, true);
             }
@@ -374,31 +495,13 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
         Ok(())
     }
 
-    /// Propose `data` from node `i`: appended if it leads, forwarded to the leader it knows
-    /// (`RaftNode::propose`), refused otherwise.
+    /// Propose `data` from node `i`: appended if it leads, forwarded to the leader it knows,
+    /// refused otherwise (`RaftNode::propose`).
     fn live_send(&mut self, i: usize, data: Vec<u8>) -> bool {
-        let id = self.nodes[i].id;
-        let Some(raw) = self.nodes[i].raw.as_mut() else {
-            return false;
-        };
-        if raw.raft.state == StateRole::Leader {
-            return raw.propose(Vec::new(), data).is_ok();
-        }
-        let leader = raw.raft.leader_id;
-        let Some(to) = (leader != 0).then(|| self.index_of(leader)).flatten() else {
-            return false;
-        };
-        let mut m = Message::default();
-        m.set_msg_type(MessageType::MsgPropose);
-        m.from = id;
-        m.to = leader;
-        m.entries = vec![Entry {
-            data: data.into(),
-            ..Default::default()
-        }]
-        .into();
-        self.send(i, to, Packet::Raft(m));
-        true
+        self.nodes[i]
+            .raft
+            .as_mut()
+            .is_some_and(|raft| raft.propose(data))
     }
 
     /// The daemon's `propose`: everything in flight again when the oldest is overdue or the
@@ -406,7 +509,8 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
     /// cap are in flight.
     fn live_propose(&mut self, i: usize) {
         let now = self.local_us(i);
-        let leader = self.nodes[i].raw.as_ref().map_or(0, |r| r.raft.leader_id);
+        self.live_give_up(i, now);
+        let leader = self.nodes[i].raft.as_ref().map_or(0, |r| r.leader());
         let Some(n) = self.live.as_mut().and_then(|l| l.nodes[i].as_mut()) else {
             return;
         };
@@ -439,6 +543,55 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
         self.live_propose_new(i, false);
     }
 
+    /// The owner's no-quorum rule: once the oldest request of node `i` not yet answered has
+    /// waited two election timeouts, every request of it not yet answered is answered "no
+    /// quorum" and its connection closes; the proposals in flight keep only their connection
+    /// events (under the same numbers), the queued requests go.
+    fn live_give_up(&mut self, i: usize, now: Micros) {
+        let (id, time) = (self.nodes[i].id, self.local_ms(i));
+        let Some(n) = self.live.as_mut().and_then(|l| l.nodes[i].as_mut()) else {
+            return;
+        };
+        let oldest = n.inflight.iter().find_map(|f| f.waiting_since).or_else(|| {
+            n.queued
+                .iter()
+                .filter(|p| p.opcode.is_some())
+                .map(|p| p.since)
+                .min()
+        });
+        if oldest.is_none_or(|at| now < at + 2 * ELECTION_US) {
+            return;
+        }
+        let mut answered = Vec::new();
+        let inc = n.incarnation;
+        for f in n.inflight.iter_mut() {
+            if f.waiting_since.take().is_none() {
+                continue;
+            }
+            answered.extend(f.ops.iter().filter(|p| p.opcode.is_some()).map(|p| p.conn));
+            f.ops.retain(|p| p.opcode.is_none());
+            f.data = commands_proposal(id, inc, f.seq, time, &f.ops);
+        }
+        answered.extend(
+            n.queued
+                .iter()
+                .filter(|p| p.opcode.is_some())
+                .map(|p| p.conn),
+        );
+        n.queued.retain(|p| p.opcode.is_none());
+        answered.sort_unstable();
+        answered.dedup();
+        for conn in answered {
+            if self.live().conn_client.contains_key(&conn) {
+                self.report.no_quorum_answers += 1;
+                if self.live().trace {
+                    eprintln!("{} node {id}: no quorum for {conn:?}", self.now);
+                }
+                self.live_close(conn, true);
+            }
+        }
+    }
+
     /// A new proposal of node `i` with what its clients sent (`announce`: even if empty).
     fn live_propose_new(&mut self, i: usize, announce: bool) {
         let now = self.local_us(i);
@@ -449,21 +602,12 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
         if n.inflight.len() >= MAX_INFLIGHT || (n.queued.is_empty() && !announce) {
             return;
         }
-        let mut arena = Arena::default();
-        let mut ops = Vec::new();
-        for p in n.queued.drain(..) {
-            let op = match p.opcode {
-                None => Op::Close,
-                Some(opcode) => {
-                    let mut payload = p.name.clone();
-                    payload.push(0);
-                    Op::Lockd(LockdOp::new(opcode, arena.push(&payload), &payload))
-                }
-            };
-            ops.push(OpMsg { conn: p.conn, op });
-        }
-        let mut entry = Vec::new();
-        command::encode_entry(time, &ops, &arena.bytes, &mut entry);
+        let ops: Vec<Pending> = n.queued.drain(..).collect();
+        let waiting_since = ops
+            .iter()
+            .filter(|p| p.opcode.is_some())
+            .map(|p| p.since)
+            .min();
         n.seq += 1;
         let (seq, inc) = (n.seq, n.incarnation);
         if self.live.as_ref().is_some_and(|l| l.trace) {
@@ -473,8 +617,7 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
                 ops.len()
             );
         }
-        let mut data = Vec::new();
-        Replicated::encode_commands(id, inc, seq, &entry, &mut data);
+        let data = commands_proposal(id, inc, seq, time, &ops);
         let sent = self.live_send(i, data.clone());
         if let Some(n) = self.live.as_mut().and_then(|l| l.nodes[i].as_mut()) {
             n.inflight.push_back(InFlight {
@@ -482,13 +625,16 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
                 data,
                 tried: now,
                 sent,
+                ops,
+                waiting_since,
             });
         }
     }
 
-    /// The entry at `index` is applied for the first time (by node `i`, about to): note the
-    /// connections an expiry ends, and the releases applied for such connections after it.
-    pub(super) fn live_first(&mut self, i: usize, index: u64, data: &[u8]) {
+    /// The entry at `index` was applied for the first time: note the connections an expiry
+    /// ends (`expired`: its node's sessions' connections before it), and the releases applied
+    /// for such connections after it.
+    pub(super) fn live_first(&mut self, index: u64, data: &[u8], expired: &[ConnId]) {
         if self.live().trace {
             let head: Vec<u64> = (0..3)
                 .filter_map(|w| data.get(1 + 8 * w..9 + 8 * w))
@@ -496,15 +642,9 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
                 .collect();
             eprintln!("{} log {index}: kind {:?} {head:?}", self.now, data.first());
         }
-        let word = |at: usize| {
-            let mut w = [0u8; 8];
-            w.copy_from_slice(&data[at..at + 8]);
-            u64::from_le_bytes(w)
-        };
         match data.first() {
             Some(2) if data.len() == 17 => {
-                let conns = self.nodes[i].machine.inner.conns_of_node(word(1));
-                self.live().expired_conns.extend(conns);
+                self.live().expired_conns.extend(expired.iter().copied());
             }
             Some(1) if data.len() > 25 => {
                 let mut batch = crate::server::msg::Batch::default();
@@ -531,28 +671,17 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
         }
     }
 
-    /// The connections of node `i` that an entry about to be applied closes: an expiry of this
-    /// node's own sessions closes their connections (`Replicated::end_sessions_of`).
-    pub(super) fn live_closed_by(&self, i: usize, data: &[u8]) -> Vec<ConnId> {
-        let id = self.nodes[i].id;
-        let expire_of_me = data.len() == 17
-            && data[0] == 2
-            && data[1..9] == id.to_le_bytes()
-            && self.live.is_some();
-        if !expire_of_me {
-            return Vec::new();
-        }
-        self.nodes[i].machine.inner.conns_of_node(id)
-    }
-
     /// Node `i` applied an entry with `effects` (every session's, canonical form): the replies
     /// to its own connections go out, before its write deadline; after it, their connections
-    /// close instead. `closed`: the connections the entry closes ([`Cluster::live_closed_by`]).
+    /// close instead. `closed`: the connections the entry closes (an expiry of this node's own
+    /// sessions closes their connections: `Replicated::end_sessions_of`); `tokens`: each lockd
+    /// reply's lock token in the state that wrote it.
     pub(super) fn live_applied(
         &mut self,
         i: usize,
         effects: &[u8],
         closed: Vec<ConnId>,
+        tokens: &[Option<u64>],
     ) -> Result<(), String> {
         if self.live.is_none() {
             return Ok(());
@@ -565,8 +694,13 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
             .and_then(|l| l.nodes[i].as_ref())
             .is_some_and(|n| self.opts.bug_ignore_write_deadline || n.liveness.may_write(now));
         let mut r = Reader::new(effects);
+        let mut tokens = tokens.iter().copied();
         while r.remaining() > 0 {
             let (to, close, body) = holdfast::next_effect(&mut r)?;
+            let token = match (to, body) {
+                (Some(_), [tag::LOCKD_FRAME, ..]) => tokens.next().flatten(),
+                _ => None,
+            };
             let Some(to) = to.filter(|c| c.node == id) else {
                 continue;
             };
@@ -580,7 +714,6 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
                 continue;
             }
             if let [tag::LOCKD_FRAME, opcode, payload @ ..] = body {
-                let token = self.nodes[i].machine.inner.token_of(to, name_of(payload));
                 self.live_reply(k, *opcode, name_of(payload).to_vec(), token)?;
             }
             if close {
@@ -624,6 +757,7 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
                     conn,
                     opcode: None,
                     name: Vec::new(),
+                    since: 0,
                 });
             }
         }
@@ -791,6 +925,10 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
         });
         live.clients[k].owned.push(name);
         self.report.live_grants += 1;
+        if self.rng.chance(IDLE_PERCENT) {
+            let work = self.rng.below(IDLE_MAX_US);
+            self.live().clients[k].idle_until = now + work;
+        }
         Ok(())
     }
 
@@ -809,7 +947,7 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
         let now = self.now;
         if self.live().clients[k].conn.is_none() {
             let up: Vec<usize> = (0..self.nodes.len())
-                .filter(|&i| self.nodes[i].raw.is_some())
+                .filter(|&i| self.nodes[i].raft.is_some())
                 .collect();
             if up.is_empty() {
                 return Ok(());
@@ -833,14 +971,36 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
         let Some((i, conn)) = c.conn else {
             return Ok(());
         };
+        if c.pending.is_none() && now < c.idle_until {
+            return Ok(()); // working under its lock
+        }
         let pending_since = c.pending.as_ref().map(|p| p.sent);
         let owned = c.owned.clone();
         let waiting = c.waiting.as_ref().map(|(n, _)| n.clone());
         if let Some(sent) = pending_since {
             if now.saturating_sub(sent) >= GIVE_UP_US {
+                // The owner answers every request within two election timeouts (by its
+                // reply, a close at the write deadline, or "no quorum"), unless its process
+                // was stopped meanwhile.
+                let paused = self.live().pauses[i]
+                    .iter()
+                    .any(|&(a, b)| a <= now && b >= sent);
+                if !paused {
+                    return Err(format!(
+                        "no quorum rule: client {k}'s request sent at {sent} µs to node {} is \
+                         unanswered at {now} µs",
+                        self.nodes[i].id
+                    ));
+                }
                 self.report.client_give_ups += 1;
                 self.live_close(conn, true);
             }
+            return Ok(());
+        }
+        if owned.is_empty() && waiting.is_none() && self.rng.chance(RECONNECT_PERCENT) {
+            // Done with this connection: the next request goes on a new one (a new session,
+            // whose first request is one a cut-off node may still see decided).
+            self.live_close(conn, true);
             return Ok(());
         }
         let (opcode, name) = if !owned.is_empty() && self.rng.chance(40) {
@@ -878,11 +1038,14 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
             name: name.clone(),
             sent: now,
         });
+        let since = now * self.nodes[i].rate / 1_000;
+        let live = self.live.as_mut().expect("liveness mode");
         if let Some(n) = live.nodes[i].as_mut() {
             n.queued.push(Pending {
                 conn,
                 opcode: Some(opcode),
                 name,
+                since,
             });
         }
         if live.paused_until[i] <= now {

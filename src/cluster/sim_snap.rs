@@ -1,33 +1,31 @@
-//! The simulator's snapshots (`sim.rs`), made, sent and installed as the daemon does them:
+//! The simulator's snapshots (`sim.rs`): the daemon's driver makes and installs them
+//! (`cluster::node`); the simulator times its background work and carries the files.
 //!
-//! - **Background snapshots.** When one is due (every [`Options::snapshot_every`] entries, or
-//!   in proportion: the log bytes applied since the last one reach max([`Options::
-//!   snapshot_floor_bytes`], the last snapshot's size), or raft asked for one the stored
-//!   snapshot cannot serve), the node captures its state machine's bytes, index, term and
-//!   `ConfState` and goes on driving; a seeded while later the snapshot is recorded in its
-//!   storage (served to followers), synced, and the log compacted up to it (keeping
-//!   [`KEEP_ENTRIES`]). A crash meanwhile loses it (nothing was compacted); one at a time per
-//!   node; one older than a snapshot installed meanwhile is discarded.
-//! - **Chunked transfers.** A leader's `MsgSnapshot` carries the file's descriptor
-//!   ([`Descriptor`]: length, crc32c) in place of the state; the file travels beside it in
-//!   chunks through the simulated network (loss, delay, reordering, duplication, partitions,
-//!   and seeded damage), on numbered connections, acknowledged by the receiver's contiguous
-//!   offset. A connection resets after a seeded share of the chunks, and the sender's transport
-//!   reconnects when a transfer makes no progress for a while; the next connection resumes from
-//!   the acknowledged offset (the receiver keeps its partial copy) or, in the other seeds,
-//!   starts from 0. The receiver steps the `MsgSnapshot` (with the assembled bytes) only once
-//!   every byte arrived and the whole file matches the descriptor; a transfer that fails
-//!   (damaged file, receiver down or refusing, too many reconnects) is reported to the
-//!   sender's raft as `Failure`, one acknowledged whole as `Finish`.
-//! - **Background installs.** A follower whose `Ready` carries a snapshot persists it at once;
-//!   its state machine is rebuilt from it a seeded while later, and committed entries handed
-//!   out meanwhile are held (raft is told that only the snapshot's index is applied) and
-//!   applied in order once the new state is in place. The node ticks and steps meanwhile. A
-//!   crash restarts it from the durable snapshot and log.
+//! - **Background snapshots.** When the driver's rule says one is due it starts one through
+//!   the log ([`env::SimStore`] captures the state's bytes, index, term and `ConfState`) and
+//!   goes on; a seeded while later the file is written, and the driver adopts it when it next
+//!   looks (served to followers from then on) and compacts its log behind it. A crash
+//!   meanwhile loses it; a leader's snapshot installed meanwhile supersedes it.
+//! - **Chunked transfers** (the transport's, modelled here). A leader's `MsgSnapshot` carries
+//!   the file's descriptor ([`Descriptor`]: length, crc32c) in place of the state; the file
+//!   travels beside it in chunks through the simulated network (loss, delay, reordering,
+//!   duplication, partitions, and seeded damage), on numbered connections, acknowledged by the
+//!   receiver's contiguous offset. A connection resets after a seeded share of the chunks, and
+//!   the sender's transport reconnects when a transfer makes no progress for a while; the next
+//!   connection resumes from the acknowledged offset (the receiver keeps its partial copy) or,
+//!   in the other seeds, starts from 0. The receiver steps the `MsgSnapshot` (with the
+//!   assembled bytes) only once every byte arrived and the whole file matches the descriptor;
+//!   a transfer that fails (damaged file, receiver down or refusing, too many reconnects) is
+//!   reported to the sender's driver as `SnapshotFailed`, one acknowledged whole as
+//!   `SnapshotSent`.
+//! - **Background installs.** The driver persists a leader's snapshot at once and starts
+//!   rebuilding its state from it; the rebuild finishes a seeded while later, and the driver
+//!   puts the new state in place and applies the committed entries it held meanwhile. A crash
+//!   restarts the node from the durable snapshot and log.
 //!
-//! Checked: a node applies no entry while an install is in progress; a background snapshot's
-//! bytes are the state every node had at its index; an assembled file is byte for byte that
-//! state; no log is compacted past its newest snapshot.
+//! Checked: a background snapshot's bytes are the state every node had at its index; an
+//! assembled file is byte for byte that state; a restored state is the one at its index; no
+//! log is compacted past its newest snapshot.
 
 use std::collections::BTreeMap;
 use std::rc::Rc;
@@ -70,22 +68,6 @@ pub(super) struct Ack {
     failed: bool,
 }
 
-/// A snapshot being made in the background.
-struct Pending {
-    id: u64,
-    index: u64,
-    term: u64,
-    conf: ConfState,
-    data: Vec<u8>,
-}
-
-/// A leader's snapshot being installed in the background (already durable).
-struct Install {
-    id: u64,
-    index: u64,
-    data: Vec<u8>,
-}
-
 struct Outgoing {
     id: u64,
     to: usize,
@@ -109,18 +91,11 @@ struct Incoming {
     done: bool,
 }
 
-/// One node's snapshot work in flight.
+/// One node's snapshot transfers in flight (its transport's): lost in a crash.
 #[derive(Default)]
-pub(super) struct NodeSnap {
-    pending: Option<Pending>,
-    installing: Option<Install>,
-    /// Committed entries handed out while an install was in progress.
-    held: Vec<Entry>,
+pub(super) struct Transfers {
     outgoing: Vec<Outgoing>,
     incoming: Vec<Incoming>,
-    /// Log bytes applied since the last snapshot, and that snapshot's size.
-    bytes_since: u64,
-    last_bytes: u64,
 }
 
 impl Chunk {
@@ -129,13 +104,7 @@ impl Chunk {
     }
 }
 
-impl NodeSnap {
-    pub(super) fn installing(&self) -> Option<u64> {
-        self.installing.as_ref().map(|x| x.index)
-    }
-}
-
-impl<M: StateMachine, W: Workload> Cluster<M, W> {
+impl<W: Workload> Cluster<W> {
     fn snap_id(&mut self) -> u64 {
         self.next_seq += 1;
         self.next_seq
@@ -150,29 +119,63 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
         }
     }
 
-    /// Node `i` crashed: what it was making, installing, sending and receiving is lost.
-    pub(super) fn snap_crash(&mut self, i: usize) {
-        let bg = std::mem::take(&mut self.nodes[i].bg);
-        self.report.bg_snapshots_dropped_by_crash += u64::from(bg.pending.is_some());
-        self.report.installs_dropped_by_crash += u64::from(bg.installing.is_some());
-    }
-
-    /// Node `i` (re)started from its disk.
-    pub(super) fn snap_start(&mut self, i: usize) {
-        let node = &mut self.nodes[i];
-        node.bg = NodeSnap::default();
-        if node.durable.state.snapshot.is_some() {
-            node.bg.last_bytes = node.durable.snapshot_data.len() as u64;
+    /// After a call into node `i`'s driver: the background snapshots it started (each
+    /// written a seeded while later) and dropped, the ones it adopted, and the restores of a
+    /// leader's snapshot it started (each done a seeded while later).
+    pub(super) fn snap_after(&mut self, i: usize) -> Result<(), String> {
+        let (new_jobs, dropped, adopted, superseded) = {
+            let mut io = self.nodes[i].io.borrow_mut();
+            let new_jobs: Vec<(u64, u64, Vec<u8>)> = std::mem::take(&mut io.jobs_new)
+                .into_iter()
+                .map(|(id, meta)| {
+                    (
+                        id,
+                        meta.index,
+                        io.jobs.get(&id).cloned().unwrap_or_default(),
+                    )
+                })
+                .collect();
+            let counts = (
+                std::mem::take(&mut io.jobs_dropped),
+                std::mem::take(&mut io.adopted),
+                std::mem::take(&mut io.superseded),
+            );
+            (new_jobs, counts.0, counts.1, counts.2)
+        };
+        self.report.bg_snapshots_completed += adopted;
+        self.report.bg_snapshots_superseded += dropped + superseded;
+        for (id, index, data) in new_jobs {
+            // What the node captured is the state every node had at that index.
+            self.check_snapshot(i, index, data)?;
+            let node = &mut self.nodes[i];
+            let every = index >= node.last_snapshot + self.opts.snapshot_every;
+            self.report.proportional_snapshots += u64::from(!every);
+            node.last_snapshot = index;
+            node.bytes_since = 0;
+            let took = 1_000 + self.rng.below(self.opts.snapshot_max_us);
+            self.push(took, Ev::SnapshotMade { i, id });
         }
-    }
-
-    /// Node `i` applied an entry of `bytes` log bytes.
-    pub(super) fn snap_count(&mut self, i: usize, bytes: usize) {
-        self.nodes[i].bg.bytes_since += bytes as u64;
+        let restores = std::mem::take(&mut self.nodes[i].io.borrow_mut().restores_started);
+        for job in restores {
+            let id = job.id;
+            let node = &mut self.nodes[i];
+            // A newer snapshot replaces one still being restored.
+            self.report.installs_superseded += node.restores.len() as u64;
+            node.restores.clear();
+            node.restores.push(job);
+            self.report.installs_background += 1;
+            let took = 1_000 + self.rng.below(self.opts.install_max_us);
+            self.push(took, Ev::Installed { i, id });
+        }
+        Ok(())
     }
 
     /// No log is compacted past its newest snapshot (the entries before it would be nowhere).
-    pub(super) fn check_compaction(&self, i: usize, log: &MemLog) -> Result<(), String> {
+    pub(super) fn check_compaction(&self, i: usize) -> Result<(), String> {
+        let Some(raft) = self.nodes[i].raft.as_ref() else {
+            return Ok(());
+        };
+        let log = raft.raw().store();
         let snap = log.state.snapshot.as_ref().map_or(0, |m| m.index);
         if log.state.base_index() > snap {
             return Err(format!(
@@ -185,143 +188,34 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
         Ok(())
     }
 
-    /// After a `Ready`: starts a background snapshot if one is due and none is in progress.
-    pub(super) fn maybe_snapshot(&mut self, i: usize, raw: &mut RawNode<MemLog>) {
-        let node = &mut self.nodes[i];
-        if node.bg.pending.is_some() || node.bg.installing.is_some() {
-            return;
-        }
-        let every = node.applied >= node.last_snapshot + self.opts.snapshot_every;
-        let proportional =
-            node.bg.bytes_since >= self.opts.snapshot_floor_bytes.max(node.bg.last_bytes);
-        let wanted = raw.store().snapshot_wanted.get();
-        let stored = raw.store().state.snapshot.as_ref().map_or(0, |m| m.index);
-        if !(every || proportional || wanted) || node.applied <= stored.max(node.last_snapshot) {
-            return;
-        }
-        raw.store().snapshot_wanted.set(false);
-        self.report.proportional_snapshots += u64::from(proportional && !every);
-        let index = node.applied;
-        let pending = Pending {
-            id: 0,
-            index,
-            term: raw.store().state.term(index).unwrap_or_default(),
-            conf: raw.store().state.conf_state.clone(),
-            data: node.machine.snapshot(),
-        };
-        node.last_snapshot = index;
-        node.bg.bytes_since = 0;
-        let id = self.snap_id();
-        self.nodes[i].bg.pending = Some(Pending { id, ..pending });
-        let took = 1_000 + self.rng.below(self.opts.snapshot_max_us);
-        self.push(took, Ev::SnapshotMade { i, id });
-    }
-
-    /// Node `i`'s background snapshot `id` is written: recorded, synced, the log compacted.
+    /// Node `i`'s background snapshot `id` is written: its driver adopts it (and compacts the
+    /// log) when it next looks.
     pub(super) fn snapshot_made(&mut self, i: usize, id: u64) -> Result<(), String> {
-        let node = &mut self.nodes[i];
-        let Some(p) = node.bg.pending.take_if(|p| p.id == id) else {
-            return Ok(()); // lost in a crash
-        };
-        if node.raw.is_none() {
+        if self.nodes[i].raft.is_none() {
             return Ok(());
         }
-        // What the node captured is the state every node had at that index.
-        self.check_snapshot(i, p.index, p.data.clone())?;
-        let node = &mut self.nodes[i];
-        let raw = node.raw.as_mut().expect("checked");
-        let stored = raw.store().state.snapshot.as_ref().map_or(0, |m| m.index);
-        if stored >= p.index {
-            // A leader's snapshot installed meanwhile is newer.
-            self.report.bg_snapshots_superseded += 1;
-            return Ok(());
+        {
+            let mut io = self.nodes[i].io.borrow_mut();
+            if !io.jobs.contains_key(&id) {
+                return Ok(()); // lost in a crash, or dropped by the node
+            }
+            io.jobs_finished.insert(id);
         }
-        let mut meta = SnapshotMetadata {
-            index: p.index,
-            term: p.term,
-            ..Default::default()
-        };
-        meta.set_conf_state(p.conf);
-        node.bg.last_bytes = p.data.len() as u64;
-        let store = raw.mut_store();
-        store.state.snapshot = Some(meta);
-        store.snapshot_data = p.data;
-        store.compact(p.index.saturating_sub(KEEP_ENTRIES))?;
-        // The daemon syncs a snapshot on the spot: every Ready written is durable.
-        node.durable = store.clone();
-        node.syncing.clear();
-        let through = node.requested;
-        self.report.bg_snapshots_completed += 1;
-        let log = self.nodes[i].durable.clone();
-        self.check_compaction(i, &log)?;
-        self.durable_through(i, through);
         self.round(i)
     }
 
-    /// A `Ready` of node `i` carries a leader's snapshot (already persisted): its state
-    /// machine is rebuilt in the background.
-    pub(super) fn begin_install(&mut self, i: usize, snap: &Snapshot) {
-        let index = snap.get_metadata().index;
-        let id = self.snap_id();
-        let bg = &mut self.nodes[i].bg;
-        if bg.installing.take().is_some() {
-            self.report.installs_superseded += 1;
-        }
-        bg.held.retain(|e| e.index > index);
-        bg.installing = Some(Install {
-            id,
-            index,
-            data: snap.get_data().to_vec(),
-        });
-        self.report.installs_background += 1;
-        let took = 1_000 + self.rng.below(self.opts.install_max_us);
-        self.push(took, Ev::Installed { i, id });
-    }
-
-    /// Committed entries handed out during an install: applied after it.
-    pub(super) fn hold(&mut self, i: usize, entries: Vec<Entry>) {
-        self.report.entries_held += entries.len() as u64;
-        self.nodes[i].bg.held.extend(entries);
-    }
-
-    /// Node `i`'s install `id` built the new state: it is in place, then the held entries
-    /// apply in order.
+    /// Node `i`'s restore `id` of a leader's snapshot built the new state: the driver puts it
+    /// in place, and applies the entries it held, when it next looks.
     pub(super) fn installed(&mut self, i: usize, id: u64) -> Result<(), String> {
         let node = &mut self.nodes[i];
-        if node.raw.is_none() {
-            return Ok(());
-        }
-        let Some(inst) = node.bg.installing.take_if(|x| x.id == id) else {
+        let Some(k) = node.restores.iter().position(|j| j.id == id) else {
             return Ok(()); // superseded, or lost in a crash
         };
-        node.machine
-            .restore(&inst.data)
-            .map_err(|e| format!("node {}: snapshot restore: {}", node.id, e))?;
-        node.applied = inst.index;
-        node.last_snapshot = inst.index;
-        node.bg.bytes_since = 0;
-        node.bg.last_bytes = inst.data.len() as u64;
-        self.report.snapshots_installed += 1;
-        self.report.installs_completed += 1;
-        self.report.joiner_snapshots += u64::from(node.joiner);
-        let s = node.machine.snapshot();
-        self.check_snapshot(i, inst.index, s)?;
-        let held = std::mem::take(&mut self.nodes[i].bg.held);
-        let mut raw = self.nodes[i].raw.take().expect("checked");
-        let applied = self.apply_entries(i, &mut raw, held);
-        if applied.is_ok() {
-            raw.advance_apply_to(self.nodes[i].applied);
-        }
-        if self.nodes[i].retired {
-            // It applied its own removal: what it promised is synced and sent; it stops.
-            self.nodes[i].durable = raw.store().clone();
-            self.nodes[i].syncing.clear();
-            let through = self.nodes[i].requested;
-            self.durable_through(i, through);
-            return applied;
-        }
-        self.nodes[i].raw = Some(raw);
-        applied?;
+        let job = node.restores.remove(k);
+        self.check_snapshot(i, job.index, job.data.clone())?;
+        let restored = (job.restore)(&job.data);
+        // The driver dropped its end if a newer snapshot replaced this one.
+        let _ = job.tx.send(restored);
         self.round(i)
     }
 
@@ -337,7 +231,7 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
         m.mut_snapshot().set_data(desc.encode().into());
         let chunk = self.opts.chunk_bytes.max(len.div_ceil(MAX_CHUNKS)).max(1);
         let id = self.snap_id();
-        let out = &mut self.nodes[from].bg.outgoing;
+        let out = &mut self.nodes[from].transfers.outgoing;
         // One transfer per follower: a new snapshot for it replaces the one on its way.
         out.retain(|o| o.to != to);
         out.push(Outgoing {
@@ -356,7 +250,11 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
     }
 
     fn outgoing(&mut self, i: usize, id: u64) -> Option<&mut Outgoing> {
-        self.nodes[i].bg.outgoing.iter_mut().find(|o| o.id == id)
+        self.nodes[i]
+            .transfers
+            .outgoing
+            .iter_mut()
+            .find(|o| o.id == id)
     }
 
     /// Sends transfer `id`'s chunks on its current connection, from where it starts, and
@@ -400,7 +298,7 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
     /// The transport's look at transfer `id` on connection `conn`: no progress since the last
     /// look is a stall, and it reconnects.
     pub(super) fn transfer_check(&mut self, i: usize, id: u64, conn: u64) -> Result<(), String> {
-        if self.nodes[i].raw.is_none() {
+        if self.nodes[i].raft.is_none() {
             return Ok(());
         }
         let stall = STALL_US + 2 * self.opts.max_delay_us;
@@ -443,14 +341,15 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
     /// Transfer `id` of node `i` failed: its raft is told, and will send a snapshot again.
     fn fail_transfer(&mut self, i: usize, id: u64) {
         let node = &mut self.nodes[i];
-        let Some(k) = node.bg.outgoing.iter().position(|o| o.id == id) else {
+        let Some(k) = node.transfers.outgoing.iter().position(|o| o.id == id) else {
             return;
         };
-        let o = node.bg.outgoing.remove(k);
+        let o = node.transfers.outgoing.remove(k);
         self.report.transfers_failed += 1;
         let to_id = self.nodes[o.to].id;
-        if let Some(raw) = self.nodes[i].raw.as_mut() {
-            raw.report_snapshot(to_id, SnapshotStatus::Failure);
+        let now = self.instant(i);
+        if let Some(raft) = self.nodes[i].raft.as_mut() {
+            raft.peer_event(PeerEvent::SnapshotFailed(to_id), now);
         }
     }
 
@@ -486,7 +385,7 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
             reset,
             failed,
         };
-        let bg = &mut self.nodes[to].bg;
+        let bg = &mut self.nodes[to].transfers;
         let k = match bg.incoming.iter().position(|x| x.from == from) {
             Some(k) if bg.incoming[k].id == id => k,
             found => {
@@ -558,18 +457,18 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
                 // to resume from, or drops it; the sender reconnects.
                 self.report.transfer_resets += 1;
                 if !self.opts.resume_transfers {
-                    let inc = &mut self.nodes[to].bg.incoming[k];
+                    let inc = &mut self.nodes[to].transfers.incoming[k];
                     inc.have.clear();
                     inc.ahead.clear();
                 }
                 self.reconnect(from, id, false);
                 return Ok(());
             }
-            let inc = &mut self.nodes[to].bg.incoming[k];
+            let inc = &mut self.nodes[to].transfers.incoming[k];
             if inc.have.len() as u64 >= desc.len {
                 if inc.have.len() as u64 != desc.len || crc32c::checksum(&inc.have) != desc.crc {
                     // Damaged on the way: refused, and the transfer failed.
-                    self.nodes[to].bg.incoming.remove(k);
+                    self.nodes[to].transfers.incoming.remove(k);
                     self.ack(to, from, nack(false, true));
                     return Ok(());
                 }
@@ -579,7 +478,7 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
             }
         }
         if grew {
-            let have = self.nodes[to].bg.incoming[k].have.len() as u64;
+            let have = self.nodes[to].transfers.incoming[k].have.len() as u64;
             self.ack(
                 to,
                 from,
@@ -607,9 +506,9 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
         }
         let mut m = msg.clone();
         m.mut_snapshot().set_data(file.into());
-        if let Some(raw) = self.nodes[i].raw.as_mut() {
-            // Errors are stale or foreign messages raft refuses; it stays up.
-            let _ = raw.step(m);
+        if let Some(raft) = self.nodes[i].raft.as_mut() {
+            // A stale or foreign message is ignored, as raft-rs decides.
+            raft.step(m);
         }
         Ok(())
     }
@@ -633,11 +532,12 @@ impl<M: StateMachine, W: Workload> Cluster<M, W> {
             return;
         }
         let receiver = o.to;
-        self.nodes[to].bg.outgoing.retain(|o| o.id != a.id);
+        self.nodes[to].transfers.outgoing.retain(|o| o.id != a.id);
         self.report.transfers_completed += 1;
         let id = self.nodes[receiver].id;
-        if let Some(raw) = self.nodes[to].raw.as_mut() {
-            raw.report_snapshot(id, SnapshotStatus::Finish);
+        let now = self.instant(to);
+        if let Some(raft) = self.nodes[to].raft.as_mut() {
+            raft.peer_event(PeerEvent::SnapshotSent(id), now);
         }
     }
 }

@@ -550,7 +550,7 @@ fn the_cluster_lock_check_reads_grants_from_canonical_effects() {
     // The cluster simulator's lock workload finds lockd grants in the replicated state
     // machine's canonical effects: it must see every ACQUIRED, and a second holder.
     use crate::cluster::sim::holdfast::{HoldfastMachine, LockWorkload};
-    use crate::cluster::sim::{StateMachine, Workload};
+    use crate::cluster::sim::Workload;
     let mut m = HoldfastMachine::new();
     let mut w = LockWorkload::default();
     let name = b"lock-0\0";
