@@ -64,6 +64,7 @@ pub mod cluster;
 pub mod config;
 pub mod core;
 pub mod fdlimit;
+pub mod histogram;
 #[macro_use]
 pub mod log;
 pub mod proto;

@@ -21,8 +21,8 @@ use super::snapchild::{Finished, SnapshotChild};
 use super::snapfile::{self, Descriptor, MappedState};
 use super::storage::{DiskStorage, PendingLog};
 use super::transport::{PeerEvent, Transport};
-use crate::admin::data::{Histogram, CLUSTER_BOUNDS};
 use crate::core::codec;
+use crate::histogram::{Histogram, CLUSTER_BOUNDS};
 
 /// Hands the allocator's free pages back to the kernel (glibc keeps what a thread freed in its
 /// arenas; `malloc_trim` returns their whole free pages, wherever they are in the heap).

@@ -15,12 +15,15 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
+/// Ticks in one election timeout: heartbeats go out every tenth of it.
+pub const TICKS_PER_ELECTION: usize = 10;
+
 /// Microseconds on one node's monotonic clock.
 pub type Micros = u64;
 
 /// Quorum probes remembered: one per tick, so more than an election timeout's worth; older
 /// ones are forgotten (their answers, if they ever come, prove nothing newer).
-pub const MAX_PROBES: usize = 2 * super::node::TICKS_PER_ELECTION;
+pub const MAX_PROBES: usize = 2 * TICKS_PER_ELECTION;
 
 /// How long a node may be cut off before it fences itself: the session timeout less half an
 /// election timeout, or half the session timeout when that is shorter.

@@ -34,11 +34,10 @@ use super::snapchild::Finished;
 use super::snapfile::{self, MappedState};
 use super::storage::{claim_dir, DirLock, DiskStorage};
 use super::transport::{PeerEvent, PeerTls, Transport, TransportConfig, TransportStats};
-use crate::admin::data::{Histogram, CLUSTER_BOUNDS};
 use crate::core::codec;
+use crate::histogram::{Histogram, CLUSTER_BOUNDS};
 
-/// Ticks in one election timeout: the contract's "heartbeats every tenth of it".
-pub const TICKS_PER_ELECTION: usize = 10;
+pub use super::liveness::TICKS_PER_ELECTION;
 /// Applied entries between two snapshots, at least (each snapshot lets the log be compacted);
 /// with a large state, one entry per 1 KiB of the last snapshot.
 pub const SNAPSHOT_EVERY: u64 = 10_000;

@@ -593,7 +593,7 @@ const EPOCH_MS: u64 = 1_700_000_000_000;
 const MEMBERSHIP_PERCENT: u64 = 50;
 /// Liveness-mode seeds that may change the membership (half of them do, as in the others).
 const LIVE_MEMBERSHIP_PERCENT: u64 = 60;
-/// Share of those whose changes leave the joint configuration explicitly (the contract's
+/// Share of those whose changes leave the joint configuration explicitly (holdfast's
 /// default is raft-rs's automatic leave; TiKV leaves explicitly): both paths run.
 const EXPLICIT_LEAVE_PERCENT: u64 = 20;
 /// The first id of a node that joins (founders are 1..=5), so ids are never reused.
@@ -604,7 +604,7 @@ const MAX_JOINERS: u64 = 3;
 const MAX_CHANGES: u64 = 4;
 /// The operator looks at a change in flight this often (re-proposes it, leaves joint).
 const OPERATOR_US: u64 = 100_000;
-/// Voters a configuration keeps (the contract's 3 or 5, and the 4 in between).
+/// Voters a configuration keeps (three or five, as the README recommends, and the four in between).
 const MIN_VOTERS: usize = 3;
 const MAX_VOTERS: usize = 5;
 /// Share of the seeds without membership changes whose nodes snapshot only in proportion to

@@ -16,7 +16,7 @@
 //! - *lease* (locker's client-side rule, the soak's rule 10): a claim also ends at the send time
 //!   of the client's last answered request plus the session timeout less one election timeout,
 //!   and once lapsed it is over. No two clients' lease claims on one lock overlap, ever.
-//! - *connection* (the contract's fencing promise: "a client learns that it lost its locks
+//! - *connection* (the fencing promise of `docs/cluster.md`: "a client learns that it lost its locks
 //!   before anyone else can be granted them"): the claim ends only by release or close. No
 //!   other client may receive a grant while it is open, unless the holder's node was paused
 //!   during it (a stopped process cannot close anything: that is what the lease rule is for).
@@ -37,7 +37,7 @@ use crate::server::msg::{Arena, ConnId, LockdOp, Op, OpMsg};
 use crate::server::Replicated;
 
 /// The simulated election timeout (raft's base; it draws 1 to 2 of them) and the session
-/// timeout, the contract's default of three election timeouts.
+/// timeout, by default three election timeouts (`--session-timeout`).
 pub const ELECTION_US: Micros = TICK_US * ELECTION_TICKS as u64;
 pub const SESSION_TIMEOUT_US: Micros = 3 * ELECTION_US;
 /// A node's proposals in flight at most (the daemon's `MAX_INFLIGHT_PROPOSALS`).

@@ -17,8 +17,8 @@
 //! ```
 //!
 //! A new leader's first entry restarts every running lease and orphan window with its
-//! remaining time plus one election timeout (the contract's "no lease ends early because of a
-//! failover"); applied once per term.
+//! remaining time plus one election timeout (no lease ends early because of a failover: see
+//! `docs/cluster.md`); applied once per term.
 //!
 //! A node keeps up to [`MAX_INFLIGHT_PROPOSALS`] proposals in flight, each carrying whatever
 //! its workers sent since the last (so one entry, one sync and one round trip carry many
@@ -31,7 +31,7 @@
 //! **No quorum.** Every request is answered within two election timeouts of reaching the owner,
 //! whether it is in flight or still queued behind the cap: when the oldest request of this node
 //! not yet answered has waited that long, every request of this node not yet answered is
-//! answered with the contract's no-quorum reply, in the order they came, and their connections
+//! answered with the protocol's no-quorum reply, in the order they came, and their connections
 //! close; what such a connection sends after that gets the same answer on arrival, until its
 //! close. A proposal given up stays in flight with its requests taken out (the same sequence
 //! number, so whichever version is committed first is applied, and the node's later proposals
@@ -1443,7 +1443,7 @@ impl ClusterOwner {
 
     /// The oldest request not yet answered has waited two election timeouts for a quorum:
     /// answer every request not yet answered, in flight and queued, in the order they came,
-    /// with the contract's no-quorum reply, closing their connections (a request waiting behind
+    /// with the protocol's no-quorum reply, closing their connections (a request waiting behind
     /// one given up cannot be applied before it, and its connection's requests must be
     /// answered in order). The proposals in flight stay there with only their connection
     /// events, under their sequence numbers; the queued batches become one batch of connection
