@@ -2007,6 +2007,8 @@ pub mod holdfast {
                 // Refused alike on every replica.
                 return b"bad command".to_vec();
             };
+            // Every replica reports the same connection counters: none.
+            crate::server::Live::default().stamp(&mut self.batch);
             self.last_ms = self.last_ms.max(now);
             self.buf.clear();
             command::encode_entry(

@@ -295,9 +295,9 @@ impl Execute for Memcache {
                 r.text(b"ERROR\r\n")
             }
             McCmd::Stats { arg, live } => {
-                // The counters the owner loop stamped; a request the cluster loop decoded from
-                // the log is not stamped, and reads this process's (`docs/state-machine.md`).
-                let live = Live::read(live, arena).unwrap_or_else(|| Live::of(shared));
+                // The counters whoever applies the batch stamped beside the request (the owner
+                // loop, the cluster loop, a replayer): apply reads no live counter.
+                let live = Live::read(live, arena).unwrap_or_default();
                 stats(t, r, shared, live, arg.map(|a| a.get(arena)), now)
             }
             // The CAS field of a successful binary Lock carries its fencing token

@@ -250,6 +250,8 @@ impl Replicated {
         let node16 = u16::try_from(node).map_err(|_| DecodeError::Invalid("node id"))?;
         let limits = command::Limits::default();
         let time = command::decode_entry(&data[HEADER_LEN..], limits, &mut self.batch)?;
+        // The counters `stats` reports are this node's, read here, never during apply.
+        crate::server::Live::stamp_if_wanted(&self.shared, &mut self.batch);
         match self.nodes.get(&node).copied() {
             Some((inc, _)) if incarnation < inc => return Ok(()),
             // Applied already, or proposed before its predecessor was applied (that one was
