@@ -70,10 +70,12 @@ pub trait LogStore: Storage {
         index: u64,
         cs: ConfState,
     ) -> Result<Option<SnapshotMetadata>, String>;
-    /// Starts writing a snapshot with `meta` of the state `write` appends (as of now).
+    /// Starts writing a snapshot with `meta` of the state `write` appends (as of now); an
+    /// `urgent` one (a node waits for it) is written as fast as the disk takes it.
     fn start_snapshot(
         &mut self,
         meta: SnapshotMetadata,
+        urgent: bool,
         write: impl FnOnce(&mut Vec<u8>),
     ) -> io::Result<Self::Snapshotting>;
     /// Takes a finished snapshot as the newest one (ignored when a newer one arrived).
@@ -186,10 +188,16 @@ impl LogStore for DiskStorage {
     fn start_snapshot(
         &mut self,
         meta: SnapshotMetadata,
+        urgent: bool,
         write: impl FnOnce(&mut Vec<u8>),
     ) -> io::Result<SnapshotChild> {
         let tmp = self.snapshot_tmp_path(&meta);
-        SnapshotChild::spawn(meta, tmp, write)
+        let rate = if urgent {
+            0
+        } else {
+            super::snapchild::CHILD_WRITE_RATE
+        };
+        SnapshotChild::spawn(meta, tmp, rate, write)
     }
 
     fn adopt_snapshot(&mut self, meta: SnapshotMetadata, d: Descriptor) -> Result<(), String> {

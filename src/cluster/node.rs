@@ -245,6 +245,8 @@ pub struct RaftNode<S: LogStore = DiskStorage, T = Transport, C = SystemClock> {
     conf_changed: bool,
     /// A node was added: snapshot now, so that it can be sent one that names it.
     snapshot_due: bool,
+    /// The snapshot due is one a node waits for (one added): written unpaced.
+    snapshot_urgent: bool,
     /// This node applied its own removal: it only finishes the `Ready` at hand.
     removed: bool,
     /// Entry bytes applied since the last snapshot.
@@ -498,6 +500,7 @@ impl<S: LogStore, T: PeerLink, C: Clock> RaftNode<S, T, C> {
             local_peers: parts.local_peers,
             conf_changed: false,
             snapshot_due: false,
+            snapshot_urgent: false,
             removed: false,
             bytes_since_snapshot: 0,
             probes: Probes::new(tick.as_micros() as Micros),
@@ -975,7 +978,9 @@ impl<S: LogStore, T: PeerLink, C: Clock> RaftNode<S, T, C> {
             .next()
             .is_some()
         {
+            // Its first snapshot must name it: the new node waits for this one.
             self.snapshot_due = true;
+            self.snapshot_urgent = true;
         }
         self.refresh_peers(machine);
         self.conf_changed = true;
@@ -1095,10 +1100,12 @@ impl<S: LogStore, T: PeerLink, C: Clock> RaftNode<S, T, C> {
         match self
             .raw
             .mut_store()
-            .start_snapshot(meta, |out| machine.write_snapshot(out))
-        {
+            .start_snapshot(meta, self.snapshot_urgent, |out| {
+                machine.write_snapshot(out)
+            }) {
             Ok(child) => {
                 self.snapshot_due = false;
+                self.snapshot_urgent = false;
                 self.bytes_since_snapshot = 0;
                 self.last_snapshot = self.applied;
                 let secs = child.fork_time().as_secs_f64();

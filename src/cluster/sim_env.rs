@@ -330,6 +330,7 @@ impl LogStore for SimStore {
     fn start_snapshot(
         &mut self,
         meta: SnapshotMetadata,
+        _urgent: bool,
         write: impl FnOnce(&mut Vec<u8>),
     ) -> io::Result<SimJob> {
         let mut data = Vec::new();

@@ -76,6 +76,7 @@ impl SnapshotChild {
     pub fn spawn(
         meta: SnapshotMetadata,
         tmp: PathBuf,
+        rate: u64,
         write: impl FnOnce(&mut Vec<u8>),
     ) -> io::Result<SnapshotChild> {
         let mut fds = [0 as libc::c_int; 2];
@@ -96,7 +97,7 @@ impl SnapshotChild {
         }
         if pid == 0 {
             drop(read_end);
-            child_main(parent, File::from(write_end), &meta, &tmp, write);
+            child_main(parent, File::from(write_end), &meta, &tmp, rate, write);
         }
         let fork_time = t0.elapsed();
         drop(write_end);
@@ -190,6 +191,7 @@ fn child_main(
     mut answer: File,
     meta: &SnapshotMetadata,
     tmp: &Path,
+    rate: u64,
     write: impl FnOnce(&mut Vec<u8>),
 ) -> ! {
     // SAFETY: prctl, getppid, setpriority and ioprio_set only affect this process.
@@ -214,7 +216,7 @@ fn child_main(
         close_inherited(answer.as_raw_fd());
     }
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        write_file(meta, tmp, CHILD_WRITE_RATE, write)
+        write_file(meta, tmp, rate, write)
     }));
     let code = match result {
         Ok(Ok(d)) => {
@@ -391,7 +393,7 @@ mod tests {
             index: 1,
             ..Default::default()
         };
-        let mut child = SnapshotChild::spawn(meta, dir.0.join("snap.tmp"), |out| {
+        let mut child = SnapshotChild::spawn(meta, dir.0.join("snap.tmp"), 0, |out| {
             std::thread::sleep(Duration::from_secs(3));
             out.push(1);
         })
