@@ -103,10 +103,16 @@ def rule_exprs():
     return exprs
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_ports(n):
+    """n distinct loopback ports, free when asked (held open together so none repeats)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def http_get(url):
@@ -131,11 +137,17 @@ def wait_until(what, within, probe):
 
 
 class Node:
-    def __init__(self, binary, node_id, peers, admin_port, data_dir, log_dir):
+    LISTENERS = ("--memcache", "--lockd", "--dlock", "--counter", "--admin")
+
+    def __init__(self, binary, node_id, peers, ports, data_dir, log_dir):
+        """ports: one per LISTENERS, chosen here rather than by the kernel, so that no node's
+        listener can take a port another process of the test was given."""
         self.args = [binary, "--node-id", str(node_id), "--peers", peers, "--data-dir", data_dir,
                      "--election-timeout", str(ELECTION_MS), "--session-timeout", str(SESSION_MS),
-                     "--memcache", "127.0.0.1:0", "--lockd", "127.0.0.1:0", "--dlock", "127.0.0.1:0",
-                     "--counter", "127.0.0.1:0", "--admin", f"127.0.0.1:{admin_port}", "--threads", "1"]
+                     "--threads", "1"]
+        for flag, port in zip(self.LISTENERS, ports, strict=True):
+            self.args += [flag, f"127.0.0.1:{port}"]
+        admin_port = ports[-1]
         self.id = node_id
         self.admin = f"127.0.0.1:{admin_port}"
         self.log = os.path.join(log_dir, f"node{node_id}.log")
@@ -160,6 +172,14 @@ class Node:
 
     def metrics(self):
         return http_get(f"http://{self.admin}/metrics")
+
+
+def prometheus_ready(setup, log_path):
+    """Prometheus answers /-/ready; if it has exited, fail at once with its log."""
+    if setup.prom_proc.poll() is not None:
+        with open(log_path) as log:
+            pytest.fail(f"prometheus exited ({setup.prom_proc.returncode}):\n{log.read()[-4000:]}")
+    return http_get(f"{setup.prom_url}/-/ready")
 
 
 class Setup:
@@ -196,9 +216,12 @@ def cluster():
     if not binary:
         pytest.fail("HOLDFAST_BIN must name the holdfast binary (make test-clients sets it)")
     tmp = tempfile.mkdtemp(prefix="holdfast-prometheus-")
-    peer_ports = [free_port() for _ in range(3)]
+    per_node = len(Node.LISTENERS)
+    ports = free_ports(1 + 3 + 3 * per_node)
+    prom_port, peer_ports, ports = ports[0], ports[1:4], ports[4:]
     peers = ",".join(f"{i + 1}=127.0.0.1:{p}" for i, p in enumerate(peer_ports))
-    nodes = [Node(binary, i + 1, peers, free_port(), os.path.join(tmp, f"node{i + 1}"), tmp)
+    nodes = [Node(binary, i + 1, peers, ports[i * per_node:(i + 1) * per_node],
+                  os.path.join(tmp, f"node{i + 1}"), tmp)
              for i in range(3)]
     # The repo's rules with the test's `for:` durations.
     rules = open(ALERTS).read()
@@ -220,19 +243,19 @@ scrape_configs:
     static_configs:
 {targets}
 """)
-    prom_port = free_port()
     prom_proc = None
+    prom_log = os.path.join(tmp, "prometheus.log")
     try:
-        for n in nodes:
-            n.start()
-        with open(os.path.join(tmp, "prometheus.log"), "w") as log:
+        with open(prom_log, "w") as log:
             prom_proc = subprocess.Popen(
                 [prometheus, f"--config.file={os.path.join(tmp, 'prometheus.yml')}",
                  f"--storage.tsdb.path={os.path.join(tmp, 'tsdb')}",
                  f"--web.listen-address=127.0.0.1:{prom_port}"],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=tmp)
         s = Setup(nodes, f"http://127.0.0.1:{prom_port}", prom_proc, tmp)
-        wait_until("prometheus ready", START_S, lambda: http_get(f"{s.prom_url}/-/ready"))
+        wait_until("prometheus ready", START_S, lambda: prometheus_ready(s, prom_log))
+        for n in nodes:
+            n.start()
         # Every node scraped, knowing the same leader.
         wait_until("one leader known by the three nodes, through Prometheus", START_S, lambda: (
             len(set((ids := s.by_node("holdfast_cluster_leader_id")).values()) - {0.0}) == 1
