@@ -30,7 +30,8 @@ STATE_PARTS, STATE_ETCD (1; 0 skips the etcd fill), STATE_SINGLE (1; 0 skips the
 STATE_DEADLINE (1800: seconds any one fill may take), plus bench_cluster's BENCH_DATA_DIR and
 BENCH_KEEP. A quick run: STATE_BYTES=100M STATE_LOCKS=500000. STATE_PROBE_TRACE=FILE appends
 one line per probe to FILE: its start (Unix seconds) and its latency (ms), to set beside the
-nodes' logged snapshots.
+nodes' logged snapshots. STATE_METRICS_DIR=DIR writes each node's /metrics at the end of the
+items fill to DIR/items-node<i>.txt (its log-sync and proposal-to-apply histograms).
 """
 
 import base64
@@ -67,6 +68,7 @@ STATE_PARTS = os.environ.get("STATE_PARTS", "items,locks,paused,wiped").split(",
 WITH_ETCD = os.environ.get("STATE_ETCD", "1") != "0"
 WITH_SINGLE = os.environ.get("STATE_SINGLE", "1") != "0"
 FILL_DEADLINE = float(os.environ.get("STATE_DEADLINE", "1800"))
+METRICS_DIR = os.environ.get("STATE_METRICS_DIR")
 PROBE_TRACE = os.environ.get("STATE_PROBE_TRACE")
 VALUE_SIZE = 1000
 # The item store's limit: four times the values (keys and item overhead fit with room; no
@@ -820,6 +822,17 @@ def print_load(mon):
           f"after {a[0]:.2f} {a[1]:.2f} {a[2]:.2f}")
 
 
+def dump_metrics(mon, part):
+    """With STATE_METRICS_DIR set, each node's /metrics at the end of a fill, to read the
+    nodes' own histograms (log sync, proposal to apply) beside the probe's figures."""
+    if not METRICS_DIR:
+        return
+    os.makedirs(METRICS_DIR, exist_ok=True)
+    for i, values in mon.end_metrics.items():
+        with open(os.path.join(METRICS_DIR, f"{part}-node{i}.txt"), "w") as f:
+            f.writelines(f"{k} {v}\n" for k, v in (values or {}).items())
+
+
 def items_cluster(procs, base):
     hf = StateCluster(procs, base, "state")
     hf.start_all()
@@ -843,6 +856,7 @@ def items_cluster(procs, base):
             return time.monotonic() - t0, None, str(e)
 
     (took, replicated, incomplete), mon, lat, errors = monitored(hf, hf.lockd[2], fill)
+    dump_metrics(mon, "items")
     state = max((metric(mon.end_metrics[i], "holdfast_bytes") or 0) for i in mon.nodes)
     evictions = sum(metric(mon.end_metrics[i], "holdfast_evictions_total") or 0
                     for i in mon.nodes)
