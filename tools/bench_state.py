@@ -7,7 +7,8 @@ Sub-parts (STATE_PARTS, default items,locks,paused,wiped):
 - items: a fresh 3-node cluster (--memory sized for the state). One writer streams pipelined
   `set k<i> 0 0 1000 noreply` through node 1 until STATE_BYTES of values are written, while a
   probe process times one old-protocol TRY + REL on node 2 every 10 ms. Reported: write MB/s,
-  probe p50/p99/max, leader changes (every node's /cluster polled every 150 ms, and the
+  probe p50/p99/max, the disk floor beside them (a 4 KiB append + fdatasync every 10 ms in the
+  data directories' filesystem), leader changes (every node's /cluster polled every 150 ms, and the
   leader-change counters), no-quorum answers (probe errors, and the nodes' counters), fences,
   peak RSS per node (every 100 ms; with a forked snapshot child, the Pss of both: a child has the
   node as parent; VmHWM at the end), state size (the item bytes of /metrics), data directory
@@ -758,17 +759,61 @@ def ms_fmt(v):
     return "-" if v is None else f"{v:,.1f}"
 
 
+class DiskFloor(threading.Thread):
+    """The disk's own latency beside a fill: one 4 KiB append + fdatasync every PROBE_EVERY s
+    to a file in the data directories' filesystem. A commit needs a sync on two of the three
+    nodes and the probe waits for two commits in a row, so the probe's p99 cannot be much
+    below this one's."""
+
+    def __init__(self, directory):
+        super().__init__(daemon=True)
+        self.path = os.path.join(directory, "disk-floor")
+        self.stop = threading.Event()
+        self.lat = []
+
+    def run(self):
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            block = b"\0" * 4096
+            while not self.stop.wait(PROBE_EVERY):
+                os.write(fd, block)
+                t = time.monotonic()
+                os.fdatasync(fd)
+                self.lat.append(time.monotonic() - t)
+        finally:
+            os.close(fd)
+            os.unlink(self.path)
+
+    def finish(self):
+        self.stop.set()
+        self.join()
+        return sorted(self.lat)
+
+
 def monitored(hf, port, body):
-    """Run body() with a Monitor on the cluster and a probe on `port`; (body's result,
-    monitor, probe latencies, probe errors)."""
+    """Run body() with a Monitor on the cluster, a probe on `port` and a DiskFloor beside
+    them; (body's result, monitor, probe latencies, probe errors). The disk floor's sorted
+    latencies are left in monitor.disk_floor."""
     mon = Monitor(hf)
     probe = Probe(port)
+    floor = DiskFloor(bench_data_dir(hf))
+    floor.start()
     try:
         out = body()
     finally:
         lat, errors = probe.finish()
+        mon.disk_floor = floor.finish()
         mon.finish()
     return out, mon, lat, errors
+
+
+def disk_floor_line(mon):
+    f = probe_figures(mon.disk_floor)
+    print()
+    print(f"Disk floor beside the fill (a 4 KiB append + fdatasync every "
+          f"{PROBE_EVERY * 1000:.0f} ms in the data directories' filesystem; a grant needs a "
+          f"sync on two nodes, the probe two grants in a row): n {f['n']:,}, p50 "
+          f"{ms_fmt(f['p50'])} ms, p99 {ms_fmt(f['p99'])} ms, max {ms_fmt(f['max'])} ms.")
 
 
 def node_table(mon, state_bytes=None):
@@ -943,6 +988,7 @@ def print_items(r, single, etcd):
         print(f"**INCOMPLETE**: the cluster reached {mib(r['state'])} MiB of items of "
               f"{mib(r['count'] * VALUE_SIZE)} in {r['took']:.0f} s, then: {r['incomplete']} "
               f"(its MB/s is of what it reached)")
+    disk_floor_line(mon)
     node_table(mon, r["state"])
     goals(mon, probe, r["errors"], r["state"], "the state (item bytes)")
     print(f"- writer reconnects: {r['reconnects']}; evictions: {r['evictions']}")
@@ -1026,6 +1072,7 @@ def print_locks(r):
     if r["incomplete"]:
         print()
         print(f"**INCOMPLETE**: {r['incomplete']} (locks/s is of the locks held at the end)")
+    disk_floor_line(mon)
     node_table(mon)
     goals(mon, probe, r["errors"], single_rss, "one node's RSS with the same locks")
     print_load(mon)
