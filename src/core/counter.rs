@@ -421,12 +421,7 @@ impl Snapshot for CounterTable {
         let holders = r.count(2)?;
         let mut last: Option<Session> = None;
         for _ in 0..holders {
-            codec::consumed(r);
-            let session = Session::decode(r)?;
-            if last.is_some_and(|l| l >= session) {
-                return Err(DecodeError::Invalid("counter holders out of order"));
-            }
-            last = Some(session);
+            let session = Session::decode_next(r, &mut last, "counter holders out of order")?;
             let k = r.count(3)?;
             let mut mine: HashMap<Box<[u8]>, Holding> = HashMap::default();
             let mut last_name: Option<&[u8]> = None;

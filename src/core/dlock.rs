@@ -1105,12 +1105,7 @@ impl Snapshot for DlockTable {
         let n = r.count(2)?;
         let mut last: Option<Session> = None;
         for _ in 0..n {
-            codec::consumed(r);
-            let id = Session::decode(r)?;
-            if last.is_some_and(|l| l >= id) {
-                return Err(Invalid("dlock sessions out of order"));
-            }
-            last = Some(id);
+            let id = Session::decode_next(r, &mut last, "dlock sessions out of order")?;
             let last_active = r.u64()?;
             t.sessions.insert(
                 id,

@@ -32,6 +32,23 @@ impl Session {
     pub fn decode(r: &mut codec::Reader<'_>) -> Result<Session, codec::DecodeError> {
         Ok(Session(r.u64()?))
     }
+
+    /// The next of a snapshot's sessions, which it keeps in increasing order: an error named
+    /// `what` if it is not above `last` (which it becomes). What was read before it is done
+    /// with ([`codec::consumed`]).
+    pub fn decode_next(
+        r: &mut codec::Reader<'_>,
+        last: &mut Option<Session>,
+        what: &'static str,
+    ) -> Result<Session, codec::DecodeError> {
+        codec::consumed(r);
+        let session = Session::decode(r)?;
+        if last.is_some_and(|l| l >= session) {
+            return Err(codec::DecodeError::Invalid(what));
+        }
+        *last = Some(session);
+        Ok(session)
+    }
 }
 
 /// The current time as the owner thread passes it into the tables.

@@ -173,12 +173,7 @@ impl Store {
         let holders = r.count(2)?;
         let mut last: Option<Session> = None;
         for _ in 0..holders {
-            codec::consumed(r);
-            let session = Session::decode(r)?;
-            if last.is_some_and(|l| l >= session) {
-                return Err(DecodeError::Invalid("store lock holders out of order"));
-            }
-            last = Some(session);
+            let session = Session::decode_next(r, &mut last, "store lock holders out of order")?;
             let n = r.count(6)?;
             if n == 0 {
                 return Err(DecodeError::Invalid("store lock holder with no locks"));
