@@ -13,7 +13,9 @@ Sub-parts (STATE_PARTS, default items,locks,paused,wiped):
   peak RSS per node (every 100 ms; with a forked snapshot child, the Pss of both: a child has the
   node as parent; VmHWM at the end), state size (the item bytes of /metrics), data directory
   size at the end and its peak (sampled every second). Beside it the same write through one
-  holdfast node and through a 3-node etcd cluster (JSON gateway `/v3/kv/put`, pipelined).
+  holdfast node and through a 3-node etcd cluster (JSON gateway `/v3/kv/put`, pipelined,
+  through its node 1), with etcd's own probe (a put + a delete of one key on its node 2: two
+  commits in a row, as TRY + REL) and the disk floor beside it.
 - locks: the same with STATE_LOCKS held old-protocol locks (pipelined TRY of distinct names, 200
   at a time per connection, on a few connections to node 1, kept open), beside one holdfast node
   holding the same locks.
@@ -316,12 +318,53 @@ def read_frame(sock, buf):
         buf += chunk
 
 
+def etcd_probe_main(port, stop, conn):
+    """etcd's counterpart of probe_main, in its own process too: a put and a delete of one key
+    (two commits in a row, as TRY + REL are) through the JSON gateway every PROBE_EVERY s."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    key = base64.b64encode(b"state-probe").decode()
+    bodies = [('{"key":"%s","value":"%s"}' % (key, base64.b64encode(b"1").decode())).encode(),
+              ('{"key":"%s"}' % key).encode()]
+    reqs = [b"POST %s HTTP/1.1\r\nHost: etcd\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (path, len(body), body)
+            for path, body in zip((b"/v3/kv/put", b"/v3/kv/deleterange"), bodies)]
+    lat, errors = [], []
+    sock, buf = None, bytearray()
+    next_at = time.monotonic()
+    while not stop.is_set():
+        now = time.monotonic()
+        if now < next_at:
+            time.sleep(next_at - now)
+        next_at = max(next_at + PROBE_EVERY, time.monotonic())
+        try:
+            if sock is None:
+                sock = socket.create_connection(("127.0.0.1", port), timeout=PROBE_TIMEOUT)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                buf = bytearray()
+            sent = time.monotonic()
+            for req in reqs:
+                sock.sendall(req)
+                http_response(sock, buf)
+            lat.append(time.monotonic() - sent)
+        except OSError as e:
+            errors.append(f"{time.monotonic():.3f} {e}")
+            if sock is not None:
+                sock.close()
+                sock = None
+            stop.wait(0.05)
+    if sock is not None:
+        sock.close()
+    conn.send((lat, errors))
+    conn.close()
+
+
 class Probe:
-    def __init__(self, port):
+    def __init__(self, port, main=probe_main):
         ctx = multiprocessing.get_context("fork")
         self.stop = ctx.Event()
         self.recv, send = ctx.Pipe(duplex=False)
-        self.proc = ctx.Process(target=probe_main, args=(port, self.stop, send), daemon=True)
+        self.proc = ctx.Process(target=main, args=(port, self.stop, send), daemon=True)
         self.proc.start()
         send.close()
 
@@ -807,10 +850,10 @@ def monitored(hf, port, body):
     return out, mon, lat, errors
 
 
-def disk_floor_line(mon):
-    f = probe_figures(mon.disk_floor)
+def disk_floor_line(lat, what="the fill"):
+    f = probe_figures(lat)
     print()
-    print(f"Disk floor beside the fill (a 4 KiB append + fdatasync every "
+    print(f"Disk floor beside {what} (a 4 KiB append + fdatasync every "
           f"{PROBE_EVERY * 1000:.0f} ms in the data directories' filesystem; a grant needs a "
           f"sync on two nodes, the probe two grants in a row): n {f['n']:,}, p50 "
           f"{ms_fmt(f['p50'])} ms, p99 {ms_fmt(f['p99'])} ms, max {ms_fmt(f['max'])} ms.")
@@ -927,9 +970,16 @@ def items_etcd(procs, base):
     etcd.start_all()
     try:
         etcd.wait_serving()
-        log("state/items: the same through a 3-node etcd cluster")
-        took = etcd_put_all(list(etcd.client.values()), STATE_BYTES // VALUE_SIZE,
-                            time.monotonic() + FILL_DEADLINE)
+        log("state/items: the same through a 3-node etcd cluster; probe on its node 2")
+        probe = Probe(etcd.client[etcd.ids[1]], etcd_probe_main)
+        floor = DiskFloor(base)
+        floor.start()
+        try:
+            took = etcd_put_all([etcd.client[etcd.ids[0]]], STATE_BYTES // VALUE_SIZE,
+                                time.monotonic() + FILL_DEADLINE)
+        finally:
+            lat, errors = probe.finish()
+            floor_lat = floor.finish()
         rss = [proc_status_kib(etcd.pid(i), "VmRSS") for i in etcd.ids]
         du = [disk_bytes(etcd.dirs[i]) for i in etcd.ids]
         version = etcd.version()
@@ -937,7 +987,7 @@ def items_etcd(procs, base):
         procs.stop([f"etcd-{i}" for i in etcd.ids])
         for i in etcd.ids:
             shutil_rmtree(etcd.dirs[i])
-    return took, rss, du, version
+    return took, rss, du, version, (lat, errors), floor_lat
 
 
 def shutil_rmtree(path):
@@ -977,10 +1027,13 @@ def print_items(r, single, etcd):
         print(f"| one holdfast node | {took:.1f} | {mbps(n, took)} | - | - | - | - | - | - | - "
               f"| - | RSS {mib(None if rss is None else rss * 1024)} |")
     if etcd is not None:
-        took, rss, du, version = etcd
-        print(f"| 3-node etcd cluster ({version}; JSON gateway /v3/kv/put, "
-              f"{ETCD_CONNECTIONS} connections x {ETCD_WINDOW}-{2 * ETCD_WINDOW} in flight) "
-              f"| {took:.1f} | {mbps(n, took)} | - | - | - | - | - | - | - | - "
+        took, rss, du, version, (elat, eerrors), _ = etcd
+        ep = probe_figures(elat)
+        print(f"| 3-node etcd cluster ({version}; JSON gateway /v3/kv/put through node 1, "
+              f"{ETCD_CONNECTIONS} connections x {ETCD_WINDOW}-{2 * ETCD_WINDOW} in flight; "
+              f"probe: a put + a delete on node 2) "
+              f"| {took:.1f} | {mbps(n, took)} | - | {ep['n']:,} | {ms_fmt(ep['p50'])} "
+              f"| {ms_fmt(ep['p99'])} | {ms_fmt(ep['max'])} | {len(eerrors)} | - | - "
               f"| RSS {'/'.join(mib(None if x is None else x * 1024) for x in rss)}, "
               f"data dir {'/'.join(mib(x) for x in du)} |")
     if r["incomplete"]:
@@ -988,7 +1041,9 @@ def print_items(r, single, etcd):
         print(f"**INCOMPLETE**: the cluster reached {mib(r['state'])} MiB of items of "
               f"{mib(r['count'] * VALUE_SIZE)} in {r['took']:.0f} s, then: {r['incomplete']} "
               f"(its MB/s is of what it reached)")
-    disk_floor_line(mon)
+    disk_floor_line(mon.disk_floor)
+    if etcd is not None:
+        disk_floor_line(etcd[5], "etcd's fill")
     node_table(mon, r["state"])
     goals(mon, probe, r["errors"], r["state"], "the state (item bytes)")
     print(f"- writer reconnects: {r['reconnects']}; evictions: {r['evictions']}")
@@ -1072,7 +1127,7 @@ def print_locks(r):
     if r["incomplete"]:
         print()
         print(f"**INCOMPLETE**: {r['incomplete']} (locks/s is of the locks held at the end)")
-    disk_floor_line(mon)
+    disk_floor_line(mon.disk_floor)
     node_table(mon)
     goals(mon, probe, r["errors"], single_rss, "one node's RSS with the same locks")
     print_load(mon)
