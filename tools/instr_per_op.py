@@ -13,8 +13,11 @@ workloads: mc-binary-lock (Lock+Unlock), mc-text-lock, lockd-acq (ACQ+REL), dloc
 With HOLDFAST_TLS_CERT, HOLDFAST_TLS_KEY and HOLDFAST_TLS_CA set, the daemon serves TLS
 (--tls-cert/--tls-key) and the client speaks TLS: the count then includes the handshakes (the
 handshakes are part of the load run: keep REQUESTS large against CONNS).
+
+With INSTR_KEEP set, the callgrind outputs are kept (their folder is printed) for
+callgrind_annotate; otherwise they are removed.
 """
-import os, re, signal, socket, ssl, struct, subprocess, sys, tempfile, time
+import os, re, shutil, signal, socket, ssl, struct, subprocess, sys, tempfile, time
 
 TLS = (os.environ.get("HOLDFAST_TLS_CERT"), os.environ.get("HOLDFAST_TLS_KEY"),
        os.environ.get("HOLDFAST_TLS_CA"))
@@ -120,6 +123,10 @@ def main():
     total = stop(p, f"{d}/load")
     print(f"instr_per_op workload={workload} requests={done} conns={conns} depth={depth} "
           f"baseline_Ir={base} load_Ir={total} per_request={(total - base) / done:.0f}")
+    if os.environ.get("INSTR_KEEP"):
+        print(f"callgrind outputs kept in {d} (callgrind_annotate {d}/load)")
+    else:
+        shutil.rmtree(d, ignore_errors=True)
 
 if __name__ == "__main__":
     main()

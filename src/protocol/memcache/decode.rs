@@ -260,6 +260,7 @@ fn exptime(b: &[u8], at: usize) -> i64 {
 
 /// A binary request as a [`McCmd`], or the status it is refused with (its shape is wrong, or
 /// the opcode is unknown here). Call only once the request has the shape [`SHAPES`] demands.
+#[inline]
 fn binary_command(r: &binary::Request<'_>, yrmcds: bool, a: &mut Arena) -> Result<McCmd, u16> {
     use binary::opcode as o;
     use binary::status as st;
