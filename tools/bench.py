@@ -13,6 +13,8 @@ Environment (all optional):
   BENCH_CONNECTIONS      client connections (default 50)
   BENCH_CLIENT_THREADS   holdfast-bench threads (default 1)
   BENCH_HOLDFAST_THREADS holdfast --threads (default: holdfast's own default, i.e. default flags)
+  BENCH_HOLDFAST         the holdfast binary (default: target/release/holdfast), to set one build's
+                         ratios beside another's
   BENCH_ROWS             comma-separated row ids to run (default: all; see ROWS)
   BENCH_TLS              0 skips the TLS rows (holdfast and memcached -Z over TLS, each against its
                          own plaintext listener, and new TLS connections per second)
@@ -34,7 +36,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGET = os.path.join(ROOT, "target", "release")
-HOLDFAST = os.path.join(TARGET, "holdfast")
+HOLDFAST = os.environ.get("BENCH_HOLDFAST") or os.path.join(TARGET, "holdfast")
 BENCH = os.path.join(TARGET, "holdfast-bench")
 
 SECONDS = float(os.environ.get("BENCH_SECONDS", "5"))
