@@ -360,11 +360,13 @@ def etcd_probe_main(port, stop, conn):
 
 
 class Probe:
-    def __init__(self, port, main=probe_main):
+    """A probe in a process of its own: main(target, stop, conn) sends (latencies, errors)."""
+
+    def __init__(self, target, main=probe_main):
         ctx = multiprocessing.get_context("fork")
         self.stop = ctx.Event()
         self.recv, send = ctx.Pipe(duplex=False)
-        self.proc = ctx.Process(target=main, args=(port, self.stop, send), daemon=True)
+        self.proc = ctx.Process(target=main, args=(target, self.stop, send), daemon=True)
         self.proc.start()
         send.close()
 
@@ -802,50 +804,41 @@ def ms_fmt(v):
     return "-" if v is None else f"{v:,.1f}"
 
 
-class DiskFloor(threading.Thread):
-    """The disk's own latency beside a fill: one 4 KiB append + fdatasync every PROBE_EVERY s
-    to a file in the data directories' filesystem. A commit needs a sync on two of the three
-    nodes and the probe waits for two commits in a row, so the probe's p99 cannot be much
-    below this one's."""
-
-    def __init__(self, directory):
-        super().__init__(daemon=True)
-        self.path = os.path.join(directory, "disk-floor")
-        self.stop = threading.Event()
-        self.lat = []
-
-    def run(self):
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            block = b"\0" * 4096
-            while not self.stop.wait(PROBE_EVERY):
-                os.write(fd, block)
-                t = time.monotonic()
-                os.fdatasync(fd)
-                self.lat.append(time.monotonic() - t)
-        finally:
-            os.close(fd)
-            os.unlink(self.path)
-
-    def finish(self):
-        self.stop.set()
-        self.join()
-        return sorted(self.lat)
+def disk_floor_main(directory, stop, conn):
+    """The disk's own latency beside a fill, in a process of its own (no other thread of the
+    bench delays it): one 4 KiB append + fdatasync every PROBE_EVERY s to a file in the data
+    directories' filesystem. A grant needs a sync on two of the three nodes and the probe waits
+    for two grants in a row, so the probe's p99 cannot be much below this one's."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    path = os.path.join(directory, "disk-floor")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    lat, block = [], b"\0" * 4096
+    try:
+        while not stop.wait(PROBE_EVERY):
+            os.write(fd, block)
+            t = time.monotonic()
+            os.fdatasync(fd)
+            lat.append(time.monotonic() - t)
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    conn.send((lat, []))
+    conn.close()
 
 
 def monitored(hf, port, body):
-    """Run body() with a Monitor on the cluster, a probe on `port` and a DiskFloor beside
+    """Run body() with a Monitor on the cluster, a probe on `port` and the disk floor beside
     them; (body's result, monitor, probe latencies, probe errors). The disk floor's sorted
     latencies are left in monitor.disk_floor."""
     mon = Monitor(hf)
     probe = Probe(port)
-    floor = DiskFloor(bench_data_dir(hf))
-    floor.start()
+    floor = Probe(bench_data_dir(hf), disk_floor_main)
     try:
         out = body()
     finally:
         lat, errors = probe.finish()
-        mon.disk_floor = floor.finish()
+        mon.disk_floor = floor.finish()[0]
         mon.finish()
     return out, mon, lat, errors
 
@@ -972,14 +965,13 @@ def items_etcd(procs, base):
         etcd.wait_serving()
         log("state/items: the same through a 3-node etcd cluster; probe on its node 2")
         probe = Probe(etcd.client[etcd.ids[1]], etcd_probe_main)
-        floor = DiskFloor(base)
-        floor.start()
+        floor = Probe(base, disk_floor_main)
         try:
             took = etcd_put_all([etcd.client[etcd.ids[0]]], STATE_BYTES // VALUE_SIZE,
                                 time.monotonic() + FILL_DEADLINE)
         finally:
             lat, errors = probe.finish()
-            floor_lat = floor.finish()
+            floor_lat = floor.finish()[0]
         rss = [proc_status_kib(etcd.pid(i), "VmRSS") for i in etcd.ids]
         du = [disk_bytes(etcd.dirs[i]) for i in etcd.ids]
         version = etcd.version()
