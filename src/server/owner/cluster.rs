@@ -108,16 +108,21 @@ const MAX_QUEUED_BATCHES: usize = 4096;
 /// The bytes of one entry: batches are gathered until they reach this, and a batch larger than
 /// it alone is split (at least one request per entry: one with a value of `--max-item-size`
 /// is larger). A peer frame holds an append of entries up to 1 MiB or one entry, so no frame
-/// is larger than a few MiB.
-pub const MAX_ENTRY_BYTES: usize = 256 << 10;
-/// Bytes of this node's proposals in flight at most (with [`MAX_INFLIGHT_PROPOSALS`]), and of
-/// batches queued for proposal before the owner stops taking more from the workers: a request
-/// that reaches the owner waits behind at most these of other clients' bytes here, and one
-/// from another node behind at most the first in the leader's log. The log commits what is
-/// in flight in a few milliseconds (a sync and a round trip), so half a mebibyte keeps a bulk
-/// writer's throughput (60-70 MB/s through three nodes on two cores, as with 1 MiB or 8 MiB)
-/// while a lock request waits behind about 10 ms of it.
-const MAX_INFLIGHT_BYTES: usize = 512 << 10;
+/// is larger than a few MiB. Two of them fill [`MAX_INFLIGHT_BYTES`], so one commits while the
+/// next is on its way.
+pub const MAX_ENTRY_BYTES: usize = 96 << 10;
+/// Bytes of this node's proposals in flight at most (with [`MAX_INFLIGHT_PROPOSALS`]): a
+/// request from another node waits behind at most these of this node's bytes in the leader's
+/// log, and one of this node behind these and the batches queued before it (at most
+/// [`MAX_QUEUED_BYTES`]). A bulk writer's throughput is
+/// about this window over the time a sync and a round trip take, and a lock request waits
+/// behind about that time. Measured on two cores with a 1 GiB fill through one node of three
+/// and a TRY + REL probe on another (`make bench-cluster-state`): 512 KiB gave 53-54 MB/s and
+/// a probe p50 of 12-16 ms; 192 KiB gives 45 MB/s and a p50 of 6.5 ms (128 KiB: 41-49 MB/s,
+/// 5-9 ms).
+const MAX_INFLIGHT_BYTES: usize = 192 << 10;
+/// Bytes of batches queued for proposal at which the owner stops taking more from the workers
+/// (they wait in the channel, and the workers stop reading at their own caps).
 const MAX_QUEUED_BYTES: usize = 2 << 20;
 /// The largest entry this node proposes: [`MAX_ENTRY_BYTES`] of requests and one more, whose
 /// value is at most `max_item_size` (with its key and the op's fields).
