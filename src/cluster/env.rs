@@ -118,6 +118,8 @@ pub trait PeerLink {
     fn try_event(&self) -> Option<PeerEvent>;
     fn set_peers(&mut self, peers: &BTreeMap<u64, SocketAddr>) -> io::Result<()>;
     fn set_removed(&mut self, removed: &BTreeSet<u64>);
+    /// When each peer's latest frame arrived (raft traffic or a keepalive).
+    fn heard(&self) -> BTreeMap<u64, Instant>;
 }
 
 /// The node's monotonic clock.
@@ -276,6 +278,10 @@ impl PeerLink for Transport {
 
     fn set_removed(&mut self, removed: &BTreeSet<u64>) {
         Transport::set_removed(self, removed)
+    }
+
+    fn heard(&self) -> BTreeMap<u64, Instant> {
+        Transport::heard(self)
     }
 }
 

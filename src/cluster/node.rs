@@ -456,11 +456,6 @@ impl RaftNode {
         self.transport.tls()
     }
 
-    /// When each peer's latest frame arrived (raft traffic or a keepalive).
-    pub fn heard(&self) -> BTreeMap<u64, Instant> {
-        self.transport.heard()
-    }
-
     /// Peer messages for [`RaftNode::step`] (to `select!` on).
     pub fn inbound(&self) -> &Receiver<Message> {
         self.transport.inbound()
@@ -482,6 +477,11 @@ impl RaftNode {
 }
 
 impl<S: LogStore, T: PeerLink, C: Clock> RaftNode<S, T, C> {
+    /// When each peer's latest frame arrived (raft traffic or a keepalive).
+    pub fn heard(&self) -> BTreeMap<u64, Instant> {
+        self.transport.heard()
+    }
+
     /// A node over `parts`: the machine is already restored from the snapshot at
     /// `parts.applied`, and the storage holds the log after it.
     pub fn assemble(parts: Parts<S, T, C>, now: Instant) -> Result<Self, String> {

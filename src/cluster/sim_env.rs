@@ -120,6 +120,8 @@ pub struct Io {
     pub adopted: u64,
     pub superseded: u64,
     next_job: u64,
+    /// When the node's transport last had a frame from each peer (its own clock).
+    pub heard: BTreeMap<u64, Instant>,
 }
 
 pub struct RestoreJob {
@@ -153,6 +155,7 @@ impl Io {
             adopted: 0,
             superseded: 0,
             next_job: 0,
+            heard: BTreeMap::new(),
         }
     }
 
@@ -177,6 +180,7 @@ impl Io {
         self.tmp.clear();
         self.restores_started.clear();
         self.installed.clear();
+        self.heard.clear();
     }
 
     fn job_id(&mut self) -> u64 {
@@ -496,6 +500,10 @@ impl PeerLink for SimLink {
     }
 
     fn set_removed(&mut self, _removed: &BTreeSet<u64>) {}
+
+    fn heard(&self) -> BTreeMap<u64, Instant> {
+        self.io.borrow().heard.clone()
+    }
 }
 
 /// The node's clock, set by the simulator.

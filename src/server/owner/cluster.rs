@@ -72,8 +72,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use crossbeam_channel::{select, Receiver, Sender};
 use mio::Waker;
 
-use super::{apply_op, apply_turn, clock, command, exec_admin, Outbox, Pools, Tables};
+use super::Wake;
+use super::{apply_op, apply_turn, clock, clock_at, command, exec_admin, Outbox, Pools, Tables};
 use crate::admin::data::{Answer, ClusterMetrics, Histogram, Query, CLUSTER_BOUNDS};
+use crate::cluster::env::{Clock, LogStore, PeerLink};
 use crate::cluster::liveness::{Fence, Liveness, Micros};
 use crate::cluster::node::{
     conf_members, Machine, Membership, NodeConfig, RaftNode, StartError, TICKS_PER_ELECTION,
@@ -611,33 +613,86 @@ fn batch_bytes(b: &Batch) -> usize {
     b.arena.bytes.len() + b.ops.len() * OP_OVERHEAD
 }
 
+/// What the owner's cluster loop drives as the node's replicated state: [`Replicated`] itself
+/// in the daemon; the simulator's machine wraps one and records what each entry did.
+pub trait OwnerState: Machine {
+    fn replicated(&self) -> &Replicated;
+    fn replicated_mut(&mut self) -> &mut Replicated;
+}
+
+impl OwnerState for Replicated {
+    #[inline]
+    fn replicated(&self) -> &Replicated {
+        self
+    }
+
+    #[inline]
+    fn replicated_mut(&mut self) -> &mut Replicated {
+        self
+    }
+}
+
+/// Deliberate bugs the simulator switches on to show that its checks catch them; all off in
+/// the daemon (nothing else sets them).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Mutations {
+    /// Forget the requests of this node's proposals that came in a leader's snapshot it
+    /// installed, instead of answering them "no quorum".
+    pub forget_installed_requests: bool,
+    /// A new leader expires nodes a session timeout after it last heard from them, without
+    /// waiting a session timeout from its own election.
+    pub leader_does_not_wait: bool,
+}
+
+/// The daemon's owner thread in cluster mode: [`OwnerCore`] over the daemon's node and state,
+/// fed by the workers' channel, the peers' messages and events and the sync thread's answers.
 pub struct ClusterOwner {
-    shared: Arc<Shared>,
     rx: Receiver<ToOwner>,
-    workers: Vec<(Sender<Replies>, Arc<Waker>)>,
-    pools: Vec<Pools>,
-    state: Replicated,
+    core: OwnerCore,
     node: RaftNode,
+    state: Replicated,
+}
+
+/// The owner's cluster loop without its thread: every input is a call with the time passed
+/// in (`now`, on the node's monotonic clock; the state machine's clock is derived from it as
+/// the workers' is), and it reads no clock itself. Generic over the node's environment
+/// (`RaftNode<S, T, C>`), the replicated state ([`OwnerState`]) and how a worker is woken
+/// ([`Wake`]): the daemon runs it in [`ClusterOwner::run`], the simulator (`cluster::sim`'s
+/// liveness mode) over its in-memory environment.
+pub struct OwnerCore<K: Wake = Arc<Waker>> {
+    shared: Arc<Shared>,
+    workers: Vec<(Sender<Replies>, K)>,
+    pools: Vec<Pools>,
     incarnation: u64,
     seq: u64,
     queued: VecDeque<Queued>,
     /// [`batch_bytes`] of the queued batches.
     queued_bytes: usize,
     inflight: VecDeque<InFlight>,
-    /// The leader the last [`ClusterOwner::propose`] saw.
+    /// The leader the last [`OwnerCore::propose`] saw.
     leader_seen: u64,
+    /// Whether this node led at the end of the last round.
+    was_leader: bool,
     election: Duration,
     /// Who is reachable, fencing, expiries (`cluster::liveness`).
-    liveness: Liveness,
+    pub liveness: Liveness,
     /// The Great Poncio (`--on-quorum-loss`).
     on_quorum_loss: Option<String>,
-    peers: BTreeMap<u64, std::net::SocketAddr>,
     /// Connections whose requests were answered "no quorum" (and which close after that):
     /// their later requests get the same answer, replies the log makes for them are dropped,
     /// until their close comes through.
     poisoned: HashSet<ConnId>,
     /// What `/metrics` shows beyond raft's state, and what the operator's log lines need.
     watch: Watch,
+    /// Off but in the simulator.
+    pub mutations: Mutations,
+}
+
+/// What a round of the loop left the node: running, or stopped (it applied its own removal).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Running,
+    Removed,
 }
 
 /// A cluster node's counters and the last state its log lines and counters compared against.
@@ -731,67 +786,31 @@ impl ClusterOwner {
             node.peer_addr(),
             cfg.data_dir.display()
         );
-        let mut liveness = Liveness::new(
-            me,
-            cfg.peers.keys().copied().collect(),
-            cfg.session_timeout_ms * 1_000,
-            cfg.election_timeout_ms * 1_000,
-            micros(&shared, Instant::now()),
-        );
-        publish_write_deadline(&shared, liveness.write_deadline());
-        let cs = node.conf_state();
-        liveness.voters = cs.voters;
-        liveness.outgoing = cs.voters_outgoing;
-        let mut peers = node.peers();
-        peers.insert(me, node.peer_addr());
-        Ok(ClusterOwner {
-            pools: workers.iter().map(|_| Pools::default()).collect(),
+        let core = OwnerCore::new(
             shared,
-            rx,
             workers,
-            state,
-            node,
+            &node,
             incarnation,
-            seq: 0,
-            // The first proposal, empty, announces this run (ending the sessions of the last).
-            queued: VecDeque::from([Queued {
-                batch: Batch::default(),
-                waiting_since: None,
-            }]),
-            queued_bytes: 0,
-            inflight: VecDeque::new(),
-            leader_seen: 0,
-            election: Duration::from_millis(cfg.election_timeout_ms),
-            liveness,
-            on_quorum_loss: cfg.on_quorum_loss.clone(),
-            peers,
-            poisoned: HashSet::new(),
-            watch: Watch {
-                proposal_apply: Histogram::default(),
-                quorum_losses: 0,
-                fences: 0,
-                leader_changes: 0,
-                no_quorum_answers: 0,
-                leader: (0, 0),
-                quorum: None,
-                quorum_lost_at: None,
-                // The first look after an election timeout: peers started together need that
-                // long to be heard from at all.
-                next_look: Instant::now() + Duration::from_millis(cfg.election_timeout_ms),
-                quorum_log: crate::log::Limiter::default(),
-                leader_log: crate::log::Limiter::default(),
-            },
+            cfg.session_timeout_ms * 1_000,
+            Duration::from_millis(cfg.election_timeout_ms),
+            cfg.on_quorum_loss.clone(),
+            Instant::now(),
+        );
+        Ok(ClusterOwner {
+            rx,
+            core,
+            node,
+            state,
         })
     }
 
     pub fn run(mut self) {
-        let mut was_leader = false;
         loop {
-            let wait = self.wait();
+            let wait = self.core.wait(&self.node, Instant::now());
             let inbound = self.node.inbound().clone();
             let events = self.node.events().clone();
             let synced = self.node.synced().clone();
-            let take_more = self.take_more();
+            let take_more = self.core.take_more();
             let never = crossbeam_channel::never();
             let rx = if take_more { &self.rx } else { &never };
             select! {
@@ -799,7 +818,9 @@ impl ClusterOwner {
                     Ok(msg) => if !self.take(msg, Instant::now()) { return },
                     Err(_) => return,
                 },
-                recv(inbound) -> m => if let Ok(m) = m { self.step(m) },
+                recv(inbound) -> m => if let Ok(m) = m {
+                    self.core.step(&mut self.node, &mut self.state, m, Instant::now())
+                },
                 recv(events) -> ev => if let Ok(ev) = ev { self.node.peer_event(ev, Instant::now()) },
                 recv(synced) -> done => {
                     let done = done.unwrap_or_else(|_| Err("the sync thread has stopped".into()));
@@ -809,7 +830,7 @@ impl ClusterOwner {
                 }
                 default(wait) => {}
             }
-            while self.take_more() {
+            while self.core.take_more() {
                 match self.rx.try_recv() {
                     Ok(msg) => {
                         if !self.take(msg, Instant::now()) {
@@ -820,56 +841,28 @@ impl ClusterOwner {
                 }
             }
             while let Ok(m) = inbound.try_recv() {
-                self.step(m);
+                self.core
+                    .step(&mut self.node, &mut self.state, m, Instant::now());
             }
-            if let Err(e) = self.node.tick(Instant::now()) {
-                self.storage_failed(&e);
-            }
-            self.propose(Instant::now());
-            if let Err(e) = self.ready() {
-                self.storage_failed(&e);
-            }
-            if self.node.take_conf_changed() {
-                self.conf_changed();
-            }
-            let mut applied_at = None;
-            while let Some(f) = self.inflight.front() {
-                if self.state.mine_applied < f.seq {
-                    break;
+            match self
+                .core
+                .round(&mut self.node, &mut self.state, Instant::now())
+            {
+                Ok(Outcome::Running) => {}
+                Ok(Outcome::Removed) => {
+                    // Its clients' connections close with the process; the cluster has expired
+                    // or will expire their sessions. Exit 0: a service manager must not start it
+                    // again as is.
+                    crate::log_warn!(
+                        "cluster node {} was removed from the cluster: stopping (to serve again \
+                         it must be added under a new id, with an empty data directory and \
+                         --join)",
+                        self.node.id()
+                    );
+                    std::process::exit(0);
                 }
-                let mut f = self.inflight.pop_front().expect("checked");
-                if f.seq <= self.state.installed_through && f.waiting_since.is_some() {
-                    // Applied in a leader's snapshot installed here, so its replies were never
-                    // made: its requests get the no-quorum answer (applied once, nothing more
-                    // to learn), or their clients would wait for good.
-                    for b in &mut f.batches {
-                        let n = refuse_requests(&mut self.poisoned, &mut self.state.outbox, b);
-                        self.watch.no_quorum_answers += n as u64;
-                    }
-                }
-                // One clock read per round that applied any of this node's proposals.
-                let at = *applied_at.get_or_insert_with(Instant::now);
-                let ns = at.saturating_duration_since(f.proposed).as_nanos();
-                let ns = u64::try_from(ns).unwrap_or(u64::MAX);
-                self.watch.proposal_apply.observe_in(&CLUSTER_BOUNDS, ns, 1);
-                self.recycle(f.batches);
+                Err(e) => self.storage_failed(&e),
             }
-            self.watch();
-            self.look();
-            let leader = self.node.is_leader();
-            if leader && !was_leader {
-                self.announce_leadership();
-            }
-            if leader != was_leader {
-                crate::log_info!(
-                    "cluster node {}: {} in term {}",
-                    self.node.id(),
-                    if leader { "leader" } else { "follower" },
-                    self.node.term()
-                );
-                was_leader = leader;
-            }
-            self.send_replies();
         }
     }
 
@@ -881,121 +874,50 @@ impl ClusterOwner {
         std::process::exit(EXIT_STORAGE_FAILED);
     }
 
-    /// This node has just been elected: restart every running lease and orphan window with
-    /// its remaining time plus an election timeout (the old leader's clock and this one's may
-    /// differ, and the time the election took must not eat into anybody's lease).
-    fn announce_leadership(&mut self) {
-        let mut data = Vec::with_capacity(LEADER_LEN);
-        data.push(KIND_LEADER);
-        let time = clock(&self.shared).ms.max(self.state.clock_ms());
-        let extend = self.election.as_millis() as u64;
-        for v in [self.node.term(), self.node.id(), extend, time] {
-            data.extend_from_slice(&v.to_le_bytes());
-        }
-        if !self.node.propose(data) {
-            crate::log_warn!("cluster: a new leader's lease extension was not proposed");
-        }
-    }
-
-    fn step(&mut self, m: raft::prelude::Message) {
-        // Messages that waited while this process was stopped must not hide that it was cut
-        // off meanwhile: look first, then count them.
-        let now = micros(&self.shared, Instant::now());
-        self.fence_check(now);
-        self.liveness.heard(m.from, now);
-        self.node.step(m);
-    }
-
-    /// After each round: as leader, expire the sessions of nodes unheard from for the session
-    /// timeout; on every node, fence or unfence on losing or regaining contact with a quorum.
-    fn watch(&mut self) {
-        let now = micros(&self.shared, Instant::now());
-        self.node.probe_quorum(now);
-        if let Some(deadline) = self.liveness.confirmed(self.node.quorum_confirmed()) {
-            publish_write_deadline(&self.shared, deadline);
-        }
-        let state = &self.state;
-        let due = self.liveness.expiries(self.node.is_leader(), now, |p| {
-            state.has_sessions_of(p as u16)
-        });
-        for e in due {
-            let mut data = Vec::with_capacity(EXPIRE_LEN);
-            let time = clock(&self.shared).ms.max(self.state.clock_ms());
-            Replicated::encode_expire(e.node, time, &mut data);
-            let sessions = self
-                .state
-                .tables
-                .sessions
-                .conns_of_node(e.node as u16)
-                .len();
-            if self.node.propose(data) {
-                crate::log_warn!(
-                    "cluster: node {} unheard from for {} ms: expiring its {sessions} sessions",
-                    e.node,
-                    e.unheard_us / 1_000
-                );
+    /// One message from the workers or the admin port, received at `now`; false on shutdown.
+    fn take(&mut self, msg: ToOwner, now: Instant) -> bool {
+        match msg {
+            ToOwner::Shutdown => return false,
+            ToOwner::Batch(b) => self.core.admit(&mut self.state, b, now),
+            ToOwner::Admin(crate::admin::data::Query::Cluster, reply) => {
+                let _ = reply.send(crate::admin::data::Answer::Cluster(Some(self.status())));
             }
-        }
-        self.fence_check(now);
-    }
-
-    /// Fence this node on losing contact with a quorum, unfence it on regaining it.
-    fn fence_check(&mut self, now: Micros) {
-        let Some(fence) = self.liveness.fence_check(now) else {
-            return;
-        };
-        let me = self.liveness.me;
-        let event = match fence {
-            Fence::Lost { for_us } => {
-                self.watch.fences += 1;
-                let conns = self.state.tables.sessions.conns_of_node(me as u16);
-                crate::log_warn!(
-                    "cluster: fenced: no quorum contact for {} ms: closing this node's {} client \
-                     connections",
-                    for_us / 1_000,
-                    conns.len()
-                );
-                for conn in conns {
-                    self.state.outbox.abort(conn);
+            ToOwner::Admin(crate::admin::data::Query::ClusterChange(change), reply) => {
+                let answer = self.change_membership(change);
+                let _ = reply.send(crate::admin::data::Answer::ClusterChange(answer));
+            }
+            ToOwner::Admin(Query::Ping, reply) => {
+                let answer = match self.health(now) {
+                    Ok(()) => Answer::Pong,
+                    Err(why) => Answer::Unhealthy(why),
+                };
+                let _ = reply.send(answer);
+            }
+            ToOwner::Admin(query, reply) => {
+                let shared = &self.core.shared;
+                let now = Now::from_unix_ms(self.state.clock_ms().max(clock(shared).ms));
+                let mut answer = exec_admin::answer(&self.state.tables, shared, now, query);
+                if let Answer::Metrics(s) | Answer::Status(s, _) = &mut answer {
+                    s.cluster = Some(Box::new(self.metrics()));
                 }
-                "quorum-lost"
+                let _ = reply.send(answer);
             }
-            Fence::Regained => {
-                crate::log_info!("cluster: unfenced: a leader confirmed quorum contact again");
-                "quorum-regained"
-            }
-        };
-        if let Some(program) = self.on_quorum_loss.clone() {
-            let role = self.node.role_name().to_string();
-            let mut ids = self.reachable(Instant::now(), self.election);
-            ids.push(me);
-            ids.sort_unstable();
-            let reachable: Vec<String> = ids.iter().map(u64::to_string).collect();
-            poncio(program, me, event, role, reachable.join(","));
         }
+        true
     }
 
-    /// How long to wait for a message: until the next tick, a retry, a no-quorum answer, or a
-    /// due timer.
-    fn wait(&self) -> Duration {
-        let now = Instant::now();
-        let mut until = self.node.next_tick();
-        if let Some(f) = self.inflight.front() {
-            until = until.min(f.tried + self.retry_after(f.sent));
-        }
-        if let Some(at) = self.give_up_at() {
-            until = until.min(at);
-        }
-        if !self.queued.is_empty() && self.room_in_flight() {
-            until = now;
-        }
-        until.saturating_duration_since(now)
+    /// Every member's peer address, this node's too.
+    fn peers(&self) -> BTreeMap<u64, std::net::SocketAddr> {
+        let mut peers = self.node.peers();
+        peers.insert(self.node.id(), self.node.peer_addr());
+        peers
     }
 
     fn status(&self) -> crate::admin::data::ClusterStatus {
         let now = Instant::now();
-        let l = &self.liveness;
+        let l = &self.core.liveness;
         let heard = self.node.heard();
+        let election = self.core.election;
         crate::admin::data::ClusterStatus {
             node: l.me,
             role: self.node.role_name().to_string(),
@@ -1005,7 +927,7 @@ impl ClusterOwner {
             log_time_ms: self.state.clock_ms(),
             fenced: l.fenced,
             peers: self
-                .peers
+                .peers()
                 .iter()
                 .map(|(&id, addr)| {
                     let ago = heard
@@ -1015,7 +937,7 @@ impl ClusterOwner {
                 })
                 .collect(),
             commit: self.node.commit_index(),
-            reachable: self.reachable(now, self.election),
+            reachable: self.core.reachable(&self.node, now, election),
             health: self.health(now),
             voters: sorted(&l.voters),
             voters_outgoing: sorted(&l.outgoing),
@@ -1028,38 +950,12 @@ impl ClusterOwner {
         }
     }
 
-    /// The other members heard from (any frame) within `within` of `now`, in id order.
-    fn reachable(&self, now: Instant, within: Duration) -> Vec<u64> {
-        let me = self.liveness.me;
-        self.node
-            .heard()
-            .into_iter()
-            .filter(|&(id, t)| id != me && now.saturating_duration_since(t) <= within)
-            .map(|(id, _)| id)
-            .collect()
-    }
-
-    /// Whether this node and the members heard from within `within` make a quorum of the
-    /// voters (of both configurations during a membership change).
-    fn quorum_within(&self, now: Instant, within: Duration) -> bool {
-        let mut reached = self.reachable(now, within);
-        reached.push(self.liveness.me);
-        let majority = |voters: &[u64]| {
-            let n = voters.iter().filter(|v| reached.contains(v)).count();
-            2 * n > voters.len()
-        };
-        let l = &self.liveness;
-        !l.voters.is_empty()
-            && majority(&l.voters)
-            && (l.outgoing.is_empty() || majority(&l.outgoing))
-    }
-
     /// Whether this node can grant locks (`/healthz`, `/cluster`, `/status.json`): it is not
     /// fenced, knows a leader, and has heard from a quorum within the session timeout.
     fn health(&self, now: Instant) -> Result<(), String> {
-        let l = &self.liveness;
+        let l = &self.core.liveness;
         if l.fenced {
-            let cut_off = micros(&self.shared, now).saturating_sub(l.contact);
+            let cut_off = micros(&self.core.shared, now).saturating_sub(l.contact);
             return Err(format!(
                 "fenced: no quorum contact for {} ms",
                 cut_off / 1_000
@@ -1068,7 +964,8 @@ impl ClusterOwner {
         if self.node.leader() == 0 {
             return Err("no leader".into());
         }
-        if !self.quorum_within(now, Duration::from_micros(l.session_timeout)) {
+        let within = Duration::from_micros(l.session_timeout);
+        if !self.core.quorum_within(&self.node, now, within) {
             return Err("no quorum".into());
         }
         Ok(())
@@ -1076,17 +973,18 @@ impl ClusterOwner {
 
     /// `/metrics`' cluster figures.
     fn metrics(&self) -> ClusterMetrics {
+        let w = &self.core.watch;
         ClusterMetrics {
             status: self.status(),
-            proposal_apply: self.watch.proposal_apply.clone(),
+            proposal_apply: w.proposal_apply.clone(),
             log_sync: self.node.log_sync_times(),
             snapshot_bytes: self.node.snapshot_bytes(),
             log_file_bytes: self.node.log_file_bytes(),
             snapshots: self.node.snapshot_stats().clone(),
-            quorum_losses: self.watch.quorum_losses,
-            fences: self.watch.fences,
-            leader_changes: self.watch.leader_changes,
-            no_quorum_answers: self.watch.no_quorum_answers,
+            quorum_losses: w.quorum_losses,
+            fences: w.fences,
+            leader_changes: w.leader_changes,
+            no_quorum_answers: w.no_quorum_answers,
             snapshot_transfer: {
                 use std::sync::atomic::Ordering::Relaxed;
                 let t = self.node.transport_stats();
@@ -1099,101 +997,6 @@ impl ClusterOwner {
                     resumed: t.snapshot_transfers_resumed.load(Relaxed),
                 }
             },
-        }
-    }
-
-    /// After each round: a change of leader, this node's own sessions expired by the cluster,
-    /// and (once per tick) losing or regaining a quorum of reachable voters: counted, and one
-    /// log line each (the repeatable ones rate-limited).
-    fn look(&mut self) {
-        // A new leader, or the same node elected again for a new term: a new leadership.
-        let leader = (self.node.leader(), self.node.term());
-        if leader.0 != 0 && leader != self.watch.leader {
-            self.watch.leader_changes += 1;
-            if let Some(more) = self.watch.leader_log.ready(crate::log::Level::Info) {
-                let was = match self.watch.leader {
-                    (0, _) => String::new(),
-                    (n, t) => format!(", was node {n} in term {t}"),
-                };
-                crate::log_info!(
-                    "cluster: leader is node {} in term {}{was}{}",
-                    leader.0,
-                    leader.1,
-                    unlogged(more, "leader changes")
-                );
-            }
-            self.watch.leader = leader;
-        }
-        if let Some(n) = self.state.own_expiry.take() {
-            crate::log_warn!(
-                "cluster: the cluster expired this node's {n} sessions (it was cut off from the \
-                 leader for the session timeout)"
-            );
-        }
-        let now = Instant::now();
-        if now < self.watch.next_look {
-            return;
-        }
-        self.watch.next_look = now + self.election / TICKS_PER_ELECTION as u32;
-        let ok = self.quorum_within(now, self.election);
-        let was = self.watch.quorum.replace(ok);
-        if was.is_none() || was == Some(ok) {
-            return;
-        }
-        let line = self.watch.quorum_log.ready(crate::log::Level::Info);
-        if ok {
-            let after = self
-                .watch
-                .quorum_lost_at
-                .take()
-                .map_or(0, |t| now.saturating_duration_since(t).as_millis());
-            if let Some(more) = line {
-                crate::log_info!(
-                    "cluster: quorum regained after {after} ms: reachable {:?}{}",
-                    self.reachable(now, self.election),
-                    unlogged(more, "quorum changes")
-                );
-            }
-        } else {
-            self.watch.quorum_losses += 1;
-            self.watch.quorum_lost_at = Some(now);
-            if let Some(more) = line {
-                crate::log_warn!(
-                    "cluster: quorum lost: of the voters {:?}, only {:?} heard from within {} ms{}",
-                    sorted(&self.liveness.voters),
-                    self.reachable(now, self.election),
-                    self.election.as_millis(),
-                    unlogged(more, "quorum changes")
-                );
-            }
-        }
-    }
-
-    /// A membership change applied (or a snapshot installed): the members this node watches
-    /// and shows follow raft's configuration; a node that finds itself removed stops.
-    fn conf_changed(&mut self) {
-        let cs = self.node.conf_state();
-        let me = self.node.id();
-        let l = &mut self.liveness;
-        l.voters = cs.voters.clone();
-        l.outgoing = cs.voters_outgoing.clone();
-        let membership = self.state.membership.clone();
-        for &gone in &membership.removed {
-            if gone != me && self.state.has_sessions_of(gone as u16) {
-                l.departed.insert(gone);
-            }
-        }
-        self.peers = self.node.peers();
-        self.peers.insert(me, self.node.peer_addr());
-        if membership.removed.contains(&me) {
-            // Its clients' connections close with the process; the cluster has expired or will
-            // expire their sessions. Exit 0: a service manager must not start it again as is.
-            crate::log_warn!(
-                "cluster node {me} was removed from the cluster: stopping (to serve again it \
-                 must be added under a new id, with an empty data directory and --join)"
-            );
-            self.send_replies();
-            std::process::exit(0);
         }
     }
 
@@ -1225,7 +1028,7 @@ impl ClusterOwner {
                         format!("node {id} was removed: a node comes back under a new id"),
                     ));
                 }
-                if self.peers.values().any(|a| *a == addr) {
+                if self.peers().values().any(|a| *a == addr) {
                     return Err((409, format!("{addr} is already a member's address")));
                 }
                 single.set_change_type(ConfChangeType::AddNode);
@@ -1253,62 +1056,424 @@ impl ClusterOwner {
         crate::log_info!("cluster: {what} (proposed)");
         Ok(format!("{what}: proposed"))
     }
+}
 
-    fn retry_after(&self, sent: bool) -> Duration {
-        retry_after(self.election, sent)
+impl<K: Wake> OwnerCore<K> {
+    /// The loop of node `node` (started, its state restored) for run `incarnation`, with the
+    /// workers' reply channels `workers`, at `now`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new<S: LogStore, T: PeerLink, C: Clock>(
+        shared: Arc<Shared>,
+        workers: Vec<(Sender<Replies>, K)>,
+        node: &RaftNode<S, T, C>,
+        incarnation: u64,
+        session_timeout: Micros,
+        election: Duration,
+        on_quorum_loss: Option<String>,
+        now: Instant,
+    ) -> OwnerCore<K> {
+        let cs = node.conf_state();
+        let mut liveness = Liveness::new(
+            node.id(),
+            cs.voters,
+            session_timeout,
+            election.as_micros() as Micros,
+            micros(&shared, now),
+        );
+        liveness.outgoing = cs.voters_outgoing;
+        publish_write_deadline(&shared, liveness.write_deadline());
+        OwnerCore {
+            pools: workers.iter().map(|_| Pools::default()).collect(),
+            shared,
+            workers,
+            incarnation,
+            seq: 0,
+            // The first proposal, empty, announces this run (ending the sessions of the last).
+            queued: VecDeque::from([Queued {
+                batch: Batch::default(),
+                waiting_since: None,
+            }]),
+            queued_bytes: 0,
+            inflight: VecDeque::new(),
+            leader_seen: 0,
+            was_leader: false,
+            election,
+            liveness,
+            on_quorum_loss,
+            poisoned: HashSet::new(),
+            watch: Watch {
+                proposal_apply: Histogram::default(),
+                quorum_losses: 0,
+                fences: 0,
+                leader_changes: 0,
+                no_quorum_answers: 0,
+                leader: (0, 0),
+                quorum: None,
+                quorum_lost_at: None,
+                // The first look after an election timeout: peers started together need that
+                // long to be heard from at all.
+                next_look: now + election,
+                quorum_log: crate::log::Limiter::default(),
+                leader_log: crate::log::Limiter::default(),
+            },
+            mutations: Mutations::default(),
+        }
     }
 
-    /// One message from the workers or the admin port, received at `now`; false on shutdown.
-    fn take(&mut self, msg: ToOwner, now: Instant) -> bool {
-        match msg {
-            ToOwner::Shutdown => return false,
-            ToOwner::Batch(b) => self.admit(b, now),
-            ToOwner::Admin(crate::admin::data::Query::Cluster, reply) => {
-                let _ = reply.send(crate::admin::data::Answer::Cluster(Some(self.status())));
+    /// One round of the loop, after the messages of this turn were taken and stepped: tick,
+    /// propose, handle raft's `Ready` (apply, persist, send), follow a membership change, let
+    /// go of this node's proposals seen applied, watch (expiries, fencing), look (leader and
+    /// quorum changes), propose a new leader's lease extension, and send the workers their
+    /// replies. An error is a storage failure (the node must stop).
+    pub fn round<S: LogStore, T: PeerLink, C: Clock, M: OwnerState>(
+        &mut self,
+        node: &mut RaftNode<S, T, C>,
+        st: &mut M,
+        now: Instant,
+    ) -> Result<Outcome, String> {
+        node.tick(now)?;
+        // The state machine's clock at `now`, read once a round (proposals carry it).
+        let wall = clock_at(&self.shared, now).ms;
+        self.propose(node, st, now, wall);
+        self.ready(node, st)?;
+        if node.take_conf_changed() && self.conf_changed(node, st) {
+            self.send_replies(st);
+            return Ok(Outcome::Removed);
+        }
+        self.settle(st, now, wall);
+        self.watch(node, st, now, wall);
+        self.look(node, st, now);
+        let leader = node.is_leader();
+        if leader && !self.was_leader {
+            self.announce_leadership(node, st, wall);
+        }
+        if leader != self.was_leader {
+            crate::log_info!(
+                "cluster node {}: {} in term {}",
+                node.id(),
+                if leader { "leader" } else { "follower" },
+                node.term()
+            );
+            self.was_leader = leader;
+        }
+        self.send_replies(st);
+        Ok(Outcome::Running)
+    }
+
+    /// This node's proposals seen applied leave the flight. Those applied in a leader's
+    /// snapshot installed here made no replies: their requests get the no-quorum answer
+    /// (applied once, nothing more to learn), or their clients would wait for good.
+    fn settle<M: OwnerState>(&mut self, st: &mut M, now: Instant, wall: u64) {
+        let state = st.replicated_mut();
+        while let Some(f) = self.inflight.front() {
+            if state.mine_applied < f.seq {
+                break;
             }
-            ToOwner::Admin(crate::admin::data::Query::ClusterChange(change), reply) => {
-                let answer = self.change_membership(change);
-                let _ = reply.send(crate::admin::data::Answer::ClusterChange(answer));
-            }
-            ToOwner::Admin(Query::Ping, reply) => {
-                let answer = match self.health(Instant::now()) {
-                    Ok(()) => Answer::Pong,
-                    Err(why) => Answer::Unhealthy(why),
-                };
-                let _ = reply.send(answer);
-            }
-            ToOwner::Admin(query, reply) => {
-                let now = Now::from_unix_ms(self.state.clock_ms().max(clock(&self.shared).ms));
-                let mut answer = exec_admin::answer(&self.state.tables, &self.shared, now, query);
-                if let Answer::Metrics(s) | Answer::Status(s, _) = &mut answer {
-                    s.cluster = Some(Box::new(self.metrics()));
+            let mut f = self.inflight.pop_front().expect("checked");
+            let forget = self.mutations.forget_installed_requests;
+            if f.seq <= state.installed_through && f.waiting_since.is_some() && !forget {
+                for b in &mut f.batches {
+                    let n = refuse_requests(&mut self.poisoned, &mut state.outbox, b, wall);
+                    self.watch.no_quorum_answers += n as u64;
                 }
-                let _ = reply.send(answer);
+            }
+            let ns = now.saturating_duration_since(f.proposed).as_nanos();
+            let ns = u64::try_from(ns).unwrap_or(u64::MAX);
+            self.watch.proposal_apply.observe_in(&CLUSTER_BOUNDS, ns, 1);
+            self.recycle(f.batches);
+        }
+    }
+
+    /// This node has just been elected: restart every running lease and orphan window with
+    /// its remaining time plus an election timeout (the old leader's clock and this one's may
+    /// differ, and the time the election took must not eat into anybody's lease).
+    fn announce_leadership<S: LogStore, T: PeerLink, C: Clock, M: OwnerState>(
+        &mut self,
+        node: &mut RaftNode<S, T, C>,
+        st: &M,
+        wall: u64,
+    ) {
+        let mut data = Vec::with_capacity(LEADER_LEN);
+        let time = wall.max(st.replicated().clock_ms());
+        let extend = self.election.as_millis() as u64;
+        Replicated::encode_leader(node.term(), node.id(), extend, time, &mut data);
+        if !node.propose(data) {
+            crate::log_warn!("cluster: a new leader's lease extension was not proposed");
+        }
+    }
+
+    /// A peer's raft message, received at `now`.
+    pub fn step<S: LogStore, T: PeerLink, C: Clock, M: OwnerState>(
+        &mut self,
+        node: &mut RaftNode<S, T, C>,
+        st: &mut M,
+        m: raft::prelude::Message,
+        now: Instant,
+    ) {
+        // Messages that waited while this process was stopped must not hide that it was cut
+        // off meanwhile: look first, then count them.
+        let t = micros(&self.shared, now);
+        self.fence_check(node, st, t, now);
+        self.liveness.heard(m.from, t);
+        node.step(m);
+    }
+
+    /// After each round: as leader, expire the sessions of nodes unheard from for the session
+    /// timeout; on every node, fence or unfence on losing or regaining contact with a quorum.
+    fn watch<S: LogStore, T: PeerLink, C: Clock, M: OwnerState>(
+        &mut self,
+        node: &mut RaftNode<S, T, C>,
+        st: &mut M,
+        now: Instant,
+        wall: u64,
+    ) {
+        let t = micros(&self.shared, now);
+        node.probe_quorum(t);
+        if let Some(deadline) = self.liveness.confirmed(node.quorum_confirmed()) {
+            publish_write_deadline(&self.shared, deadline);
+        }
+        if self.mutations.leader_does_not_wait && node.is_leader() {
+            self.liveness.leader_since.get_or_insert(0);
+        }
+        let state = st.replicated();
+        let due = self
+            .liveness
+            .expiries(node.is_leader(), t, |p| state.has_sessions_of(p as u16));
+        for e in due {
+            let mut data = Vec::with_capacity(EXPIRE_LEN);
+            let time = wall.max(state.clock_ms());
+            Replicated::encode_expire(e.node, time, &mut data);
+            let sessions = state.tables.sessions.conns_of_node(e.node as u16).len();
+            if node.propose(data) {
+                crate::log_warn!(
+                    "cluster: node {} unheard from for {} ms: expiring its {sessions} sessions",
+                    e.node,
+                    e.unheard_us / 1_000
+                );
             }
         }
-        true
+        self.fence_check(node, st, t, now);
+    }
+
+    /// Fence this node on losing contact with a quorum, unfence it on regaining it (`t`: `now`
+    /// on the liveness clock).
+    fn fence_check<S: LogStore, T: PeerLink, C: Clock, M: OwnerState>(
+        &mut self,
+        node: &RaftNode<S, T, C>,
+        st: &mut M,
+        t: Micros,
+        now: Instant,
+    ) {
+        let Some(fence) = self.liveness.fence_check(t) else {
+            return;
+        };
+        let me = self.liveness.me;
+        let event = match fence {
+            Fence::Lost { for_us } => {
+                self.watch.fences += 1;
+                let state = st.replicated_mut();
+                let conns = state.tables.sessions.conns_of_node(me as u16);
+                crate::log_warn!(
+                    "cluster: fenced: no quorum contact for {} ms: closing this node's {} client \
+                     connections",
+                    for_us / 1_000,
+                    conns.len()
+                );
+                for conn in conns {
+                    state.outbox.abort(conn);
+                }
+                "quorum-lost"
+            }
+            Fence::Regained => {
+                crate::log_info!("cluster: unfenced: a leader confirmed quorum contact again");
+                "quorum-regained"
+            }
+        };
+        if let Some(program) = self.on_quorum_loss.clone() {
+            let role = node.role_name().to_string();
+            let mut ids = self.reachable(node, now, self.election);
+            ids.push(me);
+            ids.sort_unstable();
+            let reachable: Vec<String> = ids.iter().map(u64::to_string).collect();
+            poncio(program, me, event, role, reachable.join(","));
+        }
+    }
+
+    /// How long to wait at `now` for a message: until the next tick, a retry, a no-quorum
+    /// answer, or a due timer.
+    pub fn wait<S: LogStore, T: PeerLink, C: Clock>(
+        &self,
+        node: &RaftNode<S, T, C>,
+        now: Instant,
+    ) -> Duration {
+        let mut until = node.next_tick();
+        if let Some(f) = self.inflight.front() {
+            until = until.min(f.tried + retry_after(self.election, f.sent));
+        }
+        if let Some(at) = self.give_up_at() {
+            until = until.min(at);
+        }
+        if !self.queued.is_empty() && self.room_in_flight() {
+            until = now;
+        }
+        until.saturating_duration_since(now)
+    }
+
+    /// The other members heard from (any frame) within `within` of `now`, in id order.
+    fn reachable<S: LogStore, T: PeerLink, C: Clock>(
+        &self,
+        node: &RaftNode<S, T, C>,
+        now: Instant,
+        within: Duration,
+    ) -> Vec<u64> {
+        let me = self.liveness.me;
+        node.heard()
+            .into_iter()
+            .filter(|&(id, t)| id != me && now.saturating_duration_since(t) <= within)
+            .map(|(id, _)| id)
+            .collect()
+    }
+
+    /// Whether this node and the members heard from within `within` make a quorum of the
+    /// voters (of both configurations during a membership change).
+    fn quorum_within<S: LogStore, T: PeerLink, C: Clock>(
+        &self,
+        node: &RaftNode<S, T, C>,
+        now: Instant,
+        within: Duration,
+    ) -> bool {
+        let mut reached = self.reachable(node, now, within);
+        reached.push(self.liveness.me);
+        let majority = |voters: &[u64]| {
+            let n = voters.iter().filter(|v| reached.contains(v)).count();
+            2 * n > voters.len()
+        };
+        let l = &self.liveness;
+        !l.voters.is_empty()
+            && majority(&l.voters)
+            && (l.outgoing.is_empty() || majority(&l.outgoing))
+    }
+
+    /// After each round: a change of leader, this node's own sessions expired by the cluster,
+    /// and (once per tick) losing or regaining a quorum of reachable voters: counted, and one
+    /// log line each (the repeatable ones rate-limited).
+    fn look<S: LogStore, T: PeerLink, C: Clock, M: OwnerState>(
+        &mut self,
+        node: &RaftNode<S, T, C>,
+        st: &mut M,
+        now: Instant,
+    ) {
+        // A new leader, or the same node elected again for a new term: a new leadership.
+        let leader = (node.leader(), node.term());
+        if leader.0 != 0 && leader != self.watch.leader {
+            self.watch.leader_changes += 1;
+            if let Some(more) = self.watch.leader_log.ready(crate::log::Level::Info) {
+                let was = match self.watch.leader {
+                    (0, _) => String::new(),
+                    (n, t) => format!(", was node {n} in term {t}"),
+                };
+                crate::log_info!(
+                    "cluster: leader is node {} in term {}{was}{}",
+                    leader.0,
+                    leader.1,
+                    unlogged(more, "leader changes")
+                );
+            }
+            self.watch.leader = leader;
+        }
+        if let Some(n) = st.replicated_mut().own_expiry.take() {
+            crate::log_warn!(
+                "cluster: the cluster expired this node's {n} sessions (it was cut off from the \
+                 leader for the session timeout)"
+            );
+        }
+        if now < self.watch.next_look {
+            return;
+        }
+        self.watch.next_look = now + self.election / TICKS_PER_ELECTION as u32;
+        let ok = self.quorum_within(node, now, self.election);
+        let was = self.watch.quorum.replace(ok);
+        if was.is_none() || was == Some(ok) {
+            return;
+        }
+        let line = self.watch.quorum_log.ready(crate::log::Level::Info);
+        if ok {
+            let after = self
+                .watch
+                .quorum_lost_at
+                .take()
+                .map_or(0, |t| now.saturating_duration_since(t).as_millis());
+            if let Some(more) = line {
+                crate::log_info!(
+                    "cluster: quorum regained after {after} ms: reachable {:?}{}",
+                    self.reachable(node, now, self.election),
+                    unlogged(more, "quorum changes")
+                );
+            }
+        } else {
+            self.watch.quorum_losses += 1;
+            self.watch.quorum_lost_at = Some(now);
+            if let Some(more) = line {
+                crate::log_warn!(
+                    "cluster: quorum lost: of the voters {:?}, only {:?} heard from within {} ms{}",
+                    sorted(&self.liveness.voters),
+                    self.reachable(node, now, self.election),
+                    self.election.as_millis(),
+                    unlogged(more, "quorum changes")
+                );
+            }
+        }
+    }
+
+    /// A membership change applied (or a snapshot installed): the members this node watches
+    /// follow raft's configuration, and the removed nodes that still have sessions are departed
+    /// ones for the leader to expire. True when this node finds itself removed (it stops).
+    fn conf_changed<S: LogStore, T: PeerLink, C: Clock, M: OwnerState>(
+        &mut self,
+        node: &RaftNode<S, T, C>,
+        st: &M,
+    ) -> bool {
+        let cs = node.conf_state();
+        let me = node.id();
+        let l = &mut self.liveness;
+        l.voters = cs.voters;
+        l.outgoing = cs.voters_outgoing;
+        let state = st.replicated();
+        for &gone in &state.membership.removed {
+            if gone != me && state.has_sessions_of(gone as u16) {
+                l.departed.insert(gone);
+            }
+        }
+        state.membership.removed.contains(&me)
     }
 
     /// Answer with no quorum what has waited two election timeouts (see [`Self::give_up`]);
     /// propose everything in flight again when the oldest is overdue; propose the queued
     /// batches (or, on the leader with nothing in flight, an empty entry for a due timer) while
     /// fewer than the cap are in flight.
-    fn propose(&mut self, now: Instant) {
-        let time = clock(&self.shared).ms.max(self.state.clock_ms());
+    fn propose<S: LogStore, T: PeerLink, C: Clock, M: OwnerState>(
+        &mut self,
+        node: &mut RaftNode<S, T, C>,
+        st: &mut M,
+        now: Instant,
+        wall: u64,
+    ) {
+        let time = wall.max(st.replicated().clock_ms());
         if self.give_up_at().is_some_and(|at| at <= now) {
-            self.give_up(time);
+            self.give_up(node.id(), st, time);
         }
         // A new leader (raft-rs dropped whatever the old one had not appended): propose again
         // at once rather than when the retry is due.
-        let leader = self.node.leader();
+        let leader = node.leader();
         let new_leader = leader != 0 && leader != self.leader_seen;
         self.leader_seen = leader;
         if let Some(oldest) = self.inflight.front() {
             if new_leader
-                || now.duration_since(oldest.tried) >= retry_after(self.election, oldest.sent)
+                || now.saturating_duration_since(oldest.tried)
+                    >= retry_after(self.election, oldest.sent)
             {
                 for f in self.inflight.iter_mut() {
-                    f.sent = self.node.propose(f.data.clone());
+                    f.sent = node.propose(f.data.clone());
                     f.tried = now;
                 }
                 return;
@@ -1318,8 +1483,8 @@ impl ClusterOwner {
             return;
         }
         let due = self.inflight.is_empty()
-            && self.node.is_leader()
-            && self.state.tables.next_deadline().is_some_and(|d| d <= time);
+            && node.is_leader()
+            && (st.replicated().tables.next_deadline()).is_some_and(|d| d <= time);
         if self.queued.is_empty() && !due {
             return;
         }
@@ -1342,8 +1507,8 @@ impl ClusterOwner {
             batches.push(q.batch);
         }
         self.seq += 1;
-        let data = self.commands_proposal(self.seq, time, &batches);
-        let sent = self.node.propose(data.clone());
+        let data = self.commands_proposal(node.id(), self.seq, time, &batches);
+        let sent = node.propose(data.clone());
         self.inflight.push_back(InFlight {
             seq: self.seq,
             data,
@@ -1356,7 +1521,7 @@ impl ClusterOwner {
     }
 
     /// Whether the owner takes more batches from the workers.
-    fn take_more(&self) -> bool {
+    pub fn take_more(&self) -> bool {
         self.queued.len() < MAX_QUEUED_BATCHES && self.queued_bytes < MAX_QUEUED_BYTES
     }
 
@@ -1438,10 +1603,10 @@ impl ClusterOwner {
         Some(oldest + 2 * self.election)
     }
 
-    fn commands_proposal(&self, seq: u64, time: u64, batches: &[Batch]) -> Vec<u8> {
+    fn commands_proposal(&self, me: u64, seq: u64, time: u64, batches: &[Batch]) -> Vec<u8> {
         let mut data = Vec::with_capacity(HEADER_LEN + 64);
         data.push(KIND_COMMANDS);
-        data.extend_from_slice(&self.node.id().to_le_bytes());
+        data.extend_from_slice(&me.to_le_bytes());
         data.extend_from_slice(&self.incarnation.to_le_bytes());
         data.extend_from_slice(&seq.to_le_bytes());
         command::encode_entry_of_batches(time, batches.iter(), &mut data);
@@ -1456,23 +1621,24 @@ impl ClusterOwner {
     /// events, under their sequence numbers; the queued batches become one batch of connection
     /// events. Every batch is looked through, those without requests too: a connection's close
     /// there, after a request of it answered here, ends its poisoning.
-    fn give_up(&mut self, time: u64) {
+    fn give_up<M: OwnerState>(&mut self, me: u64, st: &mut M, time: u64) {
+        let out = &mut st.replicated_mut().outbox;
         let mut answered = 0;
         for i in 0..self.inflight.len() {
             let f = &mut self.inflight[i];
             let waiting = f.waiting_since.take().is_some();
             for b in &mut f.batches {
-                answered += refuse_requests(&mut self.poisoned, &mut self.state.outbox, b);
+                answered += refuse_requests(&mut self.poisoned, out, b, time);
             }
             if waiting {
                 let f = &self.inflight[i];
-                let data = self.commands_proposal(f.seq, time, &f.batches);
+                let data = self.commands_proposal(me, f.seq, time, &f.batches);
                 self.inflight[i].data = data;
             }
         }
         let mut held: Option<Batch> = None;
         for mut q in std::mem::take(&mut self.queued) {
-            answered += refuse_requests(&mut self.poisoned, &mut self.state.outbox, &mut q.batch);
+            answered += refuse_requests(&mut self.poisoned, out, &mut q.batch, time);
             match &mut held {
                 None => held = Some(q.batch),
                 Some(h) => {
@@ -1493,9 +1659,8 @@ impl ClusterOwner {
         self.watch.no_quorum_answers += answered as u64;
         if answered > 0 {
             crate::log_warn!(
-                "cluster node {}: no quorum for {} ms, answering {answered} requests with \
+                "cluster node {me}: no quorum for {} ms, answering {answered} requests with \
                  no-quorum errors",
-                self.node.id(),
                 (2 * self.election).as_millis()
             );
         }
@@ -1504,9 +1669,11 @@ impl ClusterOwner {
     /// A worker's batch, received at `now`, queued for the next proposal; requests of
     /// connections given up on are answered at once instead. A batch without requests joins
     /// the last queued one if that has none either.
-    fn admit(&mut self, mut b: Batch, now: Instant) {
+    pub fn admit<M: OwnerState>(&mut self, st: &mut M, mut b: Batch, now: Instant) {
         if !self.poisoned.is_empty() {
-            let answered = refuse_poisoned(&mut self.poisoned, &mut self.state.outbox, &mut b);
+            let time = clock_at(&self.shared, now).ms;
+            let out = &mut st.replicated_mut().outbox;
+            let answered = refuse_poisoned(&mut self.poisoned, out, &mut b, time);
             self.watch.no_quorum_answers += answered as u64;
         }
         if b.ops.is_empty() {
@@ -1533,19 +1700,24 @@ impl ClusterOwner {
     /// Handle every `Ready`. Replies that the log produces for connections given up on are
     /// dropped: they answer a proposal that was abandoned and committed after all, and the
     /// client has had its no-quorum answer.
-    fn ready(&mut self) -> Result<(), String> {
+    fn ready<S: LogStore, T: PeerLink, C: Clock, M: OwnerState>(
+        &mut self,
+        node: &mut RaftNode<S, T, C>,
+        st: &mut M,
+    ) -> Result<(), String> {
         if self.poisoned.is_empty() {
-            return self.node.ready(&mut self.state);
+            return node.ready(st);
         }
-        let marks: Vec<usize> = self
-            .state
+        let marks: Vec<usize> = st
+            .replicated()
             .outbox
             .per_worker
             .iter()
             .map(|r| r.effects.len())
             .collect();
-        let result = self.node.ready(&mut self.state);
-        for (r, &mark) in self.state.outbox.per_worker.iter_mut().zip(&marks) {
+        let result = node.ready(st);
+        let out = &mut st.replicated_mut().outbox;
+        for (r, &mark) in out.per_worker.iter_mut().zip(&marks) {
             let fresh: Vec<Effect> = r.effects.drain(mark..).collect();
             let poisoned = &self.poisoned;
             let keep = |e: &Effect| e.conn.is_none_or(|c| !poisoned.contains(&c));
@@ -1560,13 +1732,9 @@ impl ClusterOwner {
         }
     }
 
-    fn send_replies(&mut self) {
-        super::send_replies(
-            &mut self.state.outbox,
-            &self.workers,
-            &mut self.pools,
-            false,
-        );
+    fn send_replies<M: OwnerState>(&mut self, st: &mut M) {
+        let out = &mut st.replicated_mut().outbox;
+        super::send_replies(out, &self.workers, &mut self.pools, false);
     }
 }
 
@@ -1638,12 +1806,17 @@ fn is_request(op: &Op) -> bool {
 /// connection; a connection's close after it ends that (as in [`refuse_poisoned`]). What is
 /// left are connection events, which refer to no bytes of the arena. Returns how many requests
 /// were answered.
-fn refuse_requests(poisoned: &mut HashSet<ConnId>, out: &mut Outbox, b: &mut Batch) -> usize {
+fn refuse_requests(
+    poisoned: &mut HashSet<ConnId>,
+    out: &mut Outbox,
+    b: &mut Batch,
+    time: u64,
+) -> usize {
     let arena = &b.arena;
     let mut answered = 0;
     b.ops.retain(|m| {
         if is_request(&m.op) {
-            no_quorum(out, m, arena);
+            no_quorum(out, m, arena, time);
             poisoned.insert(m.conn);
             answered += 1;
             return false;
@@ -1683,7 +1856,12 @@ fn forget_unproposed_connections(ops: &mut Vec<OpMsg>, from: usize) {
 /// Answer the requests of given-up connections in `b` with no quorum and take them out; a
 /// connection's close ends its poisoning (its slot's next connection is another one). Returns
 /// how many requests were answered.
-fn refuse_poisoned(poisoned: &mut HashSet<ConnId>, out: &mut Outbox, b: &mut Batch) -> usize {
+fn refuse_poisoned(
+    poisoned: &mut HashSet<ConnId>,
+    out: &mut Outbox,
+    b: &mut Batch,
+    time: u64,
+) -> usize {
     let arena = &b.arena;
     let mut answered = 0;
     b.ops.retain(|m| {
@@ -1691,7 +1869,7 @@ fn refuse_poisoned(poisoned: &mut HashSet<ConnId>, out: &mut Outbox, b: &mut Bat
             return true;
         }
         if is_request(&m.op) {
-            no_quorum(out, m, arena);
+            no_quorum(out, m, arena, time);
             answered += 1;
             return false;
         }
@@ -1703,8 +1881,9 @@ fn refuse_poisoned(poisoned: &mut HashSet<ConnId>, out: &mut Outbox, b: &mut Bat
     answered
 }
 
-/// The no-quorum answer to one request (`docs/cluster.md`), closing its connection after it.
-fn no_quorum(out: &mut Outbox, m: &OpMsg, arena: &Arena) {
+/// The no-quorum answer to one request (`docs/cluster.md`) at the state machine's clock
+/// `time`, closing its connection after it.
+fn no_quorum(out: &mut Outbox, m: &OpMsg, arena: &Arena, time: u64) {
     let mut w = Vec::new();
     let close = match m.op {
         // The worker's own answer, kept in order behind the others.
@@ -1715,7 +1894,7 @@ fn no_quorum(out: &mut Outbox, m: &OpMsg, arena: &Arena) {
         Op::Open { .. } | Op::Close | Op::DlockOpen | Op::Eof => return,
         // A request: its protocol's answer.
         op => {
-            crate::protocol::no_quorum(&op, &arena.bytes, now_unix_ms(), &mut w);
+            crate::protocol::no_quorum(&op, &arena.bytes, time, &mut w);
             true
         }
     };
@@ -1736,12 +1915,6 @@ fn sorted(ids: &[u64]) -> Vec<u64> {
     let mut v = ids.to_vec();
     v.sort_unstable();
     v
-}
-
-fn now_unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 #[cfg(test)]

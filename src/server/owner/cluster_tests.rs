@@ -478,6 +478,15 @@ fn a_nodes_proposals_apply_in_sequence_order_and_a_gap_waits_for_the_proposals_a
 /// accept, and nothing reads), with a 100 ms election timeout, driven by hand: batches and
 /// proposal rounds at the times a test gives, no tick (so no election, no leader), its
 /// replies read out of its outbox.
+impl ClusterOwner {
+    /// Let the owner propose (and give up) at `now`, as its round does.
+    fn propose(&mut self, now: Instant) {
+        let wall = clock_at(&self.core.shared, now).ms;
+        self.core
+            .propose(&mut self.node, &mut self.state, now, wall);
+    }
+}
+
 struct Lone {
     owner: ClusterOwner,
     _silent_peers: [std::net::TcpListener; 2],
@@ -533,7 +542,7 @@ impl Lone {
             assert!(self.owner.take(ToOwner::Batch(b), now));
         }
         self.owner.propose(now);
-        assert!(self.owner.inflight.len() <= MAX_INFLIGHT_PROPOSALS);
+        assert!(self.owner.core.inflight.len() <= MAX_INFLIGHT_PROPOSALS);
     }
 
     /// The answers written since the last call: (connection, old-protocol opcode and payload,
@@ -555,7 +564,7 @@ impl Lone {
 
     /// Connection events waiting to be proposed.
     fn queued_ops(&self) -> Vec<OpMsg> {
-        let q = self.owner.queued.iter();
+        let q = self.owner.core.queued.iter();
         q.flat_map(|q| q.batch.ops.iter().copied()).collect()
     }
 
@@ -563,7 +572,7 @@ impl Lone {
     /// nothing else of a node without a quorum waits for the log once its requests are
     /// answered.
     fn only_closes_of_proposed_connections_wait(&self) -> bool {
-        let proposed: HashSet<ConnId> = (self.owner.inflight.iter())
+        let proposed: HashSet<ConnId> = (self.owner.core.inflight.iter())
             .flat_map(|f| f.batches.iter().flat_map(|b| b.ops.iter()))
             .filter(|m| matches!(m.op, Op::Open { .. }))
             .map(|m| m.conn)
@@ -613,7 +622,7 @@ type Answer = (Duration, u8, Vec<u8>, bool);
 #[test]
 fn a_node_without_a_quorum_answers_every_request_within_two_election_timeouts_in_order() {
     let mut lone = Lone::start("answers");
-    let limit = 2 * lone.owner.election;
+    let limit = 2 * lone.owner.core.election;
     let t0 = Instant::now();
     let step = Duration::from_millis(5);
     let mut asked: BTreeMap<ConnId, (Instant, Vec<Vec<u8>>)> = BTreeMap::new();
@@ -669,8 +678,8 @@ fn a_node_without_a_quorum_answers_every_request_within_two_election_timeouts_in
     }
     // Their closes came through: nothing is poisoned any more, and what waits for the log is
     // the closes of the connections opened by the proposals in flight.
-    assert!(lone.owner.poisoned.is_empty());
-    assert_eq!(lone.owner.inflight.len(), MAX_INFLIGHT_PROPOSALS);
+    assert!(lone.owner.core.poisoned.is_empty());
+    assert_eq!(lone.owner.core.inflight.len(), MAX_INFLIGHT_PROPOSALS);
     assert!(lone.only_closes_of_proposed_connections_wait());
 }
 
@@ -683,7 +692,7 @@ fn what_a_node_without_a_quorum_keeps_for_the_log_stays_bounded() {
     let mut lone = Lone::start("bounded");
     let t0 = Instant::now();
     let step = Duration::from_millis(5);
-    let steps_per_give_up = (2 * lone.owner.election).as_millis() as usize / 5;
+    let steps_per_give_up = (2 * lone.owner.core.election).as_millis() as usize / 5;
     let pipeline = ConnId::on_node(3, 0, 0, 1);
     let mut b = Batch::default();
     open(&mut b, pipeline);
@@ -731,9 +740,9 @@ fn what_a_node_without_a_quorum_keeps_for_the_log_stays_bounded() {
             }
         }
         most_live = most_live.max(live.len());
-        most_queued = most_queued.max(lone.owner.queued.len());
+        most_queued = most_queued.max(lone.owner.core.queued.len());
         most_ops = most_ops.max(lone.queued_ops().len());
-        most_poisoned = most_poisoned.max(lone.owner.poisoned.len());
+        most_poisoned = most_poisoned.max(lone.owner.core.poisoned.len());
     }
     assert_eq!(pipelined.len(), 2000);
     assert_eq!(pipeline_answers, pipelined, "each once, in order");
@@ -748,7 +757,7 @@ fn what_a_node_without_a_quorum_keeps_for_the_log_stays_bounded() {
     assert!(most_queued <= 2 * batches, "{most_queued} batches queued");
     assert!(most_ops <= 24 * batches, "{most_ops} ops queued");
     assert!(most_poisoned <= batches, "{most_poisoned} poisoned");
-    assert!(lone.owner.poisoned.is_empty());
+    assert!(lone.owner.core.poisoned.is_empty());
     assert!(lone.only_closes_of_proposed_connections_wait());
 }
 
@@ -775,7 +784,7 @@ fn a_large_batch_goes_out_in_entries_of_a_mebibyte_in_order_and_in_flight_bytes_
     for _ in 0..40 {
         lone.owner.propose(t0);
     }
-    let inflight = &lone.owner.inflight;
+    let inflight = &lone.owner.core.inflight;
     let bytes: usize = inflight.iter().map(|f| f.data.len()).sum();
     assert!(inflight.len() >= 3, "{} proposals", inflight.len());
     assert!(
@@ -802,6 +811,7 @@ fn a_large_batch_goes_out_in_entries_of_a_mebibyte_in_order_and_in_flight_bytes_
     assert_eq!(seen, sent[..seen.len()], "in order, each once");
     let queued: Vec<Vec<u8>> = lone
         .owner
+        .core
         .queued
         .iter()
         .flat_map(|q| {

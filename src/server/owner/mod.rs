@@ -319,9 +319,9 @@ fn recycle(pools: &mut [Pools], batch: Batch) {
 /// Send each worker its routed effects gathered so far (one message and one wake-up per worker
 /// with anything to send), with buffers from its pool to fill next. `inline`: the one worker
 /// runs the owner itself and reads its channel next, so it is not woken.
-fn send_replies(
+fn send_replies<K: Wake>(
     outbox: &mut Outbox,
-    workers: &[(Sender<Replies>, Arc<Waker>)],
+    workers: &[(Sender<Replies>, K)],
     pools: &mut [Pools],
     inline: bool,
 ) {
@@ -341,13 +341,37 @@ fn send_replies(
         full.spare_ops = pool.ops.take();
         full.spare_batch_arena = pool.batch_arena.take();
         if tx.send(full).is_ok() && !inline {
-            let _ = waker.wake();
+            waker.wake();
         }
     }
+}
+
+/// How the owner tells a worker that replies wait in its channel: the daemon's workers sleep
+/// in mio's poll and are woken; the simulator's read their channels when it drives them.
+pub trait Wake {
+    fn wake(&self);
+}
+
+impl Wake for Arc<Waker> {
+    #[inline]
+    fn wake(&self) {
+        let _ = Waker::wake(self);
+    }
+}
+
+impl Wake for () {
+    #[inline]
+    fn wake(&self) {}
 }
 
 /// The time of this turn.
 pub fn clock(shared: &Shared) -> Now {
     let elapsed = shared.started.elapsed().as_millis() as u64;
+    Now::from_unix_ms(shared.started_unix_ms + elapsed)
+}
+
+/// The state machine's clock at the monotonic instant `now` (what [`clock`] reads at `now`).
+pub fn clock_at(shared: &Shared, now: std::time::Instant) -> Now {
+    let elapsed = now.saturating_duration_since(shared.started).as_millis() as u64;
     Now::from_unix_ms(shared.started_unix_ms + elapsed)
 }
