@@ -67,7 +67,8 @@
 //! What the simulator models rather than runs: the TCP transport (its queues, connections and
 //! chunked snapshot files: `sim_snap.rs`), the disk log's file format and its sync thread, the
 //! forked snapshot child and the install thread (their timing and results), and, in the
-//! liveness mode, the owner's cluster loop (`sim_live.rs`).
+//! liveness mode, the owner's thread around its cluster loop and the workers (`sim_live.rs`:
+//! the loop itself, `server::owner::cluster::OwnerCore`, runs).
 
 use std::cell::RefCell;
 use std::cmp::Ordering as CmpOrdering;
@@ -411,14 +412,15 @@ pub struct Options {
     /// Founders start from a snapshot at index 1 ([`MemLog::bootstrapped`]); without it a node
     /// that joins may replay the log from index 1 on an empty `ConfState`.
     pub bootstrap_snapshot: bool,
-    /// Liveness mode (`sim_live.rs`): nodes run the daemon's liveness decisions and propose
-    /// real cluster proposals; lockd clients on the nodes; the client-view checks.
+    /// Liveness mode (`sim_live.rs`): each node runs the owner's cluster loop (`OwnerCore`);
+    /// lockd clients on the nodes through a simulated worker; the client-view checks.
     pub liveness: bool,
     /// Liveness mode: nodes are paused (not driven, their timers and messages held).
     pub pauses: bool,
     /// Mutations that the client-view checks must catch: a node fences a session timeout
-    /// plus an election timeout after its last contact (after the majority expired it), and a
-    /// node that writes replies past its write deadline.
+    /// plus an election timeout after its last contact (after the majority expired it,
+    /// `Liveness::fence_after`), and a node's worker that writes replies past its write
+    /// deadline (the simulated worker's check skipped).
     pub bug_late_fence: bool,
     pub bug_ignore_write_deadline: bool,
     /// A mutation: a new leader expires nodes a session timeout after it last heard from
@@ -956,8 +958,17 @@ impl<W: Workload> Cluster<W> {
             keep_entries: KEEP_ENTRIES,
             keep_bytes: u64::MAX / 2,
         };
-        let state = (self.new_state)();
         let live = self.opts.liveness;
+        let state = if live {
+            // This run's state, of this node (its replies' routing) and its process.
+            let shared = self.live_shared(i);
+            let id = self.nodes[i].id;
+            // Later runs have larger incarnations (the daemon's: its start in Unix µs).
+            let m = holdfast::ReplicatedMachine::for_node(shared, id, self.now + 1);
+            SimState::Replicated(Box::new(m))
+        } else {
+            (self.new_state)()
+        };
         let node = &mut self.nodes[i];
         node.machine = SimMachine::new(state, live);
         let mut log = node.io.borrow().durable.clone();
@@ -1124,11 +1135,13 @@ impl<W: Workload> Cluster<W> {
                     }
                     return Ok(());
                 }
-                if self.live.is_some() && matches!(packet, Packet::Raft(_) | Packet::Forward { .. })
-                {
-                    self.live_heard(to, from)?;
-                }
+                // The receiver's transport notes the frame's arrival.
+                let at = self.instant(to);
+                let from_id = self.nodes[from].id;
+                self.nodes[to].io.borrow_mut().heard.insert(from_id, at);
                 match packet {
+                    // The owner's loop steps it (liveness mode).
+                    Packet::Raft(m) if self.live.is_some() => self.live_step(to, m),
                     Packet::Raft(m) => {
                         if let Some(raft) = self.nodes[to].raft.as_mut() {
                             // A stale or foreign message is ignored, as raft-rs decides.
@@ -1186,7 +1199,12 @@ impl<W: Workload> Cluster<W> {
                     raft.on_synced(Ok(number))
                         .map_err(|e| format!("node {id}: {e}"))?;
                 }
-                self.drive(i)?;
+                // The daemon's owner runs a round on waking for it.
+                if self.live.is_some() {
+                    self.round(i)?;
+                } else {
+                    self.drive(i)?;
+                }
             }
             Ev::SnapshotMade { i, id } => self.snapshot_made(i, id)?,
             Ev::Installed { i, id } => self.installed(i, id)?,
@@ -1523,9 +1541,6 @@ impl<W: Workload> Cluster<W> {
             self.check_record(i, r)?;
         }
         let installs = std::mem::take(&mut self.nodes[i].machine.installs);
-        if installs > 0 && self.live.is_some() {
-            self.live_installed(i);
-        }
         self.report.snapshots_installed += installs;
         self.report.installs_completed += installs;
         if self.nodes[i].joiner {
@@ -1549,22 +1564,12 @@ impl<W: Workload> Cluster<W> {
         self.send_all(i, outbox);
         self.schedule_syncs(i);
         self.snap_after(i)?;
+        self.draw_election_timeout(i);
         let node = &mut self.nodes[i];
         let Some(raft) = node.raft.as_mut() else {
             return Ok(());
         };
-        // Draw the election timeout from the seed whenever raft may have reset it (raft-rs
-        // draws it from a thread's generator, and zeroes the elapsed ticks with it): after a
-        // change of role or term, or with no tick elapsed (also after a message from the
-        // leader: the timeout after the last one is a fresh draw either way).
         let seen = Some((raft.role(), raft.term()));
-        let r = &raft.raw().raft;
-        let reset = r.election_elapsed == 0 || r.randomized_election_timeout() != node.timeout;
-        if seen != node.seen || reset {
-            let t = ELECTION_TICKS + self.rng.index(ELECTION_TICKS);
-            raft.raw_mut().raft.set_randomized_election_timeout(t);
-            node.timeout = t;
-        }
         if seen != node.seen {
             node.seen = seen;
             if raft.is_leader() {
@@ -1585,6 +1590,25 @@ impl<W: Workload> Cluster<W> {
         }
         self.check_conf(i)?;
         self.check_compaction(i)
+    }
+
+    /// Draw node `i`'s election timeout from the seed whenever raft may have reset it (raft-rs
+    /// draws it from a thread's generator, and zeroes the elapsed ticks with it): after a
+    /// change of role or term, or with no tick elapsed (also after a message from the leader:
+    /// the timeout after the last one is a fresh draw either way). Before the node ticks again.
+    pub(super) fn draw_election_timeout(&mut self, i: usize) {
+        let node = &mut self.nodes[i];
+        let Some(raft) = node.raft.as_mut() else {
+            return;
+        };
+        let seen = Some((raft.role(), raft.term()));
+        let r = &raft.raw().raft;
+        let reset = r.election_elapsed == 0 || r.randomized_election_timeout() != node.timeout;
+        if seen != node.seen || reset {
+            let t = ELECTION_TICKS + self.rng.index(ELECTION_TICKS);
+            raft.raw_mut().raft.set_randomized_election_timeout(t);
+            node.timeout = t;
+        }
     }
 
     /// A node's configuration is the one the conf entries it applied made (its driver applies
@@ -1686,14 +1710,6 @@ impl<W: Workload> Cluster<W> {
     fn check_record(&mut self, i: usize, r: Record) -> Result<(), String> {
         let id = self.nodes[i].id;
         let live = self.live.is_some();
-        // Liveness mode: an expiry of this node's own sessions closes their connections.
-        let expiry_of_me =
-            live && r.data.len() == 17 && r.data[0] == 2 && r.data[1..9] == id.to_le_bytes();
-        let closed = if expiry_of_me {
-            r.expired_conns.clone()
-        } else {
-            Vec::new()
-        };
         if live && !self.log.contains_key(&r.index) {
             self.live_first(r.index, &r.data, &r.expired_conns);
         }
@@ -1705,7 +1721,7 @@ impl<W: Workload> Cluster<W> {
             Applied::Command { effects, .. } | Applied::Raw { effects } => effects.clone(),
             _ => Vec::new(),
         };
-        self.live_applied(i, &effect_bytes, closed, &r.tokens)?;
+        self.live_applied(i, &effect_bytes, &r.tokens)?;
         let term = self.nodes[i]
             .raft
             .as_ref()
@@ -2066,10 +2082,36 @@ pub mod holdfast {
         /// The liveness mode's machine: a lockd lock whose session ends is free at once (no
         /// orphan window), so the next holder's grant comes as early as the expiry allows.
         pub fn without_orphan_windows() -> ReplicatedMachine {
+            ReplicatedMachine::with_config(ReplicatedMachine::live_config())
+        }
+
+        /// The liveness mode's machine of node `me`'s run `incarnation`, over the process
+        /// state `shared` (its clocks' origin and write deadline): what the owner's loop drives.
+        pub fn for_node(
+            shared: std::sync::Arc<crate::server::Shared>,
+            me: u64,
+            incarnation: u64,
+        ) -> ReplicatedMachine {
+            ReplicatedMachine {
+                state: Replicated::new(shared, 1, me, incarnation),
+                buf: Vec::new(),
+            }
+        }
+
+        /// The liveness mode's configuration (see [`Self::without_orphan_windows`]).
+        pub fn live_config() -> Config {
             match config::parse(["--orphan-timeout", "0"]) {
-                Ok(Command::Run(c)) => ReplicatedMachine::with_config(c),
+                Ok(Command::Run(c)) => c,
                 _ => unreachable!("fixed flags parse"),
             }
+        }
+
+        pub fn replicated(&self) -> &Replicated {
+            &self.state
+        }
+
+        pub fn replicated_mut(&mut self) -> &mut Replicated {
+            &mut self.state
         }
 
         fn with_config(config: Config) -> ReplicatedMachine {
@@ -2130,10 +2172,11 @@ pub mod holdfast {
                 .collect()
         }
 
-        /// A cluster proposal as it is (the state's own exactly-once rules apply).
+        /// A cluster proposal as it is (the state's own exactly-once rules apply), its
+        /// effects routed to this node's connections as the daemon's node routes them.
         pub fn apply_proposal(&mut self, proposal: &[u8]) -> Vec<u8> {
             let mut effects = Vec::new();
-            self.state.apply_canonical(proposal, &mut effects);
+            self.state.apply_recorded(proposal, &mut effects);
             effects
         }
 

@@ -39,6 +39,8 @@ use crate::cluster::storage::{log_state_reads, LogState};
 use crate::cluster::transport::PeerEvent;
 use crate::rng::Rng;
 use crate::server::msg::ConnId;
+use crate::server::owner::cluster::OwnerState;
+use crate::server::Replicated;
 
 /// Raft storage in memory, cloned whole to model what a sync made durable.
 #[derive(Clone, Default)]
@@ -676,6 +678,23 @@ impl Machine for SimMachine {
             tokens: Vec::new(),
             conf: Some((canonical(before.clone()), canonical(after.clone()))),
         });
+    }
+}
+
+/// The liveness mode: the owner's loop drives the machine (holdfast's cluster state).
+impl OwnerState for SimMachine {
+    fn replicated(&self) -> &Replicated {
+        match &self.state.inner {
+            SimState::Replicated(m) => m.replicated(),
+            SimState::Replayer(_) => unreachable!("the liveness mode replicates the cluster state"),
+        }
+    }
+
+    fn replicated_mut(&mut self) -> &mut Replicated {
+        match &mut self.state.inner {
+            SimState::Replicated(m) => m.replicated_mut(),
+            SimState::Replayer(_) => unreachable!("the liveness mode replicates the cluster state"),
+        }
     }
 }
 

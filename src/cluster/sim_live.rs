@@ -1,14 +1,19 @@
 //! The simulator's liveness mode ([`Options::liveness`]): each simulated node runs the daemon's
-//! own liveness decisions (`cluster::liveness`) on its own rate-skewed clock, proposes what a
-//! `--peers` node proposes (its commands under its incarnation and sequence numbers, the
-//! leader's expiries of unreachable nodes' sessions, a new leader's lease extension), and its
-//! clients see what a real client would: replies written only before the node's write
-//! deadline, connections closed on a crash, a fence, a write past the deadline or an expiry.
+//! own cluster loop, `server::owner::cluster::OwnerCore` (what `ClusterOwner` runs on its
+//! thread), over the node's in-memory environment and its own rate-skewed clock: its proposals
+//! in flight under its incarnation and sequence numbers, re-proposing, the no-quorum answers,
+//! reachability, fencing, the leader's expiries of unreachable nodes' sessions, a new leader's
+//! lease extension, membership changes, and the answers to requests applied in a snapshot it
+//! installed. Its clients see what a real client would: replies written only before the node's
+//! write deadline, connections closed on a crash, a fence, a write past the deadline, an
+//! expiry or a no-quorum answer.
 //!
-//! Owns: the nodes' liveness state, their proposals in flight, pauses (a node not driven, its
-//! timers and messages held, resuming with stale state), the lockd clients and the client-view
-//! checks. Must not: decide anything the daemon decides itself (that is `liveness.rs` and
-//! `Replicated`), or read a clock.
+//! Owns: the simulated worker of each node (it hands the owner its clients' requests as a
+//! worker's batch, and writes the replies the owner sends it, checking the write deadline the
+//! owner publishes, as the daemon's worker does), pauses (a node not driven, its timers and
+//! messages held, resuming with stale state), the lockd clients and the client-view checks.
+//! Must not: decide anything the daemon decides itself (that is the owner's loop,
+//! `liveness.rs` and `Replicated`), or read a clock.
 //!
 //! **Client view.** A client's claim on a lock runs from the simulated instant it *receives*
 //! the grant to the instant it sends the release or receives the close of its connection.
@@ -23,25 +28,28 @@
 //!
 //! Fencing tokens: a grant whose request was sent after another grant of the lock was received
 //! carries a larger token. lockd's ACQUIRED does not carry the token, so it is read from the
-//! state the node applied when it wrote the grant (`LockdTable::token_of`).
+//! state the node applied when it made the grant (`LockdTable::token_of`).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use crossbeam_channel::Receiver;
 
 use super::*;
-use crate::cluster::liveness::{Fence, Liveness, Micros};
+use crate::cluster::liveness::Micros;
 use crate::core::codec::Reader;
 use crate::proto::lockd::op;
 use crate::server::command;
-use crate::server::effect::tag;
-use crate::server::msg::{Arena, ConnId, LockdOp, Op, OpMsg};
-use crate::server::Replicated;
+use crate::server::effect::{tag, Body};
+use crate::server::msg::{Batch, ConnId, LockdOp, Op, OpMsg, Replies};
+use crate::server::owner::cluster::{Mutations, Outcome, OwnerCore};
+use crate::server::{Proto, Shared};
 
 /// The simulated election timeout (raft's base; it draws 1 to 2 of them) and the session
 /// timeout, by default three election timeouts (`--session-timeout`).
 pub const ELECTION_US: Micros = TICK_US * ELECTION_TICKS as u64;
 pub const SESSION_TIMEOUT_US: Micros = 3 * ELECTION_US;
-/// A node's proposals in flight at most (the daemon's `MAX_INFLIGHT_PROPOSALS`).
-const MAX_INFLIGHT: usize = 8;
 /// Lock names the clients fight over.
 const NAMES: u64 = 3;
 /// A client that waited this long for an answer closes its connection: its node answers
@@ -60,40 +68,18 @@ const CLIENT_EVERY_US: u64 = 20_000;
 const PAUSE_MIN_US: u64 = SESSION_TIMEOUT_US / 2;
 const PAUSE_SPREAD_US: u64 = 5 * SESSION_TIMEOUT_US / 2;
 
-/// What a client asked of its node (a request waiting for its proposal, or a close).
-#[derive(Clone)]
-struct Pending {
-    conn: ConnId,
-    /// A lockd opcode, or `None` for the connection's close.
-    opcode: Option<u8>,
-    name: Vec<u8>,
-    /// When a request reached the node (on its clock).
-    since: Micros,
-}
-
-struct InFlight {
-    seq: u64,
-    data: Vec<u8>,
-    tried: Micros,
-    sent: bool,
-    /// What it proposes, and since when its oldest request waits for an answer (`None` once
-    /// answered "no quorum": then it proposes only its connection events).
-    ops: Vec<Pending>,
-    waiting_since: Option<Micros>,
-}
-
-/// One running node's liveness state: what `ClusterOwner` keeps.
+/// One running node's owner loop and its one worker.
 pub struct LiveNode {
-    pub liveness: Liveness,
-    incarnation: u64,
-    seq: u64,
-    inflight: VecDeque<InFlight>,
-    queued: Vec<Pending>,
-    leader_seen: u64,
-    was_leader: bool,
-    /// Its proposals through this number came in a leader's snapshot it installed: their
-    /// replies were never made.
-    installed_through: u64,
+    owner: OwnerCore<()>,
+    /// The process state its owner and worker share (the write deadline).
+    shared: Arc<Shared>,
+    /// The worker's channel from the owner.
+    replies: Receiver<Replies>,
+    /// What the worker read from its clients and has not handed to the owner yet (held while
+    /// the node is paused).
+    batch: Batch,
+    /// The owner's fences counted so far.
+    fences: u64,
 }
 
 /// A request a client sent and has not had answered.
@@ -143,6 +129,9 @@ pub struct LiveWorld {
     claims: Vec<Claim>,
     /// Per lock: (received at, token) of every grant a client received.
     grants: BTreeMap<Vec<u8>, Vec<(u64, u64)>>,
+    /// Per open connection, the lock tokens of the lockd replies its node applied for it and
+    /// its worker has not written yet, in order (each read from the state that made it).
+    tokens: BTreeMap<ConnId, VecDeque<Option<u64>>>,
     /// The known bug: connections whose sessions an expiry ended, and per lock the log
     /// indexes where a release of such a connection was applied.
     expired_conns: BTreeSet<ConnId>,
@@ -170,33 +159,12 @@ impl LiveWorld {
             conn_client: BTreeMap::new(),
             claims: Vec::new(),
             grants: BTreeMap::new(),
+            tokens: BTreeMap::new(),
             expired_conns: BTreeSet::new(),
             trace: std::env::var("HOLDFAST_SIM_TRACE").is_ok_and(|v| v == "1"),
             leader_crashed_at: None,
         }
     }
-}
-
-/// Node `id`'s proposal number `seq` of run `inc`: its clients' `ops` at `time`.
-fn commands_proposal(id: u64, inc: u64, seq: u64, time: u64, ops: &[Pending]) -> Vec<u8> {
-    let mut arena = Arena::default();
-    let mut msgs = Vec::new();
-    for p in ops {
-        let op = match p.opcode {
-            None => Op::Close,
-            Some(opcode) => {
-                let mut payload = p.name.clone();
-                payload.push(0);
-                Op::Lockd(LockdOp::new(opcode, arena.push(&payload), &payload))
-            }
-        };
-        msgs.push(OpMsg { conn: p.conn, op });
-    }
-    let mut entry = Vec::new();
-    command::encode_entry(time, &msgs, &arena.bytes, &mut entry);
-    let mut data = Vec::new();
-    Replicated::encode_commands(id, inc, seq, &entry, &mut data);
-    data
 }
 
 fn lease_deadline(c: &Client) -> u64 {
@@ -213,6 +181,11 @@ pub(super) fn name_of(payload: &[u8]) -> &[u8] {
 
 fn lock_name(i: u64) -> Vec<u8> {
     format!("lock-{i}").into_bytes()
+}
+
+/// The address a simulated client connects from (what its worker's `Op::Open` carries).
+fn client_addr(conn: ConnId) -> std::net::SocketAddr {
+    std::net::SocketAddr::from(([127, 0, 0, 1], 10_000 + (conn.slot % 50_000) as u16))
 }
 
 impl<W: Workload> Cluster<W> {
@@ -247,40 +220,53 @@ impl<W: Workload> Cluster<W> {
         Some(ev)
     }
 
-    /// Node `i` (re)started: a new run, whose first proposal (empty) announces it.
+    /// Node `i`'s process state for a new run: its clocks start at the simulator's base
+    /// instant, so that the state machine's clock and the write deadline read the node's own
+    /// skewed clock ([`Cluster::instant`], [`Cluster::local_ms`]).
+    pub(super) fn live_shared(&self, i: usize) -> Arc<Shared> {
+        let mut shared = crate::server::sim::sim_shared(holdfast::ReplicatedMachine::live_config());
+        shared.started = self.epoch;
+        shared.started_unix_ms = EPOCH_MS + self.nodes[i].offset_ms;
+        Arc::new(shared)
+    }
+
+    /// Node `i` (re)started (its driver assembled, its state of this run restored): a new run
+    /// of the owner's loop, whose first proposal (empty) announces it.
     pub(super) fn live_start(&mut self, i: usize) {
-        let now = self.local_us(i);
-        let cs = self.nodes[i]
-            .raft
-            .as_ref()
-            .map(|r| r.conf_state())
-            .unwrap_or_default();
-        let mut liveness = Liveness::new(
-            self.nodes[i].id,
-            cs.voters.clone(),
+        let now = self.instant(i);
+        let node = &self.nodes[i];
+        let Some(raft) = node.raft.as_ref() else {
+            return;
+        };
+        let state = crate::server::owner::cluster::OwnerState::replicated(&node.machine);
+        let (shared, incarnation) = (state.shared().clone(), state.incarnation());
+        let (tx, replies) = crossbeam_channel::unbounded();
+        let mut owner = OwnerCore::new(
+            shared.clone(),
+            vec![(tx, ())],
+            raft,
+            incarnation,
             SESSION_TIMEOUT_US,
-            ELECTION_US,
+            Duration::from_micros(ELECTION_US),
+            None,
             now,
         );
-        liveness.outgoing = cs.voters_outgoing;
         if self.opts.bug_late_fence {
-            liveness.fence_after = SESSION_TIMEOUT_US + ELECTION_US;
+            owner.liveness.fence_after = SESSION_TIMEOUT_US + ELECTION_US;
         }
-        let node = LiveNode {
-            liveness,
-            // Later runs have larger incarnations (the daemon's: its start in Unix µs).
-            incarnation: self.now + 1,
-            seq: 0,
-            inflight: VecDeque::new(),
-            queued: Vec::new(),
-            leader_seen: 0,
-            was_leader: false,
-            installed_through: 0,
+        owner.mutations = Mutations {
+            forget_installed_requests: self.opts.bug_forget_installed_requests,
+            leader_does_not_wait: self.opts.bug_leader_does_not_wait,
         };
         let live = self.live();
-        live.nodes[i] = Some(node);
+        live.nodes[i] = Some(LiveNode {
+            owner,
+            shared,
+            replies,
+            batch: Batch::default(),
+            fences: 0,
+        });
         live.paused_until[i] = 0;
-        self.live_propose_new(i, true);
     }
 
     /// Node `i` crashed: its clients' connections close at once, and so do its peers'
@@ -346,288 +332,148 @@ impl<W: Workload> Cluster<W> {
         self.report.pauses += 1;
     }
 
-    /// A raft message from `from` reaches node `to`: it looks at its contact first (messages
-    /// that waited while it was stopped must not hide that it was cut off), then counts it.
-    pub(super) fn live_heard(&mut self, to: usize, from: usize) -> Result<(), String> {
-        self.live_fence_check(to)?;
-        let (now, id) = (self.local_us(to), self.nodes[from].id);
-        if let Some(n) = self.live().nodes[to].as_mut() {
-            n.liveness.heard(id, now);
-        }
-        Ok(())
+    /// A raft message from a peer reaches node `to`: the owner's loop steps it (looking at its
+    /// contact first: messages that waited while it was stopped must not hide that it was cut
+    /// off).
+    pub(super) fn live_step(&mut self, to: usize, m: Message) {
+        let now = self.instant(to);
+        let node = &mut self.nodes[to];
+        let (Some(raft), Some(n)) = (
+            node.raft.as_mut(),
+            self.live.as_mut().and_then(|l| l.nodes[to].as_mut()),
+        ) else {
+            return;
+        };
+        node.io.borrow_mut().now = now;
+        n.owner.step(raft, &mut node.machine, m, now);
     }
 
-    /// One round of node `i`'s owner after an event: propose, drive raft, then watch (probe,
-    /// contact, expiries, fence), announce a new leadership, and drive again.
+    /// One round of node `i`'s owner loop after an event, as the daemon's `ClusterOwner::run`
+    /// does after waking: it takes what its worker read, then runs [`OwnerCore::round`] (again
+    /// while its syncer has answers waiting: the daemon wakes for them); the simulator checks
+    /// what the driver did, and the worker writes the replies.
     pub(super) fn live_round(&mut self, i: usize) -> Result<(), String> {
-        if self.nodes[i].raft.is_none() {
+        loop {
+            // Raft's election timeout is the seed's before the loop ticks (a message stepped
+            // may have reset it).
+            self.draw_election_timeout(i);
+            let now = self.instant(i);
+            let node = &mut self.nodes[i];
+            let (Some(raft), Some(n)) = (
+                node.raft.as_mut(),
+                self.live.as_mut().and_then(|l| l.nodes[i].as_mut()),
+            ) else {
+                return Ok(());
+            };
+            node.io.borrow_mut().now = now;
+            if !n.batch.ops.is_empty() && n.owner.take_more() {
+                let b = std::mem::take(&mut n.batch);
+                n.owner.admit(&mut node.machine, b, now);
+            }
+            let result = n.owner.round(raft, &mut node.machine, now);
+            let fences = n.owner.fences();
+            let new_fences = fences - std::mem::replace(&mut n.fences, fences);
+            self.report.fences += new_fences;
+            let (crashed, again) = {
+                let io = node.io.borrow();
+                (io.crash, !io.sync_done.is_empty())
+            };
+            if crashed {
+                // The disk's fault hook: written, not synced, lost with the process (and the
+                // replies of this round with it).
+                self.report.crashes_before_sync += 1;
+                self.after(i)?;
+                self.crash(i);
+                return Ok(());
+            }
+            let id = node.id;
+            let outcome = result.map_err(|e| format!("node {id}: {e}"))?;
+            self.after(i)?;
+            self.live_write(i)?;
+            if outcome == Outcome::Removed && self.nodes[i].raft.is_some() {
+                // It applied its own removal: its owner stops it (the process exits).
+                self.nodes[i].retired = true;
+                self.nodes[i].raft = None;
+                self.live_crash(i);
+                return Ok(());
+            }
+            if !again {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Node `i`'s worker writes the replies its owner sent: as the daemon's worker, nothing
+    /// that the log decided once the node is past its write deadline (the connection closes
+    /// instead), and a connection with an abort (a fence, an expiry of this node's sessions)
+    /// closes with nothing written.
+    fn live_write(&mut self, i: usize) -> Result<(), String> {
+        let now = self.instant(i);
+        let ignore_deadline = self.opts.bug_ignore_write_deadline;
+        let Some(n) = self.live.as_mut().and_then(|l| l.nodes[i].as_mut()) else {
             return Ok(());
-        }
-        self.live_propose(i);
-        self.drive(i)?;
-        self.live_conf(i);
-        self.live_watch(i)?;
-        self.drive(i)?;
-        self.live_conf(i);
-        self.live_settle(i);
-        Ok(())
-    }
-
-    /// A membership change applied (or a snapshot installed) on node `i`: the members it
-    /// watches follow raft's configuration, and the removed nodes that still have sessions are
-    /// departed ones for the leader to expire (the owner's `conf_changed`).
-    fn live_conf(&mut self, i: usize) {
-        let Some(raft) = self.nodes[i].raft.as_mut() else {
-            return;
         };
-        if !raft.take_conf_changed() {
-            return;
-        }
-        let cs = raft.conf_state();
-        let id = self.nodes[i].id;
-        let state = &self.nodes[i].machine.state.inner;
-        let departed: Vec<u64> = state
-            .removed()
-            .into_iter()
-            .filter(|&gone| gone != id && state.has_sessions_of(gone))
-            .collect();
-        if let Some(n) = self.live.as_mut().and_then(|l| l.nodes[i].as_mut()) {
-            n.liveness.voters = cs.voters;
-            n.liveness.outgoing = cs.voters_outgoing;
-            n.liveness.departed.extend(departed);
-        }
-    }
-
-    /// Proposals of node `i` seen applied leave its in-flight list.
-    /// Those applied in a leader's snapshot it installed get the no-quorum answer (the owner's
-    /// rule: their replies were never made).
-    fn live_settle(&mut self, i: usize) {
-        let id = self.nodes[i].id;
-        let run = self.nodes[i].machine.state.inner.run_of(id);
-        let mut unanswered = Vec::new();
-        if let Some(n) = self.live.as_mut().and_then(|l| l.nodes[i].as_mut()) {
-            while let Some(f) = n.inflight.front() {
-                match run {
-                    Some((inc, seq)) if inc == n.incarnation && seq >= f.seq => {
-                        let f = n.inflight.pop_front().expect("checked");
-                        let forget = self.opts.bug_forget_installed_requests;
-                        if f.seq <= n.installed_through && f.waiting_since.is_some() && !forget {
-                            let ops = f.ops.into_iter().filter(|p| p.opcode.is_some());
-                            unanswered.extend(ops.map(|p| p.conn));
+        let replies: Vec<Replies> = n.replies.try_iter().collect();
+        // The worker's `cut_off`.
+        let deadline = n.shared.write_deadline_ms.load(Ordering::Relaxed);
+        let since_start = now.saturating_duration_since(n.shared.started).as_millis() as u64;
+        let cut_off = !ignore_deadline && deadline != 0 && since_start >= deadline;
+        let mut body = Vec::new();
+        for r in replies {
+            let arena = &r.arena.bytes;
+            for run in r.effects.chunk_by(|a, b| a.to == b.to && a.conn == b.conn) {
+                let Some(conn) = run.first().and_then(|e| e.conn) else {
+                    continue;
+                };
+                let Some(&k) = self.live().conn_client.get(&conn) else {
+                    continue; // a connection closed already
+                };
+                if cut_off && run[0].to != crate::core::Session(0) {
+                    self.report.deadline_closes += 1;
+                    self.live_close(conn, true);
+                    continue;
+                }
+                if run.iter().any(|e| matches!(e.body, Body::Abort)) {
+                    self.live_close(conn, true);
+                    continue;
+                }
+                for e in run {
+                    if !self.live().conn_client.contains_key(&conn) {
+                        break;
+                    }
+                    body.clear();
+                    e.body.encode_canonical(arena, &mut body);
+                    match body.as_slice() {
+                        [tag::LITERAL, ..] => {
+                            // The owner's own answer: no quorum, and the connection closes.
+                            self.report.no_quorum_answers += 1;
+                            if self.live().trace {
+                                eprintln!("{} node {i}: no quorum for {conn:?}", self.now);
+                            }
                         }
+                        [tag::LOCKD_FRAME, opcode, payload @ ..] => {
+                            let token = (self.live().tokens.get_mut(&conn))
+                                .and_then(|q| q.pop_front())
+                                .flatten();
+                            let name = name_of(payload).to_vec();
+                            self.live_reply(k, *opcode, name, token)?;
+                        }
+                        _ => {}
                     }
-                    _ => break,
+                    if e.close {
+                        self.live_close(conn, true);
+                    }
                 }
-            }
-        }
-        for conn in unanswered {
-            if self.live().conn_client.contains_key(&conn) {
-                self.report.no_quorum_answers += 1;
-                self.live_close(conn, true);
-            }
-        }
-    }
-
-    /// Node `i` installed a leader's snapshot: its proposals applied in it are noted.
-    pub(super) fn live_installed(&mut self, i: usize) {
-        let id = self.nodes[i].id;
-        let run = self.nodes[i].machine.state.inner.run_of(id);
-        if let Some(n) = self.live.as_mut().and_then(|l| l.nodes[i].as_mut()) {
-            n.installed_through = match run {
-                Some((inc, seq)) if inc == n.incarnation => seq,
-                _ => 0,
-            };
-        }
-    }
-
-    fn live_watch(&mut self, i: usize) -> Result<(), String> {
-        let now = self.local_us(i);
-        let time = self.local_ms(i);
-        let id = self.nodes[i].id;
-        let Some(raft) = self.nodes[i].raft.as_mut() else {
-            return Ok(());
-        };
-        // The daemon's quorum probes (raft ReadIndex requests), answered in `ready`.
-        raft.probe_quorum(now);
-        let (is_leader, term, confirmed) = (raft.is_leader(), raft.term(), raft.quorum_confirmed());
-        let Some(n) = self.live.as_mut().and_then(|l| l.nodes[i].as_mut()) else {
-            return Ok(());
-        };
-        n.liveness.confirmed(confirmed);
-        if self.opts.bug_leader_does_not_wait && is_leader {
-            n.liveness.leader_since.get_or_insert(0);
-        }
-        let machine = &self.nodes[i].machine.state.inner;
-        let due = n
-            .liveness
-            .expiries(is_leader, now, |p| machine.has_sessions_of(p));
-        let announce = is_leader && !n.was_leader;
-        n.was_leader = is_leader;
-        for e in due {
-            let mut data = Vec::new();
-            Replicated::encode_expire(e.node, time, &mut data);
-            if self.live_send(i, data) {
-                self.report.expiries += 1;
-            }
-        }
-        if announce {
-            let mut data = Vec::new();
-            Replicated::encode_leader(term, id, ELECTION_US / 1_000, time, &mut data);
-            self.live_send(i, data);
-        }
-        self.live_fence_check(i)
-    }
-
-    fn live_fence_check(&mut self, i: usize) -> Result<(), String> {
-        let now = self.local_us(i);
-        let id = self.nodes[i].id;
-        let Some(n) = self.live.as_mut().and_then(|l| l.nodes[i].as_mut()) else {
-            return Ok(());
-        };
-        if let Some(Fence::Lost { .. }) = n.liveness.fence_check(now) {
-            self.report.fences += 1;
-            // The connections of this node's sessions in the state it applied, as the daemon.
-            let conns = self.nodes[i].machine.state.inner.conns_of_node(id);
-            for conn in conns {
-                self.live_close(conn, true);
             }
         }
         Ok(())
     }
 
-    /// Propose `data` from node `i`: appended if it leads, forwarded to the leader it knows,
-    /// refused otherwise (`RaftNode::propose`).
-    fn live_send(&mut self, i: usize, data: Vec<u8>) -> bool {
-        self.nodes[i]
-            .raft
-            .as_mut()
-            .is_some_and(|raft| raft.propose(data))
-    }
-
-    /// The daemon's `propose`: everything in flight again when the oldest is overdue or the
-    /// leader changed; otherwise the queued requests as a new proposal, while fewer than the
-    /// cap are in flight.
-    fn live_propose(&mut self, i: usize) {
-        let now = self.local_us(i);
-        self.live_give_up(i, now);
-        let leader = self.nodes[i].raft.as_ref().map_or(0, |r| r.leader());
-        let Some(n) = self.live.as_mut().and_then(|l| l.nodes[i].as_mut()) else {
-            return;
-        };
-        let new_leader = leader != 0 && leader != n.leader_seen;
-        n.leader_seen = leader;
-        let overdue = n.inflight.front().map(|oldest| {
-            let retry = if oldest.sent {
-                ELECTION_US / 2
-            } else {
-                TICK_US
-            };
-            new_leader || now.saturating_sub(oldest.tried) >= retry
-        });
-        if let Some(overdue) = overdue {
-            if overdue {
-                let all: Vec<Vec<u8>> = n.inflight.iter().map(|f| f.data.clone()).collect();
-                let mut sent = Vec::new();
-                for data in all {
-                    sent.push(self.live_send(i, data));
-                }
-                if let Some(n) = self.live.as_mut().and_then(|l| l.nodes[i].as_mut()) {
-                    for (f, s) in n.inflight.iter_mut().zip(sent) {
-                        f.sent = s;
-                        f.tried = now;
-                    }
-                }
-                return;
-            }
-        }
-        self.live_propose_new(i, false);
-    }
-
-    /// The owner's no-quorum rule: once the oldest request of node `i` not yet answered has
-    /// waited two election timeouts, every request of it not yet answered is answered "no
-    /// quorum" and its connection closes; the proposals in flight keep only their connection
-    /// events (under the same numbers), the queued requests go.
-    fn live_give_up(&mut self, i: usize, now: Micros) {
-        let (id, time) = (self.nodes[i].id, self.local_ms(i));
-        let Some(n) = self.live.as_mut().and_then(|l| l.nodes[i].as_mut()) else {
-            return;
-        };
-        let oldest = n.inflight.iter().find_map(|f| f.waiting_since).or_else(|| {
-            n.queued
-                .iter()
-                .filter(|p| p.opcode.is_some())
-                .map(|p| p.since)
-                .min()
-        });
-        if oldest.is_none_or(|at| now < at + 2 * ELECTION_US) {
-            return;
-        }
-        let mut answered = Vec::new();
-        let inc = n.incarnation;
-        for f in n.inflight.iter_mut() {
-            if f.waiting_since.take().is_none() {
-                continue;
-            }
-            answered.extend(f.ops.iter().filter(|p| p.opcode.is_some()).map(|p| p.conn));
-            f.ops.retain(|p| p.opcode.is_none());
-            f.data = commands_proposal(id, inc, f.seq, time, &f.ops);
-        }
-        answered.extend(
-            n.queued
-                .iter()
-                .filter(|p| p.opcode.is_some())
-                .map(|p| p.conn),
-        );
-        n.queued.retain(|p| p.opcode.is_none());
-        answered.sort_unstable();
-        answered.dedup();
-        for conn in answered {
-            if self.live().conn_client.contains_key(&conn) {
-                self.report.no_quorum_answers += 1;
-                if self.live().trace {
-                    eprintln!("{} node {id}: no quorum for {conn:?}", self.now);
-                }
-                self.live_close(conn, true);
-            }
-        }
-    }
-
-    /// A new proposal of node `i` with what its clients sent (`announce`: even if empty).
-    fn live_propose_new(&mut self, i: usize, announce: bool) {
-        let now = self.local_us(i);
-        let (id, time) = (self.nodes[i].id, self.local_ms(i));
-        let Some(n) = self.live.as_mut().and_then(|l| l.nodes[i].as_mut()) else {
-            return;
-        };
-        if n.inflight.len() >= MAX_INFLIGHT || (n.queued.is_empty() && !announce) {
-            return;
-        }
-        let ops: Vec<Pending> = n.queued.drain(..).collect();
-        let waiting_since = ops
-            .iter()
-            .filter(|p| p.opcode.is_some())
-            .map(|p| p.since)
-            .min();
-        n.seq += 1;
-        let (seq, inc) = (n.seq, n.incarnation);
-        if self.live.as_ref().is_some_and(|l| l.trace) {
-            eprintln!(
-                "{} node {id}: proposes #{seq} with {} ops",
-                self.now,
-                ops.len()
-            );
-        }
-        let data = commands_proposal(id, inc, seq, time, &ops);
-        let sent = self.live_send(i, data.clone());
+    /// Client `k`'s worker hands its node `i` an op of connection `conn` (read now).
+    fn live_read(&mut self, i: usize, conn: ConnId, op: impl FnOnce(&mut Batch) -> Op) {
         if let Some(n) = self.live.as_mut().and_then(|l| l.nodes[i].as_mut()) {
-            n.inflight.push_back(InFlight {
-                seq,
-                data,
-                tried: now,
-                sent,
-                ops,
-                waiting_since,
-            });
+            let op = op(&mut n.batch);
+            n.batch.ops.push(OpMsg { conn, op });
         }
     }
 
@@ -644,6 +490,8 @@ impl<W: Workload> Cluster<W> {
         }
         match data.first() {
             Some(2) if data.len() == 17 => {
+                // An expiry a leader's owner proposed, committed.
+                self.report.expiries += 1;
                 self.live().expired_conns.extend(expired.iter().copied());
             }
             Some(1) if data.len() > 25 => {
@@ -670,58 +518,34 @@ impl<W: Workload> Cluster<W> {
             _ => {}
         }
     }
-
-    /// Node `i` applied an entry with `effects` (every session's, canonical form): the replies
-    /// to its own connections go out, before its write deadline; after it, their connections
-    /// close instead. `closed`: the connections the entry closes (an expiry of this node's own
-    /// sessions closes their connections: `Replicated::end_sessions_of`); `tokens`: each lockd
-    /// reply's lock token in the state that wrote it.
+    /// Node `i` applied an entry with `effects` (every session's, canonical form) and `tokens`
+    /// (each lockd reply's lock token in the state that made it): the tokens of the replies
+    /// to its own open connections wait for its worker to write them.
     pub(super) fn live_applied(
         &mut self,
         i: usize,
         effects: &[u8],
-        closed: Vec<ConnId>,
         tokens: &[Option<u64>],
     ) -> Result<(), String> {
         if self.live.is_none() {
             return Ok(());
         }
         let id = self.nodes[i].id as u16;
-        let now = self.local_us(i);
-        let may_write = self
-            .live
-            .as_ref()
-            .and_then(|l| l.nodes[i].as_ref())
-            .is_some_and(|n| self.opts.bug_ignore_write_deadline || n.liveness.may_write(now));
         let mut r = Reader::new(effects);
         let mut tokens = tokens.iter().copied();
         while r.remaining() > 0 {
-            let (to, close, body) = holdfast::next_effect(&mut r)?;
+            let (to, _close, body) = holdfast::next_effect(&mut r)?;
             let token = match (to, body) {
                 (Some(_), [tag::LOCKD_FRAME, ..]) => tokens.next().flatten(),
-                _ => None,
+                _ => continue,
             };
             let Some(to) = to.filter(|c| c.node == id) else {
                 continue;
             };
             let live = self.live();
-            let Some(&k) = live.conn_client.get(&to) else {
-                continue; // a connection closed already (or of an earlier run)
-            };
-            if !may_write {
-                self.report.deadline_closes += 1;
-                self.live_close(to, true);
-                continue;
+            if live.conn_client.contains_key(&to) {
+                live.tokens.entry(to).or_default().push_back(token);
             }
-            if let [tag::LOCKD_FRAME, opcode, payload @ ..] = body {
-                self.live_reply(k, *opcode, name_of(payload).to_vec(), token)?;
-            }
-            if close {
-                self.live_close(to, true);
-            }
-        }
-        for conn in closed {
-            self.live_close(conn, true);
         }
         Ok(())
     }
@@ -751,15 +575,10 @@ impl<W: Workload> Cluster<W> {
                 cl.lease_end.get_or_insert(lease.min(now));
             }
         }
+        live.tokens.remove(&conn);
         if node_runs {
-            if let Some(n) = live.nodes[i].as_mut() {
-                n.queued.push(Pending {
-                    conn,
-                    opcode: None,
-                    name: Vec::new(),
-                    since: 0,
-                });
-            }
+            // Its worker tells the owner.
+            self.live_read(i, conn, |_| Op::Close);
         }
     }
 
@@ -961,6 +780,13 @@ impl<W: Workload> Cluster<W> {
             }
             live.next_slot += 1;
             live.conn_client.insert(conn, k);
+            // Its worker accepted the connection: the owner hears of it first.
+            let peer = client_addr(conn);
+            self.live_read(i, conn, |_| Op::Open {
+                proto: Proto::Lockd,
+                peer,
+            });
+            let live = self.live();
             live.clients[k] = Client {
                 conn: Some((i, conn)),
                 ..Client::default()
@@ -1038,17 +864,13 @@ impl<W: Workload> Cluster<W> {
             name: name.clone(),
             sent: now,
         });
-        let since = now * self.nodes[i].rate / 1_000;
-        let live = self.live.as_mut().expect("liveness mode");
-        if let Some(n) = live.nodes[i].as_mut() {
-            n.queued.push(Pending {
-                conn,
-                opcode: Some(opcode),
-                name,
-                since,
-            });
-        }
-        if live.paused_until[i] <= now {
+        // Its worker decodes the request as the daemon's does.
+        let mut payload = name;
+        payload.push(0);
+        self.live_read(i, conn, |b| {
+            Op::Lockd(LockdOp::new(opcode, b.arena.push(&payload), &payload))
+        });
+        if self.live().paused_until[i] <= now {
             self.live_round(i)?;
         }
         Ok(())

@@ -6,6 +6,16 @@
 //! addressed to this node's connections, and answering "no quorum" when a proposal cannot be
 //! committed in time. Must not: apply anything that did not come out of the log.
 //!
+//! **The loop and its thread.** [`OwnerCore`] is the loop: every input is a call with the time
+//! passed in (a worker's batch, a peer's message, then one round per turn: tick, propose,
+//! `Ready`, a membership change, this node's proposals seen applied, watch, look, a new
+//! leader's lease extension, the replies to the workers), and it reads no clock itself. It is
+//! generic over the node's environment, its state ([`OwnerState`]) and how a worker is woken
+//! ([`Wake`]). [`ClusterOwner`] is the daemon's thread around it: the `select!` over the
+//! workers' channel, the peers' messages and events and the sync thread's answers, the admin
+//! port's questions, and the process's exit on a storage failure or its own removal. The
+//! simulator's liveness mode (`cluster::sim`) runs the same loop over its in-memory node.
+//!
 //! **Proposals.** A proposal is one owner turn's worth of this node's batches, as one command
 //! entry (`command.rs`) behind a header naming the node, this run of it (its *incarnation*, the
 //! Unix time in microseconds at start) and a sequence number:
@@ -321,6 +331,42 @@ impl Replicated {
         out.extend_from_slice(entry);
     }
 
+    /// [`Machine::apply`], also writing the entry's effects for every session, this node's or
+    /// not, in canonical form before they are routed: what the simulator compares across
+    /// replicas while the owner's loop drives this node.
+    pub fn apply_recorded(&mut self, data: &[u8], out: &mut Vec<u8>) {
+        if self.apply_proposal(data).is_err() {
+            self.refused += 1;
+        }
+        let t = &self.tables;
+        self.fx.encode_canonical(|s| t.sessions.conn(s), out);
+        self.route_applied();
+    }
+
+    /// The effects of the entry just applied go to this node's connections.
+    #[inline]
+    fn route_applied(&mut self) {
+        if self.this_run_announced() {
+            self.outbox.route(&mut self.fx, &self.tables.sessions);
+        } else {
+            // Entries from before this run's first proposal (a restarted node replaying its log,
+            // or catching up): any session of this node they address belongs to an earlier run,
+            // whose connections died with it, and whose connection numbers this run's may repeat.
+            self.fx.clear();
+        }
+    }
+
+    /// The process state this node's state machine reads (configuration, the clocks' origin,
+    /// the published write deadline).
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// This run's incarnation.
+    pub fn incarnation(&self) -> u64 {
+        self.incarnation
+    }
+
     /// Apply one proposal and write its effects for every session, this node's or not, in
     /// canonical form (`Effects::encode_canonical`): what a simulator compares across replicas.
     pub fn apply_canonical(&mut self, data: &[u8], out: &mut Vec<u8>) {
@@ -415,14 +461,7 @@ impl Machine for Replicated {
             // Every replica refuses the same bytes the same way.
             self.refused += 1;
         }
-        if self.this_run_announced() {
-            self.outbox.route(&mut self.fx, &self.tables.sessions);
-        } else {
-            // Entries from before this run's first proposal (a restarted node replaying its log,
-            // or catching up): any session of this node they address belongs to an earlier run,
-            // whose connections died with it, and whose connection numbers this run's may repeat.
-            self.fx.clear();
-        }
+        self.route_applied();
     }
 
     fn apply_conf_change(
@@ -1518,6 +1557,11 @@ impl<K: Wake> OwnerCore<K> {
             tried: now,
             sent,
         });
+    }
+
+    /// Times this node fenced itself.
+    pub fn fences(&self) -> u64 {
+        self.watch.fences
     }
 
     /// Whether the owner takes more batches from the workers.
