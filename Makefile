@@ -255,13 +255,13 @@ owner-ceiling:
 	$(PYTHON) tools/owner_ceiling.py target/release/examples/owner_ceiling 16
 	$(PYTHON) tools/owner_ceiling.py target/release/examples/owner_ceiling 1
 
-# The cluster simulator (src/cluster/sim.rs) over many seeds in release mode: SIM_SEEDS seeds
+# The cluster simulator (src/sim/mod.rs) over many seeds in release mode: SIM_SEEDS seeds
 # from SIM_FIRST (cargo test runs 200 from 0), first with the Replayer as the machine, then
 # with the cluster node's own state (`Replicated`, 100 in cargo test). A failing seed is printed; replay it with
-# HOLDFAST_SIM_SEED=N cargo test --lib cluster::sim::tests::one_seed -- --ignored --nocapture.
+# HOLDFAST_SIM_SEED=N cargo test --lib sim::tests::one_seed -- --ignored --nocapture.
 # Half of the seeds change the membership under load; SIM_MEMBERSHIP_ONLY=1 runs only those.
-# Then the liveness mode (src/cluster/sim_live.rs; 24 seeds in cargo test): replay a seed with
-# HOLDFAST_SIM_SEED=N [HOLDFAST_SIM_TRACE=1] cargo test --lib cluster::sim::tests::one_live_seed -- --ignored --nocapture.
+# Then the liveness mode (src/sim/live.rs; 24 seeds in cargo test): replay a seed with
+# HOLDFAST_SIM_SEED=N [HOLDFAST_SIM_TRACE=1] cargo test --lib sim::tests::one_live_seed -- --ignored --nocapture.
 SIM_SEEDS ?= 100000
 SIM_FIRST ?= 1000
 SIM_MEMBERSHIP_ONLY ?= 0
@@ -270,11 +270,11 @@ SIM_ENV = HOLDFAST_SIM_FIRST=$(SIM_FIRST) HOLDFAST_SIM_SEEDS=$(SIM_SEEDS) \
 .PHONY: cluster-sim
 cluster-sim:
 	$(SIM_ENV) $(CARGO) test --release --lib \
-		cluster::sim::tests::replicas_of_holdfast_agree_under_faults_100k_seeds -- --ignored --nocapture
+		sim::tests::replicas_of_holdfast_agree_under_faults_100k_seeds -- --ignored --nocapture
 	$(SIM_ENV) $(CARGO) test --release --lib \
-		cluster::sim::tests::replicas_of_the_cluster_state_agree_under_faults_over_many_seeds -- --nocapture
+		sim::tests::replicas_of_the_cluster_state_agree_under_faults_over_many_seeds -- --nocapture
 	$(SIM_ENV) HOLDFAST_SIM_LIVE_SEEDS=$(SIM_SEEDS) $(CARGO) test --release --lib \
-		cluster::sim::tests::the_liveness_mode_holds_over_many_seeds -- --nocapture
+		sim::tests::the_liveness_mode_holds_over_many_seeds -- --nocapture
 
 # The determinism replay (tests/invariants.rs) over many seeds in release mode: each schedule's
 # command entries replayed under another hash seed with snapshot restores midway.

@@ -56,8 +56,9 @@
 //! executor, replies, command entries, no-quorum answers), [`proto`] (the wire codecs by
 //! protocol name, for clients and tools), [`server`] (listeners, workers, the owner, effects,
 //! the messages between threads), [`cluster`] (the raft log on disk, the raft driver, the peer
-//! transport, liveness and the simulator), [`admin`] (the admin HTTP port), [`tls`]
-//! (certificates and keys), [`log`], [`rng`] and [`fdlimit`].
+//! transport, liveness), [`sim`] (the deterministic cluster simulator, above both `cluster` and
+//! `server`: it drives the raft driver and the owner's cluster loop), [`admin`] (the admin HTTP
+//! port), [`tls`] (certificates and keys), [`log`], [`rng`] and [`fdlimit`].
 
 pub mod admin;
 pub mod cluster;
@@ -71,4 +72,5 @@ pub mod proto;
 pub mod protocol;
 pub mod rng;
 pub mod server;
+pub mod sim;
 pub mod tls;

@@ -3,7 +3,7 @@
 //! [`LogSyncer`] makes written records durable), its peers ([`PeerLink`]) and its clock
 //! ([`Clock`]). The daemon's are the disk log in `--data-dir` ([`DiskStorage`], a forked
 //! [`SnapshotChild`] and the sync thread [`Syncer`]), the TCP transport ([`Transport`]) and
-//! [`SystemClock`]; the simulator (`cluster::sim`) has in-memory ones that its seed drives.
+//! [`SystemClock`]; the simulator (`crate::sim`) has in-memory ones that its seed drives.
 //!
 //! The driver is generic over them (monomorphised: no dynamic dispatch on the daemon's path).
 

@@ -5,7 +5,7 @@
 //! this node to apply up to their read index, confirmed), when this node last had contact with
 //! a quorum, when it fences itself and unfences, until when it may write the replies the log
 //! decided, and (on the leader) which unreachable nodes' sessions must be expired now. The
-//! daemon (`server::owner::cluster`, `cluster::node`) and the simulator (`cluster::sim`) both
+//! daemon (`server::owner::cluster`, `cluster::node`) and the simulator (`crate::sim`) both
 //! run this very code, so the simulator tests the daemon's decisions.
 //!
 //! Must not: read a clock, touch raft or a socket, or log. Time is a plain number of

@@ -8,17 +8,16 @@
 //! - [`liveness`]: quorum probes, fencing, the write deadline and session expiries, as pure
 //!   functions of time.
 //! - [`env`]: what a node's driver works through (its log, peers and clock), and the daemon's.
-//! - [`sim`]: a deterministic simulator of 3 to 5 nodes running the node's own driver over an
-//!   in-memory log, network and clocks, replicating holdfast's `Replayer` or its cluster state.
 //!
-//! The owner drives them (`server::owner::cluster`); the state machine they replicate is
-//! described in `docs/state-machine.md`, the whole of cluster mode in `docs/cluster.md`.
+//! The owner drives them (`server::owner::cluster`), and the simulator (`crate::sim`, above
+//! both) drives the node's driver and the owner's loop over in-memory ones; nothing here
+//! imports either. The state machine they replicate is described in `docs/state-machine.md`,
+//! the whole of cluster mode in `docs/cluster.md`.
 
 pub mod crc32c;
 pub mod env;
 pub mod liveness;
 pub mod node;
-pub mod sim;
 pub mod snapchild;
 pub mod snapfile;
 pub mod storage;

@@ -1,7 +1,7 @@
 //! One cluster node's Raft driver: raft-rs's `RawNode` over a durable log ([`LogStore`]) and
 //! the peers ([`PeerLink`]), ticked by the caller's clock ([`Clock`]). The daemon's node runs
 //! over the log in `--data-dir` ([`DiskStorage`]), the TCP [`Transport`] and the system clock;
-//! the simulator (`cluster::sim`) runs this same driver over in-memory ones (`cluster::env`).
+//! the simulator (`crate::sim`) runs this same driver over in-memory ones (`cluster::env`).
 //!
 //! Owns: the order of a `Ready` (send what may go before persisting, persist, apply, sync,
 //! then send what promised that state), ticking, forwarding proposals to the leader, making
@@ -185,6 +185,19 @@ pub struct NodeConfig {
     pub peer_names: BTreeMap<u64, String>,
     /// The largest entry the machine proposes (the transport's frame cap follows from it).
     pub max_entry: usize,
+}
+
+/// The bytes of one entry the owner proposes: it gathers batches until they reach this, and
+/// splits a batch larger than it alone (at least one request per entry: one with a value of
+/// `--max-item-size` is larger). A peer frame holds an append of entries up to 1 MiB or one
+/// entry, so no frame is larger than a few MiB. Two of them fill what the owner keeps in flight
+/// (`MAX_INFLIGHT_BYTES`), so one commits while the next is on its way.
+pub const MAX_ENTRY_BYTES: usize = 96 << 10;
+
+/// The largest entry a node proposes: [`MAX_ENTRY_BYTES`] of requests and one more, whose
+/// value is at most `max_item_size` (with its key and the op's fields).
+pub fn max_entry_bytes(max_item_size: usize) -> usize {
+    MAX_ENTRY_BYTES + max_item_size + (64 << 10)
 }
 
 /// The largest peer frame for entries of at most `max_entry` bytes: raft-rs packs entries into

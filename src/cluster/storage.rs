@@ -148,7 +148,7 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> LogError + '_ {
 }
 
 /// The replayable state: what memory holds and what the records describe. Also the whole of
-/// the simulator's in-memory storage (`cluster::sim`), so both answer raft alike.
+/// the simulator's in-memory storage (`crate::sim`), so both answer raft alike.
 #[derive(Default, Clone)]
 pub(crate) struct LogState {
     pub(crate) hard_state: HardState,

@@ -114,7 +114,7 @@ pub const HEADER_LEN: usize = 18;
 /// message (its file goes in chunk frames), so the largest legitimate message is an append:
 /// raft-rs packs entries up to `max_size_per_msg` (1 MiB) but always sends at least one, and
 /// the owner's entries hold about 1 MiB of requests and one more
-/// (`server::owner::cluster::MAX_ENTRY_BYTES`). A node sets its cap from its largest entry
+/// (`node::MAX_ENTRY_BYTES`). A node sets its cap from its largest entry
 /// (`node::max_frame`, which grows with `--max-item-size`); this is the floor. The buffer grows
 /// only as bytes arrive, and only after the header named an admitted sender.
 pub const DEFAULT_MAX_FRAME: usize = 4 << 20;

@@ -130,8 +130,7 @@ fn a_frame_round_trips() {
 #[test]
 fn the_largest_append_fits_the_frame_cap() {
     // The owner's largest entry with the largest --max-item-size a cluster takes.
-    let max_entry =
-        crate::server::owner::cluster::max_entry_bytes(crate::config::MAX_CLUSTER_ITEM_SIZE);
+    let max_entry = crate::cluster::node::max_entry_bytes(crate::config::MAX_CLUSTER_ITEM_SIZE);
     let cap = crate::cluster::node::max_frame(max_entry);
     assert!(cap < super::super::storage::MAX_RECORD_LEN);
     let mut e = raft::prelude::Entry {
@@ -152,8 +151,7 @@ fn the_largest_append_fits_the_frame_cap() {
     assert!(buf.len() - HEADER_LEN <= cap);
     // With the default --max-item-size, a few MiB.
     assert!(
-        crate::cluster::node::max_frame(crate::server::owner::cluster::max_entry_bytes(1 << 20))
-            <= 4 << 20
+        crate::cluster::node::max_frame(crate::cluster::node::max_entry_bytes(1 << 20)) <= 4 << 20
     );
 
     let small = raft::prelude::Entry {

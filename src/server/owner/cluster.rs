@@ -14,7 +14,7 @@
 //! ([`Wake`]). [`ClusterOwner`] is the daemon's thread around it: the `select!` over the
 //! workers' channel, the peers' messages and events and the sync thread's answers, the admin
 //! port's questions, and the process's exit on a storage failure or its own removal. The
-//! simulator's liveness mode (`cluster::sim`) runs the same loop over its in-memory node.
+//! simulator's liveness mode (`crate::sim`) runs the same loop over its in-memory node.
 //!
 //! **Proposals.** A proposal is one owner turn's worth of this node's batches, as one command
 //! entry (`command.rs`) behind a header naming the node, this run of it (its *incarnation*, the
@@ -88,7 +88,8 @@ use crate::admin::data::{Answer, ClusterMetrics, Histogram, Query, CLUSTER_BOUND
 use crate::cluster::env::{Clock, LogStore, PeerLink};
 use crate::cluster::liveness::{Fence, Liveness, Micros};
 use crate::cluster::node::{
-    conf_members, Machine, Membership, NodeConfig, RaftNode, StartError, TICKS_PER_ELECTION,
+    conf_members, max_entry_bytes, Machine, Membership, NodeConfig, RaftNode, StartError,
+    MAX_ENTRY_BYTES, TICKS_PER_ELECTION,
 };
 use crate::cluster::transport::{PeerTls, PeerTlsConfigs};
 use crate::config::ClusterConfig;
@@ -117,12 +118,6 @@ const MAX_BATCHES_PER_PROPOSAL: usize = 64;
 /// Batches waiting for the next proposal before the owner stops taking more from the workers
 /// (they queue in the channel, whose requests are each bounded by the workers' caps).
 const MAX_QUEUED_BATCHES: usize = 4096;
-/// The bytes of one entry: batches are gathered until they reach this, and a batch larger than
-/// it alone is split (at least one request per entry: one with a value of `--max-item-size`
-/// is larger). A peer frame holds an append of entries up to 1 MiB or one entry, so no frame
-/// is larger than a few MiB. Two of them fill [`MAX_INFLIGHT_BYTES`], so one commits while the
-/// next is on its way.
-pub const MAX_ENTRY_BYTES: usize = 96 << 10;
 /// Bytes of this node's proposals in flight at most (with [`MAX_INFLIGHT_PROPOSALS`]): a
 /// request from another node waits behind at most these of this node's bytes in the leader's
 /// log, and one of this node behind these and the batches queued before it (at most
@@ -136,11 +131,6 @@ const MAX_INFLIGHT_BYTES: usize = 192 << 10;
 /// Bytes of batches queued for proposal at which the owner stops taking more from the workers
 /// (they wait in the channel, and the workers stop reading at their own caps).
 const MAX_QUEUED_BYTES: usize = 2 << 20;
-/// The largest entry this node proposes: [`MAX_ENTRY_BYTES`] of requests and one more, whose
-/// value is at most `max_item_size` (with its key and the op's fields).
-pub fn max_entry_bytes(max_item_size: usize) -> usize {
-    MAX_ENTRY_BYTES + max_item_size + (64 << 10)
-}
 
 /// What an op adds to an entry beyond its bytes in the arena, about (ids, tags, lengths; a
 /// small dlock request takes about 48 bytes in all).
@@ -696,7 +686,7 @@ pub struct ClusterOwner {
 /// in (`now`, on the node's monotonic clock; the state machine's clock is derived from it as
 /// the workers' is), and it reads no clock itself. Generic over the node's environment
 /// (`RaftNode<S, T, C>`), the replicated state ([`OwnerState`]) and how a worker is woken
-/// ([`Wake`]): the daemon runs it in [`ClusterOwner::run`], the simulator (`cluster::sim`'s
+/// ([`Wake`]): the daemon runs it in [`ClusterOwner::run`], the simulator (`crate::sim`'s
 /// liveness mode) over its in-memory environment.
 pub struct OwnerCore<K: Wake = Arc<Waker>> {
     shared: Arc<Shared>,

@@ -545,49 +545,6 @@ fn routing_again_before_the_batch_goes_out_keeps_every_effects_bytes() {
     }
 }
 
-#[test]
-fn the_cluster_lock_check_reads_grants_from_canonical_effects() {
-    // The cluster simulator's lock workload finds lockd grants in the replicated state
-    // machine's canonical effects: it must see every ACQUIRED, and a second holder.
-    use crate::cluster::sim::holdfast::{HoldfastMachine, LockWorkload};
-    use crate::cluster::sim::Workload;
-    let mut m = HoldfastMachine::new();
-    let mut w = LockWorkload::default();
-    let name = b"lock-0\0";
-    let mut step = |w: &mut LockWorkload, client: u64, opcode: u8| {
-        let mut request = vec![opcode];
-        request.extend_from_slice(name);
-        let command = w.command(client, &request, T0);
-        let effects = m.apply(&command);
-        w.check(client, &command, &effects)
-    };
-    step(&mut w, 1, ld_op::ACQ).expect("client 1 acquires");
-    step(&mut w, 2, ld_op::ACQ).expect("client 2 queues");
-    assert_eq!(w.grants, 1);
-    step(&mut w, 1, ld_op::REL).expect("client 1 releases, client 2 is granted");
-    assert_eq!(w.grants, 2, "the grant to the waiting client was seen");
-    // Client 3 took the name behind the checker's back: its grant is a second holder.
-    let mut forged = LockWorkload::default();
-    let mut other = HoldfastMachine::new();
-    let mut acq = vec![ld_op::ACQ];
-    acq.extend_from_slice(name);
-    for client in [3, 4] {
-        let command = forged.command(client, &acq, T0);
-        let effects = other.apply(&command);
-        forged
-            .check(client, &command, &effects)
-            .expect("one holder");
-    }
-    // A replica that never saw clients 3 and 4 grants the name to client 5 at once.
-    let mut third = HoldfastMachine::new();
-    let command = forged.command(5, &acq, T0);
-    let effects = third.apply(&command);
-    assert!(
-        forged.check(5, &command, &effects).is_err(),
-        "a grant while another client holds the name is reported"
-    );
-}
-
 /// `stats` reports the connection counters the owner loop stamped into the request, not the
 /// process's counters at the time of apply (rule 1 of `docs/state-machine.md`).
 #[test]

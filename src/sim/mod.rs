@@ -1,7 +1,7 @@
 //! A deterministic simulator of a raft cluster: 3 to 5 nodes in one thread, each running the
 //! daemon's own Raft driver (`cluster::node::RaftNode`, its `tick`/`step`/`ready`/persist/sync
 //! path, background snapshots and installs included) over an in-memory log, transport and
-//! clock (`sim_env.rs`), with their disks, their network and their clocks all driven from one
+//! clock (`env.rs`), with their disks, their network and their clocks all driven from one
 //! seed (after tigerbeetle's VOPR and FoundationDB's simulation testing).
 //!
 //! Owns: the simulated world (an event queue in simulated microseconds), the owner's side of
@@ -16,7 +16,7 @@
 //!   crashes a node between writing a `Ready` and syncing it.
 //! - **Network**: seeded loss, delay (hence reordering) and duplication; symmetric and one-way
 //!   partitions.
-//! - **Snapshots** (`sim_snap.rs`), made and installed by the driver: *made in the background*
+//! - **Snapshots** (`snap.rs`), made and installed by the driver: *made in the background*
 //!   when the driver's rule says so (its [`SnapshotPolicy`] with every
 //!   [`Options::snapshot_every`] entries in some seeds; in all, in proportion: log bytes
 //!   applied since the last one >= max([`Options::snapshot_floor_bytes`], the last snapshot's
@@ -65,9 +65,9 @@
 //! every client's request must have been applied (liveness); removed nodes are ignored.
 //!
 //! What the simulator models rather than runs: the TCP transport (its queues, connections and
-//! chunked snapshot files: `sim_snap.rs`), the disk log's file format and its sync thread, the
+//! chunked snapshot files: `snap.rs`), the disk log's file format and its sync thread, the
 //! forked snapshot child and the install thread (their timing and results), and, in the
-//! liveness mode, the owner's thread around its cluster loop and the workers (`sim_live.rs`:
+//! liveness mode, the owner's thread around its cluster loop and the workers (`live.rs`:
 //! the loop itself, `server::owner::cluster::OwnerCore`, runs).
 
 use std::cell::RefCell;
@@ -82,16 +82,13 @@ use raft::prelude::{
 };
 use raft::StateRole;
 
-use super::node::{Parts, RaftNode, SnapshotPolicy};
-use super::transport::PeerEvent;
+use crate::cluster::node::{Parts, RaftNode, SnapshotPolicy};
+use crate::cluster::transport::PeerEvent;
 use crate::rng::Rng;
 use crate::server::msg::ConnId;
 
-#[path = "sim_env.rs"]
 mod env;
-#[path = "sim_live.rs"]
 mod live;
-#[path = "sim_snap.rs"]
 mod snap;
 use env::{DiskFaults, Io, MemLog, Record, RestoreJob, Shared, SimClock, SimLink, SimMachine};
 use env::{SimStore, SimSyncer};
@@ -412,7 +409,7 @@ pub struct Options {
     /// Founders start from a snapshot at index 1 ([`MemLog::bootstrapped`]); without it a node
     /// that joins may replay the log from index 1 on an empty `ConfState`.
     pub bootstrap_snapshot: bool,
-    /// Liveness mode (`sim_live.rs`): each node runs the owner's cluster loop (`OwnerCore`);
+    /// Liveness mode (`live.rs`): each node runs the owner's cluster loop (`OwnerCore`);
     /// lockd clients on the nodes through a simulated worker; the client-view checks.
     pub liveness: bool,
     /// Liveness mode: nodes are paused (not driven, their timers and messages held).
@@ -736,7 +733,7 @@ struct Node {
     /// in proportion to the log from those made every so many entries).
     bytes_since: u64,
     last_snapshot: u64,
-    /// Snapshot files its transport sends and receives (`sim_snap.rs`).
+    /// Snapshot files its transport sends and receives (`snap.rs`).
     transfers: snap::Transfers,
 }
 
@@ -1932,7 +1929,7 @@ pub fn run_replicated_seed(seed: u64) -> Result<Report, String> {
         .map_err(|e| format!("seed {} (cluster state): {}", seed, e))
 }
 
-/// Liveness mode ([`Options::liveness`], `sim_live.rs`) over holdfast's cluster state: seed's
+/// Liveness mode ([`Options::liveness`], `live.rs`) over holdfast's cluster state: seed's
 /// faults without membership changes, pauses in 70% of the seeds.
 pub fn run_live_seed(seed: u64) -> Result<Report, String> {
     run_live(seed, live_options(seed))
@@ -2327,5 +2324,4 @@ pub mod holdfast {
 }
 
 #[cfg(test)]
-#[path = "sim_tests.rs"]
 mod tests;

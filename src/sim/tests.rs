@@ -136,7 +136,7 @@ fn replicas_of_holdfast_agree_under_faults_over_many_seeds() {
     );
 }
 
-/// The long run: `cargo test --release --lib cluster::sim -- --ignored`, or set
+/// The long run: `cargo test --release --lib sim:: -- --ignored`, or set
 /// HOLDFAST_SIM_SEEDS/HOLDFAST_SIM_FIRST to cover another range.
 #[test]
 #[ignore]
@@ -218,7 +218,7 @@ fn damaged_dedup_snapshots_are_errors() {
     assert!(a.restore(&huge).is_err());
 }
 
-/// Replays one seed: `HOLDFAST_SIM_SEED=264 cargo test --lib cluster::sim::tests::one_seed --
+/// Replays one seed: `HOLDFAST_SIM_SEED=264 cargo test --lib sim::tests::one_seed --
 /// --ignored --nocapture`.
 #[test]
 #[ignore]
@@ -297,7 +297,7 @@ fn replicas_of_the_cluster_state_agree_under_faults_over_many_seeds() {
     );
 }
 
-// Snapshots made, sent and installed as the daemon does (`sim_snap.rs`).
+// Snapshots made, sent and installed as the daemon does (`snap.rs`).
 
 /// Over a range of seeds every invariant holds while snapshots are made in the background
 /// (some lost in crashes, some superseded by a leader's), sent in chunks that are lost,
@@ -424,10 +424,10 @@ fn a_joiner_replaying_the_log_from_index_1_is_caught() {
 }
 
 // Liveness mode: the daemon's liveness decisions (`liveness.rs`) on every simulated node, real
-// cluster proposals, lockd clients on the nodes, and the client-view checks (`sim_live.rs`).
+// cluster proposals, lockd clients on the nodes, and the client-view checks (`live.rs`).
 
 /// Replays one liveness-mode seed: `HOLDFAST_SIM_SEED=3 cargo test --lib
-/// cluster::sim::tests::one_live_seed -- --ignored --nocapture` (with HOLDFAST_SIM_MUTATION, as
+/// sim::tests::one_live_seed -- --ignored --nocapture` (with HOLDFAST_SIM_MUTATION, as
 /// for [`scan_a_mutation`], mutated).
 #[test]
 #[ignore]
@@ -446,7 +446,7 @@ fn one_live_seed_from_the_environment() {
 
 /// Which seeds a mutation of the liveness logic fails, and how: `HOLDFAST_SIM_MUTATION=
 /// late-fence|ignore-deadline|leader-no-wait|forget-installed HOLDFAST_SIM_SEEDS=200 cargo test --release --lib
-/// cluster::sim::tests::scan_a_mutation -- --ignored --nocapture`.
+/// sim::tests::scan_a_mutation -- --ignored --nocapture`.
 #[test]
 #[ignore]
 fn scan_a_mutation() {
@@ -565,4 +565,47 @@ fn regression_seed_60_a_release_applied_after_its_sessions_expiry_frees_nobodys_
 fn requests_applied_in_an_installed_snapshot_are_answered_seed_426() {
     let why = caught(426, "forget-installed");
     assert!(why.contains("no quorum rule"), "{}", why);
+}
+
+#[test]
+fn the_cluster_lock_check_reads_grants_from_canonical_effects() {
+    // The cluster simulator's lock workload finds lockd grants in the replicated state
+    // machine's canonical effects: it must see every ACQUIRED, and a second holder.
+    use crate::proto::lockd::op as ld_op;
+    const T0: u64 = 1_700_000_000_000;
+    let mut m = HoldfastMachine::new();
+    let mut w = LockWorkload::default();
+    let name = b"lock-0\0";
+    let mut step = |w: &mut LockWorkload, client: u64, opcode: u8| {
+        let mut request = vec![opcode];
+        request.extend_from_slice(name);
+        let command = w.command(client, &request, T0);
+        let effects = m.apply(&command);
+        w.check(client, &command, &effects)
+    };
+    step(&mut w, 1, ld_op::ACQ).expect("client 1 acquires");
+    step(&mut w, 2, ld_op::ACQ).expect("client 2 queues");
+    assert_eq!(w.grants, 1);
+    step(&mut w, 1, ld_op::REL).expect("client 1 releases, client 2 is granted");
+    assert_eq!(w.grants, 2, "the grant to the waiting client was seen");
+    // Client 3 took the name behind the checker's back: its grant is a second holder.
+    let mut forged = LockWorkload::default();
+    let mut other = HoldfastMachine::new();
+    let mut acq = vec![ld_op::ACQ];
+    acq.extend_from_slice(name);
+    for client in [3, 4] {
+        let command = forged.command(client, &acq, T0);
+        let effects = other.apply(&command);
+        forged
+            .check(client, &command, &effects)
+            .expect("one holder");
+    }
+    // A replica that never saw clients 3 and 4 grants the name to client 5 at once.
+    let mut third = HoldfastMachine::new();
+    let command = forged.command(5, &acq, T0);
+    let effects = third.apply(&command);
+    assert!(
+        forged.check(5, &command, &effects).is_err(),
+        "a grant while another client holds the name is reported"
+    );
 }

@@ -1,5 +1,5 @@
 //! The simulator's side of the node's environment (`cluster::env`): what the daemon's node
-//! runs over, in memory and driven by the seed, so that `sim.rs` runs the daemon's own Raft
+//! runs over, in memory and driven by the seed, so that `sim/mod.rs` runs the daemon's own Raft
 //! driver (`cluster::node::RaftNode`).
 //!
 //! - [`SimStore`]: the log in memory ([`MemLog`]); writing a `Ready` clones it (what a sync of

@@ -1,4 +1,4 @@
-//! The simulator's snapshots (`sim.rs`): the daemon's driver makes and installs them
+//! The simulator's snapshots (`sim/mod.rs`): the daemon's driver makes and installs them
 //! (`cluster::node`); the simulator times its background work and carries the files.
 //!
 //! - **Background snapshots.** When the driver's rule says one is due it starts one through
