@@ -423,8 +423,9 @@ fn a_joiner_replaying_the_log_from_index_1_is_caught() {
     );
 }
 
-// Liveness mode: the daemon's liveness decisions (`liveness.rs`) on every simulated node, real
-// cluster proposals, lockd clients on the nodes, and the client-view checks (`live.rs`).
+// Liveness mode: the owner's own cluster loop (`OwnerCore`, with the liveness decisions of
+// `liveness.rs`) on every simulated node, lockd clients on the nodes through a simulated worker,
+// and the client-view checks (`live.rs`).
 
 /// Replays one liveness-mode seed: `HOLDFAST_SIM_SEED=3 cargo test --lib
 /// sim::tests::one_live_seed -- --ignored --nocapture` (with HOLDFAST_SIM_MUTATION, as
