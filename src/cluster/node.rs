@@ -490,6 +490,11 @@ impl RaftNode {
 }
 
 impl<S: LogStore, T: PeerLink, C: Clock> RaftNode<S, T, C> {
+    /// The node's clock now (the daemon's: the monotonic clock).
+    pub fn now(&self) -> Instant {
+        self.clock.now()
+    }
+
     /// When each peer's latest frame arrived (raft traffic or a keepalive).
     pub fn heard(&self) -> BTreeMap<u64, Instant> {
         self.transport.heard()

@@ -713,7 +713,7 @@ pub struct OwnerCore<K: Wake = Arc<Waker>> {
     poisoned: HashSet<ConnId>,
     /// What `/metrics` shows beyond raft's state, and what the operator's log lines need.
     watch: Watch,
-    /// Off but in the simulator.
+    /// All off in the daemon; the simulator sets them.
     pub mutations: Mutations,
 }
 
@@ -1169,7 +1169,7 @@ impl<K: Wake> OwnerCore<K> {
             self.send_replies(st);
             return Ok(Outcome::Removed);
         }
-        self.settle(st, now, wall);
+        self.settle(node, st, wall);
         self.watch(node, st, now, wall);
         self.look(node, st, now);
         let leader = node.is_leader();
@@ -1192,8 +1192,14 @@ impl<K: Wake> OwnerCore<K> {
     /// This node's proposals seen applied leave the flight. Those applied in a leader's
     /// snapshot installed here made no replies: their requests get the no-quorum answer
     /// (applied once, nothing more to learn), or their clients would wait for good.
-    fn settle<M: OwnerState>(&mut self, st: &mut M, now: Instant, wall: u64) {
+    fn settle<S: LogStore, T: PeerLink, C: Clock, M: OwnerState>(
+        &mut self,
+        node: &RaftNode<S, T, C>,
+        st: &mut M,
+        wall: u64,
+    ) {
         let state = st.replicated_mut();
+        let mut applied_at = None;
         while let Some(f) = self.inflight.front() {
             if state.mine_applied < f.seq {
                 break;
@@ -1206,7 +1212,9 @@ impl<K: Wake> OwnerCore<K> {
                     self.watch.no_quorum_answers += n as u64;
                 }
             }
-            let ns = now.saturating_duration_since(f.proposed).as_nanos();
+            // One clock read per round that saw any of this node's proposals applied.
+            let at = *applied_at.get_or_insert_with(|| node.now());
+            let ns = at.saturating_duration_since(f.proposed).as_nanos();
             let ns = u64::try_from(ns).unwrap_or(u64::MAX);
             self.watch.proposal_apply.observe_in(&CLUSTER_BOUNDS, ns, 1);
             self.recycle(f.batches);
