@@ -173,6 +173,8 @@ lint:
 	# The fuzz crate is outside the workspace (it needs libFuzzer): check that it still compiles
 	# against the library (a new request variant must reach its printers too).
 	$(CARGO) check --manifest-path fuzz/Cargo.toml --lib --quiet
+	# Layers: cluster/ and admin/ never import server/ back, no folder's files import in a circle.
+	$(PYTHON) tools/import_circles.py --apart cluster,server --apart admin,server
 
 fmt:
 	$(CARGO) fmt --all

@@ -7,8 +7,13 @@ keeps them) is resolved to the module file it names, following `pub use` re-expo
 strongly connected component of the resulting graph is printed with one example line per edge.
 A module's declaration of its children (`mod x;`) is not an import.
 
-usage: tools/import_circles.py [--src src] [--tests] [--folder NAME ...]
+With `--apart A,B` (repeatable) the exit status is 1 when top-level modules A and B are in one
+circle, or when any folder's files are (a layer below must not import the layer above);
+`make lint` runs it so.
+
+usage: tools/import_circles.py [--src src] [--tests] [--folder NAME ...] [--apart A,B ...]
 """
+import sys
 import argparse
 import os
 import re
@@ -84,6 +89,8 @@ def main():
     ap.add_argument("--tests", action="store_true", help="include test code")
     ap.add_argument("--folder", nargs="*", default=["server", "cluster", "protocol", "admin", "core"],
                     help="folders whose files to check against each other")
+    ap.add_argument("--apart", action="append", default=[], metavar="A,B",
+                    help="fail when these two top-level modules are in one circle, or any folder has one")
     args = ap.parse_args()
 
     files = {}
@@ -176,6 +183,7 @@ def main():
             if v not in index:
                 visit(v)
         print(f"== {title}: {len(comps)} circle(s)")
+        circles.extend(comps)
         for comp in sorted(comps):
             print("  {" + ", ".join(comp) + "}")
             for a in comp:
@@ -183,10 +191,19 @@ def main():
                     if b in comp:
                         print(f"    {a} -> {b}   ({example})")
 
+    circles = []
     report("top-level modules", lambda m: m[0] if m else None)
+    top = list(circles)
     for folder in args.folder:
         report(f"files in {folder}/",
                lambda m, f=folder: ("/".join(m[1:]) or "mod") if m[:1] == (f,) else None)
+    bad = [f"{a} and {b} in one circle" for a, b in (x.split(",", 1) for x in args.apart)
+           if any(a in c and b in c for c in top)]
+    if args.apart and len(circles) > len(top):
+        bad.append("a circle between the files of a folder")
+    for why in bad:
+        print(f"error: {why}", file=sys.stderr)
+    sys.exit(1 if bad else 0)
 
 
 main()
