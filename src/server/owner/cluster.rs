@@ -737,8 +737,9 @@ struct Watch {
     no_quorum_answers: u64,
     /// The last leader known and its term (0: none yet).
     leader: (u64, u64),
-    /// Whether a quorum of the voters was reachable at the last look (`None`: not looked yet),
-    /// and since when it has not been.
+    /// Whether a quorum of the voters was reachable at the last look (`None`: none has been
+    /// yet since the start: peers started together take a while to be heard from, and that is
+    /// no loss), and since when it has not been.
     quorum: Option<bool>,
     quorum_lost_at: Option<Instant>,
     /// When reachability is looked at next (once per tick).
@@ -1139,9 +1140,7 @@ impl<K: Wake> OwnerCore<K> {
                 leader: (0, 0),
                 quorum: None,
                 quorum_lost_at: None,
-                // The first look after an election timeout: peers started together need that
-                // long to be heard from at all.
-                next_look: now + election,
+                next_look: now,
                 quorum_log: crate::log::Limiter::default(),
                 leader_log: crate::log::Limiter::default(),
             },
@@ -1429,7 +1428,11 @@ impl<K: Wake> OwnerCore<K> {
         }
         self.watch.next_look = now + self.election / TICKS_PER_ELECTION as u32;
         let ok = self.quorum_within(node, now, self.election);
-        let was = self.watch.quorum.replace(ok);
+        let was = self.watch.quorum;
+        if was.is_none() && !ok {
+            return;
+        }
+        self.watch.quorum = Some(ok);
         if was.is_none() || was == Some(ok) {
             return;
         }
