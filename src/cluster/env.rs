@@ -125,6 +125,14 @@ pub trait PeerLink {
 /// The node's monotonic clock.
 pub trait Clock {
     fn now(&self) -> Instant;
+
+    /// Called between two of raft's ticks in one [`RaftNode::tick`](super::node::RaftNode::tick)
+    /// (a node that was held up ticks several times at once). raft-rs draws its randomized
+    /// election timeout from a thread's generator whenever it resets it (a campaign in one of
+    /// those ticks): the simulator replaces that draw with the seed's here, before the next tick
+    /// can act on it. The daemon's clock leaves raft's own draw.
+    #[inline]
+    fn between_ticks<S: raft::Storage>(&self, _raft: &mut raft::Raft<S>) {}
 }
 
 /// The daemon's clock.

@@ -732,7 +732,12 @@ impl<S: LogStore, T: PeerLink, C: Clock> RaftNode<S, T, C> {
                 self.on_synced(done)?;
             }
         }
+        let mut first = true;
         while now >= self.next_tick {
+            if !first {
+                self.clock.between_ticks(&mut self.raw.raft);
+            }
+            first = false;
             // A node installing a snapshot does not campaign (its state is not in place yet):
             // its election clock runs only as far as the leader's lease, so that it still
             // grants votes once the leader has been silent for an election timeout; it still

@@ -517,6 +517,15 @@ impl Clock for SimClock {
     fn now(&self) -> Instant {
         self.io.borrow().now
     }
+
+    /// raft reset its election timeout in the last tick (it zeroes the elapsed ticks with it):
+    /// the seed's draw instead of the thread's, as the simulator does between calls.
+    fn between_ticks<S: raft::Storage>(&self, raft: &mut raft::Raft<S>) {
+        if raft.election_elapsed == 0 {
+            let t = super::ELECTION_TICKS + self.io.borrow_mut().rng.index(super::ELECTION_TICKS);
+            raft.set_randomized_election_timeout(t);
+        }
+    }
 }
 
 /// What applying one entry did, for the simulator's checks.

@@ -581,7 +581,7 @@ const TICK_US: u64 = 10_000;
 /// milliseconds, as measured on this kind of machine under load.
 const SYNC_MIN_US: u64 = 200;
 const SYNC_SPREAD_US: u64 = 3_000;
-const ELECTION_TICKS: usize = 10;
+pub(crate) const ELECTION_TICKS: usize = 10;
 /// A client re-proposes after this long without seeing its request applied.
 const RETRY_US: u64 = 300_000;
 /// Log entries kept behind a snapshot for followers slightly behind.

@@ -306,7 +306,7 @@ fn replicas_of_the_cluster_state_agree_under_faults_over_many_seeds() {
 /// entries behind them held: each of these really happened.
 #[test]
 fn background_snapshots_chunked_transfers_and_installs_under_faults() {
-    let t = run_seeds(5_000..5_240, run_holdfast_seed);
+    let t = run_seeds(5_000..5_260, run_holdfast_seed);
     assert!(
         t.bg_snapshots_completed > 0
             && t.bg_snapshots_dropped_by_crash > 0
@@ -371,11 +371,11 @@ fn membership_seed_155_adds_and_removes_voters_under_load() {
     assert!(r.commands > 50, "{:?}", r);
 }
 
-/// The same over holdfast's cluster state (`Replicated`): seed 175 makes four changes with
-/// three joiners and three removals.
+/// The same over holdfast's cluster state (`Replicated`): seed 194 adds three nodes and
+/// removes three.
 #[test]
-fn membership_seed_175_on_the_cluster_state() {
-    let r = run_replicated_seed(175).unwrap();
+fn membership_seed_194_on_the_cluster_state() {
+    let r = run_replicated_seed(194).unwrap();
     assert_membership_happened(&r);
     assert!(r.nodes_added >= 3 && r.nodes_removed >= 3, "{:?}", r);
 }
@@ -514,10 +514,13 @@ fn the_liveness_mode_holds_over_many_seeds() {
 }
 
 /// A liveness-mode seed replays identically: the owner's loop takes its time from the
-/// simulator and raft's election timeouts come from the seed before every tick.
+/// simulator and raft's election timeouts come from the seed before every tick, also between
+/// the ticks of one call (seeds 18 and 155 change the membership and have nodes that tick
+/// several times at once and campaign among them: with raft's own draw there, they ran
+/// differently each time).
 #[test]
 fn a_live_seed_replays_identically() {
-    for seed in [3, 81] {
+    for seed in [3, 18, 81, 155] {
         let a = run_live_seed(seed).unwrap();
         let b = run_live_seed(seed).unwrap();
         assert_eq!(format!("{:?}", a), format!("{:?}", b));
