@@ -414,6 +414,10 @@ pub struct Options {
     pub liveness: bool,
     /// Liveness mode: nodes are paused (not driven, their timers and messages held).
     pub pauses: bool,
+    /// Liveness mode: just after a failover, a node stops being heard (its outgoing links
+    /// fail; it goes on hearing the others) for one to three session timeouts
+    /// ([`Cluster::maybe_cut_sends`]).
+    pub send_cuts: bool,
     /// Mutations that the client-view checks must catch: a node fences a session timeout
     /// plus an election timeout after its last contact (after the majority expired it,
     /// `Liveness::fence_after`), and a node's worker that writes replies past its write
@@ -459,6 +463,7 @@ impl Options {
             bootstrap_snapshot: false,
             liveness: false,
             pauses: false,
+            send_cuts: false,
             bug_late_fence: false,
             bug_ignore_write_deadline: false,
             bug_leader_does_not_wait: false,
@@ -531,6 +536,8 @@ pub struct Report {
     pub claims_lapsed: u64,
     pub conn_view_excused: u64,
     pub pauses: u64,
+    /// Liveness mode: nodes whose sends failed just after a failover ([`Options::send_cuts`]).
+    pub send_cuts: u64,
     pub fences: u64,
     pub expiries: u64,
     pub deadline_closes: u64,
@@ -590,6 +597,8 @@ const KEEP_ENTRIES: u64 = 5;
 const EPOCH_MS: u64 = 1_700_000_000_000;
 /// Share of seeds with membership changes: half, so the long runs cover both kinds alike.
 const MEMBERSHIP_PERCENT: u64 = 50;
+/// Liveness-mode seeds with the send-cut fault ([`Options::send_cuts`]).
+const SEND_CUTS_PERCENT: u64 = 50;
 /// Liveness-mode seeds that may change the membership (half of them do, as in the others).
 const LIVE_MEMBERSHIP_PERCENT: u64 = 60;
 /// Share of those whose changes leave the joint configuration explicitly (holdfast's
@@ -634,6 +643,11 @@ enum Ev {
     Fault,
     Restart(usize),
     Heal,
+    /// The send-cut fault ([`Options::send_cuts`]): node `i`'s outgoing links fail; its
+    /// incoming ones fail too; all of them work again.
+    CutSends(usize),
+    CutReceives(usize),
+    HealCut(usize),
     /// The operator's look at a membership change in flight.
     Operator,
     /// Node `i`'s log sync through `Ready` `number` finished (in its run `life`).
@@ -812,6 +826,12 @@ pub struct Cluster<W> {
     clients: Vec<Client>,
     /// blocked[a][b]: packets from a to b are lost.
     blocked: Vec<Vec<bool>>,
+    /// The send-cut fault ([`Options::send_cuts`]): per node index, the node it last forwarded
+    /// a proposal to; per new leader, the first index of its term (until it tells the
+    /// followers that it committed it); the node whose sends fail now.
+    forwarded_to: BTreeMap<usize, usize>,
+    cut_armed: BTreeMap<usize, u64>,
+    sends_cut: Option<usize>,
     /// The applied log: per index, the entry's term (where the node's log still had it), data
     /// and effects.
     log: BTreeMap<u64, Logged>,
@@ -873,6 +893,9 @@ impl<W: Workload> Cluster<W> {
             workload,
             clients,
             blocked: vec![vec![false; n]; n],
+            forwarded_to: BTreeMap::new(),
+            cut_armed: BTreeMap::new(),
+            sends_cut: None,
             log: BTreeMap::new(),
             snaps: BTreeMap::new(),
             client_applied: BTreeMap::new(),
@@ -1175,6 +1198,21 @@ impl<W: Workload> Cluster<W> {
             Ev::Heal => {
                 for row in &mut self.blocked {
                     row.iter_mut().for_each(|b| *b = false);
+                }
+            }
+            Ev::CutSends(i) => self.cut_sends(i),
+            Ev::CutReceives(i) => {
+                if self.sends_cut == Some(i) {
+                    for a in 0..self.nodes.len() {
+                        self.blocked[a][i] = a != i;
+                    }
+                }
+            }
+            Ev::HealCut(i) => {
+                self.blocked[i].iter_mut().for_each(|b| *b = false);
+                self.blocked.iter_mut().for_each(|row| row[i] = false);
+                if self.sends_cut == Some(i) {
+                    self.sends_cut = None;
                 }
             }
             Ev::Operator => {
@@ -1490,8 +1528,72 @@ impl<W: Workload> Cluster<W> {
                 },
             );
         }
+        let raft_msg = match &packet {
+            Packet::Raft(m) => Some((m.get_msg_type(), m.get_commit())),
+            _ => None,
+        };
         let delay = 50 + self.rng.below(self.opts.max_delay_us);
         self.push(delay, Ev::Deliver { from, to, packet });
+        if let Some((kind, commit)) = raft_msg.filter(|_| self.opts.send_cuts) {
+            self.maybe_cut_sends(from, to, kind, commit);
+        }
+    }
+
+    /// The send-cut fault ([`Options::send_cuts`]): just after a failover, a node stops being
+    /// heard (its outgoing links fail; it goes on hearing the others):
+    /// - a new leader, as soon as it tells the followers that it committed the first entry of
+    ///   its term (which it applied);
+    /// - a follower, a few milliseconds after it first forwards a proposal to a leader new to
+    ///   it (once the acknowledgements it sends after its log sync went out), and an election
+    ///   timeout later it stops hearing the others too.
+    ///
+    /// Such a node had no quorum probe answered since the old leader went away (a new leader
+    /// answers none before it commits in its term), so it may apply its clients' first
+    /// requests past its write deadline, in entries it proposed during the election; and the
+    /// leader that no longer hears it expires its sessions a session timeout later. Its links
+    /// work again one to three session timeouts after they failed. One node at a time, so that
+    /// a majority goes on hearing each other.
+    fn maybe_cut_sends(&mut self, from: usize, to: usize, kind: MessageType, commit: u64) {
+        let cut = match kind {
+            MessageType::MsgPropose => {
+                let before = self.forwarded_to.insert(from, to);
+                before != Some(to)
+            }
+            MessageType::MsgAppend => {
+                let first = self.cut_armed.get(&from).copied();
+                if first.is_none_or(|first| commit < first) {
+                    return;
+                }
+                self.cut_armed.remove(&from);
+                true
+            }
+            _ => false,
+        };
+        if cut && kind == MessageType::MsgPropose {
+            let after = SYNC_MIN_US + SYNC_SPREAD_US + self.rng.below(SYNC_SPREAD_US);
+            self.push(after, Ev::CutSends(from));
+            self.push(after + ELECTION_US, Ev::CutReceives(from));
+        } else if cut {
+            self.cut_sends(from);
+        }
+    }
+
+    /// Node `i`'s outgoing links fail now, unless another node's have or the chaos is over.
+    fn cut_sends(&mut self, i: usize) {
+        if self.sends_cut.is_some()
+            || self.now >= self.opts.chaos_ms * 1000
+            || self.nodes[i].raft.is_none()
+        {
+            return;
+        }
+        self.sends_cut = Some(i);
+        for b in 0..self.nodes.len() {
+            self.blocked[i][b] = b != i;
+        }
+        self.report.send_cuts += 1;
+        let session = live::SESSION_TIMEOUT_US;
+        let heal = session + self.rng.below(2 * session);
+        self.push(heal, Ev::HealCut(i));
     }
 
     /// The node's owner handles what raft has ready: the daemon's `RaftNode::ready` (persist,
@@ -1652,6 +1754,9 @@ impl<W: Workload> Cluster<W> {
         };
         let raw = raft.raw();
         let (id, term) = (raw.raft.id, raw.raft.term);
+        if self.opts.send_cuts {
+            self.cut_armed.insert(i, raw.raft.raft_log.last_index());
+        }
         if !raw.raft.prs().conf().voters().contains(id) {
             return Err(format!(
                 "node {} leads term {} outside its configuration {:?}",
@@ -1942,6 +2047,7 @@ pub fn live_options(seed: u64) -> Options {
     let mut opts = Options::drawn(seed, membership);
     opts.liveness = true;
     opts.pauses = Rng::new(seed ^ 0x7061_7573_6573).chance(70);
+    opts.send_cuts = Rng::new(seed ^ 0x7365_6e64_6375_7473).chance(SEND_CUTS_PERCENT);
     opts
 }
 
