@@ -29,6 +29,11 @@
 //! Fencing tokens: a grant whose request was sent after another grant of the lock was received
 //! carries a larger token. lockd's ACQUIRED does not carry the token, so it is read from the
 //! state the node applied when it made the grant (`LockdTable::token_of`).
+//!
+//! Faults: besides `mod.rs`'s crashes, partitions and membership changes, pauses (here) and
+//! send cuts (`mod.rs`: a node stops being heard just after a failover, when it may apply its
+//! clients' first requests past its write deadline). The mutations these checks catch, and
+//! by which seeds: `docs/cluster.md`, "Liveness mode".
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::atomic::Ordering;
