@@ -55,6 +55,7 @@ fn run_seeds(seeds: std::ops::Range<u64>, run: fn(u64) -> Result<Report, String>
         total.claims_lapsed += r.claims_lapsed;
         total.conn_view_excused += r.conn_view_excused;
         total.pauses += r.pauses;
+        total.send_cuts += r.send_cuts;
         total.fences += r.fences;
         total.expiries += r.expiries;
         total.deadline_closes += r.deadline_closes;
@@ -485,7 +486,7 @@ fn mutated(seed: u64, which: &str) -> Options {
 
 /// The liveness mode over many seeds (`HOLDFAST_SIM_LIVE_SEEDS`, from `HOLDFAST_SIM_FIRST`):
 /// no client ever sees two holders of a lock (lease and connection views), tokens grow, and
-/// the faults, fences, expiries, pauses and write-deadline closes really happened.
+/// the faults, fences, expiries, pauses, send cuts and write-deadline closes really happened.
 #[test]
 fn the_liveness_mode_holds_over_many_seeds() {
     let seeds: u64 = std::env::var("HOLDFAST_SIM_LIVE_SEEDS")
