@@ -598,7 +598,7 @@ const EPOCH_MS: u64 = 1_700_000_000_000;
 /// Share of seeds with membership changes: half, so the long runs cover both kinds alike.
 const MEMBERSHIP_PERCENT: u64 = 50;
 /// Liveness-mode seeds with the send-cut fault ([`Options::send_cuts`]).
-const SEND_CUTS_PERCENT: u64 = 50;
+const SEND_CUTS_PERCENT: u64 = 35;
 /// Liveness-mode seeds that may change the membership (half of them do, as in the others).
 const LIVE_MEMBERSHIP_PERCENT: u64 = 60;
 /// Share of those whose changes leave the joint configuration explicitly (holdfast's
