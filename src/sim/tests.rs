@@ -562,20 +562,15 @@ fn a_late_fence_is_caught_seed_50() {
     assert!(why.contains("connection view"), "{}", why);
 }
 
-/// A node that writes replies past its write deadline (instead of closing their connections)
-/// leaves a client holding a lock that another client is granted. Seed 662 (3 nodes, the
-/// send-cut fault): node 1, elected after a failover with no quorum probe answered for more
-/// than its fence delay, commits the first entry of its term at 2.590 s and applies in it the
-/// first request of a new connection of client 1 (a TRY of lock-1, sent at 2.444 s during the
-/// election): past its write deadline, so the daemon closes that connection; the mutation
-/// writes the grant. Node 1 stops being heard at that instant (a send cut); client 1 works
-/// under the lock (its next request, at 3.034 s, waits on node 1, which cannot propose it).
-/// Node 2, elected at 2.790 s, expires node 1's sessions a
-/// session timeout later (applied at 3.087 s), and client 0, queued for lock-1 on node 2, is
-/// granted it at 3.121 s while client 1's connection is open: the connection view.
+/// A new leader that expires the nodes it has not heard from for a session timeout without
+/// waiting a session timeout from its own election expires nodes that are in contact: seed 76
+/// (send cuts, no membership changes). Client 1 on node 4 holds lock-1 from 0.194 s; node 3,
+/// elected at 0.521 s, at once expires node 4's sessions (log entry 18, before its own lease
+/// extension), and client 0 on node 3, queued for lock-1, is granted it at 0.616 s while
+/// client 1's connection is open: the connection view.
 #[test]
-fn replies_past_the_write_deadline_are_caught_seed_662() {
-    let why = caught(662, "ignore-deadline");
+fn a_new_leader_that_does_not_wait_is_caught_seed_76() {
+    let why = caught(76, "leader-no-wait");
     assert!(why.contains("connection view"), "{}", why);
 }
 
