@@ -574,6 +574,19 @@ fn a_new_leader_that_does_not_wait_is_caught_seed_76() {
     assert!(why.contains("connection view"), "{}", why);
 }
 
+/// A node that writes replies past its write deadline (rather than closing their connections)
+/// leaves a client holding a lock that another client is granted: seed 155 (membership
+/// changes and send cuts) catches it in the connection view, the one seed of the first 2,500
+/// that does. It takes a node whose quorum probes went unanswered while its proposal got
+/// through (a failover), cut off right after it applies the first request of a new session past
+/// its deadline, whose client then works under the lock until the majority expires the node's
+/// sessions and grants the lock to a client that waited for it (`docs/cluster.md`).
+#[test]
+fn replies_past_the_write_deadline_are_caught_seed_155() {
+    let why = caught(155, "ignore-deadline");
+    assert!(why.contains("connection view"), "{}", why);
+}
+
 /// Stale requests (docs/cluster.md): a cut-off node's client releases a lock; the majority
 /// expires that node's sessions and grants the lock to another client; then the cut-off
 /// node's stale proposal is committed. Applied in a new session ("anybody may release any
