@@ -379,21 +379,10 @@ impl<W: Workload> Cluster<W> {
             let fences = n.owner.fences();
             let new_fences = fences - std::mem::replace(&mut n.fences, fences);
             self.report.fences += new_fences;
-            let (crashed, again) = {
-                let io = node.io.borrow();
-                (io.crash, !io.sync_done.is_empty())
-            };
-            if crashed {
-                // The disk's fault hook: written, not synced, lost with the process (and the
-                // replies of this round with it).
-                self.report.crashes_before_sync += 1;
-                self.after(i)?;
-                self.crash(i);
+            // A crash in the disk's fault hook loses this round's replies with the process.
+            let Some((outcome, again)) = self.after_call(i, result)? else {
                 return Ok(());
-            }
-            let id = node.id;
-            let outcome = result.map_err(|e| format!("node {id}: {e}"))?;
-            self.after(i)?;
+            };
             self.live_write(i)?;
             if outcome == Outcome::Removed && self.nodes[i].raft.is_some() {
                 // It applied its own removal: its owner stops it (the process exits).

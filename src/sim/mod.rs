@@ -1608,24 +1608,36 @@ impl<W: Workload> Cluster<W> {
             };
             node.io.borrow_mut().now = now;
             let result = raft.ready(&mut node.machine);
-            let (crashed, again) = {
-                let io = node.io.borrow();
-                (io.crash, !io.sync_done.is_empty())
-            };
-            if crashed {
-                // The disk's fault hook: written, not synced, lost with the process.
-                self.report.crashes_before_sync += 1;
-                self.after(i)?;
-                self.crash(i);
-                return Ok(());
-            }
-            let id = node.id;
-            result.map_err(|e| format!("node {id}: {e}"))?;
-            self.after(i)?;
-            if !again {
-                return Ok(());
+            match self.after_call(i, result)? {
+                Some(((), true)) => {}
+                _ => return Ok(()),
             }
         }
+    }
+
+    /// What follows a call into node `i` that may have written its log: if the disk's fault
+    /// hook crashed it (written, not synced, lost with the process, and whatever the call
+    /// would have sent or answered with it), the crash and `None`; else the call's result and
+    /// whether its syncer has answers waiting (call again). [`Self::after`] either way.
+    pub(super) fn after_call<T>(
+        &mut self,
+        i: usize,
+        result: Result<T, String>,
+    ) -> Result<Option<(T, bool)>, String> {
+        let (crashed, again) = {
+            let io = self.nodes[i].io.borrow();
+            (io.crash, !io.sync_done.is_empty())
+        };
+        if crashed {
+            self.report.crashes_before_sync += 1;
+            self.after(i)?;
+            self.crash(i);
+            return Ok(None);
+        }
+        let id = self.nodes[i].id;
+        let out = result.map_err(|e| format!("node {id}: {e}"))?;
+        self.after(i)?;
+        Ok(Some((out, again)))
     }
 
     /// After a call into node `i`'s driver: check what it applied, route what it sent, and
