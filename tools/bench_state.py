@@ -255,16 +255,16 @@ def start_single(procs, name):
 
 # ---- the probe (a process of its own: the writer's GIL must not delay it) ----
 
-def probe_main(port, stop, conn):
-    """TRY + REL of one name every PROBE_EVERY s until `stop`; sends back (latencies in s,
-    errors as text) through `conn`."""
+def paced_probe(stop, conn, connect, once, trace=None):
+    """Every PROBE_EVERY s until `stop`: once(sock, buf) on the connection connect() made (a
+    new one after an error). Sends back (latencies in s, errors as text) through `conn`; with
+    `trace`, one line per probe (its start in Unix seconds, its latency in ms)."""
     # The parent's handlers (SIGTERM raising KeyboardInterrupt) are not this process's: it is
     # stopped by `stop`, or by SIGTERM to its PID; a Ctrl-C is the parent's to handle.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    lat, errors, n = [], [], 0
-    sock, buf, name = None, bytearray(), b""
-    trace = open(PROBE_TRACE, "a") if PROBE_TRACE else None
+    lat, errors = [], []
+    sock, buf = None, bytearray()
     next_at = time.monotonic()
     while not stop.is_set():
         now = time.monotonic()
@@ -273,24 +273,15 @@ def probe_main(port, stop, conn):
         next_at = max(next_at + PROBE_EVERY, time.monotonic())
         try:
             if sock is None:
-                n += 1
-                name = f"state-probe-{os.getpid()}-{n}".encode()
-                sock = socket.create_connection(("127.0.0.1", port), timeout=PROBE_TIMEOUT)
+                sock = connect()
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 buf = bytearray()
             sent = time.monotonic()
-            sock.sendall(frame(OP_TRY, name))
-            op = read_frame(sock, buf)
-            if op != R_ACQUIRED:
-                raise OSError(f"TRY answered {op}")
-            sock.sendall(frame(OP_REL, name))
-            op = read_frame(sock, buf)
-            if op != R_RELEASED:
-                raise OSError(f"REL answered {op}")
-            lat.append(time.monotonic() - sent)
+            once(sock, buf)
+            took = time.monotonic() - sent
+            lat.append(took)
             if trace is not None:
-                trace.write(f"{time.time() - (time.monotonic() - sent):.3f} "
-                            f"{(time.monotonic() - sent) * 1000:.1f}\n")
+                trace.write(f"{time.time() - took:.3f} {took * 1000:.1f}\n")
         except OSError as e:
             errors.append(f"{time.monotonic():.3f} {e}")
             if sock is not None:
@@ -301,6 +292,28 @@ def probe_main(port, stop, conn):
         sock.close()
     conn.send((lat, errors))
     conn.close()
+
+
+def probe_main(port, stop, conn):
+    """TRY + REL of one name (a new one on each connection) every PROBE_EVERY s."""
+    name = [b""]
+
+    def connect():
+        name[0] = f"state-probe-{os.getpid()}-{time.monotonic_ns()}".encode()
+        return socket.create_connection(("127.0.0.1", port), timeout=PROBE_TIMEOUT)
+
+    def once(sock, buf):
+        sock.sendall(frame(OP_TRY, name[0]))
+        op = read_frame(sock, buf)
+        if op != R_ACQUIRED:
+            raise OSError(f"TRY answered {op}")
+        sock.sendall(frame(OP_REL, name[0]))
+        op = read_frame(sock, buf)
+        if op != R_RELEASED:
+            raise OSError(f"REL answered {op}")
+
+    trace = open(PROBE_TRACE, "a") if PROBE_TRACE else None
+    paced_probe(stop, conn, connect, once, trace)
 
 
 def read_frame(sock, buf):
@@ -319,44 +332,23 @@ def read_frame(sock, buf):
 
 
 def etcd_probe_main(port, stop, conn):
-    """etcd's counterpart of probe_main, in its own process too: a put and a delete of one key
-    (two commits in a row, as TRY + REL are) through the JSON gateway every PROBE_EVERY s."""
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    """etcd's counterpart of probe_main: a put and a delete of one key (two commits in a row,
+    as TRY + REL are) through the JSON gateway every PROBE_EVERY s."""
     key = base64.b64encode(b"state-probe").decode()
     bodies = [('{"key":"%s","value":"%s"}' % (key, base64.b64encode(b"1").decode())).encode(),
               ('{"key":"%s"}' % key).encode()]
     reqs = [b"POST %s HTTP/1.1\r\nHost: etcd\r\nContent-Type: application/json\r\n"
             b"Content-Length: %d\r\n\r\n%s" % (path, len(body), body)
             for path, body in zip((b"/v3/kv/put", b"/v3/kv/deleterange"), bodies)]
-    lat, errors = [], []
-    sock, buf = None, bytearray()
-    next_at = time.monotonic()
-    while not stop.is_set():
-        now = time.monotonic()
-        if now < next_at:
-            time.sleep(next_at - now)
-        next_at = max(next_at + PROBE_EVERY, time.monotonic())
-        try:
-            if sock is None:
-                sock = socket.create_connection(("127.0.0.1", port), timeout=PROBE_TIMEOUT)
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                buf = bytearray()
-            sent = time.monotonic()
-            for req in reqs:
-                sock.sendall(req)
-                http_response(sock, buf)
-            lat.append(time.monotonic() - sent)
-        except OSError as e:
-            errors.append(f"{time.monotonic():.3f} {e}")
-            if sock is not None:
-                sock.close()
-                sock = None
-            stop.wait(0.05)
-    if sock is not None:
-        sock.close()
-    conn.send((lat, errors))
-    conn.close()
+
+    def once(sock, buf):
+        for req in reqs:
+            sock.sendall(req)
+            http_response(sock, buf)
+
+    paced_probe(stop, conn,
+                lambda: socket.create_connection(("127.0.0.1", port), timeout=PROBE_TIMEOUT),
+                once)
 
 
 class Probe:
