@@ -1761,6 +1761,9 @@ fn cluster_metrics_health_and_holders_nodes_agree_on_every_node() {
         assert!(metric(&m, "holdfast_cluster_log_sync_seconds_count", "") >= 1.0);
         assert!(metric(&m, "holdfast_cluster_snapshot_bytes", "") > 0.0);
         assert!(metric(&m, "holdfast_cluster_log_file_bytes", "") > 0.0);
+        let cached = metric(&m, "holdfast_cluster_log_cached_bytes", "");
+        assert!(cached > 0.0 && cached <= (32 << 20) as f64, "{cached}");
+        assert!(metric(&m, "holdfast_cluster_log_entries_read_total", "") >= 0.0);
         for result in ["made", "failed", "installed"] {
             let label = format!("result=\"{result}\"");
             assert!(metric(&m, "holdfast_cluster_snapshots_total", &label) >= 0.0);

@@ -414,6 +414,18 @@ fn cluster_metrics(out: &mut String, c: &ClusterMetrics) {
         "size of this node's Raft log file",
         &plain(c.log_file_bytes),
     );
+    one(
+        "holdfast_cluster_log_cached_bytes",
+        Kind::Gauge,
+        "bytes of the newest Raft log entries kept in memory (older ones are read back from the log files)",
+        &plain(c.log_cached_bytes),
+    );
+    one(
+        "holdfast_cluster_log_entries_read_total",
+        Kind::Counter,
+        "Raft log entries read back from the log files (a far-behind follower's catch-up, a restart)",
+        &plain(c.log_entries_read),
+    );
     let sn = &c.snapshots;
     one(
         "holdfast_cluster_snapshots_total",

@@ -86,6 +86,9 @@ pub trait LogStore: Storage {
     fn start_restore(&self, old: Box<dyn Send>, restore: Restore) -> (u64, Receiver<Restored>);
     /// The size of the current log file.
     fn log_file_len(&self) -> u64;
+    /// Record bytes of the entries whose payloads memory keeps, and entries read back from the
+    /// log files so far.
+    fn log_cache(&self) -> (u64, u64);
 }
 
 /// A snapshot being written in the background.
@@ -245,6 +248,10 @@ impl LogStore for DiskStorage {
 
     fn log_file_len(&self) -> u64 {
         DiskStorage::log_file_len(self)
+    }
+
+    fn log_cache(&self) -> (u64, u64) {
+        (self.cached_bytes(), self.entries_read())
     }
 }
 

@@ -17,6 +17,7 @@
 pub mod crc32c;
 pub mod env;
 pub mod liveness;
+mod logcache;
 pub mod node;
 pub mod snapchild;
 pub mod snapfile;

@@ -56,6 +56,10 @@ pub const KEEP_ENTRIES: u64 = 1_000;
 pub const KEEP_BYTES: u64 = 4 << 20;
 /// The largest append message (raft-rs's `max_size_per_msg`): one owner turn's entry fits.
 const MAX_MSG_BYTES: u64 = 1 << 20;
+/// The committed entries one `Ready` hands to the state machine, at most (raft-rs's
+/// `max_committed_size_per_ready`; at least one entry): a node that restarts behind a long log,
+/// or catches up on one, applies it in slices instead of reading it all back at once.
+const MAX_APPLY_BYTES: u64 = 16 << 20;
 /// Appends sent to a follower and not yet acknowledged, at most (raft-rs's flow control): with
 /// [`MAX_MSG_BYTES`], at most 32 MiB per follower waits in the transport's queue or on the way,
 /// which keeps a leader's memory in proportion to its state when a follower is slow or gone
@@ -353,6 +357,7 @@ fn raft_config(id: u64, applied: u64) -> Config {
         check_quorum: true,
         max_size_per_msg: MAX_MSG_BYTES,
         max_inflight_msgs: MAX_INFLIGHT_MSGS,
+        max_committed_size_per_ready: MAX_APPLY_BYTES,
         ..Default::default()
     }
 }
@@ -677,6 +682,12 @@ impl<S: LogStore, T: PeerLink, C: Clock> RaftNode<S, T, C> {
     /// The size of the current log file.
     pub fn log_file_bytes(&self) -> u64 {
         self.raw.store().log_file_len()
+    }
+
+    /// Record bytes of the log entries whose payloads memory keeps, and entries read back from
+    /// the log files so far.
+    pub fn log_cache(&self) -> (u64, u64) {
+        self.raw.store().log_cache()
     }
 
     /// How long the log syncs took so far.
@@ -1244,10 +1255,21 @@ fn ids_in_conf_changes(storage: &DiskStorage, book: &Membership) -> BTreeSet<u64
         storage.first_index().unwrap_or(1),
         storage.last_index().unwrap_or(0),
     );
-    if last >= first {
+    let mut at = first;
+    while at <= last {
+        // In slices: the log since the snapshot may be as large as the state.
         let entries = storage
-            .entries(first, last + 1, None, raft::GetEntriesContext::empty(false))
+            .entries(
+                at,
+                last + 1,
+                Some(MAX_APPLY_BYTES),
+                raft::GetEntriesContext::empty(false),
+            )
             .unwrap_or_default();
+        let Some(next) = entries.last().map(|e| e.index + 1) else {
+            break;
+        };
+        at = next;
         for e in entries {
             let cc = match e.get_entry_type() {
                 EntryType::EntryConfChange => ConfChange::parse_from_bytes(&e.data).map(v1_to_v2),

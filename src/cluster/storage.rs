@@ -1,9 +1,11 @@
 //! Durable Raft storage: the log, hard state, conf state and snapshots of one node in a data
 //! directory, behind raft-rs's `Storage` trait.
 //!
-//! Owns the files of `--data-dir` and an in-memory copy of the live log (the entries after the
-//! last compaction point), which serves every read. It must not apply anything to the state
-//! machine and must not decide when to snapshot or compact: the driver does.
+//! Owns the files of `--data-dir` and the live log (the entries after the last compaction
+//! point) in memory: every entry's index and term, and the payloads of the newest
+//! [`LOG_CACHE_BYTES`] of them; older payloads are read back from their records
+//! ([`super::logcache`]). It must not apply anything to the state machine and must not decide
+//! when to snapshot or compact: the driver does.
 //!
 //! ```text
 //! data-dir/
@@ -60,6 +62,7 @@ use raft::prelude::{ConfState, Entry, HardState, Snapshot, SnapshotMetadata};
 use raft::{Storage, StorageError};
 
 use super::crc32c;
+use super::logcache::{EntryCache, Loc, ReadFailure};
 use super::snapfile::{self, Descriptor};
 
 /// First bytes of a log file: the format's name and version.
@@ -78,6 +81,14 @@ pub const MAX_SNAPSHOT_LEN: u64 = snapfile::MAX_FILE_LEN;
 /// A log segment is sealed and a new one started once it is this large: the directory holds
 /// the live log and at most one segment of compacted entries more.
 pub const SEGMENT_BYTES: u64 = 16 << 20;
+/// Record bytes of the newest entries whose payloads memory keeps ([`EntryCache`]); older ones
+/// are read back from the segments. Far above what a follower in step or the next apply reads
+/// (raft sends at most 1 MiB per append). Unit tests keep a few records only, so that every
+/// test of the log and of the cluster's nodes reads entries back from the files.
+#[cfg(not(test))]
+pub const LOG_CACHE_BYTES: u64 = 32 << 20;
+#[cfg(test)]
+pub const LOG_CACHE_BYTES: u64 = 4 << 10;
 
 const ENTRY: u8 = 1;
 const HARD_STATE: u8 = 2;
@@ -187,6 +198,25 @@ impl LogState {
         Some(self.entries[(idx - self.base_index - 1) as usize].term)
     }
 
+    /// Entries `low..high`, all inside the log.
+    fn range(&self, low: u64, high: u64) -> impl Iterator<Item = &Entry> {
+        let lo = (low - self.base_index - 1) as usize;
+        let hi = (high - self.base_index - 1) as usize;
+        self.entries.range(lo..hi)
+    }
+
+    /// Drops the payload of entry `index` from memory (its record is in the log file, where
+    /// [`DiskStorage`] reads it back from).
+    pub(crate) fn drop_payload(&mut self, index: u64) {
+        if let Some(e) = index
+            .checked_sub(self.base_index + 1)
+            .and_then(|i| self.entries.get_mut(i as usize))
+        {
+            e.data = Default::default();
+            e.context = Default::default();
+        }
+    }
+
     /// Appends one entry, dropping a conflicting suffix first.
     pub(crate) fn push(&mut self, e: Entry) -> Result<(), String> {
         if e.index <= self.base_index {
@@ -279,18 +309,30 @@ impl LogState {
 
     /// See [`DiskStorage::compaction_keeping`].
     pub(crate) fn compaction_keeping(&self, index: u64, max_entries: u64, max_bytes: u64) -> u64 {
+        self.compaction_keeping_by(index, max_entries, max_bytes, |_, e| entry_bytes(e))
+    }
+
+    /// [`LogState::compaction_keeping`] with `size(index, entry)` the bytes of an entry.
+    fn compaction_keeping_by(
+        &self,
+        index: u64,
+        max_entries: u64,
+        max_bytes: u64,
+        size: impl Fn(u64, &Entry) -> u64,
+    ) -> u64 {
         let Some(e) = self.entry(index) else {
             return index;
         };
-        let (mut first, mut bytes) = (index, entry_bytes(e));
+        let (mut first, mut bytes) = (index, size(index, e));
         while first > self.base_index + 1 && index - first + 1 < max_entries {
             let Some(e) = self.entry(first - 1) else {
                 break;
             };
-            if bytes + entry_bytes(e) > max_bytes {
+            let b = size(first - 1, e);
+            if bytes + b > max_bytes {
                 break;
             }
-            bytes += entry_bytes(e);
+            bytes += b;
             first -= 1;
         }
         first
@@ -399,6 +441,18 @@ fn put_message<M: PbMessage>(buf: &mut Vec<u8>, kind: u8, m: &M) -> Result<(), L
     }
     put_record(buf, kind, &body);
     Ok(())
+}
+
+/// The entry an ENTRY record holds (`buf` is exactly the record), if it is one and intact.
+pub(crate) fn entry_record(buf: &[u8]) -> Option<Entry> {
+    match scan_one(buf, 0) {
+        Scan::Record {
+            kind: ENTRY,
+            body,
+            next,
+        } if next == buf.len() => parse(body).ok(),
+        _ => None,
+    }
 }
 
 /// What the scan of one record found.
@@ -566,6 +620,10 @@ pub struct DiskStorage {
     descriptor: Option<Descriptor>,
     /// Entries compacted away, freed by the next sync (on its thread, in the background).
     dropped: Vec<Entry>,
+    /// Where every live entry's record is, and which payloads memory keeps.
+    cache: EntryCache,
+    /// Entries read back from the segments so far.
+    entries_read: std::sync::atomic::AtomicU64,
 }
 
 /// The open log file and its path (for error messages), shared with the sync thread.
@@ -676,7 +734,7 @@ impl DiskStorage {
                     reason: "snapshot file without a log: the log was lost".into(),
                 });
             }
-            return DiskStorage::create(dir, 1, LogState::default());
+            return DiskStorage::create(dir);
         };
         let mut gen = gen;
         // A segment whose header never reached the disk was being started: it holds nothing.
@@ -695,6 +753,7 @@ impl DiskStorage {
             gen = *gens.last().expect("more than one");
         }
         let mut state = LogState::default();
+        let mut cache = EntryCache::new(LOG_CACHE_BYTES);
         let mut sealed = Vec::new();
         let mut at = 0;
         let mut lost_before = None;
@@ -755,6 +814,19 @@ impl DiskStorage {
                             }
                         }
                         state.apply_record(kind, body).map_err(|r| corrupt(at, r))?;
+                        if kind == ENTRY {
+                            let index = state.last_index();
+                            cache.follow(state.base_index, index - 1);
+                            let len = (next - at) as u32;
+                            let loc = Loc {
+                                gen: g,
+                                offset: at as u64,
+                                len,
+                            };
+                            cache.push(index, loc);
+                        } else {
+                            cache.follow(state.base_index, state.last_index());
+                        }
                         if matches!(kind, COMPACT | INSTALL) && state.base_index > base {
                             covered = lost_before.is_some_and(|i| state.base_index >= i);
                         }
@@ -767,6 +839,8 @@ impl DiskStorage {
                     Scan::Corrupt { reason, .. } => return Err(corrupt(at, reason)),
                 }
             }
+            // (Not holding more than the cache and one segment's payloads while replaying.)
+            cache.evict(&mut state);
             if newest {
                 if at < buf.len() {
                     file.set_len(at as u64).map_err(io_err(&path))?;
@@ -828,6 +902,8 @@ impl DiskStorage {
             obsolete: Vec::new(),
             descriptor,
             dropped: Vec::new(),
+            cache,
+            entries_read: Default::default(),
         })
     }
 
@@ -849,13 +925,11 @@ impl DiskStorage {
         put_message(buf, HARD_STATE, &state.hard_state)
     }
 
-    /// Writes `state` as log file `gen` (temporary name, sync, rename, directory sync).
-    fn create(dir: PathBuf, gen: u64, state: LogState) -> Result<DiskStorage, LogError> {
+    /// Writes an empty log as log file 1 (temporary name, sync, rename, directory sync).
+    fn create(dir: PathBuf) -> Result<DiskStorage, LogError> {
+        let (gen, state) = (1, LogState::default());
         let mut buf = Vec::new();
         Self::segment_head(&state, &mut buf)?;
-        for e in &state.entries {
-            put_message(&mut buf, ENTRY, e)?;
-        }
         let path = log_path(&dir, gen);
         let tmp = path.with_extension(format!("{}.tmp", gen));
         let mut f = File::create(&tmp).map_err(io_err(&tmp))?;
@@ -882,6 +956,8 @@ impl DiskStorage {
             obsolete: Vec::new(),
             descriptor: None,
             dropped: Vec::new(),
+            cache: EntryCache::new(LOG_CACHE_BYTES),
+            entries_read: Default::default(),
         })
     }
 
@@ -906,14 +982,25 @@ impl DiskStorage {
     pub fn append(&mut self, ents: &[Entry]) -> Result<(), LogError> {
         self.state.check_append(ents).map_err(LogError::Misuse)?;
         let mark = self.pending.len();
+        let mut ends = Vec::with_capacity(ents.len());
         for e in ents {
             if let Err(err) = put_message(&mut self.pending, ENTRY, e) {
                 self.pending.truncate(mark);
                 return Err(err);
             }
+            ends.push(self.pending.len());
         }
-        for e in ents {
+        let mut start = mark;
+        for (e, end) in ents.iter().zip(ends) {
             self.state.push(e.clone()).map_err(LogError::Misuse)?;
+            self.cache.follow(self.state.base_index, e.index - 1);
+            let loc = Loc {
+                gen: self.gen,
+                offset: self.file_len + start as u64,
+                len: (end - start) as u32,
+            };
+            self.cache.push(e.index, loc);
+            start = end;
         }
         Ok(())
     }
@@ -955,6 +1042,8 @@ impl DiskStorage {
         put_record(&mut self.pending, COMPACT, &body);
         let gone = self.state.compact_taking(index, term);
         let mut gone = gone.map_err(LogError::Misuse)?;
+        self.cache
+            .follow(self.state.base_index, self.state.last_index());
         if self.dropped.is_empty() {
             self.dropped = gone;
         } else {
@@ -968,7 +1057,11 @@ impl DiskStorage {
     /// always): a follower a little behind catches up from the log, and the log left after a
     /// snapshot stays small whatever the entries' size.
     pub fn compaction_keeping(&self, index: u64, max_entries: u64, max_bytes: u64) -> u64 {
-        self.state.compaction_keeping(index, max_entries, max_bytes)
+        let cache = &self.cache;
+        self.state
+            .compaction_keeping_by(index, max_entries, max_bytes, |i, e| {
+                cache.loc(i).map_or(entry_bytes(e), |l| u64::from(l.len))
+            })
     }
 
     /// The metadata of a snapshot of the state machine as applied through `index` (at most
@@ -1074,6 +1167,8 @@ impl DiskStorage {
         let old = self.state.snapshot.clone();
         self.state.install(meta);
         self.state.snapshot = old;
+        self.cache
+            .follow(self.state.base_index, self.state.last_index());
         self.replace_snapshot(meta.clone(), descriptor);
         Ok(())
     }
@@ -1197,6 +1292,8 @@ impl DiskStorage {
                 .map_err(io_err(&log.path))?;
             self.file_len += self.pending.len() as u64;
             self.pending.clear();
+            // Every entry's record is written now: older payloads can be read back.
+            self.cache.evict(&mut self.state);
         }
         if self.file_len >= SEGMENT_BYTES {
             self.roll()?;
@@ -1238,6 +1335,66 @@ impl DiskStorage {
         self.gen = gen;
         self.file_len = buf.len() as u64;
         Ok(())
+    }
+
+    /// Record bytes of the entries whose payloads memory keeps.
+    pub fn cached_bytes(&self) -> u64 {
+        self.cache.cached_bytes()
+    }
+
+    /// Entries read back from the segments so far (their payloads had left memory).
+    pub fn entries_read(&self) -> u64 {
+        self.entries_read.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Entries `low..high` of the live log: those whose payload memory no longer keeps from
+    /// their records, the rest from memory; cut to `max_size` as raft's `limit_size` does.
+    fn read_entries(&self, low: u64, high: u64, max_size: Option<u64>) -> raft::Result<Vec<Entry>> {
+        let state = &self.state;
+        if low <= state.base_index {
+            return Err(raft::Error::Store(StorageError::Compacted));
+        }
+        if high > state.last_index() + 1 || low > high {
+            return Err(raft::Error::Store(StorageError::Unavailable));
+        }
+        let split = self.cache.first_cached().clamp(low, high);
+        let mut out = Vec::with_capacity((high - low).min(1024) as usize);
+        if low < split {
+            let open = |gen: u64| {
+                if gen == self.gen {
+                    self.file.file.try_clone()
+                } else {
+                    File::open(log_path(&self.dir, gen))
+                }
+            };
+            let read = self.cache.read(low, split, max_size, open, &mut out);
+            self.entries_read
+                .fetch_add(out.len() as u64, std::sync::atomic::Ordering::Relaxed);
+            read.map_err(|f| self.read_failure(f))?;
+        }
+        if out.len() as u64 == split - low {
+            out.extend(state.range(split, high).cloned());
+        }
+        raft::util::limit_size(&mut out, max_size);
+        Ok(out)
+    }
+
+    fn read_failure(&self, f: ReadFailure) -> raft::Error {
+        let e = match f {
+            ReadFailure::Missing(index) => {
+                LogError::Misuse(format!("no record of entry {index} in the log"))
+            }
+            ReadFailure::Io(gen, source) => LogError::Io {
+                path: log_path(&self.dir, gen),
+                source,
+            },
+            ReadFailure::Corrupt(gen, offset) => LogError::Corrupt {
+                path: log_path(&self.dir, gen),
+                offset,
+                reason: "an entry's record does not read back".into(),
+            },
+        };
+        e.into()
     }
 
     /// Log segments on disk (sealed ones and the current one).
@@ -1356,9 +1513,9 @@ impl LogState {
     }
 }
 
-/// The methods of raft's `Storage` that read only the log state (`self.state`, a
-/// [`LogState`]): the same for the disk storage and the simulator's in-memory one, which differ
-/// only in where a snapshot's data lives.
+/// The methods of raft's `Storage` that read the log state (`self.state`, a [`LogState`]) and
+/// its entries (`self.read_entries`): the same for the disk storage and the simulator's
+/// in-memory one, which differ in where a snapshot's data and old entries' payloads live.
 macro_rules! log_state_reads {
     () => {
         fn initial_state(&self) -> raft::Result<raft::RaftState> {
@@ -1375,7 +1532,7 @@ macro_rules! log_state_reads {
             max_size: impl Into<Option<u64>>,
             _context: raft::GetEntriesContext,
         ) -> raft::Result<Vec<raft::prelude::Entry>> {
-            self.state.read_entries(low, high, max_size.into())
+            self.read_entries(low, high, max_size.into())
         }
 
         fn term(&self, idx: u64) -> raft::Result<u64> {

@@ -952,3 +952,71 @@ fn a_data_directory_is_claimed_by_one_node_at_a_time() {
     let e = claim_dir(&file).expect_err("a file");
     assert_eq!(e, format!("--data-dir {}: not a directory", file.display()));
 }
+
+/// The payloads of all but the newest entries leave memory once written, and every read gives
+/// back what was appended: across segments, a new leader's suffix over evicted entries, a
+/// compaction, a size limit and a reopen.
+#[test]
+fn old_payloads_leave_memory_and_read_back_from_the_segments() {
+    let d = TempDir::new("cache");
+    let mut s = DiskStorage::open(&d.0).unwrap();
+    let payload = |i: u64, term: u64| -> Vec<u8> {
+        (0..1000u64)
+            .map(|k| (i * 31 + k * 7 + term) as u8)
+            .collect()
+    };
+    let mut model: Vec<Entry> = Vec::new();
+    let n = SEGMENT_BYTES / 1000 + 500;
+    for chunk in (1..=n).collect::<Vec<_>>().chunks(100) {
+        let ents: Vec<Entry> = chunk.iter().map(|&i| entry(i, 1, &payload(i, 1))).collect();
+        s.append(&ents).unwrap();
+        s.set_hard_state(&hs(1, 1, chunk[chunk.len() - 1])).unwrap();
+        s.sync().unwrap();
+        model.extend(ents);
+    }
+    assert!(s.segments() >= 2, "{} segments", s.segments());
+    assert!(
+        s.cached_bytes() <= LOG_CACHE_BYTES,
+        "{} bytes of payloads in memory",
+        s.cached_bytes()
+    );
+    assert_eq!(all_entries(&s), model);
+    assert!(s.entries_read() >= n - 10, "{} read back", s.entries_read());
+
+    // A size limit cuts a read from the files as raft-rs's `limit_size` cuts one from memory.
+    for (lo, max) in [
+        (1, 0),
+        (1, 2500),
+        (500, 10_000),
+        (n - 2, 2500),
+        (n - 20, u64::MAX),
+    ] {
+        let got = s
+            .entries(lo, n + 1, Some(max), GetEntriesContext::empty(false))
+            .unwrap();
+        let mut want = model[(lo - 1) as usize..].to_vec();
+        raft::util::limit_size(&mut want, Some(max));
+        assert_eq!(got, want, "from {} max {}", lo, max);
+    }
+
+    // A new leader's entries replace a suffix whose payloads had left memory.
+    let ents: Vec<Entry> = (10..=30).map(|i| entry(i, 2, &payload(i, 2))).collect();
+    s.append(&ents).unwrap();
+    model.truncate(9);
+    model.extend(ents);
+    s.sync().unwrap();
+    assert_eq!(all_entries(&s), model);
+    assert_eq!(s.term(9).unwrap(), 1);
+    assert_eq!(s.term(10).unwrap(), 2);
+
+    s.set_hard_state(&hs(2, 1, 30)).unwrap();
+    s.compact(6).unwrap();
+    s.sync().unwrap();
+    model.drain(..5);
+    assert_eq!(all_entries(&s), model);
+    drop(s);
+
+    let s = DiskStorage::open(&d.0).unwrap();
+    assert_eq!(all_entries(&s), model);
+    assert!(s.cached_bytes() <= LOG_CACHE_BYTES);
+}

@@ -127,6 +127,10 @@ pub struct ClusterMetrics {
     pub snapshot_bytes: u64,
     /// The size of the current log file.
     pub log_file_bytes: u64,
+    /// Record bytes of the log entries whose payloads memory keeps; entries read back from the
+    /// log files (a far-behind follower's catch-up, a restart).
+    pub log_cached_bytes: u64,
+    pub log_entries_read: u64,
     /// Snapshots made, failed, installed, and their durations (`cluster/node.rs`).
     pub snapshots: crate::cluster::node::SnapshotStats,
     /// Times this node lost contact with a quorum of the voters (reachable within one election

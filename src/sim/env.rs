@@ -225,6 +225,11 @@ impl SimStore {
         let w = io.writes;
         io.made_durable(w, log);
     }
+
+    /// Every entry's payload is in memory here.
+    fn read_entries(&self, low: u64, high: u64, max_size: Option<u64>) -> raft::Result<Vec<Entry>> {
+        self.state.read_entries(low, high, max_size)
+    }
 }
 
 impl Storage for SimStore {
@@ -393,6 +398,10 @@ impl LogStore for SimStore {
 
     fn log_file_len(&self) -> u64 {
         0
+    }
+
+    fn log_cache(&self) -> (u64, u64) {
+        (0, 0)
     }
 }
 

@@ -1010,6 +1010,8 @@ impl ClusterOwner {
             log_sync: self.node.log_sync_times(),
             snapshot_bytes: self.node.snapshot_bytes(),
             log_file_bytes: self.node.log_file_bytes(),
+            log_cached_bytes: self.node.log_cache().0,
+            log_entries_read: self.node.log_cache().1,
             snapshots: self.node.snapshot_stats().clone(),
             quorum_losses: w.quorum_losses,
             fences: w.fences,
