@@ -1169,6 +1169,7 @@ fn dlock_lock(id: u64, key: &[u8], wait_micro: Option<u64>) -> Vec<u8> {
             wait_micro,
             release_micro: None,
             keys: &keys,
+            native: Default::default(),
         }),
     );
     out

@@ -22,6 +22,7 @@ fn lock_frame(id: u64, keys: &[&[u8]], wait_us: Option<u64>, lease_us: Option<u6
             wait_micro: wait_us,
             release_micro: lease_us,
             keys,
+            native: Default::default(),
         }),
     )
 }

@@ -77,6 +77,7 @@ fn dlock_lock(id: u64, keys: &[&[u8]], wait_us: Option<u64>, lease_us: Option<u6
         wait_micro: wait_us,
         release_micro: lease_us,
         keys,
+        native: Default::default(),
     };
     dl::encode_request(&mut out, Some(id), None, req_type::LOCK, Some(lock));
     out

@@ -459,6 +459,7 @@ impl World {
                     wait_micro: wait_ms.map(|w| w * 1000),
                     release_micro: lease_ms.map(|l| l * 1000),
                     keys: &ks,
+                    native: Default::default(),
                 };
                 dl::encode_request(
                     &mut frame,

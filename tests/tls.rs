@@ -575,6 +575,7 @@ fn dlock_lock(id: u64, keys: &[&[u8]], wait_us: Option<u64>) -> Vec<u8> {
             wait_micro: wait_us,
             release_micro: None,
             keys,
+            native: Default::default(),
         }),
     )
 }

@@ -412,6 +412,7 @@ pub fn fuzz_dlock(data: &[u8], max_message: usize) {
                     wait_micro: l.wait_micro,
                     release_micro: l.release_micro,
                     keys: &keys,
+                    native: Default::default(),
                 });
                 let mut out = Vec::new();
                 dl::encode_request(&mut out, req.id, req.access_token, t, lock);

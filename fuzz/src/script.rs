@@ -148,6 +148,7 @@ impl Driver {
                     wait_micro: wait,
                     release_micro: lease,
                     keys: &keys,
+                    native: Default::default(),
                 };
                 self.next_id += 1;
                 let token: Option<&[u8]> = self.config.dlock_token.as_ref().map(|t| t.as_bytes());

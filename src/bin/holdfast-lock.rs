@@ -252,6 +252,7 @@ fn run(args: &Args) -> u8 {
         // A lease must be > 0 to be one; round sub-microsecond leases up.
         release_micro: args.lease.map(|d| micros(d).max(1)),
         keys: &keys,
+        native: Default::default(),
     };
     let mut frame = Vec::new();
     dl::encode_request(&mut frame, Some(1), token, req_type::LOCK, Some(lock));

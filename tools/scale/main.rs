@@ -643,6 +643,7 @@ fn phase_table(opts: &Opts, proto: &'static str, r: &mut Results) -> Result<(), 
                         wait_micro: None,
                         release_micro: None,
                         keys: &keys,
+                        native: Default::default(),
                     };
                     dlock::encode_request(
                         &mut p.out,
@@ -771,6 +772,7 @@ fn phase_leasemem(opts: &Opts, r: &mut Results) -> Result<(), String> {
             wait_micro: None,
             release_micro: Some(600_000_000),
             keys: &keys,
+            native: Default::default(),
         };
         dlock::encode_request(
             &mut p.out,
@@ -864,6 +866,7 @@ fn probe_thread(
                 wait_micro: None,
                 release_micro: Some(release_ms * 1000),
                 keys: &keys,
+                native: Default::default(),
             };
             dlock::encode_request(
                 &mut p.out,
@@ -927,6 +930,7 @@ fn probe_thread(
                         wait_micro: None,
                         release_micro: None,
                         keys: &keys,
+                        native: Default::default(),
                     };
                     dlock::encode_request(
                         &mut w.out,
@@ -1017,6 +1021,7 @@ fn phase_leases(opts: &Opts, r: &mut Results) -> Result<(), String> {
             wait_micro: None,
             release_micro: Some(u64::from(releases[n]) * 1000),
             keys: &keys,
+            native: Default::default(),
         };
         dlock::encode_request(
             &mut p.out,

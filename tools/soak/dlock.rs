@@ -182,6 +182,7 @@ impl DlockClient {
             wait_micro: wait.map(|w| w.as_micros() as u64),
             release_micro: lease.map(|l| l.as_micros() as u64),
             keys: &key_refs,
+            native: Default::default(),
         };
         let sent = Instant::now();
         let id = self.request(req_type::LOCK, Some(fields))?;

@@ -26,28 +26,48 @@
 //!   locks are names compared byte for byte, and rejecting a client's odd bytes would gain
 //!   nothing.
 
-/// RequestType values of dlock.proto (Unlock is holdfast's extension).
+/// RequestType values of dlock.proto (Unlock is holdfast's extension; 4 and above are the
+/// native protocol's, `holdfast.proto`).
 pub mod req_type {
     pub const PING: u64 = 1;
     pub const LOCK: u64 = 2;
     pub const UNLOCK: u64 = 3;
+    pub const EXTEND: u64 = 4;
+    pub const WATCH: u64 = 5;
+    pub const UNWATCH: u64 = 6;
+    pub const GET: u64 = 7;
+    pub const CHECK_FENCE: u64 = 8;
 }
 
-/// ResponseStatus values of dlock.proto.
+/// ResponseStatus values of dlock.proto, and the native protocol's (`holdfast.proto`), which a
+/// version-2 request never gets.
 pub mod status {
     pub const OK: u32 = 0;
     pub const GENERAL: u32 = 1;
     pub const VERSION: u32 = 2;
     pub const INVALID_TYPE: u32 = 3;
     pub const TOO_MANY_KEYS: u32 = 100;
+    pub const INVALID_ARGUMENT: u32 = 101;
     pub const ACQUIRE_TIMEOUT: u32 = 120;
+    pub const NOT_HELD: u32 = 121;
+    pub const STALE_FENCE: u32 = 122;
+}
+
+/// EventKind values of `holdfast.proto`.
+pub mod event_kind {
+    pub const ACQUIRED: u32 = 1;
+    pub const RELEASED: u32 = 2;
+    pub const EXPIRED: u32 = 3;
+    pub const LOST: u32 = 4;
 }
 
 /// Size of the big-endian length prefix of every frame (dlock.txt: "Length prefix is 4 bytes").
 pub const PREFIX_LEN: usize = 4;
 
-/// The API version this server speaks; every Response carries it.
+/// dlock's API version: every Response to a version-2 request carries it.
 pub const API_VERSION: u64 = 2;
+/// The native protocol's version (`holdfast.proto`): its requests and replies carry it.
+pub const NATIVE_VERSION: u64 = 3;
 
 /// Longest valid varint: 64 bits in 7-bit groups.
 const MAX_VARINT_LEN: usize = 10;
@@ -78,6 +98,28 @@ const F_RESP_TIME: u32 = 6;
 /// holdfast's extension (`docs/protocol.md`, "Fencing tokens"): `optional uint64 fence = 7`, set on every
 /// Ok Lock reply. Clients built from the original dlock.proto skip it as an unknown field.
 const F_RESP_FENCE: u32 = 7;
+// The native protocol's fields (`holdfast.proto`): numbers dlock never used.
+const F_LOCK_SHARED: u32 = 100;
+const F_LOCK_LIMIT: u32 = 101;
+const F_LOCK_VALUE: u32 = 102;
+const F_LOCK_DELAY: u32 = 103;
+const F_LOCK_FENCE: u32 = 104;
+const F_RESP_INFO: u32 = 100;
+const F_RESP_EVENT: u32 = 101;
+const F_INFO_KEY: u32 = 1;
+const F_INFO_SHARED: u32 = 2;
+const F_INFO_LIMIT: u32 = 3;
+const F_INFO_HOLDERS: u32 = 4;
+const F_INFO_WAITERS: u32 = 5;
+const F_INFO_DELAYED: u32 = 6;
+const F_HOLDER_FENCE: u32 = 1;
+const F_HOLDER_VALUE: u32 = 2;
+const F_HOLDER_LEASE_LEFT: u32 = 3;
+const F_HOLDER_NODE: u32 = 4;
+const F_EVENT_KEY: u32 = 1;
+const F_EVENT_KIND: u32 = 2;
+const F_EVENT_FENCE: u32 = 3;
+const F_EVENT_VALUE: u32 = 4;
 
 /// A checked cursor over untrusted protobuf bytes: every read is bounds-checked and advances.
 struct Cursor<'a> {
@@ -219,6 +261,30 @@ pub struct LockRequest<'a> {
     pub keys: Keys<'a>,
     /// Number of keys (counted while validating).
     pub key_count: usize,
+    /// The native protocol's fields (100 to 104). A version-2 request ignores them, as a
+    /// dlock server ignores fields it does not know.
+    pub native: NativeLock<'a>,
+}
+
+/// The fields of `RequestLock` that `holdfast.proto` adds. A field of the wrong wire type is
+/// skipped and counted in `malformed` (an error for a version-3 request only: to version 2
+/// they are unknown fields).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct NativeLock<'a> {
+    /// Raw varint: any value but 0 is true (protobuf's rule for bool).
+    pub shared: Option<u64>,
+    /// Raw 64-bit value (uint32 in the proto: a larger value is out of range, not truncated).
+    pub limit: Option<u64>,
+    pub value: Option<&'a [u8]>,
+    pub lock_delay_micro: Option<u64>,
+    pub fence: Option<u64>,
+    pub malformed: u32,
+}
+
+impl NativeLock<'_> {
+    pub fn is_shared(&self) -> bool {
+        self.shared.is_some_and(|v| v != 0)
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
@@ -303,6 +369,15 @@ pub fn decode_lock(raw: &[u8]) -> Result<LockRequest<'_>, &'static str> {
             }
             (F_LOCK_WAIT | F_LOCK_RELEASE | F_LOCK_KEYS, _) => {
                 return Err("wrong wire type for a known field of lock");
+            }
+            (F_LOCK_SHARED, WT_VARINT) => lock.native.shared = Some(c.varint()?),
+            (F_LOCK_LIMIT, WT_VARINT) => lock.native.limit = Some(c.varint()?),
+            (F_LOCK_VALUE, WT_LEN) => lock.native.value = Some(c.bytes()?),
+            (F_LOCK_DELAY, WT_VARINT) => lock.native.lock_delay_micro = Some(c.varint()?),
+            (F_LOCK_FENCE, WT_VARINT) => lock.native.fence = Some(c.varint()?),
+            (F_LOCK_SHARED..=F_LOCK_FENCE, wire) => {
+                c.skip(wire)?;
+                lock.native.malformed += 1;
             }
             (_, wire) => c.skip(wire)?,
         }
@@ -407,9 +482,22 @@ pub fn encode_request(
     req_type: u64,
     lock: Option<LockFields<'_>>,
 ) {
+    encode_request_version(out, API_VERSION, id, access_token, req_type, lock)
+}
+
+/// [`encode_request`] with the given `version` ([`NATIVE_VERSION`] for the native protocol,
+/// whose fields `lock.native` carries).
+pub fn encode_request_version(
+    out: &mut Vec<u8>,
+    version: u64,
+    id: Option<u64>,
+    access_token: Option<&[u8]>,
+    req_type: u64,
+    lock: Option<LockFields<'_>>,
+) {
     let start = out.len();
     out.extend_from_slice(&[0; PREFIX_LEN]);
-    put_varint_field(out, F_REQ_VERSION, API_VERSION);
+    put_varint_field(out, F_REQ_VERSION, version);
     if let Some(id) = id {
         put_varint_field(out, F_REQ_ID, id);
     }
@@ -430,6 +518,22 @@ pub fn encode_request(
         for key in lock.keys {
             put_bytes_field(out, F_LOCK_KEYS, key);
         }
+        let n = &lock.native;
+        if n.shared {
+            put_varint_field(out, F_LOCK_SHARED, 1);
+        }
+        if let Some(limit) = n.limit {
+            put_varint_field(out, F_LOCK_LIMIT, u64::from(limit));
+        }
+        if let Some(value) = n.value {
+            put_bytes_field(out, F_LOCK_VALUE, value);
+        }
+        if let Some(delay) = n.lock_delay_micro {
+            put_varint_field(out, F_LOCK_DELAY, delay);
+        }
+        if let Some(fence) = n.fence {
+            put_varint_field(out, F_LOCK_FENCE, fence);
+        }
         debug_assert_eq!(out.len() - body, lock.encoded_len());
     }
     let body_len = out.len() - start - PREFIX_LEN;
@@ -444,20 +548,207 @@ pub struct LockFields<'a> {
     pub wait_micro: Option<u64>,
     pub release_micro: Option<u64>,
     pub keys: &'a [&'a [u8]],
+    /// The native protocol's fields (none by default: a dlock request).
+    pub native: NativeFields<'a>,
+}
+
+/// The fields `holdfast.proto` adds to `RequestLock`, to encode.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NativeFields<'a> {
+    pub shared: bool,
+    pub limit: Option<u32>,
+    pub value: Option<&'a [u8]>,
+    pub lock_delay_micro: Option<u64>,
+    pub fence: Option<u64>,
 }
 
 impl LockFields<'_> {
     /// Bytes of the encoded RequestLock message (its length prefix is written first).
     fn encoded_len(&self) -> usize {
-        let field = |v: Option<u64>| v.map_or(0, |v| 1 + varint_len(v));
-        field(self.wait_micro)
-            + field(self.release_micro)
+        let field = |f: u32, v: Option<u64>| v.map_or(0, |v| varint_field_len(f, v));
+        let n = &self.native;
+        field(F_LOCK_WAIT, self.wait_micro)
+            + field(F_LOCK_RELEASE, self.release_micro)
             + self
                 .keys
                 .iter()
-                .map(|k| 1 + varint_len(k.len() as u64) + k.len())
+                .map(|k| bytes_field_len(F_LOCK_KEYS, k))
                 .sum::<usize>()
+            + field(F_LOCK_SHARED, n.shared.then_some(1))
+            + field(F_LOCK_LIMIT, n.limit.map(u64::from))
+            + n.value.map_or(0, |v| bytes_field_len(F_LOCK_VALUE, v))
+            + field(F_LOCK_DELAY, n.lock_delay_micro)
+            + field(F_LOCK_FENCE, n.fence)
     }
+}
+
+/// Bytes of a varint field.
+fn varint_field_len(field: u32, value: u64) -> usize {
+    varint_len(u64::from(field) << 3) + varint_len(value)
+}
+
+/// Bytes of a length-delimited field.
+fn bytes_field_len(field: u32, bytes: &[u8]) -> usize {
+    varint_len(u64::from(field) << 3) + varint_len(bytes.len() as u64) + bytes.len()
+}
+
+/// One holder in a native reply's `KeyInfo` (`holdfast.proto`'s `Holder`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HolderOut<'a> {
+    pub fence: u64,
+    pub value: Option<&'a [u8]>,
+    /// 0: held until its connection closes or it unlocks.
+    pub lease_left_micro: u64,
+    /// Cluster mode: the node whose client holds it.
+    pub node: Option<u32>,
+}
+
+impl HolderOut<'_> {
+    fn encoded_len(&self) -> usize {
+        varint_field_len(F_HOLDER_FENCE, self.fence)
+            + self.value.map_or(0, |v| bytes_field_len(F_HOLDER_VALUE, v))
+            + varint_field_len(F_HOLDER_LEASE_LEFT, self.lease_left_micro)
+            + self
+                .node
+                .map_or(0, |n| varint_field_len(F_HOLDER_NODE, u64::from(n)))
+    }
+
+    fn put(&self, out: &mut Vec<u8>) {
+        put_varint_field(out, F_HOLDER_FENCE, self.fence);
+        if let Some(v) = self.value {
+            put_bytes_field(out, F_HOLDER_VALUE, v);
+        }
+        put_varint_field(out, F_HOLDER_LEASE_LEFT, self.lease_left_micro);
+        if let Some(n) = self.node {
+            put_varint_field(out, F_HOLDER_NODE, u64::from(n));
+        }
+    }
+}
+
+/// A key's state in a native reply (Get, and the Ok answer to Watch): `KeyInfo`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeyInfoOut<'a> {
+    pub key: &'a [u8],
+    pub shared: bool,
+    pub limit: u32,
+    /// In grant order; empty when the key is free.
+    pub holders: &'a [HolderOut<'a>],
+    pub waiters: u32,
+    /// Lock-delay left before the key can be granted again.
+    pub delayed_micro: u64,
+}
+
+impl KeyInfoOut<'_> {
+    fn encoded_len(&self) -> usize {
+        bytes_field_len(F_INFO_KEY, self.key)
+            + varint_field_len(F_INFO_SHARED, u64::from(self.shared))
+            + varint_field_len(F_INFO_LIMIT, u64::from(self.limit))
+            + self
+                .holders
+                .iter()
+                .map(|h| nested_len(F_INFO_HOLDERS, h.encoded_len()))
+                .sum::<usize>()
+            + varint_field_len(F_INFO_WAITERS, u64::from(self.waiters))
+            + varint_field_len(F_INFO_DELAYED, self.delayed_micro)
+    }
+
+    fn put(&self, out: &mut Vec<u8>) {
+        put_bytes_field(out, F_INFO_KEY, self.key);
+        put_varint_field(out, F_INFO_SHARED, u64::from(self.shared));
+        put_varint_field(out, F_INFO_LIMIT, u64::from(self.limit));
+        for h in self.holders {
+            put_tag(out, F_INFO_HOLDERS, WT_LEN);
+            put_varint(out, h.encoded_len() as u64);
+            h.put(out);
+        }
+        put_varint_field(out, F_INFO_WAITERS, u64::from(self.waiters));
+        put_varint_field(out, F_INFO_DELAYED, self.delayed_micro);
+    }
+}
+
+/// A pushed event (`holdfast.proto`'s `Event`): a grant that began or ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EventOut<'a> {
+    pub key: &'a [u8],
+    /// An [`event_kind`] value.
+    pub kind: u32,
+    pub fence: u64,
+    pub value: Option<&'a [u8]>,
+}
+
+impl EventOut<'_> {
+    fn encoded_len(&self) -> usize {
+        bytes_field_len(F_EVENT_KEY, self.key)
+            + varint_field_len(F_EVENT_KIND, u64::from(self.kind))
+            + varint_field_len(F_EVENT_FENCE, self.fence)
+            + self.value.map_or(0, |v| bytes_field_len(F_EVENT_VALUE, v))
+    }
+
+    fn put(&self, out: &mut Vec<u8>) {
+        put_bytes_field(out, F_EVENT_KEY, self.key);
+        put_varint_field(out, F_EVENT_KIND, u64::from(self.kind));
+        put_varint_field(out, F_EVENT_FENCE, self.fence);
+        if let Some(v) = self.value {
+            put_bytes_field(out, F_EVENT_VALUE, v);
+        }
+    }
+}
+
+/// Bytes of an embedded message field whose body is `len` bytes.
+fn nested_len(field: u32, len: usize) -> usize {
+    varint_len(u64::from(field) << 3) + varint_len(len as u64) + len
+}
+
+/// A native (version 3) Response to encode.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NativeReply<'a> {
+    pub request_id: Option<u64>,
+    pub status: u32,
+    pub error_text: Option<&'a str>,
+    pub keys: &'a [&'a [u8]],
+    pub server_unix_time: i64,
+    /// An Ok Lock's fencing token.
+    pub fence: Option<u64>,
+    /// Get, and the Ok answer to Watch: one per key.
+    pub info: &'a [KeyInfoOut<'a>],
+    /// A pushed event.
+    pub event: Option<EventOut<'a>>,
+}
+
+/// Append one length-prefixed native Response frame (version 3) to `out`: the fields of
+/// [`encode_response_fenced`] in the same order, then `info` and `event`.
+pub fn encode_native_response(out: &mut Vec<u8>, r: &NativeReply<'_>) {
+    let start = out.len();
+    out.extend_from_slice(&[0; PREFIX_LEN]);
+    put_varint_field(out, F_RESP_VERSION, NATIVE_VERSION);
+    if let Some(id) = r.request_id {
+        put_varint_field(out, F_RESP_REQUEST_ID, id);
+    }
+    put_varint_field(out, F_RESP_STATUS, u64::from(r.status));
+    if let Some(text) = r.error_text {
+        put_bytes_field(out, F_RESP_ERROR_TEXT, text.as_bytes());
+    }
+    for key in r.keys {
+        put_bytes_field(out, F_RESP_KEYS, key);
+    }
+    put_varint_field(out, F_RESP_TIME, r.server_unix_time as u64);
+    if let Some(fence) = r.fence {
+        put_varint_field(out, F_RESP_FENCE, fence);
+    }
+    for info in r.info {
+        put_tag(out, F_RESP_INFO, WT_LEN);
+        put_varint(out, info.encoded_len() as u64);
+        info.put(out);
+    }
+    if let Some(ev) = &r.event {
+        put_tag(out, F_RESP_EVENT, WT_LEN);
+        put_varint(out, ev.encoded_len() as u64);
+        ev.put(out);
+    }
+    let body_len = out.len() - start - PREFIX_LEN;
+    debug_assert!(u32::try_from(body_len).is_ok(), "response body over 4 GiB");
+    let prefix = u32::try_from(body_len).unwrap_or(u32::MAX);
+    out[start..start + PREFIX_LEN].copy_from_slice(&prefix.to_be_bytes());
 }
 
 /// Bytes `put_varint` writes for `value`.
@@ -529,6 +820,86 @@ pub struct Response {
     pub server_unix_time: Option<i64>,
     /// holdfast's fencing token (field 7) on a granted Lock.
     pub fence: Option<u64>,
+    /// The native protocol's `info` (Get, Watch) and pushed `event`.
+    pub info: Vec<KeyInfo>,
+    pub event: Option<Event>,
+}
+
+/// `holdfast.proto`'s `KeyInfo`, as a client reads it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KeyInfo {
+    pub key: Vec<u8>,
+    pub shared: bool,
+    pub limit: Option<u32>,
+    pub holders: Vec<Holder>,
+    pub waiters: u32,
+    pub delayed_micro: u64,
+}
+
+/// `holdfast.proto`'s `Holder`, as a client reads it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Holder {
+    pub fence: u64,
+    pub value: Option<Vec<u8>>,
+    pub lease_left_micro: u64,
+    pub node: Option<u32>,
+}
+
+/// `holdfast.proto`'s `Event`, as a client reads it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Event {
+    pub key: Vec<u8>,
+    /// An [`event_kind`] value.
+    pub kind: u32,
+    pub fence: u64,
+    pub value: Option<Vec<u8>>,
+}
+
+fn decode_holder(body: &[u8]) -> Result<Holder, &'static str> {
+    let mut c = Cursor::new(body);
+    let mut h = Holder::default();
+    while !c.is_empty() {
+        match c.tag()? {
+            (F_HOLDER_FENCE, WT_VARINT) => h.fence = c.varint()?,
+            (F_HOLDER_VALUE, WT_LEN) => h.value = Some(c.bytes()?.to_vec()),
+            (F_HOLDER_LEASE_LEFT, WT_VARINT) => h.lease_left_micro = c.varint()?,
+            (F_HOLDER_NODE, WT_VARINT) => h.node = Some(c.varint()? as u32),
+            (_, wire) => c.skip(wire)?,
+        }
+    }
+    Ok(h)
+}
+
+fn decode_info(body: &[u8]) -> Result<KeyInfo, &'static str> {
+    let mut c = Cursor::new(body);
+    let mut i = KeyInfo::default();
+    while !c.is_empty() {
+        match c.tag()? {
+            (F_INFO_KEY, WT_LEN) => i.key = c.bytes()?.to_vec(),
+            (F_INFO_SHARED, WT_VARINT) => i.shared = c.varint()? != 0,
+            (F_INFO_LIMIT, WT_VARINT) => i.limit = Some(c.varint()? as u32),
+            (F_INFO_HOLDERS, WT_LEN) => i.holders.push(decode_holder(c.bytes()?)?),
+            (F_INFO_WAITERS, WT_VARINT) => i.waiters = c.varint()? as u32,
+            (F_INFO_DELAYED, WT_VARINT) => i.delayed_micro = c.varint()?,
+            (_, wire) => c.skip(wire)?,
+        }
+    }
+    Ok(i)
+}
+
+fn decode_event(body: &[u8]) -> Result<Event, &'static str> {
+    let mut c = Cursor::new(body);
+    let mut e = Event::default();
+    while !c.is_empty() {
+        match c.tag()? {
+            (F_EVENT_KEY, WT_LEN) => e.key = c.bytes()?.to_vec(),
+            (F_EVENT_KIND, WT_VARINT) => e.kind = c.varint()? as u32,
+            (F_EVENT_FENCE, WT_VARINT) => e.fence = c.varint()?,
+            (F_EVENT_VALUE, WT_LEN) => e.value = Some(c.bytes()?.to_vec()),
+            (_, wire) => c.skip(wire)?,
+        }
+    }
+    Ok(e)
 }
 
 /// Decode a Response body (the bytes after the length prefix).
@@ -545,6 +916,8 @@ pub fn decode_response(body: &[u8]) -> Result<Response, &'static str> {
             (F_RESP_KEYS, WT_LEN) => r.keys.push(c.bytes()?.to_vec()),
             (F_RESP_TIME, WT_VARINT) => r.server_unix_time = Some(c.varint()? as i64),
             (F_RESP_FENCE, WT_VARINT) => r.fence = Some(c.varint()?),
+            (F_RESP_INFO, WT_LEN) => r.info.push(decode_info(c.bytes()?)?),
+            (F_RESP_EVENT, WT_LEN) => r.event = Some(decode_event(c.bytes()?)?),
             (_, wire) => c.skip(wire)?,
         }
     }
@@ -568,6 +941,7 @@ mod client_tests {
                 wait_micro: wait,
                 release_micro: lease,
                 keys: &keys,
+                native: Default::default(),
             };
             encode_request(&mut out, Some(77), Some(b"tok"), req_type::LOCK, Some(lock));
             let (body, n) = parse_frame(&out, 1 << 20).expect("one whole frame");

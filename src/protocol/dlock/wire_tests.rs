@@ -575,6 +575,7 @@ fn encoded_requests_decode_with_ours_and_prost() {
             wait_micro: rng.chance(50).then(|| rng.wide()),
             release_micro: rng.chance(50).then(|| rng.wide()),
             keys: &key_refs,
+            native: Default::default(),
         });
         out.clear();
         encode_request(&mut out, id, None, req_type, lock);
@@ -678,4 +679,314 @@ fn decode_response_of_prost_encoding_and_garbage() {
         decode_response_view(&[0x1a, 0]).is_err(),
         "status with a length-delimited type"
     );
+}
+
+/// `holdfast.proto`'s messages, mirrored by hand for prost: the native protocol's frames must
+/// read the same to any protobuf implementation.
+mod native {
+    use super::*;
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub(super) struct NRequest {
+        #[prost(uint32, optional, tag = "1")]
+        pub version: Option<u32>,
+        #[prost(uint64, optional, tag = "2")]
+        pub id: Option<u64>,
+        #[prost(bytes = "vec", optional, tag = "3")]
+        pub access_token: Option<Vec<u8>>,
+        #[prost(int32, optional, tag = "4")]
+        pub r#type: Option<i32>,
+        #[prost(message, optional, tag = "51")]
+        pub lock: Option<NRequestLock>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub(super) struct NRequestLock {
+        #[prost(uint64, optional, tag = "1")]
+        pub wait_micro: Option<u64>,
+        #[prost(uint64, optional, tag = "2")]
+        pub release_micro: Option<u64>,
+        #[prost(bytes = "vec", repeated, tag = "3")]
+        pub keys: Vec<Vec<u8>>,
+        #[prost(bool, optional, tag = "100")]
+        pub shared: Option<bool>,
+        #[prost(uint32, optional, tag = "101")]
+        pub limit: Option<u32>,
+        #[prost(bytes = "vec", optional, tag = "102")]
+        pub value: Option<Vec<u8>>,
+        #[prost(uint64, optional, tag = "103")]
+        pub lock_delay_micro: Option<u64>,
+        #[prost(uint64, optional, tag = "104")]
+        pub fence: Option<u64>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub(super) struct NResponse {
+        #[prost(uint32, optional, tag = "1")]
+        pub version: Option<u32>,
+        #[prost(uint64, optional, tag = "2")]
+        pub request_id: Option<u64>,
+        #[prost(int32, optional, tag = "3")]
+        pub status: Option<i32>,
+        #[prost(string, optional, tag = "4")]
+        pub error_text: Option<String>,
+        #[prost(bytes = "vec", repeated, tag = "5")]
+        pub keys: Vec<Vec<u8>>,
+        #[prost(int64, optional, tag = "6")]
+        pub server_unix_time: Option<i64>,
+        #[prost(uint64, optional, tag = "7")]
+        pub fence: Option<u64>,
+        #[prost(message, repeated, tag = "100")]
+        pub info: Vec<NKeyInfo>,
+        #[prost(message, optional, tag = "101")]
+        pub event: Option<NEvent>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub(super) struct NKeyInfo {
+        #[prost(bytes = "vec", optional, tag = "1")]
+        pub key: Option<Vec<u8>>,
+        #[prost(bool, optional, tag = "2")]
+        pub shared: Option<bool>,
+        #[prost(uint32, optional, tag = "3")]
+        pub limit: Option<u32>,
+        #[prost(message, repeated, tag = "4")]
+        pub holders: Vec<NHolder>,
+        #[prost(uint32, optional, tag = "5")]
+        pub waiters: Option<u32>,
+        #[prost(uint64, optional, tag = "6")]
+        pub delayed_micro: Option<u64>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub(super) struct NHolder {
+        #[prost(uint64, optional, tag = "1")]
+        pub fence: Option<u64>,
+        #[prost(bytes = "vec", optional, tag = "2")]
+        pub value: Option<Vec<u8>>,
+        #[prost(uint64, optional, tag = "3")]
+        pub lease_left_micro: Option<u64>,
+        #[prost(uint32, optional, tag = "4")]
+        pub node: Option<u32>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub(super) struct NEvent {
+        #[prost(bytes = "vec", optional, tag = "1")]
+        pub key: Option<Vec<u8>>,
+        #[prost(int32, optional, tag = "2")]
+        pub kind: Option<i32>,
+        #[prost(uint64, optional, tag = "3")]
+        pub fence: Option<u64>,
+        #[prost(bytes = "vec", optional, tag = "4")]
+        pub value: Option<Vec<u8>>,
+    }
+
+    fn some_bytes(rng: &mut XorShift, max: u64) -> Vec<u8> {
+        let n = rng.below(max + 1) as usize;
+        (0..n).map(|_| rng.below(256) as u8).collect()
+    }
+
+    #[test]
+    fn native_requests_read_the_same_to_prost_and_to_us() {
+        let mut rng = XorShift::new(7);
+        for _ in 0..2000 {
+            let keys: Vec<Vec<u8>> = (0..rng.below(4))
+                .map(|_| some_bytes(&mut rng, 20))
+                .collect();
+            let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
+            let value = rng.chance(50).then(|| some_bytes(&mut rng, 300));
+            let native = NativeFields {
+                shared: rng.chance(50),
+                limit: rng.chance(50).then(|| rng.wide() as u32),
+                value: value.as_deref(),
+                lock_delay_micro: rng.chance(50).then(|| rng.wide()),
+                fence: rng.chance(50).then(|| rng.wide()),
+            };
+            let lock = LockFields {
+                wait_micro: rng.chance(50).then(|| rng.wide()),
+                release_micro: rng.chance(50).then(|| rng.wide()),
+                keys: &refs,
+                native,
+            };
+            let ty = 1 + rng.below(8);
+            let mut out = Vec::new();
+            encode_request_version(&mut out, NATIVE_VERSION, Some(5), None, ty, Some(lock));
+            let (body, n) = parse_frame(&out, 1 << 20).expect("one frame");
+            assert_eq!(n, out.len());
+            let p = NRequest::decode(body).expect("prost reads it");
+            assert_eq!(
+                (p.version, p.id, p.r#type),
+                (Some(3), Some(5), Some(ty as i32))
+            );
+            let pl = p.lock.expect("lock");
+            assert_eq!(pl.keys, keys);
+            assert_eq!(pl.shared, native.shared.then_some(true));
+            assert_eq!(pl.limit, native.limit);
+            assert_eq!(pl.value.as_deref(), native.value);
+            assert_eq!(pl.lock_delay_micro, native.lock_delay_micro);
+            assert_eq!(pl.fence, native.fence);
+
+            let ours = decode_request(body).expect("we read it");
+            let l = ours.lock.expect("lock");
+            assert_eq!(l.native.is_shared(), native.shared);
+            assert_eq!(l.native.limit, native.limit.map(u64::from));
+            assert_eq!(l.native.value, native.value);
+            assert_eq!(l.native.lock_delay_micro, native.lock_delay_micro);
+            assert_eq!(l.native.fence, native.fence);
+            assert_eq!(l.native.malformed, 0);
+            assert_eq!(l.keys.collect::<Vec<_>>(), refs);
+        }
+    }
+
+    #[test]
+    fn a_dlock_request_without_native_fields_is_byte_for_byte_what_it_was() {
+        let keys: [&[u8]; 1] = [b"k"];
+        let lock = LockFields {
+            keys: &keys,
+            ..LockFields::default()
+        };
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        encode_request(&mut a, Some(1), None, req_type::LOCK, Some(lock));
+        encode_request_version(
+            &mut b,
+            API_VERSION,
+            Some(1),
+            None,
+            req_type::LOCK,
+            Some(lock),
+        );
+        assert_eq!(a, b);
+        // version 2, id 1, type 2, field 51 holding keys = "k": nothing else.
+        assert_eq!(
+            a,
+            [0, 0, 0, 12, 0x08, 2, 0x10, 1, 0x20, 2, 0x9a, 0x03, 3, 0x1a, 1, b'k']
+        );
+    }
+
+    #[test]
+    fn native_fields_of_the_wrong_wire_type_are_skipped_and_counted() {
+        // RequestLock: keys = "k", then field 100 as bytes and field 104 as fixed32.
+        let lock = [
+            0x1a, 1, b'k', 0xa2, 0x06, 2, b'x', b'y', 0xc5, 0x06, 1, 2, 3, 4,
+        ];
+        let l = decode_lock(&lock).expect("skippable, as any unknown field");
+        assert_eq!(l.key_count, 1);
+        assert_eq!(l.native.malformed, 2);
+        assert_eq!((l.native.shared, l.native.fence), (None, None));
+    }
+
+    #[test]
+    fn native_responses_with_every_field_read_the_same_to_prost_and_to_us() {
+        let mut rng = XorShift::new(11);
+        for _ in 0..500 {
+            let values: Vec<Option<Vec<u8>>> = (0..6)
+                .map(|_| rng.chance(60).then(|| some_bytes(&mut rng, 5000)))
+                .collect();
+            let holders: Vec<HolderOut<'_>> = values
+                .iter()
+                .map(|v| HolderOut {
+                    fence: rng.wide(),
+                    value: v.as_deref(),
+                    lease_left_micro: rng.wide(),
+                    node: rng.chance(50).then(|| rng.wide() as u32),
+                })
+                .collect();
+            let split = rng.below(7) as usize;
+            let keys: Vec<Vec<u8>> = (0..2).map(|_| some_bytes(&mut rng, 300)).collect();
+            let info = [
+                KeyInfoOut {
+                    key: &keys[0],
+                    shared: true,
+                    limit: rng.wide() as u32,
+                    holders: &holders[..split],
+                    waiters: rng.wide() as u32,
+                    delayed_micro: rng.wide(),
+                },
+                KeyInfoOut {
+                    key: &keys[1],
+                    shared: false,
+                    limit: 1,
+                    holders: &holders[split..],
+                    waiters: 0,
+                    delayed_micro: 0,
+                },
+            ];
+            let event = rng.chance(50).then(|| EventOut {
+                key: &keys[1],
+                kind: 1 + rng.below(4) as u32,
+                fence: rng.wide(),
+                value: values[0].as_deref(),
+            });
+            let key_refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
+            let reply = NativeReply {
+                request_id: Some(rng.wide()),
+                status: status::NOT_HELD,
+                error_text: Some("not held"),
+                keys: &key_refs,
+                server_unix_time: 1_800_000_000,
+                fence: Some(rng.wide()),
+                info: &info[..rng.below(3) as usize],
+                event,
+            };
+            let mut out = vec![9, 9];
+            encode_native_response(&mut out, &reply);
+            let (body, n) = parse_frame(&out[2..], 1 << 24).expect("one frame");
+            assert_eq!(n, out.len() - 2);
+            let p = NResponse::decode(body).expect("prost reads it");
+            assert_eq!(p.version, Some(3));
+            assert_eq!(p.request_id, reply.request_id);
+            assert_eq!(p.status, Some(status::NOT_HELD as i32));
+            assert_eq!(p.error_text.as_deref(), Some("not held"));
+            assert_eq!(p.keys, keys);
+            assert_eq!(p.fence, reply.fence);
+            assert_eq!(p.info.len(), reply.info.len());
+            for (pi, i) in p.info.iter().zip(reply.info) {
+                assert_eq!(pi.key.as_deref(), Some(i.key));
+                assert_eq!(pi.shared, Some(i.shared));
+                assert_eq!(pi.limit, Some(i.limit));
+                assert_eq!(pi.waiters, Some(i.waiters));
+                assert_eq!(pi.delayed_micro, Some(i.delayed_micro));
+                assert_eq!(pi.holders.len(), i.holders.len());
+                for (ph, h) in pi.holders.iter().zip(i.holders) {
+                    assert_eq!(ph.fence, Some(h.fence));
+                    assert_eq!(ph.value.as_deref(), h.value);
+                    assert_eq!(ph.lease_left_micro, Some(h.lease_left_micro));
+                    assert_eq!(ph.node, h.node);
+                }
+            }
+            match (&p.event, &reply.event) {
+                (None, None) => {}
+                (Some(pe), Some(e)) => {
+                    assert_eq!(pe.key.as_deref(), Some(e.key));
+                    assert_eq!(pe.kind, Some(e.kind as i32));
+                    assert_eq!(pe.fence, Some(e.fence));
+                    assert_eq!(pe.value.as_deref(), e.value);
+                }
+                other => panic!("event {:?}", other),
+            }
+
+            let ours = decode_response(body).expect("we read it");
+            assert_eq!(ours.info.len(), reply.info.len());
+            for (oi, i) in ours.info.iter().zip(reply.info) {
+                assert_eq!(oi.key, i.key);
+                assert_eq!((oi.shared, oi.limit), (i.shared, Some(i.limit)));
+                let hs: Vec<_> = oi
+                    .holders
+                    .iter()
+                    .map(|h| (h.fence, h.value.as_deref(), h.lease_left_micro, h.node))
+                    .collect();
+                let want: Vec<_> = i
+                    .holders
+                    .iter()
+                    .map(|h| (h.fence, h.value, h.lease_left_micro, h.node))
+                    .collect();
+                assert_eq!(hs, want);
+            }
+            assert_eq!(
+                ours.event.as_ref().map(|e| (&e.key[..], e.kind, e.fence)),
+                reply.event.map(|e| (e.key, e.kind, e.fence))
+            );
+        }
+    }
 }
