@@ -48,6 +48,12 @@ pub const SNAPSHOT_EVERY: u64 = 10_000;
 pub const SNAPSHOT_LOG_BYTES: u64 = 16 << 20;
 /// After a snapshot child failed, the next attempt waits this long.
 const SNAPSHOT_RETRY: Duration = Duration::from_secs(5);
+/// A snapshot child still running this long after its start, plus a second for every 10 MiB of
+/// the last snapshot (a healthy child writes 100 MiB a second), is killed and counted failed, and
+/// the snapshot is tried again after [`SNAPSHOT_RETRY`]: a child stuck in the file system must
+/// not hold off every later snapshot while the log grows without bound.
+pub const SNAPSHOT_CHILD_TIMEOUT: Duration = Duration::from_secs(600);
+const CHILD_TIMEOUT_BYTES_PER_SECOND: u64 = 10 << 20;
 /// Entries kept behind a snapshot, so that a follower a little behind catches up from the
 /// log instead of a whole snapshot.
 pub const KEEP_ENTRIES: u64 = 1_000;
@@ -220,6 +226,8 @@ pub struct SnapshotPolicy {
     pub log_bytes: u64,
     pub keep_entries: u64,
     pub keep_bytes: u64,
+    /// [`SNAPSHOT_CHILD_TIMEOUT`].
+    pub child_timeout: Duration,
 }
 
 impl Default for SnapshotPolicy {
@@ -229,6 +237,7 @@ impl Default for SnapshotPolicy {
             log_bytes: SNAPSHOT_LOG_BYTES,
             keep_entries: KEEP_ENTRIES,
             keep_bytes: KEEP_BYTES,
+            child_timeout: SNAPSHOT_CHILD_TIMEOUT,
         }
     }
 }
@@ -1165,8 +1174,15 @@ impl<S: LogStore, T: PeerLink, C: Clock> RaftNode<S, T, C> {
         let Some(child) = &mut self.snapshot_child else {
             return Ok(());
         };
-        let Some(finished) = child.poll() else {
-            return Ok(());
+        let limit = self.policy.child_timeout
+            + Duration::from_secs(self.snapshot_bytes / CHILD_TIMEOUT_BYTES_PER_SECOND);
+        let finished = match child.poll() {
+            Some(finished) => finished,
+            None if self.clock.now().saturating_duration_since(child.started()) > limit => {
+                // Dropping the child kills it, reaps it and removes its file (off this thread).
+                Finished::Failed(format!("still running after {} s: killed", limit.as_secs()))
+            }
+            None => return Ok(()),
         };
         let child = self.snapshot_child.take().expect("checked");
         self.snapshot_stats.writing = false;

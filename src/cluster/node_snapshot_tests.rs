@@ -253,3 +253,80 @@ fn an_installing_follower_lets_the_leaders_lease_expire() {
     ticked.step(pre_vote()).unwrap();
     assert!(answered(&ticked), "the pre-vote was turned down");
 }
+
+/// The state machine of [`a_hung_snapshot_child_is_killed_and_tried_again`]: its first snapshot
+/// child never finishes.
+struct HangsOnce {
+    log: Log,
+    marker: std::path::PathBuf,
+    parent: u32,
+}
+
+impl Machine for HangsOnce {
+    type Restored = Vec<u8>;
+
+    fn apply(&mut self, index: u64, data: &[u8]) {
+        self.log.apply(index, data);
+    }
+
+    fn write_snapshot(&self, out: &mut Vec<u8>) {
+        let in_child = std::process::id() != self.parent;
+        let first = in_child
+            && std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&self.marker)
+                .is_ok();
+        if first {
+            // A child stuck in the file system, as far as the node can tell (it is killed; the
+            // node's drop reaps it).
+            std::thread::sleep(Duration::from_secs(3600));
+        }
+        self.log.write_snapshot(out);
+    }
+
+    fn restorer(&self) -> Box<dyn FnOnce(&[u8]) -> Result<Vec<u8>, String> + Send> {
+        self.log.restorer()
+    }
+
+    fn install(&mut self, restored: Vec<u8>) -> Box<dyn Send> {
+        self.log.install(restored)
+    }
+}
+
+/// A snapshot child that runs past its time is killed, counted failed, and the snapshot is
+/// made by a later child: one stuck child does not hold off every later snapshot.
+#[test]
+fn a_hung_snapshot_child_is_killed_and_tried_again() {
+    let dir = TempDir::new("snapshot-hung");
+    let cfg = sole_node(dir.0.join("data"));
+    std::fs::create_dir_all(&cfg.data_dir).unwrap();
+    let mut m = HangsOnce {
+        log: Log::default(),
+        marker: dir.0.join("hung-once"),
+        parent: std::process::id(),
+    };
+    let mut node = RaftNode::start(&cfg, &mut m, Instant::now()).unwrap();
+    node.set_snapshot_policy(SnapshotPolicy {
+        child_timeout: Duration::from_secs(2),
+        ..SnapshotPolicy::default()
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    elect(&mut node, &mut m, deadline);
+    let chunk = vec![b'x'; 256 << 10];
+    while !dir.0.join("hung-once").exists() {
+        assert!(Instant::now() < deadline, "no snapshot tried");
+        assert!(node.propose(chunk.clone()));
+        node.tick(Instant::now()).unwrap();
+        node.ready(&mut m).unwrap();
+    }
+    let by = Instant::now() + Duration::from_secs(2) + SNAPSHOT_RETRY + Duration::from_secs(20);
+    while node.snapshot_stats().made == 0 {
+        assert!(Instant::now() < by, "the hung child was not replaced");
+        assert!(node.propose(b"tick".to_vec()));
+        node.tick(Instant::now()).unwrap();
+        node.ready(&mut m).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(node.snapshot_stats().failed, 1);
+}

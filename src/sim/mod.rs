@@ -977,6 +977,7 @@ impl<W: Workload> Cluster<W> {
             log_bytes: self.opts.snapshot_floor_bytes,
             keep_entries: KEEP_ENTRIES,
             keep_bytes: u64::MAX / 2,
+            child_timeout: crate::cluster::node::SNAPSHOT_CHILD_TIMEOUT,
         };
         let live = self.opts.liveness;
         let state = if live {
