@@ -427,6 +427,170 @@ pub fn fuzz_dlock(data: &[u8], max_message: usize) {
     }
 }
 
+/// The dlock lock table driven by arbitrary bytes: version-2 and version-3 requests of eight
+/// sessions on five keys (Lock, shared Lock, semaphores, values, lock-delay, Unlock with and
+/// without fence, Extend, disconnects, Get, CheckFence) with time moving on. After every
+/// operation the table's invariants hold, Get agrees with CheckFence, and a snapshot restores to
+/// a table that snapshots to the same bytes.
+pub fn fuzz_dlock_table(data: &[u8]) {
+    use holdfast::core::codec::{Reader, Snapshot};
+    use holdfast::core::dlock::{
+        DlockConfig, DlockEvent, DlockTable, LockRequest, LockResult, NativeLock,
+    };
+    use holdfast::core::Session;
+    const KEYS: [&[u8]; 5] = [b"a", b"b", b"c", b"d", b"e"];
+    let mut bytes = data.iter().copied();
+    let Some(first) = bytes.next() else {
+        return;
+    };
+    let config = DlockConfig {
+        idle_timeout_ms: if first & 1 == 0 { 0 } else { 40 },
+    };
+    let mut t = DlockTable::new(config, 0);
+    t.set_key_events(first & 2 != 0);
+    let mut now = 0u64;
+    let mut events: Vec<DlockEvent> = Vec::new();
+    // Sessions 0 to 3 speak version 2 (one Lock at a time), 4 to 7 version 3.
+    let mut v2_waiting = [false; 4];
+    // A closed session's id is never used again (as in the daemon): slot `s` is session
+    // `8 * generation + s`.
+    let mut generation = [0u64; 8];
+    let mut id = 0u64;
+    let mut next = move || bytes.next();
+    while let Some(op) = next() {
+        let arg = next().unwrap_or(0);
+        let s = usize::from(arg & 7);
+        let session = Session(8 * generation[s] + s as u64);
+        let nkeys = 1 + usize::from((arg >> 3) & 1) + usize::from((arg >> 4) & 1);
+        let keys: Vec<&[u8]> = (0..nkeys)
+            .map(|_| KEYS[usize::from(next().unwrap_or(0)) % KEYS.len()])
+            .collect();
+        let x = u64::from(next().unwrap_or(0));
+        let wait_us = match x % 4 {
+            0 => Some(0),
+            1 => Some(x * 500),
+            _ => None,
+        };
+        let lease_us = (x & 16 != 0).then_some(x * 300 + 1);
+        id += 1;
+        events.clear();
+        match op % 10 {
+            0 | 1 if s < 4 && !v2_waiting[s] => {
+                let r = LockRequest {
+                    token: id,
+                    keys: &keys,
+                    wait_us,
+                    lease_us,
+                };
+                if t.lock(session, r, now, &mut events) == LockResult::Waiting {
+                    v2_waiting[s] = true;
+                }
+            }
+            0 | 1 if s >= 4 => {
+                let y = next().unwrap_or(0);
+                let value = vec![y; usize::from(y % 8)];
+                let r = NativeLock {
+                    request_id: id,
+                    keys: &keys,
+                    wait_us,
+                    lease_us,
+                    shared: y & 1 != 0,
+                    limit: (y & 2 != 0).then_some(u32::from(y >> 6) + 1),
+                    value: (y & 4 != 0).then_some(&value[..]),
+                    lock_delay_us: (y & 8 != 0).then_some(u64::from(y) * 400),
+                };
+                let _ = t.lock_native(session, r, now, &mut events);
+            }
+            2 if s < 4 && !v2_waiting[s] => {
+                let _ = t.unlock(session, &keys, now, &mut events);
+            }
+            3 | 4 => {
+                // By fence: one of the first key's holders (any session's), or a made-up one.
+                let holders = t.get(keys[0], now).holders;
+                let fence = match x % 3 {
+                    0 => None,
+                    1 if !holders.is_empty() => Some(holders[x as usize % holders.len()].fence),
+                    _ => Some(x),
+                };
+                let keys = if fence.is_some() && x & 32 == 0 {
+                    &keys[..1]
+                } else {
+                    &keys[..]
+                };
+                if op % 10 == 3 {
+                    if s >= 4 || !v2_waiting[s] {
+                        let _ = t.unlock_native(session, keys, fence, now, &mut events);
+                    }
+                } else if s >= 4 {
+                    let release = x * 700 + u64::from(x & 64 == 0);
+                    let _ = t.extend(session, keys, release, fence, id, now, &mut events);
+                }
+            }
+            5 => {
+                t.disconnect(session, now, &mut events);
+                generation[s] += 1;
+                if s < 4 {
+                    v2_waiting[s] = false;
+                }
+            }
+            6 | 7 => {
+                now += x;
+                t.advance(now, &mut events);
+            }
+            8 => {
+                for k in KEYS {
+                    let info = t.get(k, now);
+                    if !info.shared {
+                        assert!(
+                            info.holders.len() <= info.limit as usize,
+                            "{k:?} over its limit"
+                        );
+                    }
+                    if info.holders.is_empty() {
+                        assert!(!info.shared);
+                    }
+                    for h in &info.holders {
+                        assert!(t.check_fence(k, h.fence));
+                    }
+                    if info.holders.len() > 1 && info.limit == 1 {
+                        assert!(info.shared, "two exclusive holders of {k:?}");
+                    }
+                }
+            }
+            _ => {
+                let mut snap = Vec::new();
+                t.snapshot(&mut snap);
+                let mut copy =
+                    DlockTable::restore(config, &mut Reader::new(&snap)).expect("own snapshot");
+                copy.check_invariants();
+                let mut again = Vec::new();
+                copy.snapshot(&mut again);
+                assert_eq!(snap, again, "snapshot of the restored table differs");
+                copy.set_key_events(first & 2 != 0);
+                t = copy;
+            }
+        }
+        for e in &events {
+            if let DlockEvent::Granted { session, .. }
+            | DlockEvent::TimedOut { session, .. }
+            | DlockEvent::Idle { session } = e
+            {
+                let slot = (session.0 % 8) as usize;
+                if slot < 4 {
+                    v2_waiting[slot] = false;
+                }
+            }
+            if let DlockEvent::Idle { session } = e {
+                let slot = (session.0 % 8) as usize;
+                if generation[slot] == session.0 / 8 {
+                    generation[slot] += 1;
+                }
+            }
+        }
+        t.check_invariants();
+    }
+}
+
 /// The state machine's hostile inputs from disk or peers: a command entry and a snapshot.
 /// Decoding never panics; what decodes re-encodes to the same bytes; an entry that decodes
 /// applies to a fresh state without panicking, and a snapshot that restores snapshots back to

@@ -42,6 +42,14 @@
 //!   tick. `connect` and `touch` have no event output and do not.
 //! - Stats count keys: `lease_expiries` is the number of keys whose lease ran out; `timeouts`
 //!   counts Locks (try-once failures and wait deadlines); `grants` counts Locks granted.
+//!
+//! # Version 3 (the native protocol)
+//!
+//! The same table serves version 3's requests on the same keys (`native.rs`): holds per grant
+//! rather than per connection, shared mode, semaphores, values, lock-delay, unlock and extend
+//! by fence, Get and CheckFence. A key's version-2 hold is its record's `holder`; its
+//! version-3 grants live beside the record in `natives` (so a key only version 2 uses costs
+//! what it always did), and both kinds queue in the record's one FIFO queue.
 
 use super::codec::{self, DecodeError, Reader, Snapshot};
 use super::fence::Fence;
@@ -53,6 +61,14 @@ use hashbrown::HashTable;
 use slab::Slab;
 use std::borrow::Cow;
 use std::collections::BTreeSet;
+
+#[path = "dlock_native.rs"]
+mod native;
+pub use native::{
+    HolderInfo, KeyEventKind, KeyInfo, NativeError, NativeLock, NativeStats, MAX_LIMIT,
+    MAX_LOCK_DELAY_US, MAX_VALUE,
+};
+use native::{NativeKey, NativeWait};
 use std::hash::BuildHasher;
 
 /// Dedupe a request's keys with a quadratic scan up to this many keys (no allocation for a hash
@@ -84,13 +100,39 @@ pub enum DlockEvent {
     /// `session` sent nothing for the idle timeout and has no pending Lock: the table has already
     /// released its connection-bound locks; the daemon must close the connection.
     Idle { session: Session },
+    /// A grant of `key` began or ended (for watchers; only while [`DlockTable::set_key_events`]
+    /// is on): every one, version 2's too, in the order they happened.
+    Key {
+        key: Box<[u8]>,
+        kind: KeyEventKind,
+        fence: u64,
+        value: Option<Box<[u8]>>,
+    },
+    /// A version-3 grant of `session` ended while `session` was open, for any reason but its own
+    /// Unlock: `kind` is `Expired` for a lease that ran out, else `Lost`. `request_id` is that
+    /// of the Lock that took it or the Extend that moved it to `session`.
+    Notice {
+        session: Session,
+        request_id: u64,
+        key: Box<[u8]>,
+        kind: KeyEventKind,
+        fence: u64,
+        value: Option<Box<[u8]>>,
+    },
 }
 
 #[derive(Debug, PartialEq, Eq)]
 pub enum LockResult {
     Granted,
     Waiting,
-    Timeout { busy: Vec<Box<[u8]>> },
+    Timeout {
+        busy: Vec<Box<[u8]>>,
+    },
+    /// Refused, nothing changed: a version-2 Lock on a key that version-3 clients use with
+    /// another limit than 1 (a semaphore).
+    Invalid {
+        why: &'static str,
+    },
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -134,6 +176,8 @@ enum Timer {
     Idle { session: Session },
     /// The wait deadline of waiter `seq`, if it is still waiting.
     Wait { seq: u64 },
+    /// The lock-delay of record `rec` ends, if its delay still ends by then.
+    Delay { rec: u32 },
 }
 
 impl Timer {
@@ -147,15 +191,30 @@ impl Timer {
     fn order(&self, other: &Timer, recs: &Slab<KeyRec>) -> std::cmp::Ordering {
         fn class(t: &Timer) -> u8 {
             match t {
-                Timer::Lease { .. } => 0,
+                Timer::Lease { .. } | Timer::Delay { .. } => 0,
                 Timer::Idle { .. } => 1,
                 Timer::Wait { .. } => 2,
             }
         }
+        // Releases and lock-delay ends by key, then a key's leases by generation, then its
+        // delay.
+        fn release(t: &Timer) -> Option<(u32, u64)> {
+            match t {
+                Timer::Lease { rec, gen } => Some((*rec, *gen)),
+                Timer::Delay { rec } => Some((*rec, u64::MAX)),
+                _ => None,
+            }
+        }
         match (self, other) {
-            (Timer::Lease { rec: a, .. }, Timer::Lease { rec: b, .. }) => {
+            (
+                Timer::Lease { .. } | Timer::Delay { .. },
+                Timer::Lease { .. } | Timer::Delay { .. },
+            ) => {
+                let (Some((a, ga)), Some((b, gb))) = (release(self), release(other)) else {
+                    unreachable!()
+                };
                 let name = |r: &u32| recs.get(*r as usize).map(|r| &*r.key);
-                name(a).cmp(&name(b))
+                name(&a).cmp(&name(&b)).then(ga.cmp(&gb))
             }
             (Timer::Idle { session: a }, Timer::Idle { session: b }) => a.cmp(b),
             (Timer::Wait { seq: a }, Timer::Wait { seq: b }) => a.cmp(b),
@@ -222,6 +281,8 @@ struct Waiter {
     /// The wait deadline (ms) and its timer, if the Lock has one.
     deadline: Option<u64>,
     timer: Option<TimerKey>,
+    /// A version-3 Lock's own fields (`token` is its request id); `None`: version 2.
+    native: Option<Box<NativeWait>>,
 }
 
 struct Conn {
@@ -234,6 +295,28 @@ struct Conn {
     /// Armed while idle tracking is on and no Lock is pending (lazily: it may fire early, then
     /// it is re-armed at `last_active + idle_timeout_ms`).
     idle_timer: Option<TimerKey>,
+    /// Its waiting version-3 Locks, by arrival number (any number of them).
+    waits: Vec<u64>,
+    /// Its version-3 grants: (fencing token, record), one per key of a grant.
+    grants: BTreeSet<(u64, u32)>,
+}
+
+impl Conn {
+    fn new(last_active: u64) -> Conn {
+        Conn {
+            head: NIL,
+            pending: None,
+            last_active,
+            idle_timer: None,
+            waits: Vec::new(),
+            grants: BTreeSet::new(),
+        }
+    }
+
+    /// Whether a Lock of this connection waits (then it is not idle).
+    fn waiting(&self) -> bool {
+        self.pending.is_some() || !self.waits.is_empty()
+    }
 }
 
 pub struct DlockTable {
@@ -256,6 +339,12 @@ pub struct DlockTable {
     /// The service's fencing counter (shared with the other tables of a state).
     fence: Fence,
     stats: DlockStats,
+    /// The version-3 state of a record (its grants, limit, lock-delay), by record index; no
+    /// entry for a key that only version 2 uses.
+    natives: HashMap<u32, NativeKey>,
+    nstats: NativeStats,
+    /// Whether [`DlockEvent::Key`] events are made.
+    key_events: bool,
 }
 
 /// Milliseconds from microseconds, rounded up; `None` for absent or zero.
@@ -304,6 +393,9 @@ impl DlockTable {
             heads: Vec::new(),
             fence: Fence::default(),
             stats: DlockStats::default(),
+            natives: HashMap::default(),
+            nstats: NativeStats::default(),
+            key_events: false,
         }
     }
 
@@ -314,12 +406,9 @@ impl DlockTable {
 
     /// Any request of `session` restarts its idle clock.
     pub fn touch(&mut self, session: Session, now_ms: u64) {
-        self.sessions.entry(session).or_insert_with(|| Conn {
-            head: NIL,
-            pending: None,
-            last_active: now_ms,
-            idle_timer: None,
-        });
+        self.sessions
+            .entry(session)
+            .or_insert_with(|| Conn::new(now_ms));
         self.activity(session, now_ms);
     }
 
@@ -350,6 +439,15 @@ impl DlockTable {
             }
         }
         let keys = distinct(keys);
+        if !self.natives.is_empty()
+            && keys
+                .iter()
+                .any(|k| self.limit_of(k).is_some_and(|l| l != 1))
+        {
+            return LockResult::Invalid {
+                why: "the key is a semaphore of another limit",
+            };
+        }
         let busy: Vec<&[u8]> = keys
             .iter()
             .copied()
@@ -359,7 +457,7 @@ impl DlockTable {
             let lease_ms = ms_from_us(lease_us);
             let token = self.fence.next();
             for k in keys.iter() {
-                self.set_holder(k, session, lease_ms, now_ms, token);
+                self.set_holder(k, session, lease_ms, now_ms, token, events);
             }
             self.stats.grants += 1;
             return LockResult::Granted;
@@ -387,6 +485,7 @@ impl DlockTable {
                 lease_us,
                 deadline,
                 timer,
+                native: None,
             },
         );
         if let Some(c) = self.sessions.get_mut(&session) {
@@ -418,7 +517,7 @@ impl DlockTable {
                 .and_then(|s| s.holder.as_ref())
                 .is_some_and(|h| h.session == session);
             if mine {
-                self.release(k);
+                self.release(k, events);
             } else {
                 not_held.push(Box::from(k));
             }
@@ -495,6 +594,7 @@ impl DlockTable {
             };
             lease.timer = self.wheel.insert(lease.deadline, (lease.deadline, timer));
         }
+        self.extend_native_leases(extra_ms);
     }
 
     pub fn next_deadline(&self) -> Option<u64> {
@@ -626,35 +726,41 @@ impl DlockTable {
 
     /// Whether `key` keeps a new Lock of `session` from being granted at once.
     fn busy_for_new(&self, session: Session, key: &[u8]) -> bool {
-        match self.rec(key) {
+        match self.find(key) {
             None => false,
-            Some(s) => match &s.holder {
+            Some(r) => match &self.recs[r].holder {
                 Some(h) => h.session != session,
-                None => !s.queue.is_empty(),
+                None => !self.recs[r].queue.is_empty() || self.native_blocks(r),
             },
         }
     }
 
     /// Whether `key` still keeps waiter `seq` of `session` from being granted.
     fn busy_for_waiter(&self, session: Session, seq: u64, key: &[u8]) -> bool {
-        match self.rec(key) {
+        match self.find(key) {
             None => {
                 debug_assert!(false, "a waiter's key has no state");
                 false
             }
-            Some(s) => match &s.holder {
+            Some(r) => match &self.recs[r].holder {
                 Some(h) => h.session != session,
-                None => s.queue.first() != Some(&seq),
+                None => self.recs[r].queue.first() != Some(&seq) || self.native_blocks(r),
             },
         }
     }
 
+    /// Whether `key` still keeps waiter `seq` (`w`) from being granted, whatever its version.
+    fn waiter_busy(&self, w: &Waiter, seq: u64, key: &[u8]) -> bool {
+        match &w.native {
+            None => self.busy_for_waiter(w.session, seq, key),
+            Some(n) => self.busy_for_native_waiter(seq, n.shared, key),
+        }
+    }
+
     fn grantable(&self, seq: u64) -> bool {
-        self.waiters.get(&seq).is_some_and(|w| {
-            w.keys
-                .iter()
-                .all(|k| !self.busy_for_waiter(w.session, seq, k))
-        })
+        self.waiters
+            .get(&seq)
+            .is_some_and(|w| w.keys.iter().all(|k| !self.waiter_busy(w, seq, k)))
     }
 
     /// Restart the idle clock of `session` at `now_ms`, arming its timer if it has none.
@@ -664,7 +770,7 @@ impl DlockTable {
             return;
         };
         c.last_active = c.last_active.max(now_ms);
-        if idle > 0 && c.pending.is_none() && c.idle_timer.is_none() {
+        if idle > 0 && !c.waiting() && c.idle_timer.is_none() {
             let due = c.last_active.saturating_add(idle);
             c.idle_timer = Some(self.wheel.insert(due, (due, Timer::Idle { session })));
         }
@@ -678,6 +784,7 @@ impl DlockTable {
         lease_ms: Option<u64>,
         now_ms: u64,
         token: u64,
+        events: &mut Vec<DlockEvent>,
     ) {
         let r = self.find_or_insert(key);
         // Held by `session` already (a re-lock): it is in its list already.
@@ -689,9 +796,12 @@ impl DlockTable {
                     self.wheel.cancel(lease.timer);
                     self.stats.leases -= 1;
                 }
+                // The re-lock's grant replaces the old one.
+                self.key_event(events, r, KeyEventKind::Released, old.token, None);
             }
             None => self.stats.held_keys += 1,
         }
+        self.key_event(events, r, KeyEventKind::Acquired, token, None);
         let lease = lease_ms.map(|ms| {
             let deadline = now_ms.saturating_add(ms);
             let gen = self.next_lease_gen;
@@ -717,10 +827,21 @@ impl DlockTable {
         }
     }
 
-    /// Free `key` from its holder (whoever it is); the caller checks the queue's head.
-    fn release(&mut self, key: &[u8]) {
+    /// Free `key` from its holder (whoever it is) by an Unlock; the caller checks the queue's
+    /// head.
+    fn release(&mut self, key: &[u8], events: &mut Vec<DlockEvent>) {
         if let Some(r) = self.find(key) {
+            self.v2_ended(r, KeyEventKind::Released, events);
             self.release_rec(r);
+        }
+    }
+
+    /// The `Key` event of the end of record `r`'s version-2 hold, if such events are on.
+    fn v2_ended(&self, r: usize, kind: KeyEventKind, events: &mut Vec<DlockEvent>) {
+        if self.key_events {
+            if let Some(h) = &self.recs[r].holder {
+                self.key_event(events, r, kind, h.token, None);
+            }
         }
     }
 
@@ -735,7 +856,7 @@ impl DlockTable {
             self.stats.leases -= 1;
         }
         self.unlink(hold.session, r);
-        if self.recs[r].queue.is_empty() {
+        if self.recs[r].queue.is_empty() && !self.has_native(r) {
             self.remove_rec(r);
         }
     }
@@ -752,14 +873,19 @@ impl DlockTable {
             if let Some(r) = self.find(k) {
                 let state = &mut self.recs[r];
                 state.queue.remove(&seq);
-                if !granting && state.holder.is_none() && state.queue.is_empty() {
-                    self.remove_rec(r);
+                if w.native.is_some() {
+                    self.native_unqueued(r);
+                }
+                if !granting {
+                    self.tidy(r);
                 }
             }
         }
         if let Some(c) = self.sessions.get_mut(&w.session) {
             if c.pending == Some(seq) {
                 c.pending = None;
+            } else if w.native.is_some() {
+                c.waits.retain(|&s| s != seq);
             }
         }
         Some(w)
@@ -782,23 +908,53 @@ impl DlockTable {
         );
         heads.sort_unstable();
         heads.dedup();
-        for &seq in &heads {
-            if self.grantable(seq) {
-                self.grant(seq, now_ms, events);
+        // A shared or semaphore grant may let the next waiters of its keys through as well
+        // (always later arrivals): they join the pass, still in arrival order.
+        let mut i = 0;
+        while i < heads.len() {
+            let seq = heads[i];
+            i += 1;
+            if !self.grantable(seq) {
+                continue;
+            }
+            let Some(keys) = self.grant(seq, now_ms, events) else {
+                continue;
+            };
+            for k in keys.iter() {
+                if let Some(&h) = self.rec(k).and_then(|s| s.queue.first()) {
+                    if let Err(p) = heads[i..].binary_search(&h) {
+                        heads.insert(i + p, h);
+                    }
+                }
             }
         }
         heads.clear();
         self.heads = heads;
     }
 
-    fn grant(&mut self, seq: u64, now_ms: u64, events: &mut Vec<DlockEvent>) {
-        let Some(w) = self.take_waiter(seq, true) else {
-            return;
-        };
+    /// Grant waiter `seq`. `Some`: its keys, when the grant may let others through too (shared
+    /// or a semaphore).
+    fn grant(
+        &mut self,
+        seq: u64,
+        now_ms: u64,
+        events: &mut Vec<DlockEvent>,
+    ) -> Option<Box<[Box<[u8]>]>> {
+        let mut w = self.take_waiter(seq, true)?;
         let lease_ms = ms_from_us(w.lease_us);
         let fence = self.fence.next();
-        for k in w.keys.iter() {
-            self.set_holder(k, w.session, lease_ms, now_ms, fence);
+        let native = w.native.take();
+        match &native {
+            None => {
+                for k in w.keys.iter() {
+                    self.set_holder(k, w.session, lease_ms, now_ms, fence, events);
+                }
+            }
+            Some(n) => {
+                for k in w.keys.iter() {
+                    self.add_grant(k, w.session, w.token, fence, lease_ms, n, now_ms, events);
+                }
+            }
         }
         self.stats.grants += 1;
         self.activity(w.session, now_ms);
@@ -807,6 +963,7 @@ impl DlockTable {
             token: w.token,
             fence,
         });
+        native.filter(|n| n.shared || n.limit > 1).map(|_| w.keys)
     }
 
     /// Remove `session` (already taken out of `sessions`): release its connection-bound
@@ -835,9 +992,13 @@ impl DlockTable {
                 .is_some_and(|h| h.session == session && h.lease.is_none());
             if bound {
                 affected.push(rec.key.clone());
+                self.v2_ended(r as usize, KeyEventKind::Lost, events);
                 self.release_rec(r as usize);
             }
             r = next;
+        }
+        if !c.waits.is_empty() || !c.grants.is_empty() {
+            self.drop_native(c, now_ms, &mut affected, events);
         }
         self.check_heads(&affected, now_ms, events);
     }
@@ -862,7 +1023,8 @@ impl DlockTable {
                     .is_some_and(|l| l.gen == gen);
                 if current {
                     self.stats.lease_expiries += 1;
-                    if self.recs[r].queue.is_empty() {
+                    self.v2_ended(r, KeyEventKind::Expired, events);
+                    if self.recs[r].queue.is_empty() && !self.has_native(r) {
                         // No one to grant: the record goes, nothing else to look at.
                         self.release_rec(r);
                     } else {
@@ -870,15 +1032,18 @@ impl DlockTable {
                         self.release_rec(r);
                         self.check_heads(&[key], at, events);
                     }
+                } else {
+                    self.native_lease_ends(r, gen, at, events);
                 }
             }
+            Timer::Delay { rec } => self.delay_ends(rec as usize, at, events),
             Timer::Idle { session } => {
                 let idle = self.config.idle_timeout_ms;
                 let Some(c) = self.sessions.get_mut(&session) else {
                     return;
                 };
                 c.idle_timer = None;
-                if c.pending.is_some() {
+                if c.waiting() {
                     return;
                 }
                 let due = c.last_active.saturating_add(idle);
@@ -899,7 +1064,7 @@ impl DlockTable {
                 let busy: Vec<Box<[u8]>> = w
                     .keys
                     .iter()
-                    .filter(|k| self.busy_for_waiter(w.session, seq, k))
+                    .filter(|k| self.waiter_busy(w, seq, k))
                     .cloned()
                     .collect();
                 let Some(w) = self.take_waiter(seq, false) else {
@@ -969,7 +1134,7 @@ impl DlockTable {
         for (r, s) in &self.recs {
             let k = &*s.key;
             assert!(
-                s.holder.is_some() || !s.queue.is_empty(),
+                s.holder.is_some() || !s.queue.is_empty() || self.natives.contains_key(&(r as u32)),
                 "empty key state {k:?}"
             );
             assert_eq!(self.find(k), Some(r), "{k:?} not found by its name");
@@ -991,7 +1156,15 @@ impl DlockTable {
             for k in w.keys.iter() {
                 assert!(self.rec(k).expect("a waiter's key").queue.contains(seq));
             }
-            assert_eq!(self.sessions[&w.session].pending, Some(*seq));
+            let c = &self.sessions[&w.session];
+            if w.native.is_some() {
+                assert!(
+                    c.waits.contains(seq),
+                    "native waiter {seq} not in its session"
+                );
+            } else {
+                assert_eq!(c.pending, Some(*seq));
+            }
             assert!(!self.grantable(*seq), "waiter {seq} could be granted");
         }
         let mut in_lists = 0;
@@ -1008,7 +1181,10 @@ impl DlockTable {
             if let Some(seq) = c.pending {
                 assert!(self.waiters.contains_key(&seq));
             }
-            if self.config.idle_timeout_ms > 0 && c.pending.is_none() {
+            for seq in &c.waits {
+                assert!(self.waiters.get(seq).is_some_and(|w| w.native.is_some()));
+            }
+            if self.config.idle_timeout_ms > 0 && !c.waiting() {
                 assert!(c.idle_timer.is_some(), "{id:?} has no idle timer");
             }
         }
@@ -1016,13 +1192,16 @@ impl DlockTable {
             in_lists, listed,
             "a held key missing from its holder's list"
         );
+        self.check_native_invariants();
     }
 }
 
 /// Snapshot and restore, in a canonical form: sessions by id, keys in byte order with their
 /// holder, lease and queue, waiters by arrival number.
 impl DlockTable {
-    const SNAPSHOT_MAGIC: &'static [u8] = b"HFdlock1";
+    /// `HFdlock1`, or `HFdlock2` when version-3 state follows the same fields (a table that
+    /// only version 2 uses writes the format it always did).
+    const SNAPSHOT_MAGIC: &'static [u8] = b"HFdlock";
     /// dlock's own cap on a frame is a megabyte; a key cannot be longer.
     const MAX_KEY: usize = 1 << 20;
 }
@@ -1032,6 +1211,8 @@ impl Snapshot for DlockTable {
 
     fn snapshot(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(Self::SNAPSHOT_MAGIC);
+        let native = self.has_native_state();
+        out.push(if native { b'2' } else { b'1' });
         codec::put_u64(out, self.wheel.now());
         codec::put_u64(out, self.next_seq);
         codec::put_u64(out, self.next_lease_gen);
@@ -1071,7 +1252,11 @@ impl Snapshot for DlockTable {
             }
             codec::spill(out);
         }
-        let mut waiters: Vec<(&u64, &Waiter)> = self.waiters.iter().collect();
+        let mut waiters: Vec<(&u64, &Waiter)> = self
+            .waiters
+            .iter()
+            .filter(|(_, w)| w.native.is_none())
+            .collect();
         waiters.sort_unstable_by_key(|(seq, _)| **seq);
         codec::put_u64(out, waiters.len() as u64);
         for (seq, w) in waiters {
@@ -1086,6 +1271,9 @@ impl Snapshot for DlockTable {
             }
             codec::spill(out);
         }
+        if native {
+            self.snapshot_native(out);
+        }
     }
 
     /// A table from bytes written by [`DlockTable::snapshot`]; untrusted: anything out of
@@ -1094,6 +1282,11 @@ impl Snapshot for DlockTable {
     fn restore(config: DlockConfig, r: &mut Reader<'_>) -> Result<DlockTable, DecodeError> {
         use DecodeError::Invalid;
         r.expect(Self::SNAPSHOT_MAGIC, "dlock snapshot magic")?;
+        let native = match r.u8()? {
+            b'1' => false,
+            b'2' => true,
+            _ => return Err(Invalid("dlock snapshot magic")),
+        };
         let mut t = DlockTable::new(config, r.u64()?);
         t.next_seq = r.u64()?;
         t.next_lease_gen = r.u64()?;
@@ -1107,15 +1300,7 @@ impl Snapshot for DlockTable {
         for _ in 0..n {
             let id = Session::decode_next(r, &mut last, "dlock sessions out of order")?;
             let last_active = r.u64()?;
-            t.sessions.insert(
-                id,
-                Conn {
-                    head: NIL,
-                    pending: None,
-                    last_active,
-                    idle_timer: None,
-                },
-            );
+            t.sessions.insert(id, Conn::new(last_active));
         }
         let n = r.count(2)?;
         let mut last_key: Option<Key> = None;
@@ -1223,13 +1408,16 @@ impl Snapshot for DlockTable {
                     lease_us,
                     deadline,
                     timer,
+                    native: None,
                 },
             );
         }
-        if t.recs
-            .iter()
-            .any(|(_, s)| s.holder.is_none() && s.queue.is_empty())
-        {
+        if native {
+            t.restore_native(r)?;
+        }
+        if t.recs.iter().any(|(i, s)| {
+            s.holder.is_none() && s.queue.is_empty() && !t.natives.contains_key(&(i as u32))
+        }) {
             return Err(Invalid("dlock key with neither holder nor waiter"));
         }
         if t.waiters.keys().any(|&seq| t.grantable(seq)) {
@@ -1243,7 +1431,7 @@ impl Snapshot for DlockTable {
             let ids: Vec<Session> = t.sessions.keys().copied().collect();
             for session in ids {
                 if let Some(c) = t.sessions.get_mut(&session) {
-                    if c.pending.is_none() {
+                    if !c.waiting() {
                         let due = c.last_active.saturating_add(idle);
                         c.idle_timer = Some(t.wheel.insert(due, (due, Timer::Idle { session })));
                     }

@@ -90,6 +90,9 @@ fn unfenced(ev: &[DlockEvent]) -> Vec<DlockEvent> {
                 busy: busy.clone(),
             },
             DlockEvent::Idle { session } => DlockEvent::Idle { session: *session },
+            e @ (DlockEvent::Key { .. } | DlockEvent::Notice { .. }) => {
+                panic!("a version-3 event from version-2 requests: {e:?}")
+            }
         })
         .collect()
 }
@@ -960,6 +963,9 @@ fn run_model_restoring(seed: u64, steps: usize, idle: u64, restore_every: Option
                 DlockEvent::Idle { session } => {
                     assert!(!pending.contains_key(session), "idle while waiting");
                     live.retain(|c| c != session);
+                }
+                DlockEvent::Key { .. } | DlockEvent::Notice { .. } => {
+                    panic!("a version-3 event from version-2 requests: {e:?}")
                 }
             }
         }

@@ -183,6 +183,9 @@ fn run(t: &mut Tables, fx: &mut Effects, session: Session, op: DlockOp, arena: &
                     let busy = busy.iter().map(|k| &k[..]);
                     respond(fx, to, status::ACQUIRE_TIMEOUT, None, busy, now)
                 }
+                LockResult::Invalid { why } => {
+                    respond(fx, to, status::GENERAL, Some(why), no_keys, now)
+                }
                 LockResult::Waiting => {
                     let w = Waiting {
                         token,
@@ -275,6 +278,8 @@ pub fn deliver_events(t: &mut Tables, fx: &mut Effects, now: Now) {
                     fx.push(session, 0, true, Body::Nothing);
                     continue;
                 }
+                // Version 3's (watch events, loss notices): no version-2 connection gets them.
+                DlockEvent::Key { .. } | DlockEvent::Notice { .. } => continue,
             };
             if !backlog.is_empty() {
                 unblocked.push_back((session, backlog));
