@@ -614,6 +614,19 @@ impl DlockTable {
         self.fence.last()
     }
 
+    /// The version-3 Locks of `session` waiting now, and whether one of them is tagged
+    /// `request_id`.
+    pub fn native_waits(&self, session: Session, request_id: u64) -> (usize, bool) {
+        let Some(c) = self.sessions.get(&session) else {
+            return (0, false);
+        };
+        let tagged = c
+            .waits
+            .iter()
+            .any(|seq| self.waiters.get(seq).is_some_and(|w| w.token == request_id));
+        (c.waits.len(), tagged)
+    }
+
     /// The fencing token under which `session` holds `key`.
     pub fn token_of(&self, session: Session, key: &[u8]) -> Option<u64> {
         let h = self.rec(key)?.holder.as_ref()?;

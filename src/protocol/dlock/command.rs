@@ -13,6 +13,8 @@ mod tag {
     pub const LOCK: u8 = 31;
     pub const UNLOCK: u8 = 32;
     pub const REFUSE: u8 = 33;
+    pub const NATIVE: u8 = 34;
+    pub const NATIVE_REFUSE: u8 = 35;
 }
 
 /// Refusal texts a dlock request can carry ([`DlockKind::Refuse`]): sent as their index, because
@@ -39,6 +41,51 @@ pub const REFUSALS: &[&str] = &[
     "wrong wire type for a known field",
     "invalid request",
 ];
+
+/// The raw RequestLock message of a version-3 request of type `ty`, validated as the worker
+/// validates it, with `key_count` keys (at least one but for a Ping, which has none).
+fn get_native_lock(
+    ty: u8,
+    key_count: u32,
+    r: &mut Reader<'_>,
+    limits: Limits,
+    a: &mut Arena,
+) -> Result<Span, DecodeError> {
+    let start = a.bytes.len();
+    let span = get_span(r, limits, a)?;
+    let ping = u64::from(ty) == super::wire::req_type::PING;
+    match super::wire::decode_lock(&a.bytes[start..]) {
+        Ok(lock)
+            if lock.key_count == key_count as usize
+                && (ping == (key_count == 0))
+                && lock.native.malformed == 0
+                && (super::wire::req_type::PING..=super::wire::req_type::CHECK_FENCE)
+                    .contains(&u64::from(ty)) =>
+        {
+            Ok(span)
+        }
+        _ => Err(DecodeError::Invalid("dlock native request")),
+    }
+}
+
+/// A refusal's text as its index in [`REFUSALS`] (the last one for a text not listed).
+fn put_refusal(o: &mut Vec<u8>, status: u32, text: &str) {
+    codec::put_u64(o, u64::from(status));
+    let last = REFUSALS.len() - 1;
+    let i = REFUSALS.iter().position(|t| *t == text);
+    debug_assert!(i.is_some(), "refusal text {text:?} missing from the list");
+    codec::put_u64(o, i.unwrap_or(last) as u64);
+}
+
+fn get_refusal(r: &mut Reader<'_>) -> Result<(u32, &'static str), DecodeError> {
+    let status = r.u32()?;
+    let i = r.u64()?;
+    let text = usize::try_from(i)
+        .ok()
+        .and_then(|i| REFUSALS.get(i))
+        .ok_or(DecodeError::Invalid("dlock refusal text"))?;
+    Ok((status, text))
+}
 
 /// The raw RequestLock message of a dlock Lock or Unlock, validated as the worker validates it
 /// (the table iterates its keys and trusts it to parse), with at least one key.
@@ -82,11 +129,23 @@ impl Entry for Dlock {
             DlockKind::Refuse { status, text } => {
                 o.push(tag::REFUSE);
                 id_field(o);
-                codec::put_u64(o, u64::from(status));
-                let last = REFUSALS.len() - 1;
-                let i = REFUSALS.iter().position(|t| *t == text);
-                debug_assert!(i.is_some(), "refusal text {text:?} missing from the list");
-                codec::put_u64(o, i.unwrap_or(last) as u64);
+                put_refusal(o, status, text);
+            }
+            DlockKind::Native {
+                ty,
+                lock,
+                key_count,
+            } => {
+                o.push(tag::NATIVE);
+                id_field(o);
+                o.push(ty);
+                codec::put_u64(o, u64::from(key_count));
+                put_span(o, arena, lock);
+            }
+            DlockKind::NativeRefuse { status, text } => {
+                o.push(tag::NATIVE_REFUSE);
+                id_field(o);
+                put_refusal(o, status, text);
             }
         }
     }
@@ -97,7 +156,7 @@ impl Entry for Dlock {
         limits: Limits,
         a: &mut Arena,
     ) -> Option<Result<DlockOp, DecodeError>> {
-        if !(tag::PING..=tag::REFUSE).contains(&t) {
+        if !(tag::PING..=tag::NATIVE_REFUSE).contains(&t) {
             return None;
         }
         Some((|| {
@@ -114,14 +173,22 @@ impl Entry for Dlock {
                     keys: get_lock_keys(r, limits, a)?,
                     key_count: r.u32()?,
                 },
-                _ => {
-                    let status = r.u32()?;
-                    let i = r.u64()?;
-                    let text = usize::try_from(i)
-                        .ok()
-                        .and_then(|i| REFUSALS.get(i))
-                        .ok_or(DecodeError::Invalid("dlock refusal text"))?;
+                tag::REFUSE => {
+                    let (status, text) = get_refusal(r)?;
                     DlockKind::Refuse { status, text }
+                }
+                tag::NATIVE => {
+                    let ty = r.u8()?;
+                    let key_count = r.u32()?;
+                    DlockKind::Native {
+                        ty,
+                        lock: get_native_lock(ty, key_count, r, limits, a)?,
+                        key_count,
+                    }
+                }
+                _ => {
+                    let (status, text) = get_refusal(r)?;
+                    DlockKind::NativeRefuse { status, text }
                 }
             };
             Ok(DlockOp { id, kind })

@@ -33,6 +33,12 @@ impl Execute for Dlock {
         arena: &[u8],
         now: Now,
     ) {
+        if op.kind.is_native() {
+            // Version 3: answered as soon as done; the session never has a backlog.
+            super::native::run(t, fx, session, op, arena, now);
+            deliver_events(t, fx, now);
+            return;
+        }
         // Any request resets the idle timer; Lock and Unlock do it inside the table.
         if !matches!(op.kind, DlockKind::Lock { .. } | DlockKind::Unlock { .. }) {
             t.dlock.touch(session, now.ms);
@@ -89,10 +95,10 @@ fn recycle<'a, 'b>(mut v: Vec<&'a [u8]>) -> Vec<&'b [u8]> {
 /// Where an answer goes: the session, whether it answers an operation the worker sent, and
 /// the request id it echoes.
 #[derive(Clone, Copy)]
-struct To {
-    session: Session,
-    done: u32,
-    id: Option<u64>,
+pub(super) struct To {
+    pub(super) session: Session,
+    pub(super) done: u32,
+    pub(super) id: Option<u64>,
 }
 
 /// The Ok answer to a granted Lock, with its fencing token (Response field 7).
@@ -104,6 +110,8 @@ fn granted(fx: &mut Effects, to: To, fence: u64, now: Now) {
         keys: Span::EMPTY,
         time: now.unix as i64,
         fence: Some(fence),
+        native: false,
+        extra: Span::EMPTY,
     };
     fx.push(to.session, to.done, false, Body::Dlock(reply));
 }
@@ -127,6 +135,8 @@ fn respond<'k>(
         keys: fx.since(mark),
         time: now.unix as i64,
         fence: None,
+        native: false,
+        extra: Span::EMPTY,
     };
     fx.push(to.session, to.done, false, Body::Dlock(reply));
 }
@@ -135,7 +145,7 @@ fn respond<'k>(
 /// state machine's clock counts whole milliseconds and a grant can happen up to a millisecond
 /// after the current one began, so a lease of exactly its duration on that clock could end up
 /// to a millisecond before its duration has passed; a lease never ends early (`docs/protocol.md`).
-fn lease_on_the_table_clock(lease_us: Option<u64>) -> Option<u64> {
+pub(super) fn lease_on_the_table_clock(lease_us: Option<u64>) -> Option<u64> {
     lease_us
         .filter(|&us| us > 0)
         .map(|us| us.div_ceil(1000).saturating_add(LEASE_CLOCK_SLACK_MS) * 1000)
@@ -196,6 +206,10 @@ fn run(t: &mut Tables, fx: &mut Effects, session: Session, op: DlockOp, arena: &
                 }
             }
         }
+        // (A version-3 request never waits behind a Lock: `apply` runs it.)
+        DlockKind::Native { .. } | DlockKind::NativeRefuse { .. } => {
+            super::native::run(t, fx, session, op, arena, now)
+        }
         DlockKind::Unlock { keys, .. } => {
             let result = with_keys(t, keys.get(arena), |t, keys| {
                 t.dlock.unlock(session, keys, now.ms, &mut t.dlock_events)
@@ -216,10 +230,14 @@ fn run(t: &mut Tables, fx: &mut Effects, session: Session, op: DlockOp, arena: &
 /// unanswered, its connection-bound locks are released, and one effect completes all of them
 /// and closes the connection (after the replies already sent).
 pub fn eof(t: &mut Tables, fx: &mut Effects, session: Session, now: Now) {
-    let Some(w) = t.dlock_sessions.waiting.remove(&session) else {
-        return;
+    let dropped = match t.dlock_sessions.waiting.remove(&session) {
+        Some(w) => 1 + w.backlog.len() as u32,
+        // Version 3: each of its waiting Locks is a request in flight.
+        None => match t.dlock.native_waits(session, 0).0 {
+            0 => return,
+            n => n as u32,
+        },
     };
-    let dropped = 1 + w.backlog.len() as u32;
     t.dlock.disconnect(session, now.ms, &mut t.dlock_events);
     fx.push(session, dropped, true, Body::Nothing);
     deliver_events(t, fx, now);
@@ -245,6 +263,10 @@ pub fn deliver_events(t: &mut Tables, fx: &mut Effects, now: Now) {
                     token,
                     fence,
                 } => {
+                    if !t.dlock_sessions.waiting.contains_key(&session) {
+                        super::native::answer_wait(fx, session, token, Ok(fence), now);
+                        continue;
+                    }
                     let Some(w) = take_waiting(t, session, token) else {
                         continue;
                     };
@@ -261,6 +283,10 @@ pub fn deliver_events(t: &mut Tables, fx: &mut Effects, now: Now) {
                     token,
                     busy,
                 } => {
+                    if !t.dlock_sessions.waiting.contains_key(&session) {
+                        super::native::answer_wait(fx, session, token, Err(&busy), now);
+                        continue;
+                    }
                     let Some(w) = take_waiting(t, session, token) else {
                         continue;
                     };
@@ -278,8 +304,29 @@ pub fn deliver_events(t: &mut Tables, fx: &mut Effects, now: Now) {
                     fx.push(session, 0, true, Body::Nothing);
                     continue;
                 }
-                // Version 3's (watch events, loss notices): no version-2 connection gets them.
-                DlockEvent::Key { .. } | DlockEvent::Notice { .. } => continue,
+                // Version 3's: watch events and loss notices (no version-2 connection gets them).
+                DlockEvent::Key {
+                    key,
+                    kind,
+                    fence,
+                    value,
+                } => {
+                    let ev = super::native::event(&key, kind, fence, value.as_deref());
+                    super::native::key_event(t, fx, ev, now);
+                    continue;
+                }
+                DlockEvent::Notice {
+                    session,
+                    request_id,
+                    key,
+                    kind,
+                    fence,
+                    value,
+                } => {
+                    let ev = super::native::event(&key, kind, fence, value.as_deref());
+                    super::native::notice(fx, session, request_id, ev, now);
+                    continue;
+                }
             };
             if !backlog.is_empty() {
                 unblocked.push_back((session, backlog));

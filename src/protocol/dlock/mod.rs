@@ -10,8 +10,10 @@
 mod command;
 mod decode;
 pub(crate) mod exec;
+mod native;
 mod reply;
 pub(crate) mod sessions;
+pub mod watches;
 pub mod wire;
 
 pub use command::REFUSALS;
@@ -41,6 +43,29 @@ pub enum DlockKind {
         status: u32,
         text: &'static str,
     },
+    /// A version-3 request (the native protocol, `holdfast.proto`) of type `ty`: Ping, or one
+    /// whose `lock` spans the raw RequestLock message (its keys and the native fields are read
+    /// from it: [`wire::decode_lock`]), with `key_count` keys.
+    Native {
+        ty: u8,
+        lock: Span,
+        key_count: u32,
+    },
+    /// [`DlockKind::Refuse`], answered in version 3.
+    NativeRefuse {
+        status: u32,
+        text: &'static str,
+    },
+}
+
+impl DlockKind {
+    /// Whether the request is a version-3 one (its answer is a version-3 Response).
+    pub fn is_native(&self) -> bool {
+        matches!(
+            self,
+            DlockKind::Native { .. } | DlockKind::NativeRefuse { .. }
+        )
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -60,6 +85,10 @@ pub struct DlockReply {
     pub time: i64,
     /// The fencing token of a granted Lock (Response field 7).
     pub fence: Option<u64>,
+    /// A version-3 Response (`version` 3, and `extra` after the fields above).
+    pub native: bool,
+    /// Version 3: the `info` and `event` fields, already encoded.
+    pub extra: Span,
 }
 
 /// The dlock protocol.

@@ -720,31 +720,88 @@ pub struct NativeReply<'a> {
 pub fn encode_native_response(out: &mut Vec<u8>, r: &NativeReply<'_>) {
     let start = out.len();
     out.extend_from_slice(&[0; PREFIX_LEN]);
-    put_varint_field(out, F_RESP_VERSION, NATIVE_VERSION);
-    if let Some(id) = r.request_id {
-        put_varint_field(out, F_RESP_REQUEST_ID, id);
-    }
-    put_varint_field(out, F_RESP_STATUS, u64::from(r.status));
-    if let Some(text) = r.error_text {
-        put_bytes_field(out, F_RESP_ERROR_TEXT, text.as_bytes());
-    }
-    for key in r.keys {
-        put_bytes_field(out, F_RESP_KEYS, key);
-    }
+    put_native_head(
+        out,
+        r.request_id,
+        r.status,
+        r.error_text,
+        r.keys.iter().copied(),
+    );
     put_varint_field(out, F_RESP_TIME, r.server_unix_time as u64);
     if let Some(fence) = r.fence {
         put_varint_field(out, F_RESP_FENCE, fence);
     }
     for info in r.info {
-        put_tag(out, F_RESP_INFO, WT_LEN);
-        put_varint(out, info.encoded_len() as u64);
-        info.put(out);
+        put_info_field(out, info);
     }
     if let Some(ev) = &r.event {
-        put_tag(out, F_RESP_EVENT, WT_LEN);
-        put_varint(out, ev.encoded_len() as u64);
-        ev.put(out);
+        put_event_field(out, ev);
     }
+    patch_prefix(out, start);
+}
+
+/// [`encode_native_response`] with its `info` and `event` fields already encoded in `extra`
+/// ([`put_info_field`], [`put_event_field`]): how the daemon's workers write what the owner
+/// prepared.
+#[allow(clippy::too_many_arguments)]
+pub fn encode_native_response_with<'k>(
+    out: &mut Vec<u8>,
+    request_id: Option<u64>,
+    status: u32,
+    error_text: Option<&str>,
+    keys: impl IntoIterator<Item = &'k [u8]>,
+    server_unix_time: i64,
+    fence: Option<u64>,
+    extra: &[u8],
+) {
+    let start = out.len();
+    out.extend_from_slice(&[0; PREFIX_LEN]);
+    put_native_head(out, request_id, status, error_text, keys);
+    put_varint_field(out, F_RESP_TIME, server_unix_time as u64);
+    if let Some(fence) = fence {
+        put_varint_field(out, F_RESP_FENCE, fence);
+    }
+    out.extend_from_slice(extra);
+    patch_prefix(out, start);
+}
+
+/// A native Response's fields before its time: version 3, id, status, text, keys.
+fn put_native_head<'k>(
+    out: &mut Vec<u8>,
+    request_id: Option<u64>,
+    status: u32,
+    error_text: Option<&str>,
+    keys: impl IntoIterator<Item = &'k [u8]>,
+) {
+    put_varint_field(out, F_RESP_VERSION, NATIVE_VERSION);
+    if let Some(id) = request_id {
+        put_varint_field(out, F_RESP_REQUEST_ID, id);
+    }
+    put_varint_field(out, F_RESP_STATUS, u64::from(status));
+    if let Some(text) = error_text {
+        put_bytes_field(out, F_RESP_ERROR_TEXT, text.as_bytes());
+    }
+    for key in keys {
+        put_bytes_field(out, F_RESP_KEYS, key);
+    }
+}
+
+/// Appends `info` as one `info` field (100) of a Response.
+pub fn put_info_field(out: &mut Vec<u8>, info: &KeyInfoOut<'_>) {
+    put_tag(out, F_RESP_INFO, WT_LEN);
+    put_varint(out, info.encoded_len() as u64);
+    info.put(out);
+}
+
+/// Appends `ev` as the `event` field (101) of a Response.
+pub fn put_event_field(out: &mut Vec<u8>, ev: &EventOut<'_>) {
+    put_tag(out, F_RESP_EVENT, WT_LEN);
+    put_varint(out, ev.encoded_len() as u64);
+    ev.put(out);
+}
+
+/// Writes the length prefix of the frame that starts at `start`.
+fn patch_prefix(out: &mut [u8], start: usize) {
     let body_len = out.len() - start - PREFIX_LEN;
     debug_assert!(u32::try_from(body_len).is_ok(), "response body over 4 GiB");
     let prefix = u32::try_from(body_len).unwrap_or(u32::MAX);

@@ -77,6 +77,10 @@ pub fn apply_op(
                     t.lockd.disconnect(session, now.ms);
                     t.counter.disconnect(session, now.ms);
                     t.dlock_sessions.remove(session);
+                    if !t.watches.is_empty() {
+                        t.watches.drop_session(session);
+                        t.dlock.set_key_events(!t.watches.is_empty());
+                    }
                     t.admin.closed(session);
                     t.dlock.disconnect(session, now.ms, &mut t.dlock_events);
                     crate::protocol::dlock::exec::deliver_events(t, fx, now);

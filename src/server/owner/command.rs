@@ -118,7 +118,7 @@ pub(crate) fn get_span(
 mod tag {
     // 1 to 19: memcached's (`protocol::memcache`).
     // 20: the old lock-daemon protocol's (`protocol::lockd`).
-    // 30 to 33: dlock's (`protocol::dlock`).
+    // 30 to 35: dlock's (`protocol::dlock`).
     pub const LITERAL: u8 = 40;
     pub const DLOCK_OPEN: u8 = 41;
     pub const CLOSE: u8 = 42;

@@ -322,10 +322,15 @@ fn dlock_and_counter_requests_yield_typed_responses() {
         keys: E,
         time,
         fence: Some(fence),
+        native: false,
+        extra: E,
     };
     assert_eq!(
         got[0],
-        (reply(Session(1), Body::Dlock(granted)), vec![vec![]])
+        (
+            reply(Session(1), Body::Dlock(granted)),
+            vec![vec![], vec![]]
+        )
     );
     let busy = DlockReply {
         id: Some(2),
@@ -334,12 +339,14 @@ fn dlock_and_counter_requests_yield_typed_responses() {
         keys: E,
         time,
         fence: None,
+        native: false,
+        extra: E,
     };
     let mut x = Arena::default();
     effect::put_entry(&mut x, b"x");
     assert_eq!(
         got[1],
-        (reply(Session(2), Body::Dlock(busy)), vec![x.bytes])
+        (reply(Session(2), Body::Dlock(busy)), vec![x.bytes, vec![]])
     );
     let acquired = CounterReply::Status {
         opcode: ct_op::ACQUIRE,

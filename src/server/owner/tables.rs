@@ -26,6 +26,8 @@ pub struct Tables {
     pub lockd: LockdTable,
     pub dlock: DlockTable,
     pub dlock_sessions: DlockSessions,
+    /// The native protocol's watches of this node's connections (not in a snapshot).
+    pub watches: crate::protocol::dlock::watches::Watches,
     pub counters: Counters,
     /// The one fencing counter every table's grants draw from.
     pub fence: Fence,
@@ -61,6 +63,7 @@ impl Tables {
             lockd: LockdTable::new(lockd, now.ms).with_fence(&fence),
             dlock: DlockTable::new(dlock, now.ms).with_fence(&fence),
             dlock_sessions: DlockSessions::default(),
+            watches: Default::default(),
             counters: Counters::default(),
             fence,
             mc: McState::default(),

@@ -53,6 +53,10 @@ pub struct Conn {
     /// Whether requests are served: false for a memcached connection that has yet to
     /// authenticate (`--memcache-auth-file`; see [`super::auth`]), true otherwise.
     pub authenticated: bool,
+    /// A dlock connection's version (`docs/protocol.md`, "The native protocol"): 0 until its
+    /// first request sets it (2, or 3 for the native protocol); a request of the other version
+    /// gets status Version.
+    pub dlock_version: u8,
 }
 
 /// Where a connection's key dump is (`docs/compat.md`, "Key dump").
@@ -80,6 +84,7 @@ impl Conn {
             reply_bound: 0,
             dump: Dump::Idle,
             authenticated: true,
+            dlock_version: 0,
         }
     }
 
