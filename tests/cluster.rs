@@ -2026,3 +2026,125 @@ fn bad_data_directories_and_disagreeing_peers_stop_the_start_with_status_2() {
     again.terminate();
     let _ = std::fs::remove_dir_all(&base);
 }
+
+/// A version-3 (native protocol) request frame.
+fn native_frame(
+    id: u64,
+    t: u64,
+    key: &[u8],
+    f: impl FnOnce(&mut holdfast::proto::dlock::LockFields<'_>),
+) -> Vec<u8> {
+    use holdfast::proto::dlock as dl;
+    let keys = [key];
+    let mut lock = dl::LockFields {
+        keys: &keys,
+        ..Default::default()
+    };
+    f(&mut lock);
+    let mut out = Vec::new();
+    dl::encode_request_version(&mut out, dl::NATIVE_VERSION, Some(id), None, t, Some(lock));
+    out
+}
+
+/// The next version-3 frame a connection receives.
+fn native_read(c: &mut Client) -> holdfast::proto::dlock::Response {
+    use holdfast::proto::dlock as dl;
+    let h = c.take(dl::PREFIX_LEN);
+    let len = u32::from_be_bytes([h[0], h[1], h[2], h[3]]) as usize;
+    let r = dl::decode_response(&c.take(len)).expect("a response");
+    assert_eq!(r.version, Some(3), "{r:?}");
+    r
+}
+
+/// A native request sent until it is not answered "no quorum" (a failover under way).
+fn native_ask(
+    d: &Daemon,
+    frame: &[u8],
+    within: Duration,
+) -> (Client, holdfast::proto::dlock::Response) {
+    let deadline = Instant::now() + within;
+    loop {
+        let mut c = d.dlock();
+        c.send(frame);
+        let r = native_read(&mut c);
+        if r.error_text.as_deref() != Some(&b"no quorum"[..]) {
+            return (c, r);
+        }
+        assert!(Instant::now() < deadline, "no quorum for {within:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The native protocol across a leader failover: a watcher on one follower sees a grant made
+/// through the other follower; the leader is killed; the holder's client, now on the
+/// watcher's node, keeps its lease by Extend with its fence (same token); an Unlock by fence
+/// from the watcher tells the holder Lost on its new connection and the watcher Released.
+#[test]
+fn native_watches_notices_and_extend_by_fence_survive_a_leader_failover() {
+    use holdfast::proto::dlock::{event_kind, req_type, status};
+    let cluster = Cluster::start_ready(3, "native-failover", &[]);
+    let dead = leader(&cluster);
+    let (f1, f2) = the_others(dead);
+    let mut watcher = cluster.node(f2).dlock();
+    watcher.send(&native_frame(90, req_type::WATCH, b"svc", |_| {}));
+    let r = native_read(&mut watcher);
+    assert_eq!((r.status, r.info.len()), (Some(status::OK), 1), "{r:?}");
+    let mut holder = cluster.node(f1).dlock();
+    holder.send(&native_frame(1, req_type::LOCK, b"svc", |l| {
+        l.release_micro = Some(30_000_000);
+        l.native.value = Some(b"node-a");
+    }));
+    let r = native_read(&mut holder);
+    assert_eq!(r.status, Some(status::OK), "{r:?}");
+    let fence = r.fence.expect("a fence");
+    let ev = native_read(&mut watcher).event.expect("an event");
+    assert_eq!((ev.kind, ev.fence), (event_kind::ACQUIRED, fence));
+
+    kill9(cluster.node(dead));
+    drop(holder);
+    let extend = native_frame(2, req_type::EXTEND, b"svc", |l| {
+        l.release_micro = Some(30_000_000);
+        l.native.fence = Some(fence);
+    });
+    let (mut moved, r) = native_ask(cluster.node(f2), &extend, Duration::from_secs(20));
+    assert_eq!(
+        (r.request_id, r.status),
+        (Some(2), Some(status::OK)),
+        "{r:?}"
+    );
+
+    let (_, r) = native_ask(
+        cluster.node(f1),
+        &native_frame(3, req_type::GET, b"svc", |_| {}),
+        Duration::from_secs(20),
+    );
+    let holders = &r.info[0].holders;
+    assert_eq!(holders.len(), 1, "{r:?}");
+    assert_eq!(holders[0].fence, fence, "the token did not change");
+    assert_eq!(holders[0].value.as_deref(), Some(&b"node-a"[..]));
+    assert_eq!(
+        holders[0].node,
+        Some(f2 as u32),
+        "held through the watcher's node now"
+    );
+
+    watcher.send(&native_frame(91, req_type::UNLOCK, b"svc", |l| {
+        l.native.fence = Some(fence)
+    }));
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        let r = native_read(&mut watcher);
+        seen.push((r.request_id, r.event.map(|e| (e.kind, e.fence))));
+    }
+    assert_eq!(
+        seen,
+        vec![
+            (Some(91), None),
+            (Some(90), Some((event_kind::RELEASED, fence)))
+        ]
+    );
+    let r = native_read(&mut moved);
+    assert_eq!(r.request_id, Some(2), "the notice carries the Extend's id");
+    let ev = r.event.expect("a loss notice");
+    assert_eq!((ev.kind, ev.fence), (event_kind::LOST, fence));
+}

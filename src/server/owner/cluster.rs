@@ -533,7 +533,17 @@ impl Machine for Replicated {
             self.membership,
             self.dead,
         ) = head;
-        let old = std::mem::replace(&mut self.tables, tables);
+        let mut old = std::mem::replace(&mut self.tables, tables);
+        // This node's watchers missed the events between its state and the snapshot: their
+        // connections close (their clients watch again) rather than go on with a gap. Routed
+        // through the old sessions, which still map them.
+        let watchers = old.watches.take_sessions();
+        if !watchers.is_empty() {
+            for s in watchers {
+                self.fx.push(s, 0, true, Body::Abort);
+            }
+            self.outbox.route(&mut self.fx, &old.sessions);
+        }
         self.mine_applied = self
             .nodes
             .get(&self.me)
