@@ -33,6 +33,18 @@ def compile_proto(text, out_dir, module):
 
 
 @pytest.fixture(scope="module")
+def native(tmp_path_factory):
+    """The native protocol's messages, generated from the repository's proto/holdfast.proto
+    under a package of their own."""
+    with open(os.path.join(HERE, "..", "..", "proto", "holdfast.proto")) as f:
+        text = f.read()
+    assert "package dlock;" in text
+    text = text.replace("package dlock;", "package holdfast_native;")
+    out = tmp_path_factory.mktemp("native")
+    return compile_proto(text, str(out), "holdfast_native")
+
+
+@pytest.fixture(scope="module")
 def protos(tmp_path_factory):
     with open(os.path.join(HERE, "dlock.proto")) as f:
         original = f.read()
@@ -113,3 +125,77 @@ def test_a_client_that_knows_field_7_reads_increasing_fencing_tokens(protos, dlo
             ping, _ = call(s, fenced, fenced.Request(id=99, type=fenced.Ping))
             assert not ping.HasField("fence"), "only a granted Lock carries a token"
     assert tokens == sorted(tokens) and len(set(tokens)) == 3, tokens
+
+
+def read_frame(sock, pb):
+    (length,) = struct.unpack(">I", recv_exact(sock, 4))
+    resp = pb.Response()
+    resp.ParseFromString(recv_exact(sock, length))
+    return resp
+
+
+def test_native_clients_and_an_original_dlock_client_share_keys(protos, native, dlock_addr):
+    """Messages generated from holdfast.proto: a shared lock, a watch with its events, a value
+    shown by Get, CheckFence, and an original dlock.proto client that conflicts with them."""
+    original, _ = protos
+    n = native
+    with socket.create_connection(dlock_addr, timeout=CLIENT_TIMEOUT_S) as w, \
+            socket.create_connection(dlock_addr, timeout=CLIENT_TIMEOUT_S) as a, \
+            socket.create_connection(dlock_addr, timeout=CLIENT_TIMEOUT_S) as b, \
+            socket.create_connection(dlock_addr, timeout=CLIENT_TIMEOUT_S) as old:
+        watch = n.Request(version=3, id=10, type=n.Watch)
+        watch.lock.keys.append("cache")
+        resp, _ = call(w, n, watch)
+        assert (resp.version, resp.status, len(resp.info)) == (3, n.Ok, 1)
+        assert resp.info[0].key == "cache" and not resp.info[0].holders
+
+        fences = []
+        for sock, rid, value in ((a, 1, b"reader-a"), (b, 2, b"reader-b")):
+            req = n.Request(version=3, id=rid, type=n.Lock)
+            req.lock.keys.append("cache")
+            req.lock.shared = True
+            req.lock.value = value
+            resp, _ = call(sock, n, req)
+            assert (resp.version, resp.request_id, resp.status) == (3, rid, n.Ok)
+            fences.append(resp.fence)
+            ev = read_frame(w, n)
+            assert ev.request_id == 10 and ev.event.kind == n.Acquired
+            assert (ev.event.key, ev.event.fence, ev.event.value) == ("cache", resp.fence, value)
+
+        get = n.Request(version=3, id=3, type=n.Get)
+        get.lock.keys.append("cache")
+        resp, _ = call(a, n, get)
+        info = resp.info[0]
+        assert info.shared and info.limit == 1
+        assert [h.fence for h in info.holders] == fences
+        assert [h.value for h in info.holders] == [b"reader-a", b"reader-b"]
+
+        check = n.Request(version=3, id=4, type=n.CheckFence)
+        check.lock.keys.append("cache")
+        check.lock.fence = fences[0]
+        assert call(b, n, check)[0].status == n.Ok
+        check.lock.fence = fences[0] + 1000
+        assert call(b, n, check)[0].status == n.StaleFence
+
+        # The original client: its Lock conflicts with the shared holders (try once: busy).
+        req = lock_request(original, 5, ["cache"])
+        req.lock.wait_micro = 0
+        resp, _ = call(old, original, req)
+        assert (resp.version, resp.status, list(resp.keys)) == (2, original.AcquireTimeout,
+                                                                 ["cache"])
+        # ... and it never reads a status it does not know: its Lock of a key that native
+        # clients use as a semaphore (a limit other than its implied 1) is General, where a
+        # native client would read InvalidArgument.
+        sem = n.Request(version=3, id=6, type=n.Lock)
+        sem.lock.keys.append("pool")
+        sem.lock.limit = 3
+        assert call(b, n, sem)[0].status == n.Ok
+        resp, _ = call(old, original, lock_request(original, 6, ["pool"]))
+        assert resp.version == 2 and resp.status == original.General, resp
+        assert resp.error_text
+
+        unlock = n.Request(version=3, id=7, type=n.Unlock)
+        unlock.lock.keys.append("cache")
+        assert call(a, n, unlock)[0].status == n.Ok
+        ev = read_frame(w, n)
+        assert (ev.event.kind, ev.event.fence) == (n.Released, fences[0])
