@@ -16,6 +16,8 @@ use holdfast::proto::{counter, dlock, lockd, memcache::binary};
 const MAX_REPLY_LINE: usize = 4096;
 /// Redis PX for SET NX: 30 s, far beyond a pair's life, so the key never expires mid-pair.
 const SETNX_PX: &[u8] = b"30000";
+/// The slots of the native semaphore rows' keys.
+pub const SEMAPHORE_LIMIT: u32 = 8;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Protocol {
@@ -23,6 +25,11 @@ pub enum Protocol {
     McBinary,
     Lockd,
     Dlock,
+    /// The native protocol (dlock version 3): an exclusive Lock, a shared one, and a slot of a
+    /// semaphore of [`SEMAPHORE_LIMIT`].
+    Native,
+    NativeShared,
+    NativeSemaphore,
     Redis,
     /// yrmcds's counter protocol: Lock is Acquire 1, Unlock is Release 1.
     Counter,
@@ -38,6 +45,9 @@ impl Protocol {
             Protocol::McBinary => "memcache-binary",
             Protocol::Lockd => "lockd",
             Protocol::Dlock => "dlock",
+            Protocol::Native => "native",
+            Protocol::NativeShared => "native-shared",
+            Protocol::NativeSemaphore => "native-semaphore",
             Protocol::Redis => "redis",
             Protocol::Counter => "counter",
             Protocol::Etcd => "etcd",
@@ -50,6 +60,9 @@ impl Protocol {
             Protocol::McBinary,
             Protocol::Lockd,
             Protocol::Dlock,
+            Protocol::Native,
+            Protocol::NativeShared,
+            Protocol::NativeSemaphore,
             Protocol::Redis,
             Protocol::Counter,
             Protocol::Etcd,
@@ -62,7 +75,10 @@ impl Protocol {
         match self {
             Protocol::McText | Protocol::McBinary => 11211,
             Protocol::Lockd => 2626,
-            Protocol::Dlock => 2627,
+            Protocol::Dlock
+            | Protocol::Native
+            | Protocol::NativeShared
+            | Protocol::NativeSemaphore => 2627,
             Protocol::Redis => 6379,
             Protocol::Counter => 11215,
             Protocol::Etcd => 2379,
@@ -110,7 +126,9 @@ pub fn supports(proto: Protocol, req: Req) -> bool {
     use Req::*;
     match proto {
         McText | McBinary => true,
-        Lockd | Dlock | Counter | Etcd => matches!(req, Lock | Unlock),
+        Lockd | Dlock | Native | NativeShared | NativeSemaphore | Counter | Etcd => {
+            matches!(req, Lock | Unlock)
+        }
         Redis => matches!(req, Add | Delete | Clear | Get | Set),
     }
 }
@@ -159,6 +177,25 @@ pub fn encode(proto: Protocol, req: Req, key: &[u8], value: &[u8], id: u64, out:
                 ..dlock::LockFields::default()
             };
             dlock::encode_request(out, Some(id), None, ty, Some(lock));
+        }
+        Protocol::Native | Protocol::NativeShared | Protocol::NativeSemaphore => {
+            let ty = if req == Req::Lock {
+                dlock::req_type::LOCK
+            } else {
+                dlock::req_type::UNLOCK
+            };
+            let keys = [key];
+            let mut lock = dlock::LockFields {
+                keys: &keys,
+                ..dlock::LockFields::default()
+            };
+            if req == Req::Lock {
+                lock.native.shared = proto == Protocol::NativeShared;
+                lock.native.limit =
+                    (proto == Protocol::NativeSemaphore).then_some(SEMAPHORE_LIMIT);
+            }
+            let v = dlock::NATIVE_VERSION;
+            dlock::encode_request_version(out, v, Some(id), None, ty, Some(lock));
         }
         Protocol::Counter => {
             // Acquire one of u32::MAX: a pair never finds its counter full, so the bench measures
@@ -279,7 +316,10 @@ pub fn check_reply(proto: Protocol, expect: Expect, buf: &[u8]) -> Result<Checke
             }
             None => Ok(Checked::Incomplete),
         },
-        Protocol::Dlock => match dlock::parse_frame(buf, usize::MAX) {
+        Protocol::Dlock
+        | Protocol::Native
+        | Protocol::NativeShared
+        | Protocol::NativeSemaphore => match dlock::parse_frame(buf, usize::MAX) {
             Ok((body, len)) => {
                 let resp = dlock::decode_response_view(body).map_err(|_| "not a dlock response")?;
                 let ok = resp.request_id == Some(expect.id) && resp.status_is(dlock::status::OK);

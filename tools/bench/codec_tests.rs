@@ -232,6 +232,33 @@ fn dlock_replies_check_status_and_request_id() {
 }
 
 #[test]
+fn native_requests_carry_version_3_and_their_mode() {
+    for (p, shared, limit) in [
+        (Protocol::Native, false, None),
+        (Protocol::NativeShared, true, None),
+        (Protocol::NativeSemaphore, false, Some(u64::from(SEMAPHORE_LIMIT))),
+    ] {
+        let mut out = Vec::new();
+        encode(p, Req::Lock, b"key:2", b"", 5, &mut out);
+        let (body, _) = dlock::parse_frame(&out, 1 << 20).expect("frame");
+        let req = dlock::decode_request(body).expect("decodes");
+        assert_eq!((req.version, req.id), (Some(3), Some(5)), "{p:?}");
+        let lock = req.lock.expect("field 51");
+        assert_eq!((lock.native.is_shared(), lock.native.limit), (shared, limit), "{p:?}");
+        // Its replies are checked as dlock's: request id and status.
+        let mut r = Vec::new();
+        let reply = dlock::NativeReply {
+            request_id: Some(5),
+            status: dlock::status::OK,
+            ..Default::default()
+        };
+        dlock::encode_native_response(&mut r, &reply);
+        assert_one_reply(p, expect(Req::Lock, 5), &r, true);
+        assert_one_reply(p, expect(Req::Lock, 6), &r, false);
+    }
+}
+
+#[test]
 fn memcache_requests_parse_with_the_daemon_parser() {
     use holdfast::proto::memcache::text;
     let mut out = Vec::new();
