@@ -328,3 +328,20 @@ fn bounds_are_refused_with_invalid_argument() {
     c.send(&frame(500, req_type::LOCK, &[b"q"], none));
     expect(&mut c, 500, status::GENERAL);
 }
+
+#[test]
+fn request_ids_in_flight_are_those_of_waiting_locks_and_watches() {
+    let d = Daemon::start(&[]);
+    let (mut h, mut c) = (d.dlock(), d.dlock());
+    assert_eq!(lock(&mut h, 1, &[b"busy"], none).status, Some(status::OK));
+    c.send(&frame(7, req_type::LOCK, &[b"busy"], none)); // waits
+    c.send(&frame(7, req_type::WATCH, &[b"other"], none));
+    expect(&mut c, 7, status::GENERAL);
+    c.send(&frame(8, req_type::WATCH, &[b"other"], none));
+    expect(&mut c, 8, status::OK);
+    c.send(&frame(8, req_type::LOCK, &[b"free"], none));
+    expect(&mut c, 8, status::GENERAL);
+    // The same Watch id again: more keys on the same stream.
+    c.send(&frame(8, req_type::WATCH, &[b"third"], none));
+    expect(&mut c, 8, status::OK);
+}

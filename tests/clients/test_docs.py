@@ -160,3 +160,19 @@ def test_the_readme_protocol_examples_run():
         assert outputs[3] == "status 0 consumption 1", outputs
     finally:
         stop_holdfast(daemon.proc)
+
+
+def test_the_native_protocol_examples_are_what_the_daemon_answers():
+    """tools/native_examples.py drives a daemon through docs/protocol.md's worked examples of
+    the native protocol (checking each status); every exchange it prints is in the doc as is."""
+    here = os.path.dirname(__file__)
+    root = os.path.join(here, "..", "..")
+    binary = os.environ.get("HOLDFAST_BIN", os.path.join(root, "target", "release", "holdfast"))
+    out = subprocess.run([sys.executable, os.path.join(root, "tools", "native_examples.py"),
+                          binary], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    exchanges = [l.strip() for l in out.stdout.splitlines() if " -> " in l or " <- " in l]
+    assert len(exchanges) > 50, out.stdout
+    doc = open(os.path.join(root, "docs", "protocol.md")).read()
+    missing = [l for l in exchanges if l not in doc]
+    assert not missing, f"exchanges the doc does not show: {missing[:5]}"

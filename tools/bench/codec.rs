@@ -191,8 +191,7 @@ pub fn encode(proto: Protocol, req: Req, key: &[u8], value: &[u8], id: u64, out:
             };
             if req == Req::Lock {
                 lock.native.shared = proto == Protocol::NativeShared;
-                lock.native.limit =
-                    (proto == Protocol::NativeSemaphore).then_some(SEMAPHORE_LIMIT);
+                lock.native.limit = (proto == Protocol::NativeSemaphore).then_some(SEMAPHORE_LIMIT);
             }
             let v = dlock::NATIVE_VERSION;
             dlock::encode_request_version(out, v, Some(id), None, ty, Some(lock));
@@ -316,18 +315,19 @@ pub fn check_reply(proto: Protocol, expect: Expect, buf: &[u8]) -> Result<Checke
             }
             None => Ok(Checked::Incomplete),
         },
-        Protocol::Dlock
-        | Protocol::Native
-        | Protocol::NativeShared
-        | Protocol::NativeSemaphore => match dlock::parse_frame(buf, usize::MAX) {
-            Ok((body, len)) => {
-                let resp = dlock::decode_response_view(body).map_err(|_| "not a dlock response")?;
-                let ok = resp.request_id == Some(expect.id) && resp.status_is(dlock::status::OK);
-                Ok(Checked::Reply { ok, len })
+        Protocol::Dlock | Protocol::Native | Protocol::NativeShared | Protocol::NativeSemaphore => {
+            match dlock::parse_frame(buf, usize::MAX) {
+                Ok((body, len)) => {
+                    let resp =
+                        dlock::decode_response_view(body).map_err(|_| "not a dlock response")?;
+                    let ok =
+                        resp.request_id == Some(expect.id) && resp.status_is(dlock::status::OK);
+                    Ok(Checked::Reply { ok, len })
+                }
+                Err(dlock::FrameError::Incomplete) => Ok(Checked::Incomplete),
+                Err(dlock::FrameError::TooLarge) => Err("dlock frame too large"),
             }
-            Err(dlock::FrameError::Incomplete) => Ok(Checked::Incomplete),
-            Err(dlock::FrameError::TooLarge) => Err("dlock frame too large"),
-        },
+        }
         Protocol::Counter => {
             if buf.first().is_some_and(|&m| m != counter::RES_MAGIC) {
                 return Err("not a counter response");

@@ -236,7 +236,11 @@ fn native_requests_carry_version_3_and_their_mode() {
     for (p, shared, limit) in [
         (Protocol::Native, false, None),
         (Protocol::NativeShared, true, None),
-        (Protocol::NativeSemaphore, false, Some(u64::from(SEMAPHORE_LIMIT))),
+        (
+            Protocol::NativeSemaphore,
+            false,
+            Some(u64::from(SEMAPHORE_LIMIT)),
+        ),
     ] {
         let mut out = Vec::new();
         encode(p, Req::Lock, b"key:2", b"", 5, &mut out);
@@ -244,7 +248,11 @@ fn native_requests_carry_version_3_and_their_mode() {
         let req = dlock::decode_request(body).expect("decodes");
         assert_eq!((req.version, req.id), (Some(3), Some(5)), "{p:?}");
         let lock = req.lock.expect("field 51");
-        assert_eq!((lock.native.is_shared(), lock.native.limit), (shared, limit), "{p:?}");
+        assert_eq!(
+            (lock.native.is_shared(), lock.native.limit),
+            (shared, limit),
+            "{p:?}"
+        );
         // Its replies are checked as dlock's: request id and status.
         let mut r = Vec::new();
         let reply = dlock::NativeReply {

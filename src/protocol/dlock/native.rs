@@ -7,7 +7,11 @@
 //!
 //! Choices the contract leaves open:
 //! - A request without an `id` is answered with request id 0, and its waiting Lock is tagged 0.
-//! - A Lock whose request id is that of a Lock of the connection still waiting: General.
+//! - Request ids in flight are those of the connection's waiting Locks and of its Watches
+//!   (their events carry them): a Lock with one of them, or a Watch with a waiting Lock's, is
+//!   General. A Watch may reuse its own id (more keys on the same stream).
+//! - Every dlock connection is subject to `--dlock-idle-timeout`, watching or not: a watcher
+//!   that sends nothing (a Ping will do) for that long is closed like any idle connection.
 //! - Leases, Extend's `release_micro` and waits are rounded as version 2's (a lease never ends
 //!   early: [`super::exec::LEASE_CLOCK_SLACK_MS`]).
 //! - Watch of a key already watched moves it to the new Watch's request id; Unwatch of a key
@@ -109,8 +113,9 @@ pub(super) fn run(
     let request_id = op.id.unwrap_or(0);
     match u64::from(ty) {
         req_type::LOCK => {
-            if t.dlock.native_waits(session, request_id).1 {
-                let why = "request id of a Lock still waiting";
+            if t.dlock.native_waits(session, request_id).1 || t.watches.has_id(session, request_id)
+            {
+                let why = "request id of a Lock still waiting or of a Watch";
                 return reply(to, status::GENERAL, Some(why), now).send(fx);
             }
             let req = NativeLock {
@@ -180,6 +185,10 @@ pub(super) fn run(
             reply(to, s, None, now).send(fx)
         }
         req_type::WATCH => {
+            if t.dlock.native_waits(session, request_id).1 {
+                let why = "request id of a Lock still waiting";
+                return reply(to, status::GENERAL, Some(why), now).send(fx);
+            }
             let have = t.watches.count(session);
             if have + t.watches.new_keys(session, keys.iter().copied()) > MAX_WATCHED_KEYS {
                 let why = "more than 1024 watched keys on one connection";
