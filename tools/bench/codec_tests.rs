@@ -247,12 +247,8 @@ fn native_requests_carry_version_3_and_their_mode() {
         let (body, _) = dlock::parse_frame(&out, 1 << 20).expect("frame");
         let req = dlock::decode_request(body).expect("decodes");
         assert_eq!((req.version, req.id), (Some(3), Some(5)), "{p:?}");
-        let lock = req.lock.expect("field 51");
-        assert_eq!(
-            (lock.native.is_shared(), lock.native.limit),
-            (shared, limit),
-            "{p:?}"
-        );
+        let lock = dlock::decode_native(req.lock.expect("field 51").keys.raw);
+        assert_eq!((lock.is_shared(), lock.limit), (shared, limit), "{p:?}");
         // Its replies are checked as dlock's: request id and status.
         let mut r = Vec::new();
         let reply = dlock::NativeReply {

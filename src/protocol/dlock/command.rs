@@ -58,7 +58,7 @@ fn get_native_lock(
         Ok(lock)
             if lock.key_count == key_count as usize
                 && (ping == (key_count == 0))
-                && lock.native.malformed == 0
+                && super::wire::decode_native(&a.bytes[start..]).malformed == 0
                 && (super::wire::req_type::PING..=super::wire::req_type::CHECK_FENCE)
                     .contains(&u64::from(ty)) =>
         {

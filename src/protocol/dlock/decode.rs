@@ -100,7 +100,7 @@ fn native_kind(req: &dl::Request<'_>, cx: Cx<'_>, batch: &mut Batch) -> DlockKin
     if lock.key_count > cx.config.dlock_max_keys {
         return refuse(dl::status::TOO_MANY_KEYS, "too many keys");
     }
-    if lock.native.malformed > 0 {
+    if dl::decode_native(lock.keys.raw).malformed > 0 {
         return refuse(
             dl::status::INVALID_ARGUMENT,
             "wrong wire type for a known field of lock",

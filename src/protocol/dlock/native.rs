@@ -109,7 +109,7 @@ pub(super) fn run(
     let mut scratch: Vec<&[u8]> = Vec::with_capacity(lock.key_count);
     scratch.extend(Keys { raw });
     let keys = &scratch[..];
-    let n = lock.native;
+    let n = dl::decode_native(raw);
     let request_id = op.id.unwrap_or(0);
     match u64::from(ty) {
         req_type::LOCK => {

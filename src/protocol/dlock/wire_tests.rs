@@ -829,12 +829,13 @@ mod native {
 
             let ours = decode_request(body).expect("we read it");
             let l = ours.lock.expect("lock");
-            assert_eq!(l.native.is_shared(), native.shared);
-            assert_eq!(l.native.limit, native.limit.map(u64::from));
-            assert_eq!(l.native.value, native.value);
-            assert_eq!(l.native.lock_delay_micro, native.lock_delay_micro);
-            assert_eq!(l.native.fence, native.fence);
-            assert_eq!(l.native.malformed, 0);
+            let n = decode_native(l.keys.raw);
+            assert_eq!(n.is_shared(), native.shared);
+            assert_eq!(n.limit, native.limit.map(u64::from));
+            assert_eq!(n.value, native.value);
+            assert_eq!(n.lock_delay_micro, native.lock_delay_micro);
+            assert_eq!(n.fence, native.fence);
+            assert_eq!(n.malformed, 0);
             assert_eq!(l.keys.collect::<Vec<_>>(), refs);
         }
     }
@@ -872,8 +873,9 @@ mod native {
         ];
         let l = decode_lock(&lock).expect("skippable, as any unknown field");
         assert_eq!(l.key_count, 1);
-        assert_eq!(l.native.malformed, 2);
-        assert_eq!((l.native.shared, l.native.fence), (None, None));
+        let n = decode_native(l.keys.raw);
+        assert_eq!(n.malformed, 2);
+        assert_eq!((n.shared, n.fence), (None, None));
     }
 
     #[test]
