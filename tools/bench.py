@@ -15,7 +15,9 @@ Environment (all optional):
   BENCH_HOLDFAST_THREADS holdfast --threads (default: holdfast's own default, i.e. default flags)
   BENCH_HOLDFAST         the holdfast binary (default: target/release/holdfast), to set one build's
                          ratios beside another's
-  BENCH_ROWS             comma-separated row ids to run (default: all; see ROWS)
+  BENCH_ROWS             comma-separated row ids to run (default: all; see ROWS, and "fanout":
+                         one key, BENCH_FANOUT_WATCHERS (1000) native-protocol watchers, a Lock and
+                         an Unlock 200 times: events per second and grant-to-last-event p99)
   BENCH_TLS              0 skips the TLS rows (holdfast and memcached -Z over TLS, each against its
                          own plaintext listener, and new TLS connections per second)
   YRMCDS                 path to a yrmcds binary (cybozu/yrmcds, built by you; nothing here
@@ -38,6 +40,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGET = os.path.join(ROOT, "target", "release")
 HOLDFAST = os.environ.get("BENCH_HOLDFAST") or os.path.join(TARGET, "holdfast")
 BENCH = os.path.join(TARGET, "holdfast-bench")
+# The native protocol's watch fan-out (tools/fanout/main.rs): the "fanout" row.
+FANOUT = os.path.join(TARGET, "holdfast-fanout")
+FANOUT_WATCHERS = int(os.environ.get("BENCH_FANOUT_WATCHERS", "1000"))
 
 SECONDS = float(os.environ.get("BENCH_SECONDS", "5"))
 WARMUP = float(os.environ.get("BENCH_WARMUP", "1"))
@@ -426,7 +431,7 @@ def probe_dlock(servers):
 
 
 def main():
-    if not all(os.path.exists(p) for p in (HOLDFAST, BENCH, NULL_RESPONDER)):
+    if not all(os.path.exists(p) for p in (HOLDFAST, BENCH, FANOUT, NULL_RESPONDER)):
         raise Failure("build first: cargo build --release --bins --examples (make bench does)")
     if ROUNDS < 3:
         log(f"note: BENCH_ROUNDS={ROUNDS}: fewer than 3 rounds, the medians mean little")
@@ -501,6 +506,11 @@ def main():
                 extra = f"wake-ups per grant {wpg:.2f}" if wpg is not None else ""
             table.append((label, median(ra, "rate"), median(rb, "rate") if b else None,
                           median(ra, "p99_us"), median(rb, "p99_us") if b else None, a, b, extra))
+        fanout = None
+        if (not wanted or "fanout" in wanted.split(",")) and not dlock_problem:
+            if "holdfast-dlock" not in servers.addr:
+                servers.start_dlock()
+            fanout = [run_fanout(servers.addr["holdfast-dlock"]) for _ in range(ROUNDS)]
     finally:
         servers.stop()
 
@@ -530,6 +540,20 @@ def main():
     print("Ratios are holdfast / baseline (ops/s: higher is better for holdfast; p99: lower is). "
           "A lock+unlock (or add+delete) pair counts as one operation; latency is per pair from "
           "its intended send time. The client shares the machine with the servers.")
+    if fanout:
+        runs = [f for f in fanout if "failed" not in f]
+        for f in fanout:
+            if "failed" in f:
+                notes.append(f"watch fan-out: {f['failed']}")
+        if runs:
+            med = lambda k: sorted(float(f[k]) for f in runs)[len(runs) // 2]
+            print()
+            print(f"Watch fan-out (native protocol): one key, {FANOUT_WATCHERS} watching "
+                  f"connections, a Lock and an Unlock 200 times (an event to every watcher each), "
+                  f"median of {len(runs)} runs: {med('events_per_s'):,.0f} events/s; from the "
+                  f"Lock's send to the last watcher's Acquired event p50 "
+                  f"{med('grant_to_last_p50_ms'):.2f} ms, p99 {med('p99_ms'):.2f} ms, "
+                  f"max {med('max_ms'):.2f} ms.")
     if notes:
         print()
         print("Problems:")
@@ -537,6 +561,21 @@ def main():
             print(f"- {n}")
         return 1
     return 0
+
+
+def run_fanout(port):
+    """One holdfast-fanout run against the dlock listener at `port`: its key=value figures, or
+    {"failed": why}."""
+    log(f"[fanout] {FANOUT_WATCHERS} watchers")
+    try:
+        out = subprocess.run([FANOUT, "--addr", f"127.0.0.1:{port}", "--watchers",
+                              str(FANOUT_WATCHERS), "--rounds", "200"],
+                             capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        return {"failed": "timed out"}
+    if out.returncode != 0:
+        return {"failed": (out.stderr or out.stdout).strip()[-300:]}
+    return dict(kv.split("=", 1) for kv in out.stdout.split() if "=" in kv)
 
 
 def nproc():
