@@ -739,11 +739,11 @@ impl DlockTable {
 
     /// Whether `key` keeps a new Lock of `session` from being granted at once.
     fn busy_for_new(&self, session: Session, key: &[u8]) -> bool {
-        match self.find(key) {
+        match self.rec(key) {
             None => false,
-            Some(r) => match &self.recs[r].holder {
+            Some(s) => match &s.holder {
                 Some(h) => h.session != session,
-                None => !self.recs[r].queue.is_empty() || self.native_blocks(r),
+                None => !s.queue.is_empty() || self.native_blocks_key(key),
             },
         }
     }
@@ -850,6 +850,7 @@ impl DlockTable {
     }
 
     /// The `Key` event of the end of record `r`'s version-2 hold, if such events are on.
+    #[inline]
     fn v2_ended(&self, r: usize, kind: KeyEventKind, events: &mut Vec<DlockEvent>) {
         if self.key_events {
             if let Some(h) = &self.recs[r].holder {
@@ -919,6 +920,10 @@ impl DlockTable {
             keys.iter()
                 .filter_map(|k| self.rec(k.as_ref()).and_then(|s| s.queue.first().copied())),
         );
+        if heads.is_empty() {
+            self.heads = heads;
+            return;
+        }
         heads.sort_unstable();
         heads.dedup();
         // A shared or semaphore grant may let the next waiters of its keys through as well

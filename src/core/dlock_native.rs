@@ -517,6 +517,19 @@ impl DlockTable {
             .is_some_and(|nk| !nk.grants.is_empty() || nk.delay.is_some())
     }
 
+    /// [`DlockTable::native_blocks`] by name: nothing to look up while no key has version-3
+    /// state.
+    #[inline]
+    pub(super) fn native_blocks_key(&self, key: &[u8]) -> bool {
+        !self.natives.is_empty() && self.native_blocks_found(key)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn native_blocks_found(&self, key: &[u8]) -> bool {
+        self.find(key).is_some_and(|r| self.native_blocks(r))
+    }
+
     /// The limit of `key` if it has holders or waiters.
     pub(super) fn limit_of(&self, key: &[u8]) -> Option<u16> {
         self.find(key).and_then(|r| self.limit_at(r))
@@ -601,6 +614,7 @@ impl DlockTable {
         }
     }
 
+    #[inline]
     pub(super) fn key_event(
         &self,
         events: &mut Vec<DlockEvent>,
@@ -610,13 +624,26 @@ impl DlockTable {
         value: Option<&[u8]>,
     ) {
         if self.key_events {
-            events.push(DlockEvent::Key {
-                key: Box::from(&*self.recs[r].key),
-                kind,
-                fence,
-                value: value.map(Box::from),
-            });
+            self.push_key_event(events, r, kind, fence, value);
         }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn push_key_event(
+        &self,
+        events: &mut Vec<DlockEvent>,
+        r: usize,
+        kind: KeyEventKind,
+        fence: u64,
+        value: Option<&[u8]>,
+    ) {
+        events.push(DlockEvent::Key {
+            key: Box::from(&*self.recs[r].key),
+            kind,
+            fence,
+            value: value.map(Box::from),
+        });
     }
 
     fn grant_index(&self, r: usize, f: impl Fn(&Grant) -> bool) -> Option<usize> {

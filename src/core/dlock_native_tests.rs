@@ -766,11 +766,14 @@ fn a_new_cluster_leader_moves_native_leases_and_lock_delays_by_its_margin() {
     t.check_invariants();
 }
 
-/// Per-held-key memory: a key that only version 2 uses costs its record (unchanged by version
-/// 3's state, which lives beside it).
+/// Per-held-key memory: a key that only version 2 uses costs its record, as before (version 3's
+/// state lives beside it). A key held by one version-3 grant adds its `natives` entry (a u32 and
+/// a `NativeKey`), its `Grant` (on the heap) and a 16-byte entry in its session's grant set.
 #[test]
 fn a_held_key_costs_what_it_did() {
     assert_eq!(std::mem::size_of::<KeyRec>(), 112);
+    assert_eq!(std::mem::size_of::<NativeKey>(), 56);
+    assert_eq!(std::mem::size_of::<Grant>(), 88);
 }
 
 // ---------------------------------------------------------------------------------------------
