@@ -3,6 +3,8 @@
 //! ```text
 //!   phase lockd   fresh daemon: RSS; 10 000 idle connections, RSS; each ACQs 100 names, RSS
 //!   phase dlock   fresh daemon: the same with connection-bound dlock Locks
+//!   phase shared  fresh daemon: the same with connection-bound native-protocol shared Locks
+//!   phase watch   fresh daemon: the same with native-protocol Watches (a watch per name)
 //!   phase mc      fresh daemon: RSS; 10 000 idle connections, RSS; 1M items set (8
 //!                 connections), RSS; each of the 10 000 locks 100 of them (binary 0x40), RSS
 //!   phase leasemem fresh daemon: 1M dlock leases of 600 s over 4 connections, RSS
@@ -94,7 +96,7 @@ const USAGE: &str =
     [--probe-pace-us N: sampled lease i is sent no earlier than i*N us into the burst (500)]
     [--intake-samples N: the first N samples have 1.0-1.3 s leases (500)]
     [--intake-ms N: the bulk leases are sent evenly over N ms, 0: one burst (2000)]
-    [--phases lockd,dlock,mc,leasemem,leases]
+    [--phases lockd,dlock,shared,watch,mc,leasemem,leases]
 ";
 
 fn parse_opts() -> Result<Opts, String> {
@@ -112,9 +114,11 @@ fn parse_opts() -> Result<Opts, String> {
         probe_pace: Duration::from_micros(500),
         intake_samples: 500,
         intake: Duration::from_millis(2000),
-        phases: ["lockd", "dlock", "mc", "leasemem", "leases"]
-            .map(String::from)
-            .to_vec(),
+        phases: [
+            "lockd", "dlock", "shared", "watch", "mc", "leasemem", "leases",
+        ]
+        .map(String::from)
+        .to_vec(),
     };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
@@ -596,6 +600,8 @@ fn delta(a: u64, b: u64) -> i64 {
 struct Results {
     idle: Vec<(&'static str, f64)>,
     locks: Vec<(&'static str, f64)>,
+    /// Bytes per native-protocol shared hold and per watch (reported).
+    native: Vec<(&'static str, f64)>,
     /// Reported, not a goal (an item is not a lock).
     mc_item_bytes: Option<f64>,
     /// Reported, not a goal: the 200-byte goal is for the locks held by the 10 000 connections.
@@ -609,7 +615,8 @@ fn phase_table(opts: &Opts, proto: &'static str, r: &mut Results) -> Result<(), 
     let mut ctl = Ctl::connect(d.port("memcache"))?;
     ctl.wait_connections(1)?;
     let rss0 = d.settled_rss()?;
-    let mut peers = connect_many(d.port(proto), opts.conns)?;
+    let listener = if proto == "lockd" { "lockd" } else { "dlock" };
+    let mut peers = connect_many(d.port(listener), opts.conns)?;
     ctl.wait_connections(opts.conns as u64 + 1)?;
     let rss1 = d.settled_rss()?;
     let total = opts.conns * opts.per_conn;
@@ -639,19 +646,22 @@ fn phase_table(opts: &Opts, proto: &'static str, r: &mut Results) -> Result<(), 
                         .map(|j| key(b'D', c * opts.per_conn + first + req * k + j))
                         .collect();
                     let keys: Vec<&[u8]> = names.iter().map(|n| &n[..]).collect();
-                    let lock = dlock::LockFields {
+                    let mut lock = dlock::LockFields {
                         wait_micro: None,
                         release_micro: None,
                         keys: &keys,
                         native: Default::default(),
                     };
-                    dlock::encode_request(
-                        &mut p.out,
-                        Some(req as u64),
-                        None,
-                        dlock::req_type::LOCK,
-                        Some(lock),
-                    );
+                    let id = Some((w * wave + req) as u64);
+                    let (version, ty) = match proto {
+                        "shared" => {
+                            lock.native.shared = true;
+                            (dlock::NATIVE_VERSION, dlock::req_type::LOCK)
+                        }
+                        "watch" => (dlock::NATIVE_VERSION, dlock::req_type::WATCH),
+                        _ => (dlock::API_VERSION, dlock::req_type::LOCK),
+                    };
+                    dlock::encode_request_version(&mut p.out, version, id, None, ty, Some(lock));
                 }
                 p.want += wave / k;
             }
@@ -662,23 +672,30 @@ fn phase_table(opts: &Opts, proto: &'static str, r: &mut Results) -> Result<(), 
             )?;
         }
     }
-    let held = if proto == "lockd" {
-        "lockd_held"
-    } else {
-        "dlock_held_keys"
-    };
-    ctl.expect(held, total as u64)?;
+    // (Every Lock and Watch was answered Ok: `drive` checks each answer.)
+    match proto {
+        "lockd" => ctl.expect("lockd_held", total as u64)?,
+        "dlock" => ctl.expect("dlock_held_keys", total as u64)?,
+        _ => {}
+    }
     let rss2 = d.settled_rss()?;
     let idle = per(delta(rss0, rss1), opts.conns);
     let lock = per(delta(rss1, rss2), total) - KEY_LEN as f64;
+    let what = if proto == "watch" { "watches" } else { "locks" };
     println!(
-        "{proto}: rss_kib {rss0} -> {rss1} ({} idle connections) -> {rss2} ({total} locks in {:.2} s, {:.0}/s); idle_conn_bytes={idle:.0} lock_bytes={lock:.1} (beyond the {KEY_LEN}-byte key)",
+        "{proto}: rss_kib {rss0} -> {rss1} ({} idle connections) -> {rss2} ({total} {what} in {:.2} s, {:.0}/s); idle_conn_bytes={idle:.0} bytes_each={lock:.1} (beyond the {KEY_LEN}-byte key)",
         opts.conns,
         elapsed.as_secs_f64(),
         total as f64 / elapsed.as_secs_f64()
     );
-    r.idle.push((proto, idle));
-    r.locks.push((proto, lock));
+    if listener == proto {
+        r.idle.push((proto, idle));
+    }
+    match proto {
+        // Reported, not goals: a shared hold and a watch are the native protocol's.
+        "shared" | "watch" => r.native.push((proto, lock)),
+        _ => r.locks.push((proto, lock)),
+    }
     drop(peers);
     d.stop();
     Ok(())
@@ -1234,6 +1251,8 @@ fn run(opts: &Opts) -> Result<bool, String> {
         match phase.as_str() {
             "lockd" => phase_table(opts, "lockd", &mut r)?,
             "dlock" => phase_table(opts, "dlock", &mut r)?,
+            "shared" => phase_table(opts, "shared", &mut r)?,
+            "watch" => phase_table(opts, "watch", &mut r)?,
             "mc" => phase_mc(opts, &mut r)?,
             "leasemem" => phase_leasemem(opts, &mut r)?,
             "leases" => phase_leases(opts, &mut r)?,
@@ -1254,6 +1273,9 @@ fn run(opts: &Opts) -> Result<bool, String> {
         for (name, v) in &r.idle {
             line += &format!(" idle_{name}={v:.0}");
         }
+    }
+    for (name, v) in &r.native {
+        line += &format!(" {name}_bytes={v:.1}");
     }
     for (name, v) in &r.locks {
         pass &= *v < GOAL_LOCK_BYTES;
