@@ -686,6 +686,10 @@ impl DlockTable {
             nk.limit = n.limit;
         }
         debug_assert_eq!(nk.limit, n.limit);
+        // Most keys have one grant: room for one (a first push would make room for four).
+        if nk.grants.capacity() == 0 {
+            nk.grants.reserve_exact(1);
+        }
         nk.grants.push(Grant {
             fence,
             session,
