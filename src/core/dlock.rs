@@ -295,6 +295,13 @@ struct Conn {
     /// Armed while idle tracking is on and no Lock is pending (lazily: it may fire early, then
     /// it is re-armed at `last_active + idle_timeout_ms`).
     idle_timer: Option<TimerKey>,
+    /// Its version-3 waits and grants, boxed: a connection that never speaks version 3 (most,
+    /// and every idle one) pays 8 bytes for them, not 48.
+    native: Option<Box<ConnNative>>,
+}
+
+#[derive(Default)]
+struct ConnNative {
     /// Its waiting version-3 Locks, by arrival number (any number of them).
     waits: Vec<u64>,
     /// Its version-3 grants: (fencing token, record), one per key of a grant.
@@ -308,14 +315,32 @@ impl Conn {
             pending: None,
             last_active,
             idle_timer: None,
-            waits: Vec::new(),
-            grants: BTreeSet::new(),
+            native: None,
         }
     }
 
     /// Whether a Lock of this connection waits (then it is not idle).
     fn waiting(&self) -> bool {
-        self.pending.is_some() || !self.waits.is_empty()
+        self.pending.is_some() || !self.waits().is_empty()
+    }
+
+    /// Its waiting version-3 Locks.
+    fn waits(&self) -> &[u64] {
+        self.native.as_ref().map_or(&[], |n| &n.waits)
+    }
+
+    /// Its version-3 grants: (fencing token, record).
+    fn grants(&self) -> impl Iterator<Item = &(u64, u32)> {
+        self.native.iter().flat_map(|n| n.grants.iter())
+    }
+
+    fn has_grant(&self, g: &(u64, u32)) -> bool {
+        self.native.as_ref().is_some_and(|n| n.grants.contains(g))
+    }
+
+    /// Its version-3 part, made if it had none.
+    fn native_mut(&mut self) -> &mut ConnNative {
+        self.native.get_or_insert_with(Default::default)
     }
 }
 
@@ -621,10 +646,10 @@ impl DlockTable {
             return (0, false);
         };
         let tagged = c
-            .waits
+            .waits()
             .iter()
             .any(|seq| self.waiters.get(seq).is_some_and(|w| w.token == request_id));
-        (c.waits.len(), tagged)
+        (c.waits().len(), tagged)
     }
 
     /// The fencing token under which `session` holds `key`.
@@ -899,7 +924,7 @@ impl DlockTable {
             if c.pending == Some(seq) {
                 c.pending = None;
             } else if w.native.is_some() {
-                c.waits.retain(|&s| s != seq);
+                c.native_mut().waits.retain(|&s| s != seq);
             }
         }
         Some(w)
@@ -1015,7 +1040,7 @@ impl DlockTable {
             }
             r = next;
         }
-        if !c.waits.is_empty() || !c.grants.is_empty() {
+        if c.native.is_some() {
             self.drop_native(c, now_ms, &mut affected, events);
         }
         self.check_heads(&affected, now_ms, events);
@@ -1177,7 +1202,7 @@ impl DlockTable {
             let c = &self.sessions[&w.session];
             if w.native.is_some() {
                 assert!(
-                    c.waits.contains(seq),
+                    c.waits().contains(seq),
                     "native waiter {seq} not in its session"
                 );
             } else {
@@ -1199,7 +1224,7 @@ impl DlockTable {
             if let Some(seq) = c.pending {
                 assert!(self.waiters.contains_key(&seq));
             }
-            for seq in &c.waits {
+            for seq in c.waits() {
                 assert!(self.waiters.get(seq).is_some_and(|w| w.native.is_some()));
             }
             if self.config.idle_timeout_ms > 0 && !c.waiting() {

@@ -273,7 +273,7 @@ impl DlockTable {
             },
         );
         if let Some(c) = self.sessions.get_mut(&session) {
-            c.waits.push(seq);
+            c.native_mut().waits.push(seq);
             if let Some(t) = c.idle_timer.take() {
                 self.wheel.cancel(t);
             }
@@ -406,10 +406,10 @@ impl DlockTable {
                 });
                 if fence.is_some() && g.session != session {
                     if let Some(c) = self.sessions.get_mut(&g.session) {
-                        c.grants.remove(&(g.fence, r as u32));
+                        c.native_mut().grants.remove(&(g.fence, r as u32));
                     }
                     if let Some(c) = self.sessions.get_mut(&session) {
-                        c.grants.insert((g.fence, r as u32));
+                        c.native_mut().grants.insert((g.fence, r as u32));
                     }
                     g.session = session;
                 }
@@ -702,7 +702,7 @@ impl DlockTable {
         });
         self.nstats.holds += 1;
         if let Some(c) = self.sessions.get_mut(&session) {
-            c.grants.insert((fence, r as u32));
+            c.native_mut().grants.insert((fence, r as u32));
         }
         self.key_event(events, r, KeyEventKind::Acquired, fence, n.value.as_deref());
     }
@@ -720,7 +720,7 @@ impl DlockTable {
         }
         let open = match self.sessions.get_mut(&g.session) {
             Some(c) => {
-                c.grants.remove(&(g.fence, r as u32));
+                c.native_mut().grants.remove(&(g.fence, r as u32));
                 true
             }
             None => false,
@@ -814,13 +814,14 @@ impl DlockTable {
         affected: &mut Vec<Key>,
         events: &mut Vec<DlockEvent>,
     ) {
-        for seq in c.waits {
+        let n = c.native.map(|n| *n).unwrap_or_default();
+        for seq in n.waits {
             if let Some(w) = self.take_waiter(seq, false) {
                 affected.extend(w.keys.iter().map(|k| Key::from(&**k)));
             }
         }
         let mut bound: Vec<(u64, Key, usize)> = Vec::new();
-        for &(fence, r) in &c.grants {
+        for &(fence, r) in &n.grants {
             let r = r as usize;
             let is_bound = self
                 .native(r)
@@ -921,7 +922,7 @@ impl DlockTable {
                 leases += u64::from(g.lease.is_some());
                 assert!(g.fence <= self.fence.last());
                 if let Some(c) = self.sessions.get(&g.session) {
-                    assert!(c.grants.contains(&(g.fence, *r)), "{k:?} grant not listed");
+                    assert!(c.has_grant(&(g.fence, *r)), "{k:?} grant not listed");
                 } else {
                     assert!(
                         g.lease.is_some(),
@@ -938,7 +939,7 @@ impl DlockTable {
             );
         }
         for (id, c) in &self.sessions {
-            for (fence, r) in &c.grants {
+            for (fence, r) in c.grants() {
                 let g = self.natives[r].grants.iter().find(|g| g.fence == *fence);
                 assert_eq!(g.map(|g| g.session), Some(*id), "stale grant listing");
             }
@@ -1074,7 +1075,7 @@ impl DlockTable {
                 };
                 match self.sessions.get_mut(&session) {
                     Some(c) => {
-                        c.grants.insert((fence, rec as u32));
+                        c.native_mut().grants.insert((fence, rec as u32));
                     }
                     None if lease.is_none() => {
                         return Err(Invalid("dlock connection-bound grant of no session"))
@@ -1145,7 +1146,7 @@ impl DlockTable {
                 return Err(Invalid("dlock waiter twice"));
             }
             match self.sessions.get_mut(&session) {
-                Some(c) => c.waits.push(seq),
+                Some(c) => c.native_mut().waits.push(seq),
                 None => return Err(Invalid("dlock waiter of no session")),
             }
             for k in &keys {
