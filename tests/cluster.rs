@@ -2075,10 +2075,11 @@ fn native_ask(
     }
 }
 
-/// The native protocol across a leader failover: a watcher on one follower sees a grant made
-/// through the other follower; the leader is killed; the holder's client, now on the
-/// watcher's node, keeps its lease by Extend with its fence (same token); an Unlock by fence
-/// from the watcher tells the holder Lost on its new connection and the watcher Released.
+/// The native protocol across a leader failover: a watcher on a follower sees a grant made
+/// through the leader; the leader is killed with its client's connection; the client, now on
+/// another node, keeps its lease by Extend with its fence (same token, no event in between);
+/// an Unlock by fence from the watcher tells the holder Lost on its new connection and the
+/// watcher Released.
 #[test]
 fn native_watches_notices_and_extend_by_fence_survive_a_leader_failover() {
     use holdfast::proto::dlock::{event_kind, req_type, status};
@@ -2089,7 +2090,7 @@ fn native_watches_notices_and_extend_by_fence_survive_a_leader_failover() {
     watcher.send(&native_frame(90, req_type::WATCH, b"svc", |_| {}));
     let r = native_read(&mut watcher);
     assert_eq!((r.status, r.info.len()), (Some(status::OK), 1), "{r:?}");
-    let mut holder = cluster.node(f1).dlock();
+    let mut holder = cluster.node(dead).dlock();
     holder.send(&native_frame(1, req_type::LOCK, b"svc", |l| {
         l.release_micro = Some(30_000_000);
         l.native.value = Some(b"node-a");
@@ -2112,6 +2113,8 @@ fn native_watches_notices_and_extend_by_fence_survive_a_leader_failover() {
         (Some(2), Some(status::OK)),
         "{r:?}"
     );
+    // The lease outlived its node and its connection: no event reached the watcher.
+    watcher.expect_silence(Duration::from_millis(300));
 
     let (_, r) = native_ask(
         cluster.node(f1),
