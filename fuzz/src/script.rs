@@ -152,6 +152,25 @@ impl Driver {
                 };
                 self.next_id += 1;
                 let token: Option<&[u8]> = self.config.dlock_token.as_ref().map(|t| t.as_bytes());
+                if shape & 0x40 != 0 {
+                    // The native protocol (version 3): every request type, every field, small
+                    // leases and lock-delays (under 256 ms, so that `finish` outlasts them).
+                    let f = input.byte();
+                    let value = (f & 2 != 0).then(|| input.key());
+                    let mut lock = lock;
+                    lock.native = dl::NativeFields {
+                        shared: f & 1 != 0,
+                        limit: (f & 12 != 0).then_some(u32::from((f >> 2) & 3)),
+                        value,
+                        lock_delay_micro: (f & 16 != 0).then(|| u64::from(input.byte()) * 1000),
+                        fence: (f & 32 != 0).then(|| u64::from(input.byte())),
+                    };
+                    let ty = 1 + u64::from(shape >> 2) % 8;
+                    let id = Some(self.next_id);
+                    let v = dl::NATIVE_VERSION;
+                    dl::encode_request_version(&mut out, v, id, token, ty, Some(lock));
+                    return out;
+                }
                 match (shape >> 2) % 4 {
                     0 | 1 => dl::encode_request(
                         &mut out,
@@ -251,12 +270,17 @@ impl Driver {
         let mut last = 0;
         t.dlock
             .for_each_held(|_, _, lease| last = last.max(lease.unwrap_or(0)));
+        // Native leases, and the lock-delay (under 256 ms) that may follow one.
+        t.dlock.for_each_grant(|_, _, _, lease, _| {
+            last = last.max(lease.map_or(0, |l| l + 256));
+        });
         let now = self.sim.now_ms();
         // Lease deadlines are Unix milliseconds; the sim's clock counts from its start.
         let last = last.saturating_sub(self.sim.clock_ms() - now);
         let far = now
             .saturating_add(self.config.orphan_timeout_ms)
             .saturating_add(self.config.dlock_idle_timeout_ms)
+            .saturating_add(256)
             .max(last)
             .saturating_add(1);
         self.sim.advance_to(far);
@@ -274,6 +298,8 @@ impl Driver {
         assert_eq!((l.held, l.orphaned, l.waiting), (0, 0, 0), "{l:?}");
         let d = t.dlock.stats();
         assert_eq!((d.held_keys, d.leases, d.waiting), (0, 0, 0), "{d:?}");
+        let n = t.dlock.native_stats();
+        assert_eq!((n.holds, n.leases, n.delayed_keys), (0, 0, 0), "{n:?}");
         assert_eq!(t.store.stats().locks_held, 0);
     }
 }
@@ -301,7 +327,8 @@ fn check_frames(proto: Proto, received: &mut Vec<u8>) {
             let mut at = 0;
             while let Ok((body, n)) = dl::parse_frame(&received[at..], usize::MAX) {
                 let r = dl::decode_response(body).expect("a dlock reply decodes");
-                assert_eq!(r.version, Some(dl::API_VERSION));
+                let native = Some(dl::NATIVE_VERSION);
+                assert!(r.version == Some(dl::API_VERSION) || r.version == native);
                 assert!(r.status.is_some() && r.server_unix_time.is_some());
                 at += n;
             }
