@@ -9,7 +9,8 @@ use crate::core::Session;
 use crate::server::msg::{McCmd, McOp, Op};
 use crate::server::query::PROTOCOLS;
 use crate::server::query::{
-    Answer, LockInfo, LockList, Query, Snapshot, Table, MAX_LIST, MAX_WAITERS_LISTED,
+    Answer, DlockKey, Holder, LockInfo, LockList, Query, Snapshot, Table, MAX_HOLDERS_LISTED,
+    MAX_LIST, MAX_VALUE_LISTED, MAX_WAITERS_LISTED,
 };
 use crate::server::Proto;
 use crate::server::{Live, Shared};
@@ -104,6 +105,7 @@ fn list(t: &Tables, now: Now, table: Table, prefix: &[u8], limit: usize) -> Lock
                    fence: Option<u64>,
                    expires: Option<u64>,
                    resources: Option<u32>,
+                   dlock: Option<DlockKey>,
                    waiters: &mut dyn Iterator<Item = Session>| {
         let mut listed = Vec::new();
         let mut total = 0;
@@ -122,8 +124,11 @@ fn list(t: &Tables, now: Now, table: Table, prefix: &[u8], limit: usize) -> Lock
             waiters: listed,
             waiters_total: total,
             resources,
+            dlock,
         });
     };
+    let delay_left = |until: Option<u64>| until.map_or(0, remaining);
+    let watchers = |name: &[u8]| t.watches.watchers(name).len();
     match table {
         Table::Memcache => t.store.for_each_lock(|name, holder| {
             if matches(name, prefix) {
@@ -136,6 +141,7 @@ fn list(t: &Tables, now: Now, table: Table, prefix: &[u8], limit: usize) -> Lock
                         Some(holder),
                         since,
                         fence,
+                        None,
                         None,
                         None,
                         &mut std::iter::empty(),
@@ -156,35 +162,96 @@ fn list(t: &Tables, now: Now, table: Table, prefix: &[u8], limit: usize) -> Lock
                             Some(token),
                             orphan_deadline,
                             None,
+                            None,
                             &mut t.lockd.waiters(name).map(|(c, _)| c),
                         );
                     }
                 }
             }),
-        Table::Dlock => t.dlock.for_each_held(|name, holder, lease| {
-            if matches(name, prefix) {
-                matched += 1;
-                if matched <= limit {
-                    let since = t.dlock.held_since(name);
-                    let fence = t.dlock.token_of(holder, name);
-                    add(
-                        name,
-                        Some(holder),
-                        since,
-                        fence,
-                        lease,
-                        None,
-                        &mut t.dlock.queue(name),
-                    );
+        Table::Dlock => {
+            // Version 2's holds: one exclusive holder each.
+            t.dlock.for_each_held(|name, holder, lease| {
+                if matches(name, prefix) {
+                    matched += 1;
+                    if matched <= limit {
+                        let since = t.dlock.held_since(name);
+                        let fence = t.dlock.token_of(holder, name);
+                        let key = DlockKey {
+                            shared: false,
+                            limit: 1,
+                            holders: vec![Holder {
+                                who: who(holder),
+                                fence: fence.unwrap_or(0),
+                                held_for_ms: since.map_or(0, |s| now.ms.saturating_sub(s)),
+                                expires_in_ms: lease.map(remaining),
+                                value: None,
+                            }],
+                            holders_total: 1,
+                            lock_delay_ms: delay_left(t.dlock.delay_until(name)),
+                            watchers: watchers(name),
+                        };
+                        let queue = &mut t.dlock.queue(name);
+                        add(
+                            name,
+                            Some(holder),
+                            since,
+                            fence,
+                            lease,
+                            None,
+                            Some(key),
+                            queue,
+                        );
+                    }
                 }
-            }
-        }),
+            });
+            // Version 3's: the first grant in the fields every table has, each in `holders`.
+            t.dlock.for_each_native_key(|name, k| {
+                if matches(name, prefix) {
+                    matched += 1;
+                    if matched <= limit {
+                        let holders = k
+                            .grants()
+                            .take(MAX_HOLDERS_LISTED)
+                            .map(|g| Holder {
+                                who: who(g.session),
+                                fence: g.fence,
+                                held_for_ms: now.ms.saturating_sub(g.since_ms),
+                                expires_in_ms: g.lease_deadline_ms.map(remaining),
+                                value: g.value.map(|v| {
+                                    (v[..v.len().min(MAX_VALUE_LISTED)].to_vec(), v.len())
+                                }),
+                            })
+                            .collect();
+                        let key = DlockKey {
+                            shared: k.shared,
+                            limit: k.limit,
+                            holders,
+                            holders_total: k.holders(),
+                            lock_delay_ms: delay_left(k.delay_until_ms),
+                            watchers: watchers(name),
+                        };
+                        let first = k.grants().next();
+                        add(
+                            name,
+                            first.map(|g| g.session),
+                            first.map(|g| g.since_ms),
+                            first.map(|g| g.fence),
+                            first.and_then(|g| g.lease_deadline_ms),
+                            None,
+                            Some(key),
+                            &mut t.dlock.queue(name),
+                        );
+                    }
+                }
+            });
+        }
         Table::Counter => t.counter.for_each_holding(|name, holder, n, token| {
             if matches(name, prefix) {
                 matched += 1;
                 if matched <= limit {
                     let none = &mut std::iter::empty();
-                    add(name, Some(holder), None, Some(token), None, Some(n), none);
+                    let (fence, n) = (Some(token), Some(n));
+                    add(name, Some(holder), None, fence, None, n, None, none);
                 }
             }
         }),
