@@ -22,6 +22,9 @@ pub const DEFAULT_LIST: usize = 1000;
 pub const MAX_WAITERS_LISTED: usize = 100;
 /// Holders of a dlock key listed at most (a semaphore's slots; the count is always exact).
 pub const MAX_HOLDERS_LISTED: usize = 100;
+/// Holders of the native protocol's grants listed per listing at most, all keys together: with
+/// their values, a listing copies at most a few MiB on the owner thread.
+pub const MAX_GRANTS_LISTED: usize = 10_000;
 /// Bytes of a grant's value copied into a listing at most (values are up to 4096 bytes).
 pub const MAX_VALUE_LISTED: usize = 256;
 

@@ -9,8 +9,8 @@ use crate::core::Session;
 use crate::server::msg::{McCmd, McOp, Op};
 use crate::server::query::PROTOCOLS;
 use crate::server::query::{
-    Answer, DlockKey, Holder, LockInfo, LockList, Query, Snapshot, Table, MAX_HOLDERS_LISTED,
-    MAX_LIST, MAX_VALUE_LISTED, MAX_WAITERS_LISTED,
+    Answer, DlockKey, Holder, LockInfo, LockList, Query, Snapshot, Table, MAX_GRANTS_LISTED,
+    MAX_HOLDERS_LISTED, MAX_LIST, MAX_VALUE_LISTED, MAX_WAITERS_LISTED,
 };
 use crate::server::Proto;
 use crate::server::{Live, Shared};
@@ -205,13 +205,16 @@ fn list(t: &Tables, now: Now, table: Table, prefix: &[u8], limit: usize) -> Lock
                 }
             });
             // Version 3's: the first grant in the fields every table has, each in `holders`.
+            let mut grants_left = MAX_GRANTS_LISTED;
             t.dlock.for_each_native_key(|name, k| {
                 if matches(name, prefix) {
                     matched += 1;
                     if matched <= limit {
+                        let n = k.holders().min(MAX_HOLDERS_LISTED).min(grants_left);
+                        grants_left -= n;
                         let holders = k
                             .grants()
-                            .take(MAX_HOLDERS_LISTED)
+                            .take(n)
                             .map(|g| Holder {
                                 who: who(g.session),
                                 fence: g.fence,
@@ -270,6 +273,56 @@ fn list(t: &Tables, now: Now, table: Table, prefix: &[u8], limit: usize) -> Lock
 mod tests {
     use super::*;
     use crate::admin::render::{map_stat, Kind};
+
+    /// A listing of the native protocol's grants copies at most 100 holders per key, 10 000 in
+    /// all, and 256 bytes of each value; the counts stay exact.
+    #[test]
+    fn a_dlock_listing_caps_holders_and_values_and_counts_them_all() {
+        use crate::core::dlock::NativeLock;
+        let config = match crate::config::parse(["--threads", "1"]) {
+            Ok(crate::config::Command::Run(c)) => c,
+            other => panic!("{other:?}"),
+        };
+        let now = Now::from_unix_ms(1_700_000_000_000);
+        let mut t = Tables::new(&config, now);
+        let value = [b'v'; 4096];
+        let mut events = Vec::new();
+        let names: Vec<Vec<u8>> = (0..150).map(|k| format!("k{k:03}").into_bytes()).collect();
+        for (k, name) in names.iter().enumerate() {
+            let keys: &[&[u8]] = &[name];
+            for slot in 0..120u64 {
+                let req = NativeLock {
+                    request_id: 1,
+                    keys,
+                    limit: Some(120),
+                    value: Some(&value),
+                    ..NativeLock::default()
+                };
+                let s = Session(k as u64 * 1000 + slot + 1);
+                t.dlock.lock_native(s, req, now.ms, &mut events).unwrap();
+            }
+        }
+        let l = list(&t, now, Table::Dlock, b"", MAX_LIST);
+        assert_eq!((l.matched, l.locks.len()), (150, 150));
+        let mut listed = 0;
+        for lock in &l.locks {
+            let d = lock.dlock.as_ref().unwrap();
+            assert_eq!((d.limit, d.holders_total), (120, 120));
+            assert!(d.holders.len() <= MAX_HOLDERS_LISTED);
+            assert_eq!(lock.fence, Some(lock_fence_of_first(&t, &lock.name)));
+            for h in &d.holders {
+                let (shown, len) = h.value.as_ref().unwrap();
+                assert_eq!((shown.len(), *len), (MAX_VALUE_LISTED, 4096));
+            }
+            listed += d.holders.len();
+        }
+        assert_eq!(listed, MAX_GRANTS_LISTED);
+    }
+
+    /// The fence of `key`'s first holder, as the native protocol's Get shows it.
+    fn lock_fence_of_first(t: &Tables, key: &[u8]) -> u64 {
+        t.dlock.get(key, 0).holders[0].fence
+    }
 
     /// `/metrics` turns every `stats` value into a typed metric: a stat added to `stats.rs`
     /// must be given its Prometheus type (and a counter its `_total`) in `render.rs`.
