@@ -626,3 +626,257 @@ fn locks_lists_counter_holders_with_the_resources_each_holds_and_their_tokens() 
     });
     assert_eq!(v["matched"], 0, "released when the connection closed");
 }
+
+/// A version-3 (native protocol) request frame.
+fn native_frame(id: u64, t: u64, keys: &[&[u8]], f: impl FnOnce(&mut LockFields<'_>)) -> Vec<u8> {
+    let mut lock = LockFields {
+        keys,
+        ..Default::default()
+    };
+    f(&mut lock);
+    let mut out = Vec::new();
+    dl::encode_request_version(&mut out, dl::NATIVE_VERSION, Some(id), None, t, Some(lock));
+    out
+}
+
+/// Sends a version-3 request and reads its answer, which must be Ok (no event comes first on
+/// these connections).
+fn native_ok(c: &mut Client, frame: &[u8]) -> dl::Response {
+    c.send(frame);
+    c.fill(4);
+    let len = u32::from_be_bytes([c.pending[0], c.pending[1], c.pending[2], c.pending[3]]);
+    let bytes = c.take(4 + len as usize);
+    let r = dl::decode_response(&bytes[4..]).expect("a valid Response");
+    assert_eq!(
+        (r.status, r.event.is_none()),
+        (Some(dl::status::OK), true),
+        "{r:?}"
+    );
+    r
+}
+
+#[test]
+fn locks_and_metrics_show_shared_holders_semaphore_slots_values_lock_delay_and_watchers() {
+    let d = Daemon::start(&[]);
+    let a = admin(&d);
+    // A version-2 hold, then watchers: `w` of three keys, `w2` of one.
+    let mut legacy = d.dlock();
+    legacy.send(&dlock_lock(1, b"legacy"));
+    let v2 = dl::decode_response(
+        &{
+            legacy.fill(4);
+            let len = u32::from_be_bytes(legacy.pending[..4].try_into().unwrap()) as usize;
+            legacy.take(4 + len)
+        }[4..],
+    )
+    .unwrap();
+    let legacy_fence = v2.fence.expect("a fence");
+    let (mut w, mut w2) = (d.dlock(), d.dlock());
+    native_ok(
+        &mut w,
+        &native_frame(1, req_type::WATCH, &[b"cache", b"pool", b"legacy"], |_| {}),
+    );
+    native_ok(
+        &mut w2,
+        &native_frame(1, req_type::WATCH, &[b"cache"], |_| {}),
+    );
+
+    // Three shared holders of "cache": a text value, a binary one, and one with a lock-delay
+    // whose connection closes (lost: the key is delayed while the others hold on).
+    let shared = |value: Option<&'static [u8]>, delay: Option<u64>| {
+        move |l: &mut LockFields<'_>| {
+            l.native.shared = true;
+            l.native.value = value;
+            l.native.lock_delay_micro = delay;
+        }
+    };
+    let (mut r1, mut r2, mut r3) = (d.dlock(), d.dlock(), d.dlock());
+    let f1 = native_ok(
+        &mut r1,
+        &native_frame(
+            1,
+            req_type::LOCK,
+            &[b"cache"],
+            shared(Some(b"reader-1"), None),
+        ),
+    )
+    .fence
+    .unwrap();
+    let f2 = native_ok(
+        &mut r2,
+        &native_frame(
+            1,
+            req_type::LOCK,
+            &[b"cache"],
+            shared(Some(&[0, 1, 0xff]), None),
+        ),
+    )
+    .fence
+    .unwrap();
+    native_ok(
+        &mut r3,
+        &native_frame(
+            1,
+            req_type::LOCK,
+            &[b"cache"],
+            shared(None, Some(30_000_000)),
+        ),
+    );
+    // An exclusive request waits behind them.
+    let mut x = d.dlock();
+    x.send(&native_frame(1, req_type::LOCK, &[b"cache"], |_| {}));
+
+    // A semaphore of 3 slots: a value, a lease with a long value, and a third slot unlocked by
+    // fence from another connection (its holder is told it lost it).
+    let slot = |value: &'static [u8], lease: Option<u64>| {
+        move |l: &mut LockFields<'_>| {
+            l.native.limit = Some(3);
+            l.native.value = Some(value);
+            l.release_micro = lease;
+        }
+    };
+    let long: &'static [u8] = Box::leak(vec![b'x'; 300].into_boxed_slice());
+    let (mut p1, mut p2, mut p3) = (d.dlock(), d.dlock(), d.dlock());
+    native_ok(
+        &mut p1,
+        &native_frame(1, req_type::LOCK, &[b"pool"], slot(b"worker-1", None)),
+    );
+    native_ok(
+        &mut p2,
+        &native_frame(1, req_type::LOCK, &[b"pool"], slot(long, Some(60_000_000))),
+    );
+    let f3 = native_ok(
+        &mut p3,
+        &native_frame(1, req_type::LOCK, &[b"pool"], slot(b"w3", None)),
+    )
+    .fence
+    .unwrap();
+    native_ok(
+        &mut p1,
+        &native_frame(2, req_type::UNLOCK, &[b"pool"], |l| {
+            l.native.fence = Some(f3)
+        }),
+    );
+    drop(r3);
+
+    let v = wait_json(a, "/locks?table=dlock", |v| {
+        v["locks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|k| k["name"] == "cache" && k["holders_total"] == 2)
+    });
+    assert_eq!(v["matched"], 3, "{v:#}");
+    let locks = v["locks"].as_array().unwrap();
+    let key = |name: &str| locks.iter().find(|k| k["name"] == name).unwrap();
+
+    let cache = key("cache");
+    assert_eq!(
+        (
+            &cache["mode"],
+            &cache["limit"],
+            &cache["watchers"],
+            &cache["waiters_total"]
+        ),
+        (&"shared".into(), &1.into(), &2.into(), &1.into()),
+        "{cache:#}"
+    );
+    let delay = cache["lock_delay_ms"].as_u64().unwrap();
+    assert!((20_000..=30_000).contains(&delay), "{cache:#}");
+    let holders = cache["holders"].as_array().unwrap();
+    assert_eq!(holders.len(), 2, "{cache:#}");
+    assert_eq!(
+        (&holders[0]["fence"], &holders[1]["fence"]),
+        (&f1.into(), &f2.into())
+    );
+    assert_eq!(holders[0]["value"], "reader-1");
+    assert_eq!(holders[0]["address"], local(&r1));
+    assert_eq!(
+        (
+            &holders[1]["value"],
+            &holders[1]["value_hex"],
+            &holders[1]["value_bytes"]
+        ),
+        (&Value::Null, &"0001ff".into(), &3.into())
+    );
+    assert_eq!(holders[0]["expires_in_ms"], Value::Null, "connection-bound");
+    // The fields every table has describe the first holder.
+    assert_eq!(cache["fence"], f1);
+    assert_eq!(cache["holder"]["session"], holders[0]["session"]);
+    assert_eq!(cache["orphaned"], false);
+
+    let pool = key("pool");
+    assert_eq!(
+        (
+            &pool["mode"],
+            &pool["limit"],
+            &pool["holders_total"],
+            &pool["watchers"]
+        ),
+        (&"semaphore".into(), &3.into(), &2.into(), &1.into()),
+        "{pool:#}"
+    );
+    let slots = pool["holders"].as_array().unwrap();
+    assert_eq!(slots[0]["value"], "worker-1");
+    assert_eq!(slots[1]["value"].as_str().unwrap(), "x".repeat(256));
+    assert_eq!(
+        (&slots[1]["value_bytes"], &slots[1]["value_truncated"]),
+        (&300.into(), &true.into())
+    );
+    let lease = slots[1]["expires_in_ms"].as_u64().unwrap();
+    // 60 s and the lease clock's slack (a lease never ends early).
+    assert!((50_000..=61_000).contains(&lease), "{pool:#}");
+    assert_eq!(pool["lock_delay_ms"], 0);
+
+    let legacy_key = key("legacy");
+    assert_eq!(
+        (
+            &legacy_key["mode"],
+            &legacy_key["limit"],
+            &legacy_key["holders_total"],
+            &legacy_key["watchers"]
+        ),
+        (&"exclusive".into(), &1.into(), &1.into(), &1.into()),
+        "{legacy_key:#}"
+    );
+    assert_eq!(legacy_key["holders"][0]["fence"], legacy_fence);
+    assert_eq!(legacy_key["holders"][0]["address"], local(&legacy));
+
+    // The status page's JSON has the same fields.
+    let status = get_json(a, "/status.json");
+    let listed = status["tables"]["dlock"]["locks"].as_array().unwrap();
+    assert!(listed
+        .iter()
+        .any(|k| k["name"] == "pool" && k["holders_total"] == 2));
+
+    let (_, _, body) = get(a, "/metrics");
+    let text = String::from_utf8(body).unwrap();
+    let samples = common::check_exposition(&text);
+    for (name, labels, want) in [
+        ("holdfast_dlock_native_holds", "", 4.0),
+        ("holdfast_dlock_native_leases", "", 1.0),
+        ("holdfast_dlock_delayed_keys", "", 1.0),
+        ("holdfast_dlock_watches", "", 4.0),
+        ("holdfast_dlock_watched_keys", "", 3.0),
+        (
+            "holdfast_dlock_watch_events_total",
+            "kind=\"acquired\"",
+            9.0,
+        ),
+        (
+            "holdfast_dlock_watch_events_total",
+            "kind=\"released\"",
+            1.0,
+        ),
+        ("holdfast_dlock_watch_events_total", "kind=\"lost\"", 2.0),
+        ("holdfast_dlock_watch_events_total", "kind=\"expired\"", 0.0),
+        ("holdfast_dlock_loss_notices_total", "", 1.0),
+    ] {
+        assert_eq!(
+            common::sample(&samples, name, labels),
+            Some(want),
+            "{name}{{{labels}}} in\n{text}"
+        );
+    }
+    drop((w, w2, x, p2));
+}

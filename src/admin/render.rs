@@ -8,7 +8,7 @@ use serde_json::{json, Map, Value};
 
 use super::Ctx;
 use crate::server::query::{
-    ClusterMetrics, ClusterStatus, Histogram, LockList, Snapshot, Who, CLUSTER_BOUNDS,
+    ClusterMetrics, ClusterStatus, DlockKey, Histogram, LockList, Snapshot, Who, CLUSTER_BOUNDS,
     LATENCY_BOUNDS,
 };
 
@@ -29,9 +29,9 @@ impl Kind {
     }
 }
 
-/// How a `stats` name becomes a metric: name, type, `table` label (lock-table counters share a
-/// metric and differ by label), help.
-pub(crate) fn map_stat(name: &str) -> (String, Kind, Option<&'static str>, String) {
+/// How a `stats` name becomes a metric: name, type, label (lock-table counters share a metric
+/// and differ by `table`; watch events by `kind`), help.
+pub(crate) fn map_stat(name: &str) -> (String, Kind, Option<(&'static str, &'static str)>, String) {
     const TABLE: &[(&str, &str, Kind, &str)] = &[
         ("locks_held", "holdfast_locks_held", Kind::Gauge, "memcache"),
         (
@@ -149,6 +149,64 @@ pub(crate) fn map_stat(name: &str) -> (String, Kind, Option<&'static str>, Strin
             Kind::Counter,
         ),
     ];
+    // The native protocol: its grants, and this node's watches and pushed frames.
+    const NATIVE_TABLE: &[(&str, &str, Kind, Option<&str>)] = &[
+        (
+            "dlock_native_holds",
+            "holdfast_dlock_native_holds",
+            Kind::Gauge,
+            None,
+        ),
+        (
+            "dlock_native_leases",
+            "holdfast_dlock_native_leases",
+            Kind::Gauge,
+            None,
+        ),
+        (
+            "dlock_delayed_keys",
+            "holdfast_dlock_delayed_keys",
+            Kind::Gauge,
+            None,
+        ),
+        ("dlock_watches", "holdfast_dlock_watches", Kind::Gauge, None),
+        (
+            "dlock_watched_keys",
+            "holdfast_dlock_watched_keys",
+            Kind::Gauge,
+            None,
+        ),
+        (
+            "dlock_events_acquired",
+            "holdfast_dlock_watch_events_total",
+            Kind::Counter,
+            Some("acquired"),
+        ),
+        (
+            "dlock_events_released",
+            "holdfast_dlock_watch_events_total",
+            Kind::Counter,
+            Some("released"),
+        ),
+        (
+            "dlock_events_expired",
+            "holdfast_dlock_watch_events_total",
+            Kind::Counter,
+            Some("expired"),
+        ),
+        (
+            "dlock_events_lost",
+            "holdfast_dlock_watch_events_total",
+            Kind::Counter,
+            Some("lost"),
+        ),
+        (
+            "dlock_loss_notices",
+            "holdfast_dlock_loss_notices_total",
+            Kind::Counter,
+            None,
+        ),
+    ];
     const GAUGES: &[&str] = &[
         "pid",
         "uptime",
@@ -188,7 +246,10 @@ pub(crate) fn map_stat(name: &str) -> (String, Kind, Option<&'static str>, Strin
     ];
     let help = format!("memcached stats \"{name}\"");
     if let Some(&(_, metric, kind, table)) = TABLE.iter().find(|t| t.0 == name) {
-        return (metric.to_string(), kind, Some(table), help);
+        return (metric.to_string(), kind, Some(("table", table)), help);
+    }
+    if let Some(&(_, metric, kind, event)) = NATIVE_TABLE.iter().find(|t| t.0 == name) {
+        return (metric.to_string(), kind, event.map(|e| ("kind", e)), help);
     }
     if let Some(&(_, metric, kind)) = COUNTER_TABLE.iter().find(|t| t.0 == name) {
         return (metric.to_string(), kind, None, help);
@@ -257,8 +318,8 @@ pub fn metrics(s: &Snapshot, ctx: &Ctx) -> String {
         if value.parse::<f64>().is_err() {
             continue;
         }
-        let (metric, kind, table, help) = map_stat(name);
-        let labels = table.map_or(String::new(), |t| format!("{{table=\"{t}\"}}"));
+        let (metric, kind, label, help) = map_stat(name);
+        let labels = label.map_or(String::new(), |(l, v)| format!("{{{l}=\"{v}\"}}"));
         family(&mut fams, &metric, kind, &help)
             .samples
             .push((labels, value.clone()));
@@ -560,6 +621,67 @@ fn who(w: &Who) -> Value {
     })
 }
 
+/// A dlock key's own fields, beside those every table's locks have (which show its first
+/// holder).
+fn dlock_key(m: &mut Map<String, Value>, d: &DlockKey) {
+    let mode = if d.limit > 1 {
+        "semaphore"
+    } else if d.shared {
+        "shared"
+    } else {
+        "exclusive"
+    };
+    m.insert("mode".into(), mode.into());
+    m.insert("limit".into(), d.limit.into());
+    let holders = d.holders.iter().map(|h| {
+        let mut o = match who(&h.who) {
+            Value::Object(o) => o,
+            _ => Map::new(),
+        };
+        o.insert("fence".into(), h.fence.into());
+        o.insert("held_for_ms".into(), h.held_for_ms.into());
+        o.insert("expires_in_ms".into(), h.expires_in_ms.into());
+        match &h.value {
+            None => {
+                o.insert("value".into(), Value::Null);
+            }
+            Some((shown, len)) => {
+                match printable(shown, shown.len() < *len) {
+                    Some(text) => o.insert("value".into(), text.into()),
+                    None => {
+                        o.insert("value".into(), Value::Null);
+                        o.insert("value_hex".into(), hex(shown).into())
+                    }
+                };
+                o.insert("value_bytes".into(), (*len).into());
+                o.insert("value_truncated".into(), (shown.len() < *len).into());
+            }
+        }
+        Value::Object(o)
+    });
+    m.insert("holders".into(), Value::Array(holders.collect()));
+    m.insert("holders_total".into(), d.holders_total.into());
+    m.insert("lock_delay_ms".into(), d.lock_delay_ms.into());
+    m.insert("watchers".into(), d.watchers.into());
+}
+
+/// `bytes` as text if they are UTF-8 without control characters; when `cut` (by the listing's
+/// cap), a character cut short at the end is left out.
+fn printable(bytes: &[u8], cut: bool) -> Option<&str> {
+    let text = match std::str::from_utf8(bytes) {
+        Ok(t) => t,
+        Err(e) if cut && e.error_len().is_none() => {
+            std::str::from_utf8(&bytes[..e.valid_up_to()]).ok()?
+        }
+        Err(_) => return None,
+    };
+    (!text.chars().any(char::is_control)).then_some(text)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 fn lock_list(l: &LockList) -> Value {
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -571,8 +693,7 @@ fn lock_list(l: &LockList) -> Value {
             let mut m = Map::new();
             m.insert("name".into(), String::from_utf8_lossy(&k.name).into());
             if std::str::from_utf8(&k.name).is_err() {
-                let hex: String = k.name.iter().map(|b| format!("{b:02x}")).collect();
-                m.insert("name_hex".into(), hex.into());
+                m.insert("name_hex".into(), hex(&k.name).into());
             }
             m.insert("holder".into(), k.holder.as_ref().map_or(Value::Null, who));
             m.insert("orphaned".into(), k.holder.is_none().into());
@@ -588,6 +709,9 @@ fn lock_list(l: &LockList) -> Value {
             m.insert("waiters_total".into(), k.waiters_total.into());
             if let Some(n) = k.resources {
                 m.insert("resources".into(), n.into());
+            }
+            if let Some(d) = &k.dlock {
+                dlock_key(&mut m, d);
             }
             Value::Object(m)
         })
@@ -690,4 +814,22 @@ fn cluster_json(c: &ClusterStatus) -> Value {
             Err(why) => why.as_str(),
         },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::printable;
+
+    #[test]
+    fn values_show_as_text_only_when_printable() {
+        assert_eq!(printable(b"host-a:8080", false), Some("host-a:8080"));
+        assert_eq!(printable("grüße".as_bytes(), false), Some("grüße"));
+        assert_eq!(printable(b"a\nb", false), None);
+        assert_eq!(printable(b"\x00\x01", false), None);
+        assert_eq!(printable(b"\xff", false), None);
+        // A character cut by the listing's cap is left out; an uncut value ending so is bytes.
+        let cut = &"aü".as_bytes()[..2];
+        assert_eq!(printable(cut, true), Some("a"));
+        assert_eq!(printable(cut, false), None);
+    }
 }

@@ -98,6 +98,46 @@ pub struct KeyInfo {
     pub delayed_us: u64,
 }
 
+/// One version-3 grant as the admin listing shows it.
+#[derive(Clone, Copy, Debug)]
+pub struct GrantView<'a> {
+    pub fence: u64,
+    pub session: Session,
+    /// When it was granted (Unix ms, whole seconds).
+    pub since_ms: u64,
+    /// Its lease's deadline (Unix ms); `None`: connection-bound.
+    pub lease_deadline_ms: Option<u64>,
+    pub value: Option<&'a [u8]>,
+}
+
+/// A key with version-3 grants as the admin listing shows it.
+#[derive(Clone, Copy)]
+pub struct NativeKeyView<'a> {
+    /// The mode of its grants (of its first, for a semaphore's slots).
+    pub shared: bool,
+    pub limit: u32,
+    /// The end of its lock-delay (Unix ms), if one runs.
+    pub delay_until_ms: Option<u64>,
+    grants: &'a [Grant],
+}
+
+impl<'a> NativeKeyView<'a> {
+    pub fn holders(&self) -> usize {
+        self.grants.len()
+    }
+
+    /// Its grants, in grant order.
+    pub fn grants(&self) -> impl Iterator<Item = GrantView<'a>> + 'a {
+        self.grants.iter().map(|g| GrantView {
+            fence: g.fence,
+            session: g.session,
+            since_ms: u64::from(g.since_s) * 1000,
+            lease_deadline_ms: g.lease.as_ref().map(|l| l.deadline),
+            value: g.value.as_deref(),
+        })
+    }
+}
+
 /// Counts of version-3 state (the invariant check recounts them).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct NativeStats {
@@ -474,6 +514,28 @@ impl DlockTable {
             .as_ref()
             .is_some_and(|h| h.token == fence)
             || self.grant_index(r, |g| g.fence == fence).is_some()
+    }
+
+    /// Every key with version-3 grants. No order.
+    pub fn for_each_native_key(&self, mut f: impl FnMut(&[u8], NativeKeyView<'_>)) {
+        for (r, nk) in &self.natives {
+            if nk.grants.is_empty() {
+                continue;
+            }
+            let view = NativeKeyView {
+                shared: nk.grants[0].shared,
+                limit: u32::from(nk.limit),
+                delay_until_ms: nk.delay.as_ref().map(|d| d.0),
+                grants: &nk.grants,
+            };
+            f(&self.recs[*r as usize].key, view);
+        }
+    }
+
+    /// The end of `key`'s lock-delay (Unix ms), if one runs.
+    pub fn delay_until(&self, key: &[u8]) -> Option<u64> {
+        let r = self.find(key)?;
+        self.native(r)?.delay.as_ref().map(|d| d.0)
     }
 
     /// Every version-3 grant: key, fence, session, lease deadline (ms), shared. No order.

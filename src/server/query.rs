@@ -20,6 +20,13 @@ pub const MAX_LIST: usize = 10_000;
 pub const DEFAULT_LIST: usize = 1000;
 /// Waiters listed per lock at most (the count is always exact).
 pub const MAX_WAITERS_LISTED: usize = 100;
+/// Holders of a dlock key listed at most (a semaphore's slots; the count is always exact).
+pub const MAX_HOLDERS_LISTED: usize = 100;
+/// Holders of the native protocol's grants listed per listing at most, all keys together: with
+/// their values, a listing copies at most a few MiB on the owner thread.
+pub const MAX_GRANTS_LISTED: usize = 10_000;
+/// Bytes of a grant's value copied into a listing at most (values are up to 4096 bytes).
+pub const MAX_VALUE_LISTED: usize = 256;
 
 /// The lock tables, as `/locks?table=` names them.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -217,6 +224,36 @@ pub struct LockInfo {
     pub waiters_total: usize,
     /// For a counter: the resources this holder has acquired (`None` for a lock).
     pub resources: Option<u32>,
+    /// For a dlock key: its mode, limit, every holder, lock-delay and watchers (`None` for the
+    /// other tables).
+    pub dlock: Option<DlockKey>,
+}
+
+/// A dlock key as the listing shows it: a version-2 hold (exclusive, limit 1, one holder) or the
+/// version-3 grants of the native protocol (shared holders, a semaphore's slots).
+#[derive(Clone, Debug)]
+pub struct DlockKey {
+    pub shared: bool,
+    pub limit: u32,
+    /// In grant order; at most [`MAX_HOLDERS_LISTED`].
+    pub holders: Vec<Holder>,
+    pub holders_total: usize,
+    /// Milliseconds left of its lock-delay (0: none).
+    pub lock_delay_ms: u64,
+    /// This node's connections watching the key.
+    pub watchers: usize,
+}
+
+/// One holder of a dlock key.
+#[derive(Clone, Debug)]
+pub struct Holder {
+    pub who: Who,
+    pub fence: u64,
+    pub held_for_ms: u64,
+    /// Milliseconds left of its lease; `None`: connection-bound.
+    pub expires_in_ms: Option<u64>,
+    /// The grant's value: its first [`MAX_VALUE_LISTED`] bytes, and its length.
+    pub value: Option<(Vec<u8>, usize)>,
 }
 
 #[derive(Clone, Debug)]

@@ -357,7 +357,8 @@ def pb_varints(buf):
         if kind == 0:
             out[field] = read()
         elif kind == 2:
-            i += read()
+            n = read()  # read() moves i: `i += read()` would add to the old i
+            i += n
         elif kind == 1:
             i += 8
         elif kind == 5:
@@ -425,7 +426,7 @@ def test_status_page_in_a_headless_browser_shows_holders_and_waiters(full_daemon
     rows = browser.js("""return Object.fromEntries([...document.querySelectorAll('#locks tbody tr')]
         .map(tr => [tr.cells[1].textContent, [...tr.cells].map(c => c.textContent)]));""")
     head = browser.js("return [...document.querySelectorAll('#locks thead th')].map(c => c.textContent);")
-    assert head == ["table", "name", "holder", "held for", "fence", "expires in", "slots", "waiters"]
+    assert head == ["table", "name", "holder", "held for", "fence", "expires in", "slots", "waiters", "value"]
     # The lease: 300 s left, in minutes; the counter holder: 3 slots and its token; every grant
     # has its fencing token.
     assert re.fullmatch(r"[45](\.\d)? min", rows["leader-election"][5]), rows
@@ -433,6 +434,66 @@ def test_status_page_in_a_headless_browser_shows_holders_and_waiters(full_daemon
     assert all(r[4].isdigit() for r in rows.values()), rows
     assert re.fullmatch(r"\d+ ms|\d+(\.\d)? s", rows["report"][3]), rows
     shoot(browser, capsys, "single")
+    for s in socks:
+        s.close()
+
+
+def pb_field(field, value):
+    """One protobuf field: a varint for an int, length-delimited for bytes."""
+    if isinstance(value, bytes):
+        return varint(field << 3 | 2) + varint(len(value)) + value
+    return varint(field << 3) + varint(value)
+
+
+def native(s, rid, rtype, key, **fields):
+    """One version-3 (native protocol) request of `key` (RequestLock fields by number: shared
+    100, limit 101, value 102, release_micro 2); returns the answer's status."""
+    numbers = {"release_micro": 2, "shared": 100, "limit": 101, "value": 102}
+    lock = pb_field(3, key) + b"".join(pb_field(numbers[k], v) for k, v in fields.items())
+    req = pb_field(1, 3) + pb_field(2, rid) + pb_field(4, rtype) + pb_field(51, lock)
+    s.sendall(struct.pack(">I", len(req)) + req)
+    n = struct.unpack(">I", recv_exactly(s, 4))[0]
+    return pb_varints(recv_exactly(s, n)).get(3, 0)
+
+
+NATIVE_LOCK, NATIVE_WATCH = 2, 5
+
+
+def test_status_page_shows_shared_holders_semaphore_slots_values_and_watchers(full_daemon, browser, capsys):
+    d = full_daemon
+    dlock_addr = d.addresses["dlock"]
+    socks = [connect(dlock_addr) for _ in range(5)]
+    r1, r2, p1, p2, w = socks
+    assert native(w, 1, NATIVE_WATCH, b"cache") == 0
+    assert native(r1, 1, NATIVE_LOCK, b"cache", shared=1, value=b"reader-1") == 0
+    assert native(r2, 1, NATIVE_LOCK, b"cache", shared=1, value=b"\x00\x01\xff") == 0
+    assert native(p1, 1, NATIVE_LOCK, b"pool", limit=3, value=b"worker-1") == 0
+    assert native(p2, 1, NATIVE_LOCK, b"pool", limit=3, release_micro=300_000_000) == 0
+    browser.open(url(d, "/"))
+    browser.wait_for(PAGE_READY, "a live refresh")
+    browser.wait_for("return document.querySelectorAll('#locks tbody tr').length === 4;",
+                     "a row per holder")
+    rows = browser.js("""return [...document.querySelectorAll('#locks tbody tr')]
+        .map(tr => [...tr.cells].map(c => c.textContent));""")
+    head = browser.js("return [...document.querySelectorAll('#locks thead th')].map(c => c.textContent);")
+    col = {name: i for i, name in enumerate(head)}
+    cache = [r for r in rows if r[col["name"]].startswith("cache")]
+    pool = [r for r in rows if r[col["name"]].startswith("pool")]
+    assert len(cache) == 2 and len(pool) == 2, rows
+    # The key's first row: its tags; each holder's row: its fence and value.
+    assert "shared ×2" in cache[0][col["name"]] and "1 watcher" in cache[0][col["name"]], rows
+    assert [r[col["value"]] for r in cache] == ["reader-1", "0x0001ff"], rows
+    assert int(cache[0][col["fence"]]) < int(cache[1][col["fence"]]), rows
+    assert "%s:%d" % r2.getsockname() in cache[1][col["holder"]], rows
+    assert "semaphore" in pool[0][col["name"]], rows
+    assert pool[0][col["slots"]] == "2 of 3", rows
+    assert [r[col["value"]] for r in pool] == ["worker-1", ""], rows
+    # The summary counts the held keys of either version.
+    held = browser.js("""return [...document.querySelectorAll('#summary tbody tr')]
+        .map(tr => [tr.cells[0].textContent, tr.cells[1].textContent]);""")
+    assert ["dlock", "2"] in held, held
+    assert re.fullmatch(r"[45](\.\d)? min", pool[1][col["expires in"]]), rows
+    shoot(browser, capsys, "native")
     for s in socks:
         s.close()
 
@@ -615,3 +676,28 @@ def test_the_locks_example_in_the_operations_guide_has_the_shape_the_daemon_answ
     assert live["locks"][0]["name"] == example["locks"][0]["name"]
     holder.close()
     waiter.close()
+
+
+def test_the_dlock_example_in_the_operations_guide_has_the_shape_the_daemon_answers(full_daemon):
+    """docs/operations.md shows a dlock entry of /locks: a semaphore of 3 slots with two
+    holders (a connection-bound one with a text value, a lease with bytes) and one watcher. The
+    daemon's own entry for that situation must have exactly its keys and value types."""
+    text = open(OPERATIONS_GUIDE).read()
+    blocks = re.findall(r"^```json\n(.*?)^```", text, re.S | re.M)
+    example = next(json.loads(b) for b in blocks if '"holders"' in b)
+    d = full_daemon
+    p1, p2, w = (connect(d.addresses["dlock"]) for _ in range(3))
+    assert native(w, 1, NATIVE_WATCH, b"pool") == 0
+    assert native(p1, 1, NATIVE_LOCK, b"pool", limit=3, value=b"worker-1") == 0
+    assert native(p2, 1, NATIVE_LOCK, b"pool", limit=3, value=b"\x00\x01\xff",
+                  release_micro=60_000_000) == 0
+    _, _, body = fetch(d, "/locks?table=dlock")
+    live = json.loads(body)["locks"][0]
+    assert shape(live) == shape(example)
+    assert shape(live["holders"][1]) == shape(example["holders"][1])
+    for k in ("name", "mode", "limit", "holders_total", "lock_delay_ms", "watchers"):
+        assert live[k] == example[k], k
+    assert [h["value"] for h in live["holders"]] == ["worker-1", None]
+    assert live["holders"][1]["value_hex"] == "0001ff"
+    for s in (p1, p2, w):
+        s.close()

@@ -312,7 +312,7 @@ pub fn deliver_events(t: &mut Tables, fx: &mut Effects, now: Now) {
                     value,
                 } => {
                     let ev = super::native::event(&key, kind, fence, value.as_deref());
-                    super::native::key_event(t, fx, ev, now);
+                    super::native::key_event(t, fx, kind, ev, now);
                     continue;
                 }
                 DlockEvent::Notice {
@@ -324,7 +324,7 @@ pub fn deliver_events(t: &mut Tables, fx: &mut Effects, now: Now) {
                     value,
                 } => {
                     let ev = super::native::event(&key, kind, fence, value.as_deref());
-                    super::native::notice(fx, session, request_id, ev, now);
+                    super::native::notice(t, fx, session, request_id, ev, now);
                     continue;
                 }
             };

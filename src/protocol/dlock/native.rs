@@ -307,16 +307,27 @@ pub(super) fn event<'a>(
     }
 }
 
-/// A key's grant began or ended: an event to each of its watchers, in subscription order.
-pub(super) fn key_event(t: &Tables, fx: &mut Effects, ev: dl::EventOut<'_>, now: Now) {
-    for &(session, id) in t.watches.watchers(ev.key) {
+/// A key's grant began or ended (`kind`): an event to each of its watchers, in subscription
+/// order.
+pub(super) fn key_event(
+    t: &mut Tables,
+    fx: &mut Effects,
+    kind: KeyEventKind,
+    ev: dl::EventOut<'_>,
+    now: Now,
+) {
+    let watchers = t.watches.watchers(ev.key);
+    for &(session, id) in watchers {
         push_event(fx, session, id, ev, now);
     }
+    let n = watchers.len() as u64;
+    t.watches.sent.events[kind as usize] += n;
 }
 
 /// A version-3 holder's grant ended while its connection is open, not by its own Unlock: the
 /// notice goes to it with the request id of the Lock (or Extend) that holds it.
 pub(super) fn notice(
+    t: &mut Tables,
     fx: &mut Effects,
     session: Session,
     request_id: u64,
@@ -324,4 +335,5 @@ pub(super) fn notice(
     now: Now,
 ) {
     push_event(fx, session, request_id, ev, now);
+    t.watches.sent.notices += 1;
 }

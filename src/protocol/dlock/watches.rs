@@ -5,6 +5,8 @@
 //! does) or write them (`native.rs` does). A node's subscriptions are fed from what that node
 //! applies and are not part of a snapshot: a node that installs a leader's snapshot skipped
 //! the events in between, so it closes its watchers' connections instead of leaving a gap.
+//! Its counts of frames sent ([`Sent`]) are this node's, for `/metrics`, and not in a snapshot
+//! either.
 
 use crate::core::hash::HashMap;
 use crate::core::Session;
@@ -18,6 +20,17 @@ pub struct Watches {
     by_key: HashMap<Box<[u8]>, Vec<(Session, u64)>>,
     /// Session -> the keys it watches.
     by_session: HashMap<Session, Vec<Box<[u8]>>>,
+    /// Frames pushed to this node's connections since it started.
+    pub sent: Sent,
+}
+
+/// Pushed frames of the native protocol, counted where `native.rs` pushes them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Sent {
+    /// Watch events, by kind: acquired, released, expired, lost (one per watcher).
+    pub events: [u64; 4],
+    /// Expired and Lost notices to holders.
+    pub notices: u64,
 }
 
 impl Watches {
@@ -107,6 +120,11 @@ impl Watches {
     pub fn len(&self) -> usize {
         self.by_session.values().map(Vec::len).sum()
     }
+
+    /// Keys with at least one watcher.
+    pub fn keys(&self) -> usize {
+        self.by_key.len()
+    }
 }
 
 #[cfg(test)]
@@ -122,7 +140,7 @@ mod tests {
         w.watch(a, 11, b"j");
         w.watch(a, 12, b"k");
         assert_eq!(w.watchers(b"k"), &[(a, 12), (b, 20)]);
-        assert_eq!((w.count(a), w.count(b), w.len()), (2, 1, 3));
+        assert_eq!((w.count(a), w.count(b), w.len(), w.keys()), (2, 1, 3, 2));
         assert_eq!(w.new_keys(a, [&b"k"[..], b"x", b"y"].into_iter()), 2);
         assert!(w.has_id(a, 11) && w.has_id(a, 12) && !w.has_id(a, 10) && !w.has_id(b, 12));
         w.unwatch(a, b"k");

@@ -538,6 +538,8 @@ impl Machine for Replicated {
         // connections close (their clients watch again) rather than go on with a gap. Routed
         // through the old sessions, which still map them.
         let watchers = old.watches.take_sessions();
+        // The counts of frames pushed are this node's, whatever state it holds.
+        self.tables.watches.sent = old.watches.sent;
         if !watchers.is_empty() {
             for s in watchers {
                 self.fx.push(s, 0, true, Body::Abort);

@@ -9,7 +9,8 @@ use crate::core::Session;
 use crate::server::msg::{McCmd, McOp, Op};
 use crate::server::query::PROTOCOLS;
 use crate::server::query::{
-    Answer, LockInfo, LockList, Query, Snapshot, Table, MAX_LIST, MAX_WAITERS_LISTED,
+    Answer, DlockKey, Holder, LockInfo, LockList, Query, Snapshot, Table, MAX_GRANTS_LISTED,
+    MAX_HOLDERS_LISTED, MAX_LIST, MAX_VALUE_LISTED, MAX_WAITERS_LISTED,
 };
 use crate::server::Proto;
 use crate::server::{Live, Shared};
@@ -104,6 +105,7 @@ fn list(t: &Tables, now: Now, table: Table, prefix: &[u8], limit: usize) -> Lock
                    fence: Option<u64>,
                    expires: Option<u64>,
                    resources: Option<u32>,
+                   dlock: Option<DlockKey>,
                    waiters: &mut dyn Iterator<Item = Session>| {
         let mut listed = Vec::new();
         let mut total = 0;
@@ -122,8 +124,11 @@ fn list(t: &Tables, now: Now, table: Table, prefix: &[u8], limit: usize) -> Lock
             waiters: listed,
             waiters_total: total,
             resources,
+            dlock,
         });
     };
+    let delay_left = |until: Option<u64>| until.map_or(0, remaining);
+    let watchers = |name: &[u8]| t.watches.watchers(name).len();
     match table {
         Table::Memcache => t.store.for_each_lock(|name, holder| {
             if matches(name, prefix) {
@@ -136,6 +141,7 @@ fn list(t: &Tables, now: Now, table: Table, prefix: &[u8], limit: usize) -> Lock
                         Some(holder),
                         since,
                         fence,
+                        None,
                         None,
                         None,
                         &mut std::iter::empty(),
@@ -156,35 +162,99 @@ fn list(t: &Tables, now: Now, table: Table, prefix: &[u8], limit: usize) -> Lock
                             Some(token),
                             orphan_deadline,
                             None,
+                            None,
                             &mut t.lockd.waiters(name).map(|(c, _)| c),
                         );
                     }
                 }
             }),
-        Table::Dlock => t.dlock.for_each_held(|name, holder, lease| {
-            if matches(name, prefix) {
-                matched += 1;
-                if matched <= limit {
-                    let since = t.dlock.held_since(name);
-                    let fence = t.dlock.token_of(holder, name);
-                    add(
-                        name,
-                        Some(holder),
-                        since,
-                        fence,
-                        lease,
-                        None,
-                        &mut t.dlock.queue(name),
-                    );
+        Table::Dlock => {
+            // Version 2's holds: one exclusive holder each.
+            t.dlock.for_each_held(|name, holder, lease| {
+                if matches(name, prefix) {
+                    matched += 1;
+                    if matched <= limit {
+                        let since = t.dlock.held_since(name);
+                        let fence = t.dlock.token_of(holder, name);
+                        let key = DlockKey {
+                            shared: false,
+                            limit: 1,
+                            holders: vec![Holder {
+                                who: who(holder),
+                                fence: fence.unwrap_or(0),
+                                held_for_ms: since.map_or(0, |s| now.ms.saturating_sub(s)),
+                                expires_in_ms: lease.map(remaining),
+                                value: None,
+                            }],
+                            holders_total: 1,
+                            lock_delay_ms: delay_left(t.dlock.delay_until(name)),
+                            watchers: watchers(name),
+                        };
+                        let queue = &mut t.dlock.queue(name);
+                        add(
+                            name,
+                            Some(holder),
+                            since,
+                            fence,
+                            lease,
+                            None,
+                            Some(key),
+                            queue,
+                        );
+                    }
                 }
-            }
-        }),
+            });
+            // Version 3's: the first grant in the fields every table has, each in `holders`.
+            let mut grants_left = MAX_GRANTS_LISTED;
+            t.dlock.for_each_native_key(|name, k| {
+                if matches(name, prefix) {
+                    matched += 1;
+                    if matched <= limit {
+                        let n = k.holders().min(MAX_HOLDERS_LISTED).min(grants_left);
+                        grants_left -= n;
+                        let holders = k
+                            .grants()
+                            .take(n)
+                            .map(|g| Holder {
+                                who: who(g.session),
+                                fence: g.fence,
+                                held_for_ms: now.ms.saturating_sub(g.since_ms),
+                                expires_in_ms: g.lease_deadline_ms.map(remaining),
+                                value: g.value.map(|v| {
+                                    (v[..v.len().min(MAX_VALUE_LISTED)].to_vec(), v.len())
+                                }),
+                            })
+                            .collect();
+                        let key = DlockKey {
+                            shared: k.shared,
+                            limit: k.limit,
+                            holders,
+                            holders_total: k.holders(),
+                            lock_delay_ms: delay_left(k.delay_until_ms),
+                            watchers: watchers(name),
+                        };
+                        let first = k.grants().next();
+                        add(
+                            name,
+                            first.map(|g| g.session),
+                            first.map(|g| g.since_ms),
+                            first.map(|g| g.fence),
+                            first.and_then(|g| g.lease_deadline_ms),
+                            None,
+                            Some(key),
+                            &mut t.dlock.queue(name),
+                        );
+                    }
+                }
+            });
+        }
         Table::Counter => t.counter.for_each_holding(|name, holder, n, token| {
             if matches(name, prefix) {
                 matched += 1;
                 if matched <= limit {
                     let none = &mut std::iter::empty();
-                    add(name, Some(holder), None, Some(token), None, Some(n), none);
+                    let (fence, n) = (Some(token), Some(n));
+                    add(name, Some(holder), None, fence, None, n, None, none);
                 }
             }
         }),
@@ -203,6 +273,56 @@ fn list(t: &Tables, now: Now, table: Table, prefix: &[u8], limit: usize) -> Lock
 mod tests {
     use super::*;
     use crate::admin::render::{map_stat, Kind};
+
+    /// A listing of the native protocol's grants copies at most 100 holders per key, 10 000 in
+    /// all, and 256 bytes of each value; the counts stay exact.
+    #[test]
+    fn a_dlock_listing_caps_holders_and_values_and_counts_them_all() {
+        use crate::core::dlock::NativeLock;
+        let config = match crate::config::parse(["--threads", "1"]) {
+            Ok(crate::config::Command::Run(c)) => c,
+            other => panic!("{other:?}"),
+        };
+        let now = Now::from_unix_ms(1_700_000_000_000);
+        let mut t = Tables::new(&config, now);
+        let value = [b'v'; 4096];
+        let mut events = Vec::new();
+        let names: Vec<Vec<u8>> = (0..150).map(|k| format!("k{k:03}").into_bytes()).collect();
+        for (k, name) in names.iter().enumerate() {
+            let keys: &[&[u8]] = &[name];
+            for slot in 0..120u64 {
+                let req = NativeLock {
+                    request_id: 1,
+                    keys,
+                    limit: Some(120),
+                    value: Some(&value),
+                    ..NativeLock::default()
+                };
+                let s = Session(k as u64 * 1000 + slot + 1);
+                t.dlock.lock_native(s, req, now.ms, &mut events).unwrap();
+            }
+        }
+        let l = list(&t, now, Table::Dlock, b"", MAX_LIST);
+        assert_eq!((l.matched, l.locks.len()), (150, 150));
+        let mut listed = 0;
+        for lock in &l.locks {
+            let d = lock.dlock.as_ref().unwrap();
+            assert_eq!((d.limit, d.holders_total), (120, 120));
+            assert!(d.holders.len() <= MAX_HOLDERS_LISTED);
+            assert_eq!(lock.fence, Some(lock_fence_of_first(&t, &lock.name)));
+            for h in &d.holders {
+                let (shown, len) = h.value.as_ref().unwrap();
+                assert_eq!((shown.len(), *len), (MAX_VALUE_LISTED, 4096));
+            }
+            listed += d.holders.len();
+        }
+        assert_eq!(listed, MAX_GRANTS_LISTED);
+    }
+
+    /// The fence of `key`'s first holder, as the native protocol's Get shows it.
+    fn lock_fence_of_first(t: &Tables, key: &[u8]) -> u64 {
+        t.dlock.get(key, 0).holders[0].fence
+    }
 
     /// `/metrics` turns every `stats` value into a typed metric: a stat added to `stats.rs`
     /// must be given its Prometheus type (and a counter its `_total`) in `render.rs`.

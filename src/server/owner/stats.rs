@@ -84,6 +84,20 @@ pub fn write(
             num("dlock_timeouts", d.timeouts);
             num("dlock_lease_expiries", d.lease_expiries);
             num("dlock_idle_disconnects", d.idle_disconnects);
+            // the native protocol (dlock version 3): its grants, and this node's watches
+            let n = t.dlock.native_stats();
+            num("dlock_native_holds", n.holds);
+            num("dlock_native_leases", n.leases);
+            num("dlock_delayed_keys", n.delayed_keys);
+            let w = &t.watches;
+            num("dlock_watches", w.len() as u64);
+            num("dlock_watched_keys", w.keys() as u64);
+            let [acquired, released, expired, lost] = w.sent.events;
+            num("dlock_events_acquired", acquired);
+            num("dlock_events_released", released);
+            num("dlock_events_expired", expired);
+            num("dlock_events_lost", lost);
+            num("dlock_loss_notices", w.sent.notices);
             // yrmcds counters
             let k = t.counter.stats;
             num("counter_objects", t.counter.len() as u64);
