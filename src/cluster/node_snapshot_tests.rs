@@ -148,6 +148,9 @@ struct FailsOnce {
     marker: std::path::PathBuf,
     /// The test's process (a founding node writes its first snapshot itself).
     parent: u32,
+    /// The first child hangs instead of failing (a child stuck in the file system, as far as
+    /// the node can tell).
+    hang: bool,
 }
 
 impl Machine for FailsOnce {
@@ -165,6 +168,9 @@ impl Machine for FailsOnce {
                 .create_new(true)
                 .open(&self.marker)
                 .is_ok();
+        if first && self.hang {
+            std::thread::sleep(Duration::from_secs(3600));
+        }
         if first {
             // SAFETY: in the snapshot child: leaves at once, as a failed child would.
             unsafe { libc::_exit(9) };
@@ -192,6 +198,7 @@ fn a_failed_snapshot_child_is_retried() {
         log: Log::default(),
         marker: dir.0.join("failed-once"),
         parent: std::process::id(),
+        hang: false,
     };
     let mut node = RaftNode::start(&cfg, &mut m, Instant::now()).unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -254,46 +261,6 @@ fn an_installing_follower_lets_the_leaders_lease_expire() {
     assert!(answered(&ticked), "the pre-vote was turned down");
 }
 
-/// The state machine of [`a_hung_snapshot_child_is_killed_and_tried_again`]: its first snapshot
-/// child never finishes.
-struct HangsOnce {
-    log: Log,
-    marker: std::path::PathBuf,
-    parent: u32,
-}
-
-impl Machine for HangsOnce {
-    type Restored = Vec<u8>;
-
-    fn apply(&mut self, index: u64, data: &[u8]) {
-        self.log.apply(index, data);
-    }
-
-    fn write_snapshot(&self, out: &mut Vec<u8>) {
-        let in_child = std::process::id() != self.parent;
-        let first = in_child
-            && std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(&self.marker)
-                .is_ok();
-        if first {
-            // A child stuck in the file system, as far as the node can tell (it is killed; the
-            // node's drop reaps it).
-            std::thread::sleep(Duration::from_secs(3600));
-        }
-        self.log.write_snapshot(out);
-    }
-
-    fn restorer(&self) -> Box<dyn FnOnce(&[u8]) -> Result<Vec<u8>, String> + Send> {
-        self.log.restorer()
-    }
-
-    fn install(&mut self, restored: Vec<u8>) -> Box<dyn Send> {
-        self.log.install(restored)
-    }
-}
-
 /// A snapshot child that runs past its time is killed, counted failed, and the snapshot is
 /// made by a later child: one stuck child does not hold off every later snapshot.
 #[test]
@@ -301,10 +268,11 @@ fn a_hung_snapshot_child_is_killed_and_tried_again() {
     let dir = TempDir::new("snapshot-hung");
     let cfg = sole_node(dir.0.join("data"));
     std::fs::create_dir_all(&cfg.data_dir).unwrap();
-    let mut m = HangsOnce {
+    let mut m = FailsOnce {
         log: Log::default(),
         marker: dir.0.join("hung-once"),
         parent: std::process::id(),
+        hang: true,
     };
     let mut node = RaftNode::start(&cfg, &mut m, Instant::now()).unwrap();
     node.set_snapshot_policy(SnapshotPolicy {

@@ -372,6 +372,54 @@ pub struct DlockTable {
     key_events: bool,
 }
 
+/// A waiter's head in a snapshot: its arrival number (after `last`, which it becomes, and
+/// below `next_seq`; else the error `order`), session, token, lease and wait deadline.
+fn read_waiter_head(
+    r: &mut Reader<'_>,
+    last: &mut Option<u64>,
+    next_seq: u64,
+    order: &'static str,
+) -> Result<WaiterHead, DecodeError> {
+    let seq = r.u64()?;
+    if last.is_some_and(|l| l >= seq) || seq >= next_seq {
+        return Err(DecodeError::Invalid(order));
+    }
+    *last = Some(seq);
+    Ok(WaiterHead {
+        seq,
+        session: Session::decode(r)?,
+        token: r.u64()?,
+        lease_us: r.opt_u64()?,
+        deadline: r.opt_u64()?,
+    })
+}
+
+/// What [`read_waiter_head`] reads.
+struct WaiterHead {
+    seq: u64,
+    session: Session,
+    token: u64,
+    lease_us: Option<u64>,
+    deadline: Option<u64>,
+}
+
+/// A waiter's keys in a snapshot: at least one, all distinct.
+fn read_waiter_keys(r: &mut Reader<'_>) -> Result<Vec<Box<[u8]>>, DecodeError> {
+    let nkeys = r.count(1)?;
+    if nkeys == 0 {
+        return Err(DecodeError::Invalid("dlock waiter with no keys"));
+    }
+    let mut keys: Vec<Box<[u8]>> = Vec::with_capacity(nkeys);
+    for _ in 0..nkeys {
+        let k = r.bytes(DlockTable::MAX_KEY)?;
+        if keys.iter().any(|o| **o == *k) {
+            return Err(DecodeError::Invalid("dlock waiter names a key twice"));
+        }
+        keys.push(k.into());
+    }
+    Ok(keys)
+}
+
 /// Milliseconds from microseconds, rounded up; `None` for absent or zero.
 fn ms_from_us(us: Option<u64>) -> Option<u64> {
     match us {
@@ -1412,27 +1460,15 @@ impl Snapshot for DlockTable {
         let mut last_seq: Option<u64> = None;
         for _ in 0..n {
             codec::consumed(r);
-            let seq = r.u64()?;
-            if last_seq.is_some_and(|l| l >= seq) || seq >= t.next_seq {
-                return Err(Invalid("dlock waiters out of order"));
-            }
-            last_seq = Some(seq);
-            let session = Session::decode(r)?;
-            let token = r.u64()?;
-            let lease_us = r.opt_u64()?;
-            let deadline = r.opt_u64()?;
-            let nkeys = r.count(1)?;
-            if nkeys == 0 {
-                return Err(Invalid("dlock waiter with no keys"));
-            }
-            let mut keys: Vec<Box<[u8]>> = Vec::with_capacity(nkeys);
-            for _ in 0..nkeys {
-                let k = r.bytes(Self::MAX_KEY)?;
-                if keys.iter().any(|o| **o == *k) {
-                    return Err(Invalid("dlock waiter names a key twice"));
-                }
-                keys.push(k.into());
-            }
+            let order = "dlock waiters out of order";
+            let WaiterHead {
+                seq,
+                session,
+                token,
+                lease_us,
+                deadline,
+            } = read_waiter_head(r, &mut last_seq, t.next_seq, order)?;
+            let keys = read_waiter_keys(r)?;
             match t.sessions.get_mut(&session) {
                 Some(c) if c.pending.is_none() => c.pending = Some(seq),
                 _ => return Err(Invalid("dlock waiter of no session or a second one")),

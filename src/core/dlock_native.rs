@@ -1176,15 +1176,14 @@ impl DlockTable {
         let mut last_seq: Option<u64> = None;
         for _ in 0..n {
             codec::consumed(r);
-            let seq = r.u64()?;
-            if last_seq.is_some_and(|l| l >= seq) || seq >= self.next_seq {
-                return Err(Invalid("dlock native waiters out of order"));
-            }
-            last_seq = Some(seq);
-            let session = Session::decode(r)?;
-            let token = r.u64()?;
-            let lease_us = r.opt_u64()?;
-            let deadline = r.opt_u64()?;
+            let order = "dlock native waiters out of order";
+            let WaiterHead {
+                seq,
+                session,
+                token,
+                lease_us,
+                deadline,
+            } = read_waiter_head(r, &mut last_seq, self.next_seq, order)?;
             let shared = r.bool()?;
             let limit = read_limit(r)?;
             if shared && limit > 1 {
@@ -1192,18 +1191,7 @@ impl DlockTable {
             }
             let lock_delay_ms = read_delay(r)?;
             let value = read_value(r)?;
-            let nkeys = r.count(1)?;
-            if nkeys == 0 {
-                return Err(Invalid("dlock waiter with no keys"));
-            }
-            let mut keys: Vec<Box<[u8]>> = Vec::with_capacity(nkeys);
-            for _ in 0..nkeys {
-                let k = r.bytes(Self::MAX_KEY)?;
-                if keys.iter().any(|o| **o == *k) {
-                    return Err(Invalid("dlock waiter names a key twice"));
-                }
-                keys.push(k.into());
-            }
+            let keys = read_waiter_keys(r)?;
             if self.waiters.contains_key(&seq) {
                 return Err(Invalid("dlock waiter twice"));
             }
