@@ -700,6 +700,18 @@ impl DlockTable {
         (c.waits().len(), tagged)
     }
 
+    /// A lease of record `r` ending at `deadline`, its timer armed under a new generation.
+    fn arm_lease(&mut self, r: usize, deadline: u64) -> Lease {
+        let gen = self.next_lease_gen;
+        self.next_lease_gen += 1;
+        let timer = Timer::Lease { rec: r as u32, gen };
+        Lease {
+            deadline,
+            timer: self.wheel.insert(deadline, (deadline, timer)),
+            gen,
+        }
+    }
+
     /// The fencing token under which `session` holds `key`.
     pub fn token_of(&self, session: Session, key: &[u8]) -> Option<u64> {
         let h = self.rec(key)?.holder.as_ref()?;
@@ -889,18 +901,8 @@ impl DlockTable {
         }
         self.key_event(events, r, KeyEventKind::Acquired, token, None);
         let lease = lease_ms.map(|ms| {
-            let deadline = now_ms.saturating_add(ms);
-            let gen = self.next_lease_gen;
-            self.next_lease_gen += 1;
             self.stats.leases += 1;
-            let timer = self
-                .wheel
-                .insert(deadline, (deadline, Timer::Lease { rec: r as u32, gen }));
-            Lease {
-                deadline,
-                timer,
-                gen,
-            }
+            self.arm_lease(r, now_ms.saturating_add(ms))
         });
         self.recs[r].holder = Some(Hold {
             session,

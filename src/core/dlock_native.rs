@@ -727,18 +727,8 @@ impl DlockTable {
     ) {
         let r = self.find_or_insert(key);
         let lease = lease_ms.map(|ms| {
-            let deadline = now_ms.saturating_add(ms);
-            let gen = self.next_lease_gen;
-            self.next_lease_gen += 1;
             self.nstats.leases += 1;
-            let timer = self
-                .wheel
-                .insert(deadline, (deadline, Timer::Lease { rec: r as u32, gen }));
-            Lease {
-                deadline,
-                timer,
-                gen,
-            }
+            self.arm_lease(r, now_ms.saturating_add(ms))
         });
         let nk = self
             .natives
