@@ -21,7 +21,7 @@ from collections import defaultdict
 
 CFG_TEST = re.compile(
     r"#\[cfg\(test\)\]\s*(?:pub(?:\([^)]*\))?\s+)?(mod\s+\w+\s*\{|use\s[^;]*;|mod\s+\w+\s*;)")
-USE = re.compile(r"(pub(?:\([^)]*\))?\s+)?use\s+([^;]+);")
+USE = re.compile(r"(?m)^[ \t]*(pub(?:\([^)]*\))?\s+)?use\s+([^;]+);")
 PATH = re.compile(r"(?<![\w:])(\$?crate|super|self)((?:::\w+)+)")
 
 

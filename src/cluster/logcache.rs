@@ -9,8 +9,9 @@
 //! segment (not necessarily synced: a `pread` sees them) and read back, from the page cache
 //! usually, by a far-behind follower's catch-up or a restart's replay.
 //!
-//! Owns: the record location of every entry of the [`LogState`] it follows (same indexes) and
-//! the count of payload bytes in memory. Must not: decide what is compacted, or write.
+//! Owns: the record location of every entry of the log state it follows (same indexes) and
+//! the count of payload bytes in memory. Must not: decide what is compacted, write, or know
+//! the record format (the storage hands it the parser).
 
 use std::collections::VecDeque;
 use std::fs::File;
@@ -18,8 +19,6 @@ use std::os::unix::fs::FileExt;
 
 use protobuf::Message as PbMessage;
 use raft::prelude::Entry;
-
-use super::storage::LogState;
 
 /// Where an entry's record is: its segment's generation, its offset there and its length
 /// (header included).
@@ -103,11 +102,11 @@ impl EntryCache {
         self.bytes += u64::from(loc.len);
     }
 
-    /// Drops the oldest payloads of `state` until what memory holds is within the limit.
-    /// Every entry's record must be written.
-    pub(crate) fn evict(&mut self, state: &mut LogState) {
+    /// Drops the oldest payloads (`drop_payload(index)` of the log state) until what memory
+    /// holds is within the limit. Every entry's record must be written.
+    pub(crate) fn evict(&mut self, mut drop_payload: impl FnMut(u64)) {
         while self.bytes > self.limit && self.first <= self.last() {
-            state.drop_payload(self.first);
+            drop_payload(self.first);
             let loc = self.loc(self.first).expect("first <= last");
             self.bytes -= u64::from(loc.len);
             self.first += 1;
@@ -116,13 +115,16 @@ impl EntryCache {
 
     /// Reads entries `low..high` (all before [`EntryCache::first_cached`]) from their records,
     /// into `out`, stopping after the first entry that takes the total past `max_size` (as
-    /// `raft::util::limit_size` would cut it). `open` gives a segment's file by generation.
+    /// `raft::util::limit_size` would cut it). `open` gives a segment's file by generation,
+    /// `parse` the entry a record holds.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn read(
         &self,
         low: u64,
         high: u64,
         max_size: Option<u64>,
         mut open: impl FnMut(u64) -> std::io::Result<File>,
+        parse: impl Fn(&[u8]) -> Option<Entry>,
         out: &mut Vec<Entry>,
     ) -> Result<(), ReadFailure> {
         let mut file: Option<(u64, File)> = None;
@@ -138,7 +140,7 @@ impl EntryCache {
             buf.resize(loc.len as usize, 0);
             f.read_exact_at(&mut buf, loc.offset)
                 .map_err(|e| ReadFailure::Io(loc.gen, e))?;
-            let e = super::storage::entry_record(&buf)
+            let e = parse(&buf)
                 .filter(|e| e.index == index)
                 .ok_or(ReadFailure::Corrupt(loc.gen, loc.offset))?;
             size += u64::from(e.compute_size());

@@ -840,7 +840,7 @@ impl DiskStorage {
                 }
             }
             // (Not holding more than the cache and one segment's payloads while replaying.)
-            cache.evict(&mut state);
+            cache.evict(|i| state.drop_payload(i));
             if newest {
                 if at < buf.len() {
                     file.set_len(at as u64).map_err(io_err(&path))?;
@@ -1293,7 +1293,8 @@ impl DiskStorage {
             self.file_len += self.pending.len() as u64;
             self.pending.clear();
             // Every entry's record is written now: older payloads can be read back.
-            self.cache.evict(&mut self.state);
+            let state = &mut self.state;
+            self.cache.evict(|i| state.drop_payload(i));
         }
         if self.file_len >= SEGMENT_BYTES {
             self.roll()?;
@@ -1367,7 +1368,9 @@ impl DiskStorage {
                     File::open(log_path(&self.dir, gen))
                 }
             };
-            let read = self.cache.read(low, split, max_size, open, &mut out);
+            let read = self
+                .cache
+                .read(low, split, max_size, open, entry_record, &mut out);
             self.entries_read
                 .fetch_add(out.len() as u64, std::sync::atomic::Ordering::Relaxed);
             read.map_err(|f| self.read_failure(f))?;

@@ -9,7 +9,7 @@ use std::collections::VecDeque;
 
 use super::sessions::{Deferred, Waiting};
 use super::wire::{status, Keys};
-use super::{Dlock, DlockKind, DlockOp, DlockReply};
+use super::{lease_on_the_table_clock, Dlock, DlockKind, DlockOp, DlockReply, To};
 use crate::core::dlock::{DlockEvent, LockRequest, LockResult};
 use crate::core::{Now, Session};
 use crate::protocol::Execute;
@@ -92,15 +92,6 @@ fn recycle<'a, 'b>(mut v: Vec<&'a [u8]>) -> Vec<&'b [u8]> {
     v.into_iter().map(|_| -> &'b [u8] { &[] }).collect()
 }
 
-/// Where an answer goes: the session, whether it answers an operation the worker sent, and
-/// the request id it echoes.
-#[derive(Clone, Copy)]
-pub(super) struct To {
-    pub(super) session: Session,
-    pub(super) done: u32,
-    pub(super) id: Option<u64>,
-}
-
 /// The Ok answer to a granted Lock, with its fencing token (Response field 7).
 fn granted(fx: &mut Effects, to: To, fence: u64, now: Now) {
     let reply = DlockReply {
@@ -140,19 +131,6 @@ fn respond<'k>(
     };
     fx.push(to.session, to.done, false, Body::Dlock(reply));
 }
-
-/// A lease's duration as the table runs it: rounded up to whole milliseconds, plus one. The
-/// state machine's clock counts whole milliseconds and a grant can happen up to a millisecond
-/// after the current one began, so a lease of exactly its duration on that clock could end up
-/// to a millisecond before its duration has passed; a lease never ends early (`docs/protocol.md`).
-pub(super) fn lease_on_the_table_clock(lease_us: Option<u64>) -> Option<u64> {
-    lease_us
-        .filter(|&us| us > 0)
-        .map(|us| us.div_ceil(1000).saturating_add(LEASE_CLOCK_SLACK_MS) * 1000)
-}
-
-/// What [`lease_on_the_table_clock`] adds: one tick of the state machine's clock.
-pub const LEASE_CLOCK_SLACK_MS: u64 = 1;
 
 /// Run one request of a connection that has no Lock waiting.
 fn run(t: &mut Tables, fx: &mut Effects, session: Session, op: DlockOp, arena: &[u8], now: Now) {

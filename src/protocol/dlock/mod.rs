@@ -17,10 +17,10 @@ pub mod watches;
 pub mod wire;
 
 pub use command::REFUSALS;
-pub use exec::LEASE_CLOCK_SLACK_MS;
 pub use reply::tag as reply_tag;
 
 use super::Protocol;
+use crate::core::Session;
 use crate::server::msg::Span;
 
 /// One dlock request, already checked by the worker for version, type, token and key count.
@@ -98,3 +98,25 @@ impl Protocol for Dlock {
     type Op = DlockOp;
     type Reply = DlockReply;
 }
+
+/// Where an answer goes: the session, whether it answers an operation the worker sent, and
+/// the request id it echoes.
+#[derive(Clone, Copy)]
+pub(crate) struct To {
+    pub(crate) session: Session,
+    pub(crate) done: u32,
+    pub(crate) id: Option<u64>,
+}
+
+/// A lease's duration as the table runs it: rounded up to whole milliseconds, plus one. The
+/// state machine's clock counts whole milliseconds and a grant can happen up to a millisecond
+/// after the current one began, so a lease of exactly its duration on that clock could end up
+/// to a millisecond before its duration has passed; a lease never ends early (`docs/protocol.md`).
+pub(crate) fn lease_on_the_table_clock(lease_us: Option<u64>) -> Option<u64> {
+    lease_us
+        .filter(|&us| us > 0)
+        .map(|us| us.div_ceil(1000).saturating_add(LEASE_CLOCK_SLACK_MS) * 1000)
+}
+
+/// What [`lease_on_the_table_clock`] adds: one tick of the state machine's clock.
+pub const LEASE_CLOCK_SLACK_MS: u64 = 1;

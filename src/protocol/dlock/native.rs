@@ -13,14 +13,13 @@
 //! - Every dlock connection is subject to `--dlock-idle-timeout`, watching or not: a watcher
 //!   that sends nothing (a Ping will do) for that long is closed like any idle connection.
 //! - Leases, Extend's `release_micro` and waits are rounded as version 2's (a lease never ends
-//!   early: [`super::exec::LEASE_CLOCK_SLACK_MS`]).
+//!   early: [`super::LEASE_CLOCK_SLACK_MS`]).
 //! - Watch of a key already watched moves it to the new Watch's request id; Unwatch of a key
 //!   not watched is Ok.
 
-use super::exec::{lease_on_the_table_clock, To};
 use super::watches::MAX_WATCHED_KEYS;
 use super::wire::{self as dl, event_kind, req_type, status, Keys};
-use super::{DlockKind, DlockOp, DlockReply};
+use super::{lease_on_the_table_clock, DlockKind, DlockOp, DlockReply, To};
 use crate::core::dlock::{KeyEventKind, LockResult, NativeError, NativeLock};
 use crate::core::{Now, Session};
 use crate::server::effect::{self, Body, Effects};
