@@ -1196,16 +1196,24 @@ impl World {
     /// Version-3 holders of `key` that are still live now (not past their lease, not bound to
     /// a connection the daemon closed).
     fn nat_live(&self, key: &str) -> Vec<(u64, Mode)> {
-        let now = self.now();
         self.nat
             .grants
             .range((key_static(key), 0)..=(key_static(key), u64::MAX))
-            .filter(|(_, g)| match g.lease {
-                Some(d) => d > now,
-                None => self.sim.is_open(g.conn),
-            })
+            .filter(|(_, g)| self.nat_state(g) == Some(true))
             .map(|((_, f), g)| (*f, g.mode))
             .collect()
+    }
+
+    /// Whether a version-3 grant is live now: `None` while unknown (a lease granted in this
+    /// step whose deadline, known only within bounds, may have passed).
+    fn nat_state(&self, g: &NGrant) -> Option<bool> {
+        let now = self.now();
+        match (g.lease, g.lease_hi) {
+            (Some(lo), Some(hi)) if lo <= now && now < hi => None,
+            (Some(_), Some(hi)) => Some(hi > now),
+            (Some(d), None) => Some(d > now),
+            (None, _) => Some(self.sim.is_open(g.conn)),
+        }
     }
 
     /// Every live holder of `key` (a version-2 hold as exclusive), by fence.
@@ -1234,10 +1242,7 @@ impl World {
             .nat
             .grants
             .range((key, 0)..=(key, u64::MAX))
-            .filter(|(_, g)| match g.lease {
-                Some(d) => d <= now,
-                None => !self.sim.is_open(g.conn),
-            })
+            .filter(|(_, g)| self.nat_state(g) == Some(false))
             .map(|((_, f), g)| (*f, g.clone()))
             .collect();
         for (f, g) in dead {
