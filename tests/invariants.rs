@@ -674,9 +674,7 @@ impl World {
     }
 
     fn dl_free_for(&self, key: &str, me: ConnId) -> bool {
-        if !self.nat_live(key).is_empty()
-            || self.nat.delay.get(key).is_some_and(|&d| d > self.now())
-        {
+        if !self.nat_live(key).is_empty() || self.delayed_for(key, Mode::Excl) {
             return false;
         }
         match self.dl.get(key) {
@@ -718,7 +716,7 @@ impl World {
                         self.dl.get(k),
                         self.nat_live(k)
                     );
-                    self.nat_dead_delays(k, &ctx);
+                    self.nat_dead_delays(k, Mode::Excl, &ctx);
                     // The hold it replaces: a lease that ran out, a re-lock of its own, or a
                     // holder whose connection the daemon closed in this step.
                     if let Some(old) = self.dl.remove(k) {
@@ -1178,6 +1176,9 @@ struct NatModel {
     ends: HashMap<(&'static str, u64), u32>,
     /// A lower bound of the end of each key's lock-delay.
     delay: HashMap<&'static str, u64>,
+    /// Lock-delays that began in this step (merged into `delay` at its end), with the mode of
+    /// the grant that ended: a grant that fits beside that one may have come before its end.
+    delay_cur: Vec<(&'static str, u64, Mode)>,
     /// Grants and ends of the current step (for the watchers' "none missing").
     step_grants: Vec<(&'static str, u64)>,
     step_ends: Vec<(&'static str, u64, u32)>,
@@ -1244,8 +1245,14 @@ impl World {
     /// A grant of `key` is being made: version-3 holders the daemon dropped at instants the
     /// model could not see (a lease past its deadline, a connection closed in this step) must
     /// have let their lock-delay run out first.
-    fn nat_dead_delays(&mut self, key: &'static str, ctx: &str) {
+    fn nat_dead_delays(&mut self, key: &'static str, mode: Mode, ctx: &str) {
         let now = self.now();
+        assert!(
+            !self.delayed_for(key, mode),
+            "a grant of {key} inside its lock-delay ({:?} at least, {:?} in this step): {ctx}",
+            self.nat.delay.get(key),
+            self.nat.delay_cur
+        );
         let dead: Vec<(u64, NGrant)> = self
             .nat
             .grants
@@ -1255,8 +1262,9 @@ impl World {
             .collect();
         for (f, g) in dead {
             let from = g.lease.unwrap_or(self.step_start);
+            // One it fits beside may have ended after it.
             assert!(
-                now >= from + g.delay_ms,
+                mode.fits(&[g.mode]) || now >= from + g.delay_ms,
                 "a grant inside the lock-delay of {key} ({f} ended at {from} or later, delay {} ms): {ctx}",
                 g.delay_ms
             );
@@ -1265,12 +1273,17 @@ impl World {
             }
             // A connection-bound one ends with its connection (`native_closed`).
         }
-        if let Some(&until) = self.nat.delay.get(key) {
-            assert!(
-                now >= until,
-                "a grant of {key} inside its lock-delay (until {until} at least): {ctx}"
-            );
-        }
+    }
+
+    /// Whether a grant of `mode` on `key` now would be inside a lock-delay the model knows.
+    fn delayed_for(&self, key: &str, mode: Mode) -> bool {
+        let now = self.now();
+        self.nat.delay.get(key).is_some_and(|&d| d > now)
+            || self
+                .nat
+                .delay_cur
+                .iter()
+                .any(|(k, d, m)| *k == key && *d > now && !mode.fits(&[*m]))
     }
 
     /// The model tells of a grant.
@@ -1292,8 +1305,7 @@ impl World {
         self.end(key, fence, kind);
         if kind != dl::event_kind::RELEASED && g.delay_ms > 0 {
             self.nat.reached.delays += 1;
-            let until = self.nat.delay.entry(key).or_insert(0);
-            *until = (*until).max(at + g.delay_ms);
+            self.nat.delay_cur.push((key, at + g.delay_ms, g.mode));
         }
         if kind == dl::event_kind::EXPIRED && self.client_of(g.conn).is_some() {
             self.nat.notices_due.push((g.conn, g.rid, key, fence, kind));
@@ -1649,7 +1661,7 @@ impl World {
                         Mode::Slots(_) if !others.is_empty() => self.nat.reached.slots_beside += 1,
                         _ => {}
                     }
-                    self.nat_dead_delays(k, &ctx);
+                    self.nat_dead_delays(k, mode, &ctx);
                     self.grant(k, fence, mode, value.clone());
                     self.nat.grants.insert(
                         (k, fence),
@@ -1860,6 +1872,10 @@ impl World {
             .collect();
         for ((k, f), d) in expired {
             self.nat_end(k, f, dl::event_kind::EXPIRED, d);
+        }
+        for (k, until, _) in std::mem::take(&mut self.nat.delay_cur) {
+            let d = self.nat.delay.entry(k).or_insert(0);
+            *d = (*d).max(until);
         }
         self.nat.delay.retain(|_, until| *until > now);
         // Loss notices: each due one arrived, and none other (an Expired notice to a
