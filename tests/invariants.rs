@@ -721,12 +721,20 @@ impl World {
                     // holder whose connection the daemon closed in this step.
                     if let Some(old) = self.dl.remove(k) {
                         let now = self.now();
-                        let kind = if old.lease.is_some_and(|d| d <= now)
+                        let start = self.step_start;
+                        let kind = if old.conn == me && old.lease.is_some_and(|d| d > start) {
+                            if old.lease.is_some_and(|d| d <= now) {
+                                // Re-locked at an instant of this step, maybe after its lease
+                                // ran out.
+                                EXPIRED_OR_RELEASED
+                            } else {
+                                dl::event_kind::RELEASED
+                            }
+                        } else if old.lease.is_some_and(|d| d <= now)
                             && old.lease_hi.is_none_or(|hi| hi <= now)
                         {
                             dl::event_kind::EXPIRED
                         } else if old.conn == me && old.lease.is_some_and(|d| d <= now) {
-                            // A re-lock of a lease granted in this step that may have run out.
                             EXPIRED_OR_RELEASED
                         } else if old.conn == me {
                             dl::event_kind::RELEASED
@@ -2022,8 +2030,8 @@ impl World {
     }
 }
 
-/// The end of a version-2 lease its holder re-locked in the clock advance that may have ended
-/// it: the watchers see Expired or Released.
+/// The end of a version-2 lease its holder re-locked at an instant of the clock advance that
+/// may have ended it: the watchers see Expired or Released.
 const EXPIRED_OR_RELEASED: u32 = 0;
 
 fn key_static(name: &str) -> &'static str {
