@@ -345,3 +345,82 @@ fn request_ids_in_flight_are_those_of_waiting_locks_and_watches() {
     c.send(&frame(8, req_type::WATCH, &[b"third"], none));
     expect(&mut c, 8, status::OK);
 }
+
+/// A watcher that stops reading is a slow reader like any other: closed once it has left 4 MiB
+/// of events unread for the stall timeout, and what it did receive is a prefix of the events
+/// with no gap (each grant's Acquired then Released, tokens increasing), then the end.
+#[test]
+fn a_watcher_that_stops_reading_is_closed_never_left_with_a_gap() {
+    use std::io::Read;
+    let d = Daemon::start(&["--client-stall-timeout", "500"]);
+    let mut watcher = d.dlock();
+    watcher.send(&frame(1, req_type::WATCH, &[b"hot"], none));
+    expect(&mut watcher, 1, status::OK);
+    let mut locker = d.dlock();
+    let value: &'static [u8] = Box::leak(vec![b'v'; 4000].into_boxed_slice());
+    let big = NativeFields {
+        value: Some(value),
+        ..Default::default()
+    };
+    // 2,000 grants of a 4,000-byte value: 16 MB of events, the watcher reading none.
+    let mut id = 10;
+    for _ in 0..20 {
+        let mut batch = Vec::new();
+        for _ in 0..100 {
+            batch.extend(frame(id, req_type::LOCK, &[b"hot"], with(big)));
+            batch.extend(frame(id + 1, req_type::UNLOCK, &[b"hot"], none));
+            id += 2;
+        }
+        locker.send(&batch);
+        for _ in 0..200 {
+            assert_eq!(
+                read(&mut locker).status,
+                Some(status::OK),
+                "the locker is served"
+            );
+        }
+    }
+    // Three stall timeouts without reading a byte.
+    std::thread::sleep(Duration::from_millis(1500));
+    // Everything the watcher gets, until the daemon closes it.
+    let mut got = std::mem::take(&mut watcher.pending);
+    watcher
+        .stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let mut chunk = vec![0u8; 1 << 16];
+    let closed = loop {
+        match watcher.stream.read(&mut chunk) {
+            Ok(0) => break true,
+            Ok(n) => got.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break true,
+            Err(_) => break false,
+        }
+    };
+    assert!(
+        closed,
+        "the stalled watcher was not closed ({} bytes read)",
+        got.len()
+    );
+    let (mut at, mut expect_kind, mut last) = (0, event_kind::ACQUIRED, 0u64);
+    let mut events = 0;
+    while let Ok((body, n)) = dl::parse_frame(&got[at..], usize::MAX) {
+        let r = dl::decode_response(body).expect("a whole frame decodes");
+        let ev = r.event.expect("only events after the Watch's answer");
+        assert_eq!(ev.kind, expect_kind, "event {events}: {ev:?}");
+        if ev.kind == event_kind::ACQUIRED {
+            assert!(ev.fence > last, "event {events}: a gap or a repeat");
+            last = ev.fence;
+            expect_kind = event_kind::RELEASED;
+        } else {
+            assert_eq!(ev.fence, last, "event {events}: Released of another grant");
+            expect_kind = event_kind::ACQUIRED;
+        }
+        events += 1;
+        at += n;
+    }
+    assert!(
+        events < 4000,
+        "all {events} events fit: the watcher was not slow enough"
+    );
+}
