@@ -171,8 +171,12 @@ def test_the_native_protocol_examples_are_what_the_daemon_answers():
     out = subprocess.run([sys.executable, os.path.join(root, "tools", "native_examples.py"),
                           binary], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-    exchanges = [l.strip() for l in out.stdout.splitlines() if " -> " in l or " <- " in l]
+    # Time left (a lock-delay's, a lease's) depends on how busy the machine is: compared as a
+    # number, not its value.
+    left = re.compile(r"(delayed_micro|lease_left_micro):\d+")
+    exchanges = [left.sub(r"\1:N", l.strip()) for l in out.stdout.splitlines()
+                 if " -> " in l or " <- " in l]
     assert len(exchanges) > 50, out.stdout
-    doc = open(os.path.join(root, "docs", "protocol.md")).read()
+    doc = left.sub(r"\1:N", open(os.path.join(root, "docs", "protocol.md")).read())
     missing = [l for l in exchanges if l not in doc]
     assert not missing, f"exchanges the doc does not show: {missing[:5]}"
