@@ -2,10 +2,12 @@
 //! row).
 //!
 //! Opens `--watchers` connections that each Watch one key, then, `--rounds` times, one more
-//! connection Locks the key and Unlocks it. Each grant and each release is an event to every
-//! watcher. Reported: events delivered per second, and per grant the time from the Lock's send
-//! to the last watcher's Acquired event (p50, p99, max). One thread, every watcher socket in
-//! one mio poll.
+//! connection Locks the key and Unlocks it (after `--warmup` rounds that are not measured: the
+//! first grants meet cold buffers and TCP's quick-ACK start). Each grant and each release is an
+//! event to every watcher. Reported: events delivered per second, and per grant the time from
+//! the Lock's send to the last watcher's Acquired event (p50, p99, max). One thread, every
+//! socket in one mio poll: the watchers are read while the Lock's answer is on its way, one
+//! read per event, as watchers in processes of their own would read.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -14,6 +16,9 @@ use std::time::{Duration, Instant};
 
 use holdfast::proto::dlock as dl;
 use mio::{Events, Interest, Poll, Token};
+
+/// The locking connection's token (the watchers' are their indexes).
+const LOCKER: Token = Token(usize::MAX);
 
 struct Watcher {
     stream: mio::net::TcpStream,
@@ -51,6 +56,37 @@ fn ask(s: &mut TcpStream, request: &[u8]) -> Result<dl::Response, String> {
     Ok(r)
 }
 
+/// Reads what `s` has into `buf`. A read shorter than `chunk` emptied the socket, so it is the
+/// last one: edge-triggered readiness fires again for data that arrives after it, and one
+/// syscall per event is what a real watcher would spend.
+fn drain(s: &mut mio::net::TcpStream, chunk: &mut [u8], buf: &mut Vec<u8>) -> Result<(), String> {
+    loop {
+        match s.read(chunk) {
+            Ok(0) => return Err("a connection closed".into()),
+            Ok(n) => {
+                buf.extend_from_slice(&chunk[..n]);
+                if n < chunk.len() {
+                    return Ok(());
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(()),
+            Err(e) => return Err(format!("read: {e}")),
+        }
+    }
+}
+
+/// Writes a whole (small) request to a non-blocking stream.
+fn write_all(s: &mut mio::net::TcpStream, mut bytes: &[u8]) -> Result<(), String> {
+    while !bytes.is_empty() {
+        match s.write(bytes) {
+            Ok(n) => bytes = &bytes[n..],
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::yield_now(),
+            Err(e) => return Err(format!("write: {e}")),
+        }
+    }
+    Ok(())
+}
+
 /// Counts the whole frames in `w.buf` as events and drops them.
 fn count_frames(w: &mut Watcher) {
     let mut at = 0;
@@ -69,7 +105,7 @@ fn quantile(sorted: &[Duration], q: f64) -> Duration {
     sorted[i]
 }
 
-fn run(addr: SocketAddr, watchers: usize, rounds: usize) -> Result<(), String> {
+fn run(addr: SocketAddr, watchers: usize, warmup: usize, rounds: usize) -> Result<(), String> {
     let key = format!("fanout-{}", std::process::id()).into_bytes();
     let mut poll = Poll::new().map_err(|e| e.to_string())?;
     let mut ws = Vec::with_capacity(watchers);
@@ -88,48 +124,66 @@ fn run(addr: SocketAddr, watchers: usize, rounds: usize) -> Result<(), String> {
             events: 0,
         });
     }
-    let mut locker = TcpStream::connect(addr).map_err(|e| format!("connect: {e}"))?;
+    let locker = TcpStream::connect(addr).map_err(|e| format!("connect: {e}"))?;
     locker.set_nodelay(true).map_err(|e| e.to_string())?;
+    locker.set_nonblocking(true).map_err(|e| e.to_string())?;
+    let mut locker = mio::net::TcpStream::from_std(locker);
+    poll.registry()
+        .register(&mut locker, LOCKER, Interest::READABLE)
+        .map_err(|e| e.to_string())?;
+    let mut answers = Vec::new();
     let mut events = Events::with_capacity(1024);
     let mut chunk = vec![0u8; 64 << 10];
     let mut latencies = Vec::with_capacity(rounds);
-    let start = Instant::now();
-    for round in 0..rounds as u64 {
+    let mut start = Instant::now();
+    for round in 0..(warmup + rounds) as u64 {
+        if round == warmup as u64 {
+            start = Instant::now();
+        }
         for (step, ty) in [(0, dl::req_type::LOCK), (1, dl::req_type::UNLOCK)] {
             let want = round * 2 + step + 1;
             let sent = Instant::now();
-            ask(&mut locker, &frame(2 + round * 2 + step, ty, &key))?;
+            // The watchers are read while the Lock's answer is on its way: the events and the
+            // answer travel at once, and the time measured is the server's, not this loop's.
+            write_all(&mut locker, &frame(2 + round * 2 + step, ty, &key))?;
+            let mut answered = false;
             let mut behind = ws.iter().filter(|w| w.events < want).count();
-            while behind > 0 {
+            while behind > 0 || !answered {
                 poll.poll(&mut events, Some(Duration::from_secs(10)))
                     .map_err(|e| e.to_string())?;
                 if events.is_empty() {
                     return Err(format!("{behind} watchers got no event in 10 s"));
                 }
                 for ev in events.iter() {
+                    if ev.token() == LOCKER {
+                        drain(&mut locker, &mut chunk, &mut answers)?;
+                        if let Ok((body, n)) = dl::parse_frame(&answers, usize::MAX) {
+                            let r = dl::decode_response(body)
+                                .map_err(|e| format!("a bad response: {e}"))?;
+                            if r.status != Some(dl::status::OK) {
+                                return Err(format!("refused: {r:?}"));
+                            }
+                            answers.drain(..n);
+                            answered = true;
+                        }
+                        continue;
+                    }
                     let w = &mut ws[ev.token().0];
                     let before = w.events;
-                    loop {
-                        match w.stream.read(&mut chunk) {
-                            Ok(0) => return Err("a watcher's connection closed".into()),
-                            Ok(n) => w.buf.extend_from_slice(&chunk[..n]),
-                            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                            Err(e) => return Err(format!("read: {e}")),
-                        }
-                    }
+                    drain(&mut w.stream, &mut chunk, &mut w.buf)?;
                     count_frames(w);
                     if before < want && w.events >= want {
                         behind -= 1;
                     }
                 }
             }
-            if step == 0 {
+            if step == 0 && round >= warmup as u64 {
                 latencies.push(sent.elapsed());
             }
         }
     }
     let took = start.elapsed();
-    let delivered: u64 = ws.iter().map(|w| w.events).sum();
+    let delivered = watchers as u64 * 2 * rounds as u64;
     latencies.sort_unstable();
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     println!(
@@ -147,7 +201,13 @@ fn main() -> ExitCode {
     let mut opts = getopts::Options::new();
     opts.optopt("", "addr", "the dlock listener (127.0.0.1:2627)", "ADDR");
     opts.optopt("", "watchers", "watching connections (1000)", "N");
-    opts.optopt("", "rounds", "Lock+Unlock rounds (200)", "N");
+    opts.optopt("", "rounds", "Lock+Unlock rounds measured (200)", "N");
+    opts.optopt(
+        "",
+        "warmup",
+        "Lock+Unlock rounds first, not measured (20)",
+        "N",
+    );
     opts.optflag("h", "help", "this help");
     let m = match opts.parse(std::env::args().skip(1)) {
         Ok(m) => m,
@@ -163,16 +223,17 @@ fn main() -> ExitCode {
     let parse = |name: &str, default: &str| -> Option<String> {
         Some(m.opt_str(name).unwrap_or_else(|| default.to_string()))
     };
-    let (Some(addr), Some(watchers), Some(rounds)) = (
+    let (Some(addr), Some(watchers), Some(warmup), Some(rounds)) = (
         parse("addr", "127.0.0.1:2627").and_then(|a| a.parse::<SocketAddr>().ok()),
         parse("watchers", "1000").and_then(|n| n.parse::<usize>().ok()),
+        parse("warmup", "20").and_then(|n| n.parse::<usize>().ok()),
         parse("rounds", "200").and_then(|n| n.parse::<usize>().ok()),
     ) else {
-        eprintln!("holdfast-fanout: bad --addr, --watchers or --rounds");
+        eprintln!("holdfast-fanout: bad --addr, --watchers, --warmup or --rounds");
         return ExitCode::from(2);
     };
     holdfast::fdlimit::raise_to_hard();
-    match run(addr, watchers, rounds) {
+    match run(addr, watchers, warmup, rounds) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("holdfast-fanout: {e}");
