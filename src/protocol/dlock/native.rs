@@ -112,9 +112,10 @@ pub(super) fn run(
     let request_id = op.id.unwrap_or(0);
     match u64::from(ty) {
         req_type::LOCK => {
-            if t.dlock.native_waits(session, request_id).1 || t.watches.has_id(session, request_id)
-            {
-                let why = "request id of a Lock still waiting or of a Watch";
+            // Not checked against the connection's Watches: only its own node keeps them, and
+            // every node must decide a Lock alike.
+            if t.dlock.native_waits(session, request_id).1 {
+                let why = "request id of a Lock still waiting";
                 return reply(to, status::GENERAL, Some(why), now).send(fx);
             }
             let req = NativeLock {
@@ -193,8 +194,12 @@ pub(super) fn run(
                 let why = "more than 1024 watched keys on one connection";
                 return reply(to, status::INVALID_ARGUMENT, Some(why), now).send(fx);
             }
-            for key in keys {
-                t.watches.watch(session, request_id, key);
+            // Every node applies the Watch and answers it alike (the answer reaches the
+            // watcher's node only); the subscription is that node's alone.
+            if t.sessions.conn(session).is_some_and(|c| c.node == t.node) {
+                for key in keys {
+                    t.watches.watch(session, request_id, key);
+                }
             }
             t.dlock.set_key_events(true);
             let mut r = reply(to, status::OK, None, now);
@@ -334,5 +339,8 @@ pub(super) fn notice(
     now: Now,
 ) {
     push_event(fx, session, request_id, ev, now);
-    t.watches.sent.notices += 1;
+    // Every node makes the notice; the holder's own node sends it.
+    if t.sessions.conn(session).is_some_and(|c| c.node == t.node) {
+        t.watches.sent.notices += 1;
+    }
 }

@@ -50,14 +50,6 @@ impl Watches {
             .count()
     }
 
-    /// Whether `session` watches some key under request `id`.
-    pub fn has_id(&self, session: Session, id: u64) -> bool {
-        self.by_session.get(&session).is_some_and(|keys| {
-            keys.iter()
-                .any(|k| self.watchers(k).contains(&(session, id)))
-        })
-    }
-
     /// `session` watches `key` under request `id` (a key it watched already moves to `id`).
     pub fn watch(&mut self, session: Session, id: u64, key: &[u8]) {
         let watchers = self.by_key.entry(key.into()).or_default();
@@ -142,7 +134,6 @@ mod tests {
         assert_eq!(w.watchers(b"k"), &[(a, 12), (b, 20)]);
         assert_eq!((w.count(a), w.count(b), w.len(), w.keys()), (2, 1, 3, 2));
         assert_eq!(w.new_keys(a, [&b"k"[..], b"x", b"y"].into_iter()), 2);
-        assert!(w.has_id(a, 11) && w.has_id(a, 12) && !w.has_id(a, 10) && !w.has_id(b, 12));
         w.unwatch(a, b"k");
         assert_eq!(w.watchers(b"k"), &[(b, 20)]);
         w.unwatch(a, b"never");

@@ -188,7 +188,8 @@ const MAX_MEMBER_ADDR: usize = 300;
 impl Replicated {
     pub fn new(shared: Arc<Shared>, workers: usize, me: u64, incarnation: u64) -> Replicated {
         // Every replica starts from the same state: its clocks at 0 until the first entry.
-        let tables = Tables::new(&shared.config, Now::from_unix_ms(0));
+        let mut tables = Tables::new(&shared.config, Now::from_unix_ms(0));
+        tables.node = me as u16;
         Replicated {
             outbox: Outbox::for_node(workers, me as u16),
             fx: Effects::default(),
@@ -518,7 +519,8 @@ impl Machine for Replicated {
     /// The tables go (a follower installing a leader's snapshot applies nothing until it is in
     /// place; what reads them meanwhile, the admin pages, sees them empty); the head stays.
     fn release(&mut self) -> Box<dyn Send> {
-        let empty = Tables::new(&self.shared.config, crate::core::Now::default());
+        let mut empty = Tables::new(&self.shared.config, crate::core::Now::default());
+        empty.node = self.me as u16;
         Box::new(std::mem::replace(&mut self.tables, empty))
     }
 
@@ -534,6 +536,7 @@ impl Machine for Replicated {
             self.dead,
         ) = head;
         let mut old = std::mem::replace(&mut self.tables, tables);
+        self.tables.node = self.me as u16;
         // This node's watchers missed the events between its state and the snapshot: their
         // connections close (their clients watch again) rather than go on with a gap. Routed
         // through the old sessions, which still map them.

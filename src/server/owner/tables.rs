@@ -28,6 +28,10 @@ pub struct Tables {
     pub dlock_sessions: DlockSessions,
     /// The native protocol's watches of this node's connections (not in a snapshot).
     pub watches: crate::protocol::dlock::watches::Watches,
+    /// The node whose connections' watches these tables keep: a cluster node's id, 0 on a
+    /// single node (whose connections are all on node 0). Every node applies a Watch; only
+    /// the watcher's own node subscribes it.
+    pub node: u16,
     pub counters: Counters,
     /// The one fencing counter every table's grants draw from.
     pub fence: Fence,
@@ -64,6 +68,7 @@ impl Tables {
             dlock: DlockTable::new(dlock, now.ms).with_fence(&fence),
             dlock_sessions: DlockSessions::default(),
             watches: Default::default(),
+            node: 0,
             counters: Counters::default(),
             fence,
             mc: McState::default(),
