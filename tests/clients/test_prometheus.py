@@ -298,6 +298,63 @@ def test_dashboard_and_rule_metrics_exist_and_every_panel_has_data(cluster):
         wait_until(f"data for {filled}", STEP_S, lambda: cluster.query(filled))
 
 
+def varint(n):
+    out = bytearray()
+    while True:
+        b, n = n & 0x7F, n >> 7
+        out.append(b | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def native_frame(request_id, req_type, key, release_micro=None):
+    """A version-3 dlock request (proto/holdfast.proto), framed: enough protobuf for the
+    dashboard's traffic, written out so that this test needs no generated code."""
+    lock = b"\x1a" + varint(len(key)) + key
+    if release_micro is not None:
+        lock = b"\x10" + varint(release_micro) + lock
+    body = (b"\x08\x03" + b"\x10" + varint(request_id) + b"\x20" + varint(req_type)
+            + b"\x9a\x03" + varint(len(lock)) + lock)
+    return len(body).to_bytes(4, "big") + body
+
+
+def test_the_watch_panels_show_a_watchers_events_and_a_holders_loss_notice(cluster):
+    """Watch traffic through the dashboard's own expressions: a watcher on node 1 sees a lease
+    taken on node 2 end (Expired), and node 2 sends its holder the loss notice. Every node
+    applies the Watch, but only node 1 keeps it and counts its events."""
+    watch_node, hold_node = cluster.nodes[0], cluster.nodes[1]
+    port = lambda n: int(n.args[n.args.index("--dlock") + 1].rsplit(":", 1)[1])
+    watcher = socket.create_connection(("127.0.0.1", port(watch_node)), timeout=STEP_S)
+    holder = socket.create_connection(("127.0.0.1", port(hold_node)), timeout=STEP_S)
+    try:
+        watcher.sendall(native_frame(1, 5, b"dashboard-key"))  # Watch
+        assert len(watcher.recv(4096)) > 4, "the Watch is answered"
+        # Lock with a 300 ms lease, never unlocked: Acquired, then Expired, and a notice.
+        holder.sendall(native_frame(1, 2, b"dashboard-key", release_micro=300_000))
+        assert len(holder.recv(4096)) > 4, "the Lock is answered"
+        sel = '{job="holdfast",node="%s"}'
+        exprs = {e.replace("$__rate_interval", "1m").replace("$job", "holdfast")
+                 .replace("$instance", ".*") for e in dashboard_exprs() if "dlock" in e}
+        assert len(exprs) == 7, exprs
+        for n in (watch_node, hold_node):
+            wait_until(f"node {n.id} scraped", STEP_S,
+                       lambda: cluster.query("holdfast_dlock_watches" + sel % n.id))
+        wait_until("one watch on node 1, none on node 2", STEP_S, lambda: cluster.by_node(
+            "holdfast_dlock_watches") == {1: 1.0, 2: 0.0, 3: 0.0})
+        wait_until("Expired events written on node 1 only", STEP_S, lambda: cluster.by_node(
+            'holdfast_dlock_watch_events_total{kind="expired"}') == {1: 1.0, 2: 0.0, 3: 0.0})
+        wait_until("a loss notice sent by node 2 only", STEP_S, lambda: cluster.by_node(
+            "holdfast_dlock_loss_notices_total") == {1: 0.0, 2: 1.0, 3: 0.0})
+        # The events panel's own expression sees them on node 1 only.
+        events = next(e for e in exprs if "watch_events_total" in e)
+        wait_until("the events panel shows node 1's acquired and expired", STEP_S, lambda: {
+            r["metric"]["kind"] for r in cluster.query(f"({events}) > 0")} >= {"acquired",
+                                                                             "expired"})
+    finally:
+        watcher.close()
+        holder.close()
+
+
 def test_a_killed_leader_is_replaced_alerted_on_and_resolved_after_its_restart(cluster):
     started = time.monotonic()
     ids = cluster.by_node("holdfast_cluster_leader_id")
