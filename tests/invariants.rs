@@ -2063,9 +2063,7 @@ fn run_mix(seed: u64, steps: usize, mix: Mix) {
             ("dlock idle disconnects", d.idle_disconnects),
             ("store evictions", s.evictions),
         ];
-        for (what, n) in reached {
-            assert!(n > 0, "seed {seed}: no {what} ({l:?} {d:?} {s:?})");
-        }
+        all_reached(seed, &reached, &(l, d, s));
         if let Mix::Native { .. } = mix {
             let r = w.nat.reached;
             let reached = [
@@ -2078,10 +2076,15 @@ fn run_mix(seed: u64, steps: usize, mix: Mix) {
                 ("lock-delays", r.delays),
                 ("unlocks by fence", r.by_fence),
             ];
-            for (what, n) in reached {
-                assert!(n > 0, "seed {seed}: no {what} ({r:?})");
-            }
+            all_reached(seed, &reached, &r);
         }
+    }
+}
+
+/// Every counted case happened at least once in seed `seed`'s schedule.
+fn all_reached(seed: u64, reached: &[(&str, u64)], counts: &dyn std::fmt::Debug) {
+    for (what, n) in reached {
+        assert!(*n > 0, "seed {seed}: no {what} ({counts:?})");
     }
 }
 

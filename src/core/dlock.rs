@@ -229,6 +229,20 @@ struct Lease {
     gen: u64,
 }
 
+impl Lease {
+    /// Its snapshot form: a tag (0 none), then the deadline and the generation.
+    fn put(lease: Option<&Lease>, out: &mut Vec<u8>) {
+        match lease {
+            None => codec::put_u8(out, 0),
+            Some(l) => {
+                codec::put_u8(out, 1);
+                codec::put_u64(out, l.deadline);
+                codec::put_u64(out, l.gen);
+            }
+        }
+    }
+}
+
 struct Hold {
     session: Session,
     lease: Option<Lease>,
@@ -701,6 +715,32 @@ impl DlockTable {
     }
 
     /// A lease of record `r` ending at `deadline`, its timer armed under a new generation.
+    /// A lease of record `rec` read back from a snapshot ([`Lease::put`]), its timer armed.
+    fn read_lease(&mut self, r: &mut Reader<'_>, rec: usize) -> Result<Option<Lease>, DecodeError> {
+        match r.u8()? {
+            0 => Ok(None),
+            1 => {
+                let deadline = r.u64()?;
+                let gen = r.u64()?;
+                if gen >= self.next_lease_gen {
+                    return Err(DecodeError::Invalid(
+                        "dlock lease generation not yet issued",
+                    ));
+                }
+                let timer = Timer::Lease {
+                    rec: rec as u32,
+                    gen,
+                };
+                Ok(Some(Lease {
+                    deadline,
+                    timer: self.wheel.insert(deadline, (deadline, timer)),
+                    gen,
+                }))
+            }
+            _ => Err(DecodeError::Invalid("dlock lease tag")),
+        }
+    }
+
     fn arm_lease(&mut self, r: usize, deadline: u64) -> Lease {
         let gen = self.next_lease_gen;
         self.next_lease_gen += 1;
@@ -1333,14 +1373,7 @@ impl Snapshot for DlockTable {
                     h.session.encode(out);
                     codec::put_u64(out, h.token);
                     codec::put_u64(out, u64::from(h.since_s));
-                    match &h.lease {
-                        None => codec::put_u8(out, 0),
-                        Some(l) => {
-                            codec::put_u8(out, 1);
-                            codec::put_u64(out, l.deadline);
-                            codec::put_u64(out, l.gen);
-                        }
-                    }
+                    Lease::put(h.lease.as_ref(), out);
                 }
             }
             codec::spill(out);
@@ -1414,33 +1447,8 @@ impl Snapshot for DlockTable {
                         return Err(Invalid("dlock token not yet issued"));
                     }
                     let since_s = r.u32()?;
-                    let lease = match r.u8()? {
-                        0 => None,
-                        1 => {
-                            let deadline = r.u64()?;
-                            let gen = r.u64()?;
-                            if gen >= t.next_lease_gen {
-                                return Err(Invalid("dlock lease generation not yet issued"));
-                            }
-                            let timer = t.wheel.insert(
-                                deadline,
-                                (
-                                    deadline,
-                                    Timer::Lease {
-                                        rec: rec as u32,
-                                        gen,
-                                    },
-                                ),
-                            );
-                            t.stats.leases += 1;
-                            Some(Lease {
-                                deadline,
-                                timer,
-                                gen,
-                            })
-                        }
-                        _ => return Err(Invalid("dlock lease tag")),
-                    };
+                    let lease = t.read_lease(r, rec)?;
+                    t.stats.leases += u64::from(lease.is_some());
                     if t.sessions.contains_key(&session) {
                         t.link(session, rec);
                     } else if lease.is_none() {

@@ -1031,14 +1031,7 @@ impl DlockTable {
                 codec::put_bool(out, g.shared);
                 codec::put_u64(out, u64::from(g.lock_delay_ms));
                 put_value(out, g.value.as_deref());
-                match &g.lease {
-                    None => codec::put_u8(out, 0),
-                    Some(l) => {
-                        codec::put_u8(out, 1);
-                        codec::put_u64(out, l.deadline);
-                        codec::put_u64(out, l.gen);
-                    }
-                }
+                Lease::put(g.lease.as_ref(), out);
             }
             codec::spill(out);
         }
@@ -1104,27 +1097,8 @@ impl DlockTable {
                 let shared = r.bool()?;
                 let lock_delay_ms = read_delay(r)?;
                 let value = read_value(r)?;
-                let lease = match r.u8()? {
-                    0 => None,
-                    1 => {
-                        let deadline = r.u64()?;
-                        let gen = r.u64()?;
-                        if gen >= self.next_lease_gen {
-                            return Err(Invalid("dlock lease generation not yet issued"));
-                        }
-                        let t = Timer::Lease {
-                            rec: rec as u32,
-                            gen,
-                        };
-                        self.nstats.leases += 1;
-                        Some(Lease {
-                            deadline,
-                            timer: self.wheel.insert(deadline, (deadline, t)),
-                            gen,
-                        })
-                    }
-                    _ => return Err(Invalid("dlock lease tag")),
-                };
+                let lease = self.read_lease(r, rec)?;
+                self.nstats.leases += u64::from(lease.is_some());
                 match self.sessions.get_mut(&session) {
                     Some(c) => {
                         c.native_mut().grants.insert((fence, rec as u32));
