@@ -3,6 +3,7 @@
 #   make test   everything the tests need is installed here, then every test runs
 #   make lint   rustfmt and clippy, warnings are errors
 #   make bench  side-by-side benchmark against memcached and redis-server
+#   make bench-load  latency under load: a bulk writer beside a lock probe (also the end of make bench)
 #   make bench-cluster  3-node holdfast cluster vs 3-node etcd, leader failover, memory per lock
 #   make bench-cluster-state  a cluster at 1 GiB of items / 5M locks: stalls, leader changes, catch-up
 #   make fuzz   every cargo-fuzz target for FUZZ_SECONDS each (make fuzz-smoke: 20 s each)
@@ -58,7 +59,7 @@ BINDIR  := $(PREFIX)/bin
 MANDIR  := $(PREFIX)/share/man/man1
 UNITDIR ?= $(PREFIX)/lib/systemd/system
 
-.PHONY: run run-cluster build release test test-rust test-clients conformance deps deps-apt deps-browser deps-go deps-systemd deps-python deps-etcd deps-netns deps-prometheus install verify-service lint fmt bench bench-cluster bench-cluster-state owner-ceiling scale soak soak-cluster soak-cluster-tls fuzz fuzz-smoke fuzz-deps clean
+.PHONY: run run-cluster build release test test-rust test-clients conformance deps deps-apt deps-browser deps-go deps-systemd deps-python deps-etcd deps-netns deps-prometheus install verify-service lint fmt bench bench-load bench-cluster bench-cluster-state owner-ceiling scale soak soak-cluster soak-cluster-tls fuzz fuzz-smoke fuzz-deps clean
 
 run: release
 	./target/release/holdfast
@@ -185,6 +186,13 @@ bench: release
 	$(CARGO) build --release --example null_responder
 	@[ -n "$$YRMCDS" ] || echo "bench: set YRMCDS=/path/to/yrmcds to compare the counter rows with yrmcds"
 	$(PYTHON) tools/bench.py
+	$(PYTHON) tools/bench_load.py
+
+# Latency under load alone (tools/bench_load.py; also the last part of make bench): a bulk writer
+# beside a lock probe, holdfast's four lock protocols against memcached -t 1 / -t 4 and Redis.
+# Tuned by LOAD_SECONDS (10), LOAD_ROUNDS (3), LOAD_CASES, LOAD_BYTES (1G per run).
+bench-load: release
+	$(PYTHON) tools/bench_load.py
 
 # A three-node holdfast cluster against a three-node etcd cluster on loopback (alternating runs,
 # depth 1 and 16, plus one holdfast node at depth 16), then 20 leader kills (time to the first
