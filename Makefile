@@ -160,11 +160,21 @@ deps-etcd:
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_ETCD_PACKAGES)) >/dev/null; \
 	fi
 
-deps-python: $(VENV)/.done
+deps-python: $(VENV)/.done $(VENV)/.holdfast-client
 
 $(VENV)/.done: tests/clients/requirements.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -r tests/clients/requirements.txt
+	touch $@
+
+# The Python client library (clients/python), installed as a user would (pip install of the
+# checkout's directory), again whenever one of its files changes.
+PYCLIENT_FILES := $(wildcard clients/python/*.toml clients/python/*.md clients/python/holdfast/*.py \
+	clients/python/holdfast/py.typed clients/python/holdfast/_proto/*.py clients/python/holdfast/_proto/*.pyi)
+
+$(VENV)/.holdfast-client: $(VENV)/.done $(PYCLIENT_FILES)
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation \
+		--force-reinstall ./clients/python
 	touch $@
 
 lint:
