@@ -3,6 +3,8 @@
 #   make test   everything the tests need is installed here, then every test runs
 #   make lint   rustfmt and clippy, warnings are errors
 #   make bench  side-by-side benchmark against memcached and redis-server
+#   make bench-clients  the client libraries: Python vs redis-py's Lock on Redis 7 (goal: >= 1.0x its
+#               pairs/s from 1 thread, >= 1.5x from 16), Rust vs the raw protocol (within 20% at depth 1)
 #   make bench-cluster  3-node holdfast cluster vs 3-node etcd, leader failover, memory per lock
 #   make bench-cluster-state  a cluster at 1 GiB of items / 5M locks: stalls, leader changes, catch-up
 #   make fuzz   every cargo-fuzz target for FUZZ_SECONDS each (make fuzz-smoke: 20 s each)
@@ -49,6 +51,8 @@ APT_SYSTEMD_PACKAGES := systemd
 # dist/prometheus/alerts.yml with promtool and runs it in a real Prometheus against a cluster
 # (its own server, on a free loopback port; without recommends: no node exporter).
 APT_PROMETHEUS_PACKAGES := prometheus
+# Debian package of Redis 7 (the server), for `make bench-clients`.
+APT_REDIS_PACKAGES := redis-server
 # Debian package of etcd (the server; 3.4 on bookworm), for `make bench-cluster`.
 APT_ETCD_PACKAGES := etcd-server
 # make install: where, and under which root (packagers set DESTDIR).
@@ -58,7 +62,7 @@ BINDIR  := $(PREFIX)/bin
 MANDIR  := $(PREFIX)/share/man/man1
 UNITDIR ?= $(PREFIX)/lib/systemd/system
 
-.PHONY: run run-cluster build release test test-rust test-clients conformance deps deps-apt deps-browser deps-go deps-systemd deps-python deps-etcd deps-netns deps-prometheus install verify-service lint fmt bench bench-cluster bench-cluster-state owner-ceiling scale soak soak-cluster soak-cluster-tls fuzz fuzz-smoke fuzz-deps clean
+.PHONY: run run-cluster build release test test-rust test-clients conformance deps deps-apt deps-browser deps-go deps-systemd deps-python deps-etcd deps-netns deps-prometheus install verify-service lint fmt bench bench-clients deps-redis deps-bench-clients bench-cluster bench-cluster-state owner-ceiling scale soak soak-cluster soak-cluster-tls fuzz fuzz-smoke fuzz-deps clean
 
 run: release
 	./target/release/holdfast
@@ -154,6 +158,19 @@ deps-prometheus:
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(APT_PROMETHEUS_PACKAGES)) >/dev/null; \
 	fi
 
+deps-redis:
+	@if ! command -v redis-server >/dev/null 2>&1; then \
+		echo "installing $(APT_REDIS_PACKAGES)"; \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(APT_REDIS_PACKAGES)) >/dev/null; \
+	fi
+
+# redis-py (pinned) in the tests' venv, for `make bench-clients`.
+deps-bench-clients: deps-redis deps-python $(VENV)/.bench-clients
+
+$(VENV)/.bench-clients: tools/bench_clients.requirements.txt $(VENV)/.done
+	$(PY) -m pip install -q --disable-pip-version-check -r tools/bench_clients.requirements.txt
+	touch $@
+
 deps-etcd:
 	@if ! command -v etcd >/dev/null 2>&1; then \
 		echo "installing $(APT_ETCD_PACKAGES)"; \
@@ -195,6 +212,13 @@ bench: release
 	$(CARGO) build --release --example null_responder
 	@[ -n "$$YRMCDS" ] || echo "bench: set YRMCDS=/path/to/yrmcds to compare the counter rows with yrmcds"
 	$(PYTHON) tools/bench.py
+
+# The Python client (one Client shared by the threads) against redis-py's Lock on redis-server,
+# lock+unlock pairs/s and p99 from 1 and 16 threads, alternating runs; and, once
+# target/release/holdfast-client-bench is built, the Rust client against the raw protocol.
+# Tuned by BENCH_SECONDS (3) and BENCH_ROUNDS (3). Not part of make test.
+bench-clients: deps-bench-clients release
+	$(PY) tools/bench_clients.py
 
 # A three-node holdfast cluster against a three-node etcd cluster on loopback (alternating runs,
 # depth 1 and 16, plus one holdfast node at depth 16), then 20 leader kills (time to the first
