@@ -21,6 +21,8 @@ from . import _wire
 log = logging.getLogger("holdfast")
 
 _READ_CHUNK = 256 * 1024
+# The background reader's pause when it finds a caller reading.
+_YIELD_S = 0.001
 
 
 class Call:
@@ -196,7 +198,12 @@ class Connection:
             except (OSError, ValueError) as e:
                 self.fail(str(e) or type(e).__name__)
                 return
-            with self._read_mu:
+            if not self._read_mu.acquire(blocking=False):
+                # A caller reads (and hands on whatever comes); look again a little later
+                # rather than take the socket from under the next caller.
+                time.sleep(_YIELD_S)
+                continue
+            try:
                 while self.alive:
                     try:
                         data = sock.recv(_READ_CHUNK, socket.MSG_DONTWAIT)
@@ -209,6 +216,8 @@ class Connection:
                         self.fail("closed by the server")
                         return
                     self._process(data)
+            finally:
+                self._read_mu.release()
 
     def _read_loop_tls(self) -> None:
         sock = self._sock
