@@ -767,3 +767,17 @@ def test_a_readme_example_runs(index, daemon, tmp_path):
                        cwd=str(tmp_path))
     assert r.returncode == 0, f"example {index}:\n{code}\n{r.stdout}\n{r.stderr}"
     assert "Traceback" not in r.stderr
+
+
+def test_the_top_readme_example_runs(daemon):
+    with open(os.path.join(ROOT, "README.md")) as f:
+        blocks = [b for b in re.findall(r"^```sh\n(.*?)^```", f.read(), re.S | re.M)
+                  if "import holdfast" in b]
+    assert len(blocks) == 1
+    [line] = [x for x in blocks[0].splitlines() if x.startswith("python3 ")]
+    # python3 of the venv, where the package is installed.
+    line = line.replace("127.0.0.1:2627", dlock_addr(daemon)).replace("python3 ", "python3 -I ", 1)
+    env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
+    r = subprocess.run(["bash", "-euc", line], capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 0, r.stderr
+    assert re.fullmatch(r"fencing token \d+\n", r.stdout), r.stdout
