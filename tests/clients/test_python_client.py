@@ -288,6 +288,33 @@ def test_lost_is_set_when_another_client_unlocks_by_fence(client, daemon, raw_pb
         raw.close()
 
 
+def test_a_loss_notice_right_behind_the_grant_is_not_missed(client, daemon, raw_pb):
+    """The raw client releases its hold and, in the same write, unlocks the next grant (the
+    waiting client's, fence + 1) by fence: the grant's answer and the loss notice arrive
+    together."""
+    raw = Raw(raw_pb, dlock_addr(daemon))
+    try:
+        first = raw.call("Lock", keys=["race"])
+        got = []
+        t = threading.Thread(target=lambda: got.append(client.lock("race")))
+        t.start()
+        wait_for("the client waits", SOON_S, lambda: client.get("race").waiters == 1)
+        frames = b""
+        for rid, lock in ((100, raw_pb.RequestLock(keys=["race"])),
+                          (101, raw_pb.RequestLock(keys=["race"], fence=first.fence + 1))):
+            body = raw_pb.Request(version=3, id=rid, type=raw_pb.Unlock, lock=lock).SerializeToString()
+            frames += len(body).to_bytes(4, "big") + body
+        raw.sock.sendall(frames)
+        answers = {r.request_id: r.status for r in (raw.read(), raw.read())}
+        assert answers == {100: raw_pb.Ok, 101: raw_pb.Ok}, answers
+        t.join(SOON_S)
+        assert got and got[0].fence == first.fence + 1
+        assert got[0].lost.wait(SOON_S), "the loss notice was missed"
+        got[0].release()
+    finally:
+        raw.close()
+
+
 def test_unlock_by_fence_through_the_library(client, daemon):
     other = holdfast.Client([dlock_addr(daemon)])
     try:

@@ -468,9 +468,20 @@ class Client:
             body = self._enc.lock_body(name, wait_us, lease_us, bool(shared), limit, value,
                                        delay_us)
             rid = next(self._ids)
-            call = Call()
-            frame = self._enc.frame(_wire.LOCK, rid, body)
-            if not conn.submit(rid, call, frame):
+            # The hold is made by whichever thread reads the answer, before it reads the next
+            # frame: a loss notice right behind the grant finds it.
+            box: List = [None, False]  # the hold; the caller gave up waiting
+
+            def answered(resp, conn=conn, rid=rid, box=box):
+                if resp is None or resp.status != _wire.OK:
+                    return
+                if box[1]:
+                    self._give_back(conn, name, resp.fence)
+                    return
+                box[0] = self._granted(name, resp.fence, lease, conn, rid, call.sent_at)
+
+            call = Call(answered)
+            if not conn.submit(rid, call, self._enc.frame(_wire.LOCK, rid, body)):
                 continue
             try:
                 # A waiting Lock has no timeout of its own: the server answers when its wait
@@ -478,9 +489,9 @@ class Client:
                 conn.wait(call, None)
             except BaseException:
                 # Interrupted while waiting: a grant that comes later is given back.
-                call.callback = lambda r: self._give_back(conn, name, r)
-                if call.resp is not None:
-                    self._give_back(conn, name, call.resp)
+                box[1] = True
+                if box[0] is not None:
+                    box[0].release()
                 raise
             resp = call.resp
             if resp is None:
@@ -489,34 +500,36 @@ class Client:
                 log.info("holdfast: lock %r: connection lost while waiting; asking again", name)
                 continue
             if resp.status == _wire.OK:
-                # The server's lease runs from the grant. A grant that came at once counts from
-                # when the Lock was sent (never later than the grant); one that waited counts
-                # from its answer, and is renewed at once so that the next deadline is again
-                # one counted from a request's sending.
-                answered = time.monotonic()
-                waited = answered - call.sent_at > _WAITED_S
-                hold = Hold(self, name, resp.fence, lease, conn, rid,
-                            answered if waited else call.sent_at)
-                if waited and lease is not None:
-                    hold.renew_at = answered
-                with self._mu:
-                    self._holds.add(hold)
-                    self._notices[rid] = hold
-                    if lease is not None and (waited or hold.renew_at < self._keeper_wakes):
-                        self._wake.notify_all()
-                if not conn.alive and lease is None:
-                    with self._mu:
-                        self._lose(hold, "the connection broke just after the grant")
-                return hold
+                return box[0]
             if resp.status == _wire.ACQUIRE_TIMEOUT:
                 raise AcquireTimeout(name, wait)
             raise _refused(resp)
 
-    def _give_back(self, conn: Connection, name: str, resp) -> None:
-        if resp is not None and resp.status == _wire.OK and conn.alive:
+    def _granted(self, name: str, fence: int, lease: Optional[float], conn: Connection,
+                 rid: int, sent_at: float) -> Hold:
+        # The server's lease runs from the grant. A grant that came at once counts from when
+        # the Lock was sent (never later than the grant); one that waited counts from its
+        # answer, and is renewed at once so that the next deadline is again one counted from a
+        # request's sending.
+        answered = time.monotonic()
+        waited = answered - sent_at > _WAITED_S
+        hold = Hold(self, name, fence, lease, conn, rid, answered if waited else sent_at)
+        if waited and lease is not None:
+            hold.renew_at = answered
+        with self._mu:
+            self._holds.add(hold)
+            self._notices[rid] = hold
+            if not conn.alive and lease is None:
+                self._lose(hold, "the connection broke just after the grant")
+            if lease is not None and (waited or hold.renew_at < self._keeper_wakes):
+                self._wake.notify_all()
+        return hold
+
+    def _give_back(self, conn: Connection, name: str, fence: int) -> None:
+        if conn.alive:
             rid = next(self._ids)
             conn.submit(rid, Call(), self._enc.frame(
-                _wire.UNLOCK, rid, self._enc.body(name, fence=resp.fence)))
+                _wire.UNLOCK, rid, self._enc.body(name, fence=fence)))
 
     def _release(self, hold: Hold) -> None:
         with self._mu:
@@ -686,17 +699,20 @@ class Client:
                     else:
                         next_at = min(next_at, hold.renew_at)
                 stuck = self._stuck(conn, now)
+                ping = False
                 if conn is not None and conn.alive and not stuck:
                     if self._ping_call is None and now - conn.last_send >= self.ping_interval:
-                        self._ping(conn)
+                        ping = True
                     next_at = min(next_at, conn.last_send + self.ping_interval)
-                if not renew and not reattach and not stuck:
+                if not renew and not reattach and not stuck and not ping:
                     self._keeper_wakes = next_at
                     self._wake.wait(max(0.0, next_at - now))
                     self._keeper_wakes = 0.0
                     continue
             if stuck:
                 conn.fail(stuck)
+            if ping:
+                self._ping(conn)
             for hold in renew:
                 self._extend(hold, hold._conn)
             if reattach:
@@ -722,20 +738,22 @@ class Client:
         for hold in self._holds:
             call = hold._extend_call
             if (hold._renewing and hold._conn is conn and call is not None
-                    and now - call.sent_at > max(hold.lease / 3, 0.05)):
+                    and now - call.sent_at > max(hold.lease / 3, 1.0)):
                 return f"no answer to an Extend within a third of the lease ({hold.lease} s)"
         return None
 
     def _ping(self, conn: Connection) -> None:
-        """With self._mu held."""
         def done(resp):
             with self._mu:
                 self._ping_call = None
         call = Call(done)
-        self._ping_call = call
+        call.sent_at = time.monotonic()
+        with self._mu:
+            self._ping_call = call
         rid = next(self._ids)
         if not conn.submit(rid, call, self._enc.frame(_wire.PING, rid, None)):
-            self._ping_call = None
+            with self._mu:
+                self._ping_call = None
 
     def _extend(self, hold: Hold, conn: Connection) -> None:
         """Extend by fence on conn (renewal there, or the move of the hold there)."""

@@ -39,15 +39,16 @@ class Call:
         self.sent_at = 0.0
 
     def complete(self, resp) -> None:
+        """The callback first: the waiting thread finds what it did."""
         self.resp = resp
-        self.done = True
-        self._done.release()
         cb = self.callback
         if cb is not None:
             try:
                 cb(resp)
             except Exception:  # a callback's bug must not stop the reader
                 log.exception("holdfast: callback failed")
+        self.done = True
+        self._done.release()
 
     def wait(self, timeout: Optional[float]) -> bool:
         return self._done.acquire(timeout=-1 if timeout is None else timeout)
