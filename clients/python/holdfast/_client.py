@@ -141,6 +141,8 @@ class Hold:
         self._released = False
         self._renewing = False
         self._extend_call: Optional[Call] = None
+        # Not before this may a refused Extend be sent again.
+        self._retry_at = 0.0
         self.expires = self.renew_at = self.lost_at = float("inf")
         if lease is not None:
             self._renewed(sent_at)
@@ -692,7 +694,9 @@ class Client:
                     if hold._renewing:
                         continue
                     attached = hold._conn is not None and hold._conn.alive
-                    if not attached:
+                    if not attached and now < hold._retry_at:
+                        next_at = min(next_at, hold._retry_at)
+                    elif not attached:
                         reattach.append(hold)
                     elif now >= hold.renew_at:
                         renew.append(hold)
@@ -782,7 +786,7 @@ class Client:
                 else:
                     log.warning("holdfast: renewal of %r (fence %d): %s; trying again",
                                 hold.name, hold.fence, _refused(resp))
-                    hold.renew_at = time.monotonic() + min(0.1, hold.lease / 10)
+                    hold.renew_at = hold._retry_at = time.monotonic() + min(0.1, hold.lease / 10)
                 self._wake.notify_all()
 
         call = Call(done)
