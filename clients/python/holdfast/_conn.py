@@ -63,7 +63,10 @@ class Connection:
         self._tls = tls
         self._on_event = on_event
         self._on_closed = on_closed
-        self._send_mu = threading.Lock()
+        # Frames waiting to be written, and whether a thread is writing them.
+        self._out_mu = threading.Lock()
+        self._out: list = []
+        self._writing = False
         self._state_mu = threading.Lock()
         # TLS: one SSL object must not be read and written at once; both go through this lock,
         # the socket non-blocking, the reader waiting in select() without it.
@@ -105,12 +108,30 @@ class Connection:
         return True
 
     def _send(self, frame: bytes) -> None:
-        with self._send_mu:
-            if not self._tls:
-                self._sock.sendall(frame)
-            else:
-                self._send_tls(frame)
-            self.last_send = time.monotonic()
+        """Queue the frame; the thread that finds nobody writing writes everything queued
+        (frames other threads add while it writes go out in its next write, not one each)."""
+        with self._out_mu:
+            self._out.append(frame)
+            if self._writing:
+                return
+            self._writing = True
+        try:
+            while True:
+                with self._out_mu:
+                    if not self._out:
+                        self._writing = False
+                        return
+                    data = self._out[0] if len(self._out) == 1 else b"".join(self._out)
+                    self._out.clear()
+                if not self._tls:
+                    self._sock.sendall(data)
+                else:
+                    self._send_tls(data)
+                self.last_send = time.monotonic()
+        except BaseException:
+            with self._out_mu:
+                self._writing = False
+            raise
 
     def _send_tls(self, frame: bytes) -> None:
         view = memoryview(frame)
