@@ -413,6 +413,26 @@ def test_watch_sees_every_kind_of_event(client, daemon, raw_pb):
         assert not t.is_alive() and events == []
 
 
+def test_a_broken_connection_ends_a_watch_and_observe_watches_again(client, daemon):
+    other = holdfast.Client([dlock_addr(daemon)])
+    try:
+        w = client.watch("broken")
+        e = holdfast.Election(client, "broken", value="x")
+        obs = e.observe()
+        assert next(obs) is None
+        client._conn.fail("the test breaks the connection")
+        with pytest.raises(holdfast.ConnectionLost):
+            next(w)
+        term = holdfast.Election(other, "broken", value="y").campaign()
+        # observe watched again through a new connection and says who leads now
+        assert next(obs) == holdfast.Leader(term.fence, b"y")
+        term.release()
+        assert next(obs) is None
+        obs.close()
+    finally:
+        other.close()
+
+
 def test_an_election(client, daemon):
     other = holdfast.Client([dlock_addr(daemon)])
     try:
