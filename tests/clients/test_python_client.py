@@ -559,12 +559,12 @@ def cluster():
     ports = free_ports(3 + 3 * per_node)
     peers = ",".join(f"{i + 1}=127.0.0.1:{p}" for i, p in enumerate(ports[:3]))
     nodes = []
-    for i in range(3):
-        mine = ports[3 + i * per_node:3 + (i + 1) * per_node]
-        n = Node(binary, i + 1, peers, mine, os.path.join(tmp, f"node{i + 1}"), tmp)
-        n.addr = f"127.0.0.1:{mine[Node.LISTENERS.index('--dlock')]}"
-        nodes.append(n)
     try:
+        for i in range(3):
+            mine = ports[3 + i * per_node:3 + (i + 1) * per_node]
+            n = Node(binary, i + 1, peers, mine, os.path.join(tmp, f"node{i + 1}"), tmp)
+            n.addr = f"127.0.0.1:{mine[Node.LISTENERS.index('--dlock')]}"
+            nodes.append(n)
         for n in nodes:
             n.start()
 
