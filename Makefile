@@ -4,6 +4,8 @@
 #   make lint   rustfmt and clippy, warnings are errors
 #   make bench  side-by-side benchmark against memcached and redis-server
 #   make bench-load  latency under load: a bulk writer beside a lock probe (also the end of make bench)
+#   make bench-clients  the client libraries: Python vs redis-py's Lock on Redis 7 (goal: >= 1.0x its
+#               pairs/s from 1 thread, >= 1.5x from 16), Rust vs the raw protocol (within 20% at depth 1)
 #   make bench-cluster  3-node holdfast cluster vs 3-node etcd, leader failover, memory per lock
 #   make bench-cluster-state  a cluster at 1 GiB of items / 5M locks: stalls, leader changes, catch-up
 #   make fuzz   every cargo-fuzz target for FUZZ_SECONDS each (make fuzz-smoke: 20 s each)
@@ -50,6 +52,8 @@ APT_SYSTEMD_PACKAGES := systemd
 # dist/prometheus/alerts.yml with promtool and runs it in a real Prometheus against a cluster
 # (its own server, on a free loopback port; without recommends: no node exporter).
 APT_PROMETHEUS_PACKAGES := prometheus
+# Debian package of Redis 7 (the server), for `make bench-clients`.
+APT_REDIS_PACKAGES := redis-server
 # Debian package of etcd (the server; 3.4 on bookworm), for `make bench-cluster`.
 APT_ETCD_PACKAGES := etcd-server
 # make install: where, and under which root (packagers set DESTDIR).
@@ -59,7 +63,7 @@ BINDIR  := $(PREFIX)/bin
 MANDIR  := $(PREFIX)/share/man/man1
 UNITDIR ?= $(PREFIX)/lib/systemd/system
 
-.PHONY: run run-cluster build release test test-rust test-clients conformance deps deps-apt deps-browser deps-go deps-systemd deps-python deps-etcd deps-netns deps-prometheus install verify-service lint fmt bench bench-load bench-cluster bench-cluster-state owner-ceiling scale soak soak-cluster soak-cluster-tls fuzz fuzz-smoke fuzz-deps clean
+.PHONY: run run-cluster build release test test-rust test-clients conformance deps deps-apt deps-browser deps-go deps-systemd deps-python deps-etcd deps-netns deps-prometheus install verify-service lint fmt bench bench-load bench-clients deps-redis deps-bench-clients bench-cluster bench-cluster-state owner-ceiling scale soak soak-cluster soak-cluster-tls fuzz fuzz-smoke fuzz-deps clean
 
 run: release
 	./target/release/holdfast
@@ -155,17 +159,40 @@ deps-prometheus:
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(APT_PROMETHEUS_PACKAGES)) >/dev/null; \
 	fi
 
+deps-redis:
+	@if ! command -v redis-server >/dev/null 2>&1; then \
+		echo "installing $(APT_REDIS_PACKAGES)"; \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(APT_REDIS_PACKAGES)) >/dev/null; \
+	fi
+
+# redis-py (pinned) in the tests' venv, for `make bench-clients`.
+deps-bench-clients: deps-redis deps-python $(VENV)/.bench-clients
+
+$(VENV)/.bench-clients: tools/bench_clients.requirements.txt $(VENV)/.done
+	$(PY) -m pip install -q --disable-pip-version-check -r tools/bench_clients.requirements.txt
+	touch $@
+
 deps-etcd:
 	@if ! command -v etcd >/dev/null 2>&1; then \
 		echo "installing $(APT_ETCD_PACKAGES)"; \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_ETCD_PACKAGES)) >/dev/null; \
 	fi
 
-deps-python: $(VENV)/.done
+deps-python: $(VENV)/.done $(VENV)/.holdfast-client
 
 $(VENV)/.done: tests/clients/requirements.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -r tests/clients/requirements.txt
+	touch $@
+
+# The Python client library (clients/python), installed as a user would (pip install of the
+# checkout's directory), again whenever one of its files changes.
+PYCLIENT_FILES := $(wildcard clients/python/*.toml clients/python/*.md clients/python/holdfast/*.py \
+	clients/python/holdfast/py.typed clients/python/holdfast/_proto/*.py clients/python/holdfast/_proto/*.pyi)
+
+$(VENV)/.holdfast-client: $(VENV)/.done $(PYCLIENT_FILES)
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation \
+		--force-reinstall ./clients/python
 	touch $@
 
 lint:
@@ -193,6 +220,13 @@ bench: release
 # Tuned by LOAD_SECONDS (10), LOAD_ROUNDS (3), LOAD_CASES, LOAD_BYTES (1G per run).
 bench-load: release
 	$(PYTHON) tools/bench_load.py
+
+# The Python client (one Client shared by the threads) against redis-py's Lock on redis-server,
+# lock+unlock pairs/s and p99 from 1 and 16 threads, alternating runs; and, once
+# target/release/holdfast-client-bench is built, the Rust client against the raw protocol.
+# Tuned by BENCH_SECONDS (3) and BENCH_ROUNDS (3). Not part of make test.
+bench-clients: deps-bench-clients release
+	$(PY) tools/bench_clients.py
 
 # A three-node holdfast cluster against a three-node etcd cluster on loopback (alternating runs,
 # depth 1 and 16, plus one holdfast node at depth 16), then 20 leader kills (time to the first
