@@ -53,13 +53,16 @@ const FIRST_CONN: usize = 16;
 /// Bytes read per `read` call into the worker's scratch buffer. Large enough for a deep pipeline
 /// of small requests in one syscall.
 const READ_CHUNK: usize = 64 * 1024;
-/// Reads of one connection per loop turn before the worker moves on to the others (the rest is
-/// read next turn, which then comes at once). Without a bound, a client that sends faster than
-/// the worker parses requests that need no reply room and nothing at the owner (`verbosity
-/// noreply`, a value being swallowed) kept the worker in its read loop, every other connection
-/// of that worker waiting. 4 x 64 KiB: about a millisecond of parsing, and a deep pipeline
-/// still takes few turns.
-const READS_PER_TURN: usize = 4;
+/// Reads of one connection per loop turn, its later passes included (`Socket::spent_turn`): the
+/// rest is read next turn, which comes at once, after the connections that became ready
+/// meanwhile. A turn's requests are applied together and answered at its end, so every request
+/// waits for the turn it arrives in and the next: without a bound, a client that always has
+/// more to send (a bulk writer, a deep pipeline) made every turn as long as its buffer. One
+/// read of 64 KiB is about 64 1,000-byte sets or a thousand small requests: a quarter of a
+/// millisecond of work. Measured beside a bulk writer (tools/bench_load.py), four reads and more
+/// in a turn's later passes kept a lock probe on another connection waiting 2.4-2.6 ms at the
+/// median; one read, 0.23-0.26 ms, with the writer as fast.
+const READS_PER_TURN: usize = 1;
 /// Run to completion: rounds of (apply the owner's replies, write, resume connections that
 /// were held back, run the owner on what that parsed) per poll. Two: the replies to this poll's
 /// requests are written in the same pass, and what they unblock is parsed once. Without a
@@ -104,6 +107,9 @@ struct Socket {
     sent: u64,
     /// Set while the connection is on the worker's stalled list.
     stall: Option<Stall>,
+    /// The worker's turn in which this connection used its reads: it is read again in the
+    /// next turn, not in this one's later passes.
+    spent_turn: u64,
 }
 
 /// A connection whose client is not taking its replies.
@@ -149,6 +155,8 @@ pub struct Worker {
     /// Connections to look at again at the end of the turn (closing, read pending).
     recheck: Vec<usize>,
     accept_paused: bool,
+    /// Loop turns so far.
+    turn: u64,
     /// Connections with a `Stall` (slot, generation): the only ones the stall check looks at.
     stalled: Vec<(usize, u32)>,
     /// When the stall check runs next (meaningful while `stalled` is not empty).
@@ -217,6 +225,7 @@ impl Worker {
             dirty: Vec::new(),
             recheck: Vec::new(),
             accept_paused: false,
+            turn: 0,
             stalled: Vec::new(),
             next_stall_check: Instant::now(),
             stall_timeout: None,
@@ -244,100 +253,105 @@ impl Worker {
 
     pub fn run(mut self) {
         let mut events = Events::with_capacity(EVENTS);
-        loop {
-            // Connections left to look at again (found while finishing the last turn) must not
-            // wait for an unrelated event.
-            let replies_left = self.inline.is_some() && !self.from_owner.is_empty();
-            let mut timeout = if !self.recheck.is_empty() || !self.dirty.is_empty() || replies_left
-            {
-                Some(Duration::ZERO)
-            } else {
-                self.accept_paused.then_some(ACCEPT_BACKOFF)
-            };
-            if !self.stalled.is_empty() {
-                let left = self
-                    .next_stall_check
-                    .saturating_duration_since(Instant::now());
-                timeout = Some(timeout.map_or(left, |t| t.min(left)));
+        while self.turn(&mut events) {}
+        // Shutdown: drop every connection; the process is exiting.
+        self.sockets.clear();
+    }
+
+    /// One loop turn: poll (without sleeping while work is left), read what became ready, run
+    /// the owner inline or hand it the batch, apply replies and write. False: shut down.
+    fn turn(&mut self, events: &mut Events) -> bool {
+        // Connections left to look at again (found while finishing the last turn) must not
+        // wait for an unrelated event.
+        let replies_left = self.inline.is_some() && !self.from_owner.is_empty();
+        let mut timeout = if !self.recheck.is_empty() || !self.dirty.is_empty() || replies_left {
+            Some(Duration::ZERO)
+        } else {
+            self.accept_paused.then_some(ACCEPT_BACKOFF)
+        };
+        if !self.stalled.is_empty() {
+            let left = self
+                .next_stall_check
+                .saturating_duration_since(Instant::now());
+            timeout = Some(timeout.map_or(left, |t| t.min(left)));
+        }
+        if let Some(due) = self.inline.as_ref().and_then(|o| o.until_due()) {
+            timeout = Some(timeout.map_or(due, |t| t.min(due)));
+        }
+        if let Some(&(_, _, deadline)) = self.handshakes.front() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            timeout = Some(timeout.map_or(left, |t| t.min(left)));
+        }
+        if let Err(e) = self.poll.poll(events, timeout) {
+            if e.kind() != ErrorKind::Interrupted {
+                eprintln!("holdfast: worker {}: poll failed: {e}", self.id);
+                return false;
             }
-            if let Some(due) = self.inline.as_ref().and_then(|o| o.until_due()) {
-                timeout = Some(timeout.map_or(due, |t| t.min(due)));
+        }
+        if self.shared.shutdown.load(Ordering::Acquire) {
+            return false;
+        }
+        self.turn += 1;
+        // One clock read per turn (vDSO, no syscall), none per request: the owner's latency
+        // histograms count each lock request of this turn's batch from here.
+        self.batch.stamp = Some(Instant::now());
+        let generation = self.shared.secrets.generation();
+        if generation != self.secrets_gen {
+            self.secrets = self.shared.secrets.current();
+            self.secrets_gen = generation;
+        }
+        if !self.handshakes.is_empty() {
+            self.expire_handshakes(Instant::now());
+        }
+        if self.accept_paused {
+            self.accept_paused = false;
+            for i in 0..self.listeners.len() {
+                self.accept(i);
             }
-            if let Some(&(_, _, deadline)) = self.handshakes.front() {
-                let left = deadline.saturating_duration_since(Instant::now());
-                timeout = Some(timeout.map_or(left, |t| t.min(left)));
-            }
-            if let Err(e) = self.poll.poll(&mut events, timeout) {
-                if e.kind() != ErrorKind::Interrupted {
-                    eprintln!("holdfast: worker {}: poll failed: {e}", self.id);
-                    break;
-                }
-            }
-            if self.shared.shutdown.load(Ordering::Acquire) {
-                break;
-            }
-            // One clock read per turn (vDSO, no syscall), none per request: the owner's latency
-            // histograms count each lock request of this turn's batch from here.
-            self.batch.stamp = Some(Instant::now());
-            let generation = self.shared.secrets.generation();
-            if generation != self.secrets_gen {
-                self.secrets = self.shared.secrets.current();
-                self.secrets_gen = generation;
-            }
-            if !self.handshakes.is_empty() {
-                self.expire_handshakes(Instant::now());
-            }
-            if self.accept_paused {
-                self.accept_paused = false;
-                for i in 0..self.listeners.len() {
-                    self.accept(i);
-                }
-            }
-            for event in events.iter() {
-                match event.token() {
-                    WAKER => {}
-                    Token(t) if t < FIRST_CONN => self.accept(t - 1),
-                    Token(t) => {
-                        let slot = t - FIRST_CONN;
-                        if event.is_error() {
-                            self.close(slot);
-                            continue;
-                        }
-                        if event.is_writable() {
-                            self.dirty.push(slot);
-                        }
-                        if event.is_readable() || event.is_read_closed() {
-                            self.read(slot);
-                        }
+        }
+        for event in events.iter() {
+            match event.token() {
+                WAKER => {}
+                Token(t) if t < FIRST_CONN => self.accept(t - 1),
+                Token(t) => {
+                    let slot = t - FIRST_CONN;
+                    if event.is_error() {
+                        self.close(slot);
+                        continue;
+                    }
+                    if event.is_writable() {
+                        self.dirty.push(slot);
+                    }
+                    if event.is_readable() || event.is_read_closed() {
+                        self.read(slot);
                     }
                 }
             }
-            // Run to completion: the owner's due timers and queued questions first, then every
-            // batch this turn produces is applied at once and its replies delivered and written
-            // in the same turn; a delivery may clear backpressure and let buffered requests be
-            // parsed, once more here, then after a poll that does not sleep (INLINE_ROUNDS).
-            if let Some(owner) = self.inline.as_mut() {
-                if !owner.step_inline(None) {
-                    break;
-                }
-            }
-            for _ in 0..INLINE_ROUNDS {
-                self.apply_replies();
-                self.end_turn();
-                if self.inline.is_none() || self.from_owner.is_empty() {
-                    break;
-                }
-            }
-            if !self.stalled.is_empty() {
-                let now = Instant::now();
-                if now >= self.next_stall_check {
-                    self.check_stalled(now);
-                    self.next_stall_check = now + STALL_CHECK;
-                }
+        }
+        // Run to completion: the owner's due timers and queued questions first, then every
+        // batch this turn produces is applied at once and its replies delivered and written
+        // in the same turn; a delivery may clear backpressure and let buffered requests be
+        // parsed, once more here, then after a poll that does not sleep (INLINE_ROUNDS).
+        if let Some(owner) = self.inline.as_mut() {
+            if !owner.step_inline(None) {
+                return false;
             }
         }
-        // Shutdown: drop every connection; the process is exiting.
-        self.sockets.clear();
+        for _ in 0..INLINE_ROUNDS {
+            self.apply_replies();
+            self.end_turn();
+            if self.inline.is_none() || self.from_owner.is_empty() {
+                break;
+            }
+        }
+        if !self.stalled.is_empty() {
+            let now = Instant::now();
+            if now >= self.next_stall_check {
+                self.check_stalled(now);
+                self.next_stall_check = now + STALL_CHECK;
+            }
+        }
+        true
     }
 
     fn accept(&mut self, index: usize) {
@@ -441,6 +455,7 @@ impl Worker {
             tls_eof: false,
             peer,
             read_pending: false,
+            spent_turn: u64::MAX,
             write_interest: false,
             sent: 0,
             stall: None,
@@ -498,8 +513,9 @@ impl Worker {
                 s.read_pending = !s.conn.closing;
                 break;
             }
-            if reads == READS_PER_TURN {
-                // Fairness: finish this turn for the others; the end of the turn resumes it.
+            if reads == READS_PER_TURN || s.spent_turn == self.turn {
+                // Fairness: finish this turn for the others; the next turn resumes it.
+                s.spent_turn = self.turn;
                 s.read_pending = true;
                 self.recheck.push(slot);
                 break;
@@ -1065,3 +1081,6 @@ pub(crate) fn tls_flush(
 pub fn waker(poll: &Poll) -> io::Result<Waker> {
     Waker::new(poll.registry(), WAKER)
 }
+
+#[cfg(test)]
+mod tests;
