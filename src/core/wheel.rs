@@ -39,6 +39,13 @@
 //! independent of how many milliseconds elapse: a 10^12 ms idle gap is a few bitmap lookups.
 //! Timers inserted already due are sorted by deadline when they fire (O(k log k) for k of them,
 //! usually k <= 1).
+//!
+//! A cascade moves all of a slot's timers at once: a level-2 slot spans 4,096 ms, and with a
+//! million leases of a few seconds it holds hundreds of thousands (12-21 ms of work in one
+//! `advance_to`, every lease due meanwhile late by as much). So the next slot above level 1 to
+//! cascade is emptied ahead of time ([`Stage`]), up to [`STAGE_BUDGET`] timers per
+//! `advance_to`, into lists by their digit of the level below, which become that level's when
+//! the slot starts: the cascade itself then re-files only the timers of its first sub-slot.
 
 use slab::Slab;
 
@@ -61,6 +68,11 @@ const NIL: usize = usize::MAX;
 
 /// `Entry::level` of a timer in the due list rather than in a level (no level has this number).
 const DUE: u8 = u8::MAX;
+
+/// Timers an `advance_to` moves ahead of time out of the next slot to cascade (see [`Stage`]):
+/// about 0.1 ms of work. Called every millisecond while timers are pending, it moves a million
+/// timers a second, so a level-2 slot (4,096 ms) of up to four million is ready before it starts.
+const STAGE_BUDGET: usize = 1024;
 
 /// Handle to a pending timer: its slab index plus the generation it was inserted with. A handle
 /// whose timer fired or was cancelled, even if the slab slot now holds another timer, is stale and
@@ -100,6 +112,24 @@ impl Level {
     };
 }
 
+/// The next slot above level 1 to cascade, emptied ahead of time: its timers, a bounded number
+/// per `advance_to`, are sorted into the lists of the level below by their digit of that level.
+/// When the clock reaches the slot's start, every lower level is empty (their timers were all
+/// due before it), so the lists become that level's at once, and only the timers of its first
+/// slot (digit 0: due within that level's first span) are re-filed one by one. A cascade of a
+/// level-2 slot, up to a few million timers in one go, then costs 64 list heads and a 64th of
+/// its timers.
+struct Stage {
+    /// The staged slot's level (2 and above); 0: no slot is staged.
+    level: usize,
+    slot: usize,
+    /// When the clock reaches the staged slot.
+    start: u64,
+    /// The staged timers by their digit `level - 1`. Their `Entry::level` is already
+    /// `level - 1`; [`Wheel::in_stage`] tells them from that level's own timers.
+    lists: Level,
+}
+
 /// A hierarchical timing wheel with 1 ms resolution over the whole `u64` range. See the module
 /// documentation for the design.
 ///
@@ -120,6 +150,13 @@ pub struct Wheel<T> {
     due_earliest: u64,
     /// Reused buffer for ordering the due list by deadline when it fires.
     scratch: Vec<(u64, usize)>,
+    /// The next cascade above level 1, prepared ahead of time.
+    stage: Box<Stage>,
+    /// Timers staged per `advance_to` ([`STAGE_BUDGET`]; smaller in tests).
+    stage_budget: usize,
+    /// Timers re-filed or fired one by one by cascades (tests measure a cascade's work).
+    #[cfg(test)]
+    refiled: usize,
 }
 
 impl<T> Wheel<T> {
@@ -134,6 +171,15 @@ impl<T> Wheel<T> {
             due: NIL,
             due_earliest: u64::MAX,
             scratch: Vec::new(),
+            stage: Box::new(Stage {
+                level: 0,
+                slot: 0,
+                start: 0,
+                lists: Level::EMPTY,
+            }),
+            stage_budget: STAGE_BUDGET,
+            #[cfg(test)]
+            refiled: 0,
         }
     }
 
@@ -199,14 +245,122 @@ impl<T> Wheel<T> {
         // Everything in the due list is at or before the old `now`, and every timer in the levels
         // is after it, so the due list goes first.
         self.fire_due(fired);
-        while let Some((level, slot, start)) = self.next_expiration() {
-            if start > target {
-                break;
+        loop {
+            let next = self.next_expiration();
+            // The staged slot's timers join the level below before anything else happens at
+            // its start (every lower level is empty then).
+            let staged = self.stage.level != 0;
+            if staged && self.stage.start <= target && next.is_none_or(|n| self.stage.start <= n.2)
+            {
+                // Nothing else starts then: a level-`l` slot past 0 is no higher level's start.
+                let (level, slot) = (self.stage.level, self.stage.slot);
+                self.now = self.stage.start;
+                self.unstage(fired);
+                if self.levels[level].occupied & (1 << slot) != 0 {
+                    // Timers filed there after the stage was last topped up.
+                    self.expire_slot(level, slot, fired);
+                }
+                continue;
             }
-            self.now = start;
-            self.expire_slot(level, slot, fired);
+            match next {
+                Some((level, slot, start)) if start <= target => {
+                    self.now = start;
+                    self.expire_slot(level, slot, fired);
+                }
+                _ => break,
+            }
         }
         self.now = target;
+        self.stage_ahead();
+    }
+
+    /// Move up to `stage_budget` timers of the next slot above level 1 to cascade into the
+    /// stage (choosing that slot if none is staged).
+    fn stage_ahead(&mut self) {
+        if self.stage.level == 0 {
+            // The earliest occupied slot of levels 2 and above.
+            let mut best: Option<(u64, usize, usize)> = None;
+            let mut levels = self.nonempty_levels & !0b11;
+            while levels != 0 {
+                let level = levels.trailing_zeros() as usize;
+                levels &= levels - 1;
+                let slot = self.levels[level].occupied.trailing_zeros() as usize;
+                let start = slot_start(self.now, level, slot);
+                if best.is_none_or(|b| start < b.0) {
+                    best = Some((start, level, slot));
+                }
+            }
+            let Some((start, level, slot)) = best else {
+                return;
+            };
+            self.stage.level = level;
+            self.stage.slot = slot;
+            self.stage.start = start;
+        }
+        let (level, slot) = (self.stage.level, self.stage.slot);
+        for _ in 0..self.stage_budget {
+            let idx = self.levels[level].head[slot];
+            if idx == NIL {
+                return;
+            }
+            self.unlink(idx);
+            let below = level - 1;
+            let s = digit(self.entries[idx].deadline, below);
+            let old_head = std::mem::replace(&mut self.stage.lists.head[s], idx);
+            self.stage.lists.occupied |= 1 << s;
+            if old_head != NIL {
+                self.entries[old_head].prev = idx;
+            }
+            let e = &mut self.entries[idx];
+            e.level = below as u8;
+            e.prev = NIL;
+            e.next = old_head;
+        }
+    }
+
+    /// Whether a timer at `level` due at `deadline` is in the stage rather than in the level:
+    /// the stage holds the level's timers due within the staged slot, which the level itself
+    /// cannot hold before the clock reaches that slot.
+    fn in_stage(&self, level: u8, deadline: u64) -> bool {
+        let st = &self.stage;
+        st.level != 0
+            && usize::from(level) + 1 == st.level
+            && deadline >= st.start
+            && (deadline - st.start) >> (st.level * LEVEL_BITS) == 0
+    }
+
+    /// The clock is at the staged slot's start: its timers become the level below's, those of
+    /// that level's first slot re-filed lower (or fired, due now).
+    fn unstage(&mut self, fired: &mut Vec<T>) {
+        let below = self.stage.level - 1;
+        self.stage.level = 0;
+        let mut lists = std::mem::replace(&mut self.stage.lists, Level::EMPTY);
+        let mut first = std::mem::replace(&mut lists.head[0], NIL);
+        lists.occupied &= !1;
+        debug_assert_eq!(
+            self.levels[below].occupied, 0,
+            "a level below a cascade is empty"
+        );
+        self.levels[below] = lists;
+        if lists.occupied != 0 {
+            self.nonempty_levels |= 1 << below;
+        }
+        while first != NIL {
+            let (next, deadline) = {
+                let e = &self.entries[first];
+                (e.next, e.deadline)
+            };
+            #[cfg(test)]
+            {
+                self.refiled += 1;
+            }
+            if deadline <= self.now {
+                fired.push(self.entries.remove(first).value);
+            } else {
+                self.push(first, level_for(self.now, deadline));
+            }
+            first = next;
+        }
     }
 
     /// When `advance_to` should next be called: never later than the earliest pending deadline,
@@ -217,7 +371,13 @@ impl<T> Wheel<T> {
         if self.due != NIL {
             return Some(self.due_earliest);
         }
-        self.next_expiration().map(|(_, _, start)| start)
+        let next = self.next_expiration().map(|(_, _, start)| start);
+        let st = &self.stage;
+        match (next, st.level != 0 && st.lists.occupied != 0) {
+            (Some(start), true) => Some(start.min(st.start)),
+            (None, true) => Some(st.start),
+            (next, false) => next,
+        }
     }
 
     /// The first occupied slot of the lowest non-empty level, and the time it starts: by the
@@ -271,6 +431,10 @@ impl<T> Wheel<T> {
                 let e = &self.entries[idx];
                 (e.next, e.deadline)
             };
+            #[cfg(test)]
+            {
+                self.refiled += 1;
+            }
             if deadline <= self.now {
                 debug_assert_eq!(deadline, self.now, "a timer was passed over");
                 fired.push(self.entries.remove(idx).value);
@@ -322,6 +486,12 @@ impl<T> Wheel<T> {
             if next == NIL {
                 self.due_earliest = u64::MAX;
             }
+        } else if self.in_stage(level, deadline) {
+            let slot = digit(deadline, level as usize);
+            self.stage.lists.head[slot] = next;
+            if next == NIL {
+                self.stage.lists.occupied &= !(1 << slot);
+            }
         } else {
             let slot = digit(deadline, level as usize);
             let lvl = &mut self.levels[level as usize];
@@ -338,6 +508,11 @@ impl<T> Wheel<T> {
 
 #[cfg(test)]
 impl<T> Wheel<T> {
+    /// Timers staged per `advance_to` (tests make it small, so that stages stay partial).
+    fn set_stage_budget(&mut self, n: usize) {
+        self.stage_budget = n;
+    }
+
     /// Walk every list and check the links, the bitmaps and the module invariants.
     fn check_invariants(&self) {
         let mut seen = 0;
@@ -377,6 +552,36 @@ impl<T> Wheel<T> {
                 }
                 walk(head, l as u8);
             }
+        }
+        if self.stage.level != 0 {
+            let st = &self.stage;
+            assert!(
+                st.level >= 2 && st.start > self.now,
+                "stage {} at {}",
+                st.level,
+                st.start
+            );
+            for (s, &head) in st.lists.head.iter().enumerate() {
+                assert_eq!(
+                    st.lists.occupied & (1 << s) != 0,
+                    head != NIL,
+                    "stage bit {s}"
+                );
+                let (mut prev, mut idx) = (NIL, head);
+                while idx != NIL {
+                    let e = &self.entries[idx];
+                    assert_eq!(e.prev, prev, "prev link of staged {idx}");
+                    assert!(
+                        self.in_stage(e.level, e.deadline),
+                        "staged {idx} not in the stage"
+                    );
+                    assert_eq!(digit(e.deadline, st.level - 1), s, "staged {idx} list");
+                    seen += 1;
+                    (prev, idx) = (idx, e.next);
+                }
+            }
+        } else {
+            assert_eq!(self.stage.lists.occupied, 0, "lists of no stage");
         }
         assert_eq!(seen, self.entries.len(), "entries off every list");
     }

@@ -241,8 +241,13 @@ use crate::rng::Rng;
 /// after every step: identical fired sets, nothing early, earliest first within a call,
 /// `next_deadline` never after the true earliest and after `now` unless something is due.
 fn model_check(seed: u64, start: u64, steps: usize) {
+    model_check_staging(seed, start, steps, STAGE_BUDGET);
+}
+
+fn model_check_staging(seed: u64, start: u64, steps: usize, budget: usize) {
     let mut rng = Rng(seed);
     let mut w: Wheel<u64> = Wheel::new(start);
+    w.set_stage_budget(budget);
     let mut model: BTreeMap<(u64, u64), ()> = BTreeMap::new();
     let mut deadlines: HashMap<u64, u64> = HashMap::new();
     let mut live: Vec<(TimerKey, u64)> = Vec::new();
@@ -354,4 +359,62 @@ fn random_operations_match_btreemap_model_from_unaligned_start() {
 #[test]
 fn random_operations_match_btreemap_model_near_u64_max() {
     model_check(0x0123_4567_89ab_cdef, u64::MAX - (1 << 38), 100_000);
+}
+
+/// Stages left partial (a few timers moved per advance) and none at all: every operation still
+/// matches the model.
+#[test]
+fn random_operations_match_btreemap_model_with_partial_stages() {
+    for (i, budget) in [0, 1, 7].into_iter().enumerate() {
+        let seed = 0x5851_f42d_4c95_7f2d ^ i as u64;
+        model_check_staging(seed, 0, 50_000, budget);
+        model_check_staging(seed, (1 << 40) + 777, 50_000, budget);
+        model_check_staging(seed, u64::MAX - (1 << 38), 50_000, budget);
+    }
+}
+
+/// A level-2 slot of 100,000 timers, its start reached a millisecond at a time: staged ahead
+/// while the clock runs, its cascade re-files only the timers of its first level-1 slot; with
+/// nothing staged, all of them at once. Every timer fires at its deadline.
+#[test]
+fn a_crowded_level_2_slot_is_staged_before_it_starts() {
+    for (budget, most) in [(STAGE_BUDGET, 100_000 / 64 + 200), (0, 100_000)] {
+        let mut w: Wheel<u64> = Wheel::new(0);
+        w.set_stage_budget(budget);
+        let mut rng = Rng(42);
+        // Deadlines spread over the level-2 slot [4096, 8192).
+        let mut deadlines: Vec<u64> = (0..100_000).map(|_| 4096 + rng.below(4096)).collect();
+        for (i, &d) in deadlines.iter().enumerate() {
+            w.insert(d, i as u64);
+        }
+        deadlines.sort_unstable();
+        let (mut fired, mut worst, mut got) = (Vec::new(), 0, Vec::new());
+        for t in 1..=8192 {
+            let before = w.refiled;
+            fired.clear();
+            w.advance_to(t, &mut fired);
+            worst = worst.max(w.refiled - before);
+            for &id in &fired {
+                got.push(t);
+                let _ = id;
+            }
+            if t % 512 == 0 {
+                w.check_invariants();
+            }
+        }
+        assert_eq!(
+            got, deadlines,
+            "budget {budget}: every timer at its deadline"
+        );
+        assert!(
+            worst <= most,
+            "budget {budget}: {worst} timers re-filed in one advance (at most {most})"
+        );
+        if budget == 0 {
+            assert_eq!(
+                worst, 100_000,
+                "without a stage the cascade takes them all at once"
+            );
+        }
+    }
 }
