@@ -217,7 +217,7 @@ bench: release
 
 # Latency under load alone (tools/bench_load.py; also the last part of make bench): a bulk writer
 # beside a lock probe, holdfast's four lock protocols against memcached -t 1 / -t 4 and Redis.
-# Tuned by LOAD_SECONDS (10), LOAD_ROUNDS (3), LOAD_CASES, LOAD_BYTES (1G per run).
+# Tuned by LOAD_SECONDS (10), LOAD_ROUNDS (3), LOAD_CASES, LOAD_BYTES (per run; default no limit).
 bench-load: release
 	$(PYTHON) tools/bench_load.py
 

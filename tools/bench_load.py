@@ -15,8 +15,9 @@ Reported per server and probe (medians over the rounds): the writer's MB/s and t
 p50, p99 and max. Every process started here is stopped by PID, also on an error or Ctrl-C.
 
 Environment (all optional):
-  LOAD_SECONDS   measured seconds per run (default 10; a run also ends after LOAD_BYTES)
-  LOAD_BYTES     bytes the writer sends at most per run (default 1G)
+  LOAD_SECONDS   measured seconds per run (default 10)
+  LOAD_BYTES     bytes the writer sends at most per run (default 0: no limit; every server
+                 then gets the same time, whatever its speed)
   LOAD_ROUNDS    runs per server and probe (default 3)
   LOAD_CASES     comma-separated case ids (default: all; see CASES)
   BENCH_HOLDFAST the holdfast binary (default target/release/holdfast)
@@ -39,7 +40,7 @@ import bench
 from bench import Failure, Servers, free_port, log, wait_accepting
 
 SECONDS = float(os.environ.get("LOAD_SECONDS", "10"))
-MAX_BYTES = int(float(os.environ.get("LOAD_BYTES", "1e9")))
+MAX_BYTES = int(float(os.environ.get("LOAD_BYTES", "0"))) or float("inf")
 ROUNDS = int(os.environ.get("LOAD_ROUNDS", "3"))
 PROBE_EVERY = 0.005
 PROBE_TIMEOUT = 10.0

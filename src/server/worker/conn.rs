@@ -57,6 +57,9 @@ pub struct Conn {
     /// first request sets it (2, or 3 for the native protocol); a request of the other version
     /// gets status Version.
     pub dlock_version: u8,
+    /// Requests it may still parse in the worker's current turn (the worker sets it each turn;
+    /// unbounded where nothing does, as in [`crate::server::sim::Sim`]).
+    pub turn_budget: u32,
 }
 
 /// Where a connection's key dump is (`docs/compat.md`, "Key dump").
@@ -85,6 +88,7 @@ impl Conn {
             dump: Dump::Idle,
             authenticated: true,
             dlock_version: 0,
+            turn_budget: u32::MAX,
         }
     }
 
@@ -111,6 +115,7 @@ impl Conn {
                 op: Op::Literal { bytes: span, close },
             });
             self.inflight += 1;
+            self.turn_budget = self.turn_budget.saturating_sub(1);
         }
     }
 
@@ -119,6 +124,7 @@ impl Conn {
     pub fn push(&mut self, id: ConnId, op: Op, batch: &mut Batch) {
         batch.ops.push(OpMsg { conn: id, op });
         self.inflight += 1;
+        self.turn_budget = self.turn_budget.saturating_sub(1);
     }
 
     pub fn pending_output(&self) -> usize {
@@ -128,6 +134,7 @@ impl Conn {
     /// May more requests be parsed now?
     pub fn can_parse(&self) -> bool {
         !self.closing
+            && self.turn_budget > 0
             && self.dump == Dump::Idle
             && self.reply_bound < REPLY_BUDGET
             && self.inflight < MAX_INFLIGHT

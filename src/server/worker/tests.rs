@@ -95,3 +95,32 @@ fn a_bulk_sender_gets_one_read_per_turn() {
     );
     drop(writer);
 }
+
+/// A pipeline of small requests, a thousand to a read, is parsed [`REQUESTS_PER_TURN`] a turn:
+/// the rest waits in the connection's buffer for the next turns.
+#[test]
+fn a_pipeline_of_small_requests_is_parsed_a_turns_budget_at_a_time() {
+    let (mut w, batches) = worker();
+    let mut pipeline = connect(&mut w, Proto::Memcache);
+    // Sets without a reply: nothing charges the connection's reply budget.
+    let set = b"set k 0 0 1 noreply\r\nx\r\n";
+    let gets: Vec<u8> = set.iter().copied().cycle().take(set.len() * 3000).collect();
+    std::io::Write::write_all(&mut pipeline, &gets).expect("pipeline write");
+    std::thread::sleep(Duration::from_millis(50));
+    let mut events = Events::with_capacity(EVENTS);
+    let mut per_turn = Vec::new();
+    // Three turns: the owner answers nothing here, so the connection's requests in flight
+    // (at most MAX_INFLIGHT) would stop it in the fourth.
+    for _ in 0..3 {
+        assert!(w.turn(&mut events), "the worker stopped");
+        let mut n = 0;
+        while let Ok(ToOwner::Batch(b)) = batches.try_recv() {
+            n += requests(&b, 0);
+        }
+        per_turn.push(n);
+    }
+    assert_eq!(
+        per_turn, [REQUESTS_PER_TURN as usize; 3],
+        "requests parsed per turn"
+    );
+}
