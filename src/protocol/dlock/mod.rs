@@ -14,7 +14,7 @@ mod native;
 mod reply;
 pub(crate) mod sessions;
 pub mod watches;
-pub mod wire;
+pub use holdfast_wire::dlock as wire;
 
 pub use command::REFUSALS;
 pub use reply::tag as reply_tag;
