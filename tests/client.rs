@@ -35,7 +35,10 @@ fn an_exclusive_lock_excludes_and_is_free_again_after_unlock() {
     let g2 = b.lock("job").wait(Duration::ZERO).acquire().expect("free");
     assert!(g2.fence() > first);
     drop(g2);
-    assert!(a.get("job").expect("get").holders.is_empty(), "drop unlocked");
+    assert!(
+        a.get("job").expect("get").holders.is_empty(),
+        "drop unlocked"
+    );
 }
 
 #[test]
@@ -95,12 +98,20 @@ fn shared_locks_coexist_semaphores_cap_and_values_show_in_get() {
 fn several_keys_are_taken_together_and_released_together() {
     let d = Daemon::start(&[]);
     let (a, b) = (client(&d), client(&d));
-    let g = a.lock_many(["x", "y"]).lease(Duration::from_secs(5)).acquire().unwrap();
+    let g = a
+        .lock_many(["x", "y"])
+        .lease(Duration::from_secs(5))
+        .acquire()
+        .unwrap();
     for k in ["x", "y"] {
         assert!(a.check_fence(k, g.fence()).unwrap(), "{k}");
     }
     drop(g);
-    let g = b.lock_many(["y", "x"]).wait(Duration::ZERO).acquire().unwrap();
+    let g = b
+        .lock_many(["y", "x"])
+        .wait(Duration::ZERO)
+        .acquire()
+        .unwrap();
     assert!(!g.is_lost());
 }
 
@@ -125,12 +136,18 @@ fn a_watch_sees_the_state_then_every_grant_and_release() {
     assert_eq!(w.initial()[0].holders[0].fence, held.fence());
     let f1 = held.fence();
     drop(held);
-    let ev = w.next_timeout(Duration::from_secs(5)).unwrap().expect("an event");
+    let ev = w
+        .next_timeout(Duration::from_secs(5))
+        .unwrap()
+        .expect("an event");
     assert_eq!((ev.kind, ev.fence), (EventKind::Released, f1));
     let g = a.lock("k").value("v2").acquire().unwrap();
     let ev = w.next().unwrap().unwrap();
     assert_eq!(ev.kind, EventKind::Acquired);
-    assert_eq!((ev.fence, ev.value.as_deref()), (g.fence(), Some(&b"v2"[..])));
+    assert_eq!(
+        (ev.fence, ev.value.as_deref()),
+        (g.fence(), Some(&b"v2"[..]))
+    );
     assert_eq!(ev.key, b"k");
     // Dropping the watch unwatches: nothing more arrives for it, and the client goes on.
     drop(w);
@@ -155,7 +172,10 @@ fn an_unlock_by_fence_from_another_client_is_a_loss_signalled_to_the_holder() {
         b.unlock_fence("taken", g.fence()).unwrap();
         assert_eq!(signal.wait(Some(Duration::from_secs(5))), Some(Loss::Taken));
         assert!(g.is_lost());
-        assert_eq!(rx.recv_timeout(Duration::from_secs(1)).unwrap(), Loss::Taken);
+        assert_eq!(
+            rx.recv_timeout(Duration::from_secs(1)).unwrap(),
+            Loss::Taken
+        );
         // Unlocking after the loss returns at once, with nothing to do.
         let start = Instant::now();
         g.unlock().unwrap();
@@ -220,7 +240,11 @@ fn every_server_gone_is_a_loss_for_every_hold_and_dropping_guards_does_not_hang(
         .connect()
         .unwrap();
     let bound = a.lock("bound").acquire().unwrap();
-    let leased = a.lock("leased").lease(Duration::from_secs(1)).acquire().unwrap();
+    let leased = a
+        .lock("leased")
+        .lease(Duration::from_secs(1))
+        .acquire()
+        .unwrap();
     let leased_at = Instant::now();
     let status = d.terminate();
     assert!(status.success());
@@ -241,7 +265,11 @@ fn every_server_gone_is_a_loss_for_every_hold_and_dropping_guards_does_not_hang(
     let r = a.lock("again").wait(Duration::ZERO).acquire();
     assert!(r.is_err(), "{r:?}");
     drop(a);
-    assert!(start.elapsed() < Duration::from_secs(3), "{:?}", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        start.elapsed()
+    );
 }
 
 #[test]
@@ -279,8 +307,11 @@ fn an_unreachable_server_is_an_error_and_a_dead_one_is_skipped() {
 fn the_access_token_is_sent_and_a_wrong_one_refused() {
     let d = Daemon::start(&["--dlock-token", "s3cret"]);
     let addr = d.dlock.unwrap().to_string();
-    let good = Client::builder([addr.clone()]).token("s3cret").connect().unwrap();
-    good.lock("t").acquire().unwrap();
+    let good = Client::builder([addr.clone()])
+        .token("s3cret")
+        .connect()
+        .unwrap();
+    good.lock("t").acquire().unwrap().unlock().unwrap();
     let bad = Client::builder([addr]).token("nope").connect().unwrap();
     let r = bad.lock("t").wait(Duration::ZERO).acquire();
     assert!(r.is_err(), "{r:?}");
@@ -302,8 +333,15 @@ fn tls_with_the_ca_works_and_another_ca_cannot_connect() {
     ]);
     let addr = d.dlock.unwrap().to_string();
     let config = holdfast_client::tls::client_config(Some(&ca_file), None).unwrap();
-    let c = Client::builder([addr.clone()]).tls(config).connect().unwrap();
-    let g = c.lock("secure").lease(Duration::from_millis(300)).acquire().unwrap();
+    let c = Client::builder([addr.clone()])
+        .tls(config)
+        .connect()
+        .unwrap();
+    let g = c
+        .lock("secure")
+        .lease(Duration::from_millis(300))
+        .acquire()
+        .unwrap();
     let mut w = c.watch(["secure"]).unwrap();
     std::thread::sleep(Duration::from_millis(700));
     assert!(!g.is_lost(), "renewed over TLS");
@@ -321,7 +359,9 @@ fn an_election_has_one_leader_that_observers_follow_and_resign_hands_over() {
     let d = Daemon::start(&[]);
     let (a, b, o) = (client(&d), client(&d), client(&d));
     let lease = Duration::from_secs(2);
-    let lead_a = a.campaign("election/billing", "10.0.0.5:8080", lease).unwrap();
+    let lead_a = a
+        .campaign("election/billing", "10.0.0.5:8080", lease)
+        .unwrap();
     let mut obs = o.observe("election/billing").unwrap();
     let first = obs.next().unwrap().expect("a leader");
     assert_eq!(first.fence, lead_a.fence());

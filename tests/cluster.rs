@@ -2199,7 +2199,9 @@ fn a_client_keeps_its_lease_when_its_node_is_killed() {
         .lock("job")
         .wait(Duration::from_secs(5))
         .acquire()
-        .expect("free again");
+        .expect("free again")
+        .unlock()
+        .unwrap();
 }
 
 /// `holdfast-lock --elect` in three processes, each connected to another node first: one leads

@@ -6,7 +6,10 @@ use holdfast_client::{Client, Error, Loss};
 fn main() -> Result<(), Error> {
     let server = std::env::args().nth(1).unwrap_or("127.0.0.1:2627".into());
     let client = Client::connect([server.clone()])?;
-    let guard = client.lock("migration").lease(Duration::from_secs(5)).acquire()?;
+    let guard = client
+        .lock("migration")
+        .lease(Duration::from_secs(5))
+        .acquire()?;
     let lost = guard.loss_signal();
 
     // An operator removes the stuck holder by its token, from another connection.

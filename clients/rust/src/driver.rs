@@ -21,6 +21,9 @@ use holdfast_wire::dlock::{
 use crate::link::{Got, Link};
 use crate::{Config, Error, Event, Loss};
 
+/// The shortest wait for a renewal's answer before the client moves to the next server.
+const OVERDUE_FLOOR: Duration = Duration::from_millis(500);
+
 fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -28,16 +31,75 @@ fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// What to do with a frame that names a request id.
 pub(crate) enum Route {
     /// A caller waits for this answer; `then` says what the id becomes once it is Ok.
-    Answer {
-        tx: Sender<Result<Response, Error>>,
-        then: Then,
-    },
+    Answer { slot: Arc<Slot>, then: Then },
     /// Loss notices of a hold (the id of its Lock, or of the Extend that moved it here).
     Hold(Arc<Hold>),
     /// A renewal or re-attachment of a hold (Extend by fence), one per key.
     Extend { hold: Arc<Hold>, round: u64 },
     /// Events of a watch.
     Watch(Sender<Result<Event, Error>>),
+}
+
+/// Where a caller's answer lands, and how a waiting caller is told it may read.
+pub(crate) struct Slot {
+    st: Mutex<SlotState>,
+    cond: Condvar,
+}
+
+#[derive(Default)]
+struct SlotState {
+    answer: Option<Result<Response, Error>>,
+    /// The reading role is free: try to take it.
+    nudged: bool,
+    /// The caller sleeps on the condvar (std's notify is a system call even with no waiter:
+    /// at depth 1 the caller reads its own answer and never sleeps).
+    waiting: bool,
+}
+
+impl Slot {
+    pub fn new() -> Arc<Slot> {
+        Arc::new(Slot {
+            st: Mutex::new(SlotState::default()),
+            cond: Condvar::new(),
+        })
+    }
+
+    fn fill(&self, answer: Result<Response, Error>) {
+        let mut st = locked(&self.st);
+        if st.answer.is_none() {
+            st.answer = Some(answer);
+        }
+        if st.waiting {
+            self.cond.notify_one();
+        }
+    }
+
+    fn nudge(&self) {
+        let mut st = locked(&self.st);
+        st.nudged = true;
+        if st.waiting {
+            self.cond.notify_one();
+        }
+    }
+
+    fn take(&self) -> Option<Result<Response, Error>> {
+        locked(&self.st).answer.take()
+    }
+
+    /// Wait until answered or nudged, at most `limit`.
+    fn wait(&self, limit: Duration) {
+        let mut st = locked(&self.st);
+        if st.answer.is_none() && !st.nudged {
+            st.waiting = true;
+            st = self
+                .cond
+                .wait_timeout(st, limit)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+            st.waiting = false;
+        }
+        st.nudged = false;
+    }
 }
 
 pub(crate) enum Then {
@@ -137,6 +199,18 @@ pub(crate) struct State {
     /// Connections in a row that broke before anything was answered on them.
     pub failures: u32,
     pub closed: bool,
+    /// Some thread reads the connection now. Callers waiting for an answer read it themselves
+    /// (no hand-off between threads on the way back); the driver reads only when no caller
+    /// has been active for a tick, for the events and notices that come unasked.
+    pub reading: bool,
+    /// When a caller last sent or waited.
+    pub last_call: Instant,
+}
+
+struct ReadBuf {
+    epoch: u64,
+    pending: Vec<u8>,
+    scratch: Box<[u8]>,
 }
 
 pub(crate) struct Shared {
@@ -145,6 +219,9 @@ pub(crate) struct Shared {
     pub state: Mutex<State>,
     /// Signalled when a connection comes up or the client closes.
     pub cond: Condvar,
+    /// The reading role's buffers: bytes read and not yet a whole frame, with the connection
+    /// they came from (by epoch), and the scratch buffer reads go through.
+    read_buf: Mutex<ReadBuf>,
 }
 
 impl Shared {
@@ -162,8 +239,15 @@ impl Shared {
                 next_server: 0,
                 failures: 0,
                 closed: false,
+                reading: false,
+                last_call: Instant::now(),
             }),
             cond: Condvar::new(),
+            read_buf: Mutex::new(ReadBuf {
+                epoch: 0,
+                pending: Vec::new(),
+                scratch: vec![0; 64 * 1024].into_boxed_slice(),
+            }),
         }
     }
 
@@ -216,21 +300,97 @@ impl Shared {
     }
 
     /// Send a request whose answer `route` takes; the frame is written outside the state lock.
-    pub fn send(&self, id: u64, frame: &[u8], route: Route) -> Result<(), Error> {
+    /// The connection it went out on, and its epoch.
+    pub fn send(&self, id: u64, frame: &[u8], route: Route) -> Result<(Arc<Link>, u64), Error> {
         let st = self.lock();
         let (mut st, link) = self.link(st)?;
+        let epoch = st.epoch;
         st.routes.insert(id, route);
         st.last_send = Instant::now();
+        st.last_call = st.last_send;
         drop(st);
         if link.send(frame).is_err() {
             link.shutdown();
-            // The driver fails the route when it sees the connection gone; do it now in case
-            // it already has.
-            if let Some(Route::Answer { tx, .. }) = self.lock().routes.remove(&id) {
-                let _ = tx.send(Err(Error::ConnectionLost));
+            // The connection is gone: fail the request now (its reader may never come).
+            if let Some(Route::Answer { slot, .. }) = self.lock().routes.remove(&id) {
+                slot.fill(Err(Error::ConnectionLost));
             }
         }
-        Ok(())
+        Ok((link, epoch))
+    }
+
+    /// Wait for the answer in `slot` to request `id`, reading the connection meanwhile when
+    /// no other thread does; at most `timeout`, if given.
+    pub fn wait(
+        &self,
+        id: u64,
+        slot: &Slot,
+        link: &Arc<Link>,
+        epoch: u64,
+        timeout: Option<Duration>,
+    ) -> Result<Response, Error> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            if let Some(answer) = slot.take() {
+                return answer;
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                self.lock().routes.remove(&id);
+                return Err(Error::Timeout);
+            }
+            let mine = {
+                let mut st = self.lock();
+                st.last_call = Instant::now();
+                let current = st.epoch == epoch && st.link.is_some();
+                if current && !st.reading {
+                    st.reading = true;
+                    true
+                } else {
+                    false
+                }
+            };
+            if mine {
+                self.read_once(link, epoch);
+                self.release_reading(Some(id));
+            } else {
+                slot.wait(crate::link::TICK);
+            }
+        }
+    }
+
+    /// One read of `link` (at most a tick) and the dispatch of what came; a broken connection
+    /// is handled here. The caller holds the reading role.
+    pub fn read_once(&self, link: &Arc<Link>, epoch: u64) {
+        let mut rb = locked(&self.read_buf);
+        let rb = &mut *rb;
+        if rb.epoch != epoch {
+            rb.epoch = epoch;
+            rb.pending.clear();
+        }
+        let broken = match link.recv(&mut rb.scratch, &mut rb.pending) {
+            Ok(Got::Data) => dispatch(self, &mut rb.pending).is_err(),
+            Ok(Got::Idle) => false,
+            Err(_) => true,
+        };
+        if broken {
+            rb.pending.clear();
+            lost_connection(self, link);
+        }
+    }
+
+    /// Give the reading role back and hand it to a caller still waiting (not `me`), if any.
+    pub fn release_reading(&self, me: Option<u64>) {
+        let next = {
+            let mut st = self.lock();
+            st.reading = false;
+            st.routes.iter().find_map(|(id, r)| match r {
+                Route::Answer { slot, .. } if Some(*id) != me => Some(slot.clone()),
+                _ => None,
+            })
+        };
+        if let Some(slot) = next {
+            slot.nudge();
+        }
     }
 
     /// Send a request and wait for its answer (at most `timeout`, if given).
@@ -243,16 +403,16 @@ impl Shared {
     ) -> Result<Response, Error> {
         let id = self.id();
         let frame = self.frame(id, req, lock);
-        let (tx, rx) = std::sync::mpsc::channel();
-        self.send(id, &frame, Route::Answer { tx, then })?;
-        let answer = match timeout {
-            Some(t) => rx.recv_timeout(t).map_err(|_| Error::Timeout),
-            None => rx.recv().map_err(|_| Error::Closed),
-        };
-        if answer.is_err() {
-            self.lock().routes.remove(&id);
-        }
-        answer?
+        let slot = Slot::new();
+        let (link, epoch) = self.send(
+            id,
+            &frame,
+            Route::Answer {
+                slot: slot.clone(),
+                then,
+            },
+        )?;
+        self.wait(id, &slot, &link, epoch, timeout)
     }
 
     /// Forget a hold: its routes go, the driver stops renewing it.
@@ -281,9 +441,7 @@ impl Shared {
 fn fail_routes(st: &mut State, why: Error) {
     for (_, route) in st.routes.drain() {
         match route {
-            Route::Answer { tx, .. } => {
-                let _ = tx.send(Err(why.clone()));
-            }
+            Route::Answer { slot, .. } => slot.fill(Err(why.clone())),
             Route::Watch(tx) => {
                 let _ = tx.send(Err(why.clone()));
             }
@@ -295,28 +453,32 @@ fn fail_routes(st: &mut State, why: Error) {
 
 /// The driver thread's body: until the client closes.
 pub(crate) fn run(shared: Arc<Shared>) {
-    let mut buf = Vec::new();
     loop {
-        let link = {
-            let st = shared.lock();
+        let (link, epoch, read) = {
+            let mut st = shared.lock();
             if st.closed {
                 return;
             }
-            st.link.clone()
+            let callers = st
+                .routes
+                .values()
+                .any(|r| matches!(r, Route::Answer { .. }));
+            let quiet = st.last_call.elapsed() >= crate::link::TICK;
+            let read = st.link.is_some() && !st.reading && !callers && quiet;
+            if read {
+                st.reading = true;
+            }
+            (st.link.clone(), st.epoch, read)
         };
         let Some(link) = link else {
             connect_next(&shared);
             continue;
         };
-        let got = link.recv(&mut buf);
-        let broken = match got {
-            Ok(Got::Data) => dispatch(&shared, &mut buf).is_err(),
-            Ok(Got::Idle) => false,
-            Err(_) => true,
-        };
-        if broken {
-            lost_connection(&shared, &link);
-            buf.clear();
+        if read {
+            shared.read_once(&link, epoch);
+            shared.release_reading(None);
+        } else {
+            std::thread::sleep(crate::link::TICK / 4);
         }
         timers(&shared);
     }
@@ -462,7 +624,7 @@ fn route(shared: &Shared, r: Response) {
         st.failures = 0;
     }
     match st.routes.remove(&id) {
-        Some(Route::Answer { tx, then }) => {
+        Some(Route::Answer { slot, then }) => {
             match then {
                 Then::Hold(h) if ok => {
                     h.fence.store(r.fence.unwrap_or(0), Ordering::Release);
@@ -488,7 +650,7 @@ fn route(shared: &Shared, r: Response) {
                 _ => {}
             }
             drop(st);
-            let _ = tx.send(Ok(r));
+            slot.fill(Ok(r));
         }
         Some(Route::Extend { hold, round }) => {
             let status = r.status.unwrap_or(status::OK);
@@ -553,8 +715,9 @@ fn timers(shared: &Shared) {
             continue;
         }
         if let Some(sent) = hs.round_sent {
-            // An answer overdue by a third of the lease: this server does not serve us.
-            if now.saturating_duration_since(sent) >= (lease / 3).max(Duration::from_millis(50)) {
+            // An answer overdue by a third of the lease (half a second at least: a busy
+            // machine is not a dead server): this server does not serve us.
+            if now.saturating_duration_since(sent) >= (lease / 3).max(OVERDUE_FLOOR) {
                 give_up_link = true;
             }
             continue;

@@ -15,10 +15,13 @@
 //! ```
 //!
 //! One [`Client`] is one connection, shared by every thread that uses it: requests are
-//! multiplexed by `request_id` and a driver thread reads every answer, event and loss notice.
-//! That thread also renews leases at a third of their length, re-attaches them by fence on the
-//! next server when a connection breaks, pings when idle, and reports a lease it cannot keep as
-//! lost before the lease's end. README.md describes the behaviour in full.
+//! multiplexed by `request_id`. A caller waiting for an answer reads the connection itself when
+//! no other thread does (so that an answer reaches its caller without a hand-off between
+//! threads), routing whatever it reads: other callers' answers, events, loss notices. A driver
+//! thread reads when no caller has been active for a tick, renews leases at a third of their
+//! length, re-attaches them by fence on the next server when a connection breaks, pings when
+//! idle, and reports a lease it cannot keep as lost before the lease's end. README.md describes
+//! the behaviour in full.
 //!
 //! Owns: its connection and driver thread (ended by [`Client::close`] or when the last clone
 //! and guard are dropped). Must not: panic on anything a server sends, or block a caller without
@@ -478,19 +481,24 @@ impl Client {
                 ..Default::default()
             }),
         );
-        let (tx, rx) = std::sync::mpsc::channel();
-        self.shared.send(
+        let slot = driver::Slot::new();
+        let (link, epoch) = self.shared.send(
             id,
             &frame,
             Route::Answer {
-                tx,
+                slot: slot.clone(),
                 then: Then::Watch(etx),
             },
         )?;
-        let r = rx
-            .recv_timeout(self.shared.cfg.request_timeout)
-            .map_err(|_| Error::Timeout)
-            .and_then(|r| r)
+        let r = self
+            .shared
+            .wait(
+                id,
+                &slot,
+                &link,
+                epoch,
+                Some(self.shared.cfg.request_timeout),
+            )
             .and_then(check);
         let r = match r {
             Ok(r) => r,

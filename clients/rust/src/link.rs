@@ -120,12 +120,14 @@ impl Link {
         }
     }
 
-    /// Append what arrives within [`TICK`] to `buf` (the driver only). End of stream is an error.
-    pub fn recv(&self, buf: &mut Vec<u8>) -> io::Result<Got> {
+    /// Append what arrives within [`TICK`] to `buf`, read through `scratch` (kept by the caller:
+    /// zeroing a fresh buffer per read would cost more than the read). Only the thread that
+    /// holds the reading role calls this. End of stream is an error.
+    pub fn recv(&self, scratch: &mut [u8], buf: &mut Vec<u8>) -> io::Result<Got> {
         match self {
             Link::Plain { reader, .. } => {
-                let mut chunk = [0u8; 64 * 1024];
-                match (&*reader).read(&mut chunk) {
+                let chunk = scratch;
+                match (&*reader).read(chunk) {
                     Ok(0) => Err(ErrorKind::UnexpectedEof.into()),
                     Ok(n) => {
                         buf.extend_from_slice(&chunk[..n]);
@@ -163,9 +165,9 @@ impl Link {
                     .process_new_packets()
                     .map_err(|e| io::Error::new(ErrorKind::InvalidData, e))?;
                 let mut left = state.plaintext_bytes_to_read();
-                let mut chunk = [0u8; 16 * 1024];
+                let chunk = scratch;
                 while left > 0 {
-                    let n = conn.reader().read(&mut chunk)?;
+                    let n = conn.reader().read(chunk)?;
                     if n == 0 {
                         break;
                     }
