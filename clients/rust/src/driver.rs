@@ -136,8 +136,11 @@ pub(crate) struct HoldState {
     pub round_sent: Option<Instant>,
     pub round_left: usize,
     pub round_failed: bool,
-    /// The ids whose routes are this hold's.
+    /// The ids whose routes are this hold's: its Lock's, or the last whole renewal round's
+    /// (the server sends notices under the id of the Extend that last moved the hold).
     pub ids: Vec<u64>,
+    /// The ids of the renewal round in flight that were answered Ok.
+    pub round_ids: Vec<u64>,
     /// The connection its notices go to (0: none since the last one broke).
     pub epoch: u64,
     pub callbacks: Vec<Box<dyn FnOnce(Loss) + Send>>,
@@ -419,7 +422,12 @@ impl Shared {
     pub fn drop_hold(&self, hold: &Arc<Hold>) {
         let mut st = self.lock();
         st.holds.retain(|h| !Arc::ptr_eq(h, hold));
-        let ids = std::mem::take(&mut hold.state().ids);
+        let ids = {
+            let mut hs = hold.state();
+            let mut ids = std::mem::take(&mut hs.ids);
+            ids.append(&mut hs.round_ids);
+            ids
+        };
         for id in ids {
             st.routes.remove(&id);
         }
@@ -559,6 +567,7 @@ fn lost_connection(shared: &Shared, link: &Arc<Link>) {
         st.holds.retain(|h| {
             let mut hs = h.state();
             hs.ids.clear();
+            hs.round_ids.clear();
             hs.epoch = 0;
             hs.round_sent = None;
             if h.lease.is_none() {
@@ -659,7 +668,7 @@ fn route(shared: &Shared, r: Response) {
                 return;
             }
             if status == status::OK {
-                hs.ids.push(id);
+                hs.round_ids.push(id);
                 st.routes.insert(id, Route::Hold(hold.clone()));
                 hs.round_left = hs.round_left.saturating_sub(1);
                 if hs.round_left == 0 && !hs.round_failed {
@@ -669,6 +678,11 @@ fn route(shared: &Shared, r: Response) {
                     }
                     hs.round_sent = None;
                     hs.epoch = st.epoch;
+                    // Notices come under this round's ids from now on: the older routes go.
+                    let round = std::mem::take(&mut hs.round_ids);
+                    for old in std::mem::replace(&mut hs.ids, round) {
+                        st.routes.remove(&old);
+                    }
                 }
             } else if status == status::NOT_HELD || status == status::STALE_FENCE {
                 drop(hs);
@@ -725,6 +739,7 @@ fn timers(shared: &Shared) {
         if hs.renew_due.is_some_and(|d| now >= d) {
             hs.round += 1;
             hs.round_sent = Some(now);
+            hs.round_ids.clear();
             hs.round_left = h.keys.len();
             hs.round_failed = false;
             let fence = h.fence.load(Ordering::Acquire);

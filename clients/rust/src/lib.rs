@@ -714,7 +714,8 @@ impl LockGuard {
         }
     }
 
-    /// Call `f` once, on the driver thread, when the lock is lost (at once if it already was).
+    /// Call `f` once when the lock is lost (at once if it already was), on the thread that
+    /// notices: the client's driver thread or a caller reading the connection for its answer.
     /// `f` must not block.
     pub fn on_lost(&self, f: impl FnOnce(Loss) + Send + 'static) {
         let mut st = self.hold.state();
