@@ -27,7 +27,7 @@ use rustls::{ClientConfig, ServerConfig};
 // implementation for the daemon, its tools and every Rust client.
 pub use holdfast_client::tls::{
     check_private, client_config, client_flags, connect_blocking, provider, read_certs, read_key,
-    read_secret, roots, server_name, ClientStream, MAX_FILE,
+    read_secret, roots, server_name, server_name_of, ClientStream, MAX_FILE,
 };
 
 /// Where each secret comes from (the flags), validated only as paths: loading is [`Secrets::load`].

@@ -537,13 +537,7 @@ impl Stream {
                     tcp.set_nodelay(true)?;
                     return Ok(match tls {
                         Some(config) => {
-                            // The name checked is the host as given (an IP address or a DNS name).
-                            let host = server
-                                .rsplit_once(':')
-                                .map_or(server, |(h, _)| h)
-                                .trim_start_matches('[')
-                                .trim_end_matches(']');
-                            let name = holdfast::tls::server_name(host)
+                            let name = holdfast::tls::server_name_of(server)
                                 .map_err(|e| std::io::Error::new(ErrorKind::InvalidInput, e))?;
                             tcp.set_read_timeout(Some(Duration::from_secs(5)))?;
                             let s = holdfast::tls::connect_blocking(config.clone(), name, tcp)?;

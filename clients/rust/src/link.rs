@@ -82,12 +82,7 @@ impl Link {
                 })
             }
             Some(config) => {
-                let host = server
-                    .rsplit_once(':')
-                    .map_or(server, |(h, _)| h)
-                    .trim_start_matches('[')
-                    .trim_end_matches(']');
-                let name = crate::tls::server_name(host)
+                let name = crate::tls::server_name_of(server)
                     .map_err(|e| io::Error::new(ErrorKind::InvalidInput, e))?;
                 tcp.set_read_timeout(Some(timeout))?;
                 tcp.set_write_timeout(Some(timeout))?;

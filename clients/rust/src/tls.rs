@@ -192,6 +192,17 @@ pub fn server_name(host: &str) -> Result<ServerName<'static>, String> {
     ServerName::try_from(host.to_string()).map_err(|e| format!("{host}: {e}"))
 }
 
+/// The name a client checks the certificate of `server` ("host:port", "[v6]:port") against:
+/// the host as given.
+pub fn server_name_of(server: &str) -> Result<ServerName<'static>, String> {
+    let host = server
+        .rsplit_once(':')
+        .map_or(server, |(h, _)| h)
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    server_name(host)
+}
+
 /// Run a blocking client handshake to its end.
 pub fn connect_blocking(
     config: Arc<ClientConfig>,
