@@ -2249,20 +2249,18 @@ fn an_election_of_three_holdfast_lock_processes_has_one_leader_at_a_time() {
         }
         t.elapsed()
     };
-    let lease = Duration::from_secs(1);
-    let grace = Duration::from_millis(200);
+    let lease = Duration::from_secs(2);
+    let grace = Duration::from_millis(300);
+    let (lease_s, grace_s) = (
+        format!("{}ms", lease.as_millis()),
+        format!("{}ms", grace.as_millis()),
+    );
     let mut candidates: Vec<std::process::Child> = (1..=3)
         .map(|first| {
             std::process::Command::new(env!("CARGO_BIN_EXE_holdfast-lock"))
                 .args(["--server", &dlock_servers(&cluster, first).join(",")])
-                .args([
-                    "--elect",
-                    "election/svc",
-                    "--lease",
-                    "1s",
-                    "--grace",
-                    "200ms",
-                ])
+                .args(["--elect", "election/svc", "--lease", &lease_s])
+                .args(["--grace", &grace_s])
                 .args(["--heartbeat", "200ms", "--", "sh", "-c", &script])
                 .stderr(std::process::Stdio::null())
                 .spawn()
