@@ -442,10 +442,13 @@ fn the_readme_examples_are_the_example_programs_and_they_run() {
         .map(|e| e.path())
         .collect();
     assert!(examples.len() >= 3, "{examples:?}");
-    let built = Command::new(env!("CARGO"))
-        .args(["build", "--quiet", "-p", "holdfast-client", "--examples"])
-        .status()
-        .expect("cargo build --examples");
+    let mut build = Command::new(env!("CARGO"));
+    build.args(["build", "--quiet", "-p", "holdfast-client", "--examples"]);
+    if !cfg!(debug_assertions) {
+        // A release run of the tests finds the examples beside it, in target/release.
+        build.arg("--release");
+    }
+    let built = build.status().expect("cargo build --examples");
     assert!(built.success());
     let bin_dir = std::env::current_exe()
         .unwrap()
@@ -468,4 +471,31 @@ fn the_readme_examples_are_the_example_programs_and_they_run() {
             .expect("run the example");
         assert!(out.status.success(), "{name}: {out:?}");
     }
+}
+
+#[test]
+fn bad_arguments_are_errors_not_panics() {
+    let d = Daemon::start(&[]);
+    let a = client(&d);
+    let none: [&str; 0] = [];
+    assert!(matches!(
+        a.lock_many(none).acquire(),
+        Err(Error::Invalid(_))
+    ));
+    assert!(matches!(
+        a.lock("z").lease(Duration::ZERO).acquire(),
+        Err(Error::Invalid(_))
+    ));
+    assert!(matches!(a.watch(none), Err(Error::Invalid(_))));
+    // A lease longer than any clock: granted or refused by the server, never a panic here.
+    if let Ok(g) = a.lock("forever").lease(Duration::MAX).acquire() {
+        assert!(!g.is_lost());
+        g.unlock().unwrap();
+    }
+    // A value over the server's 4096 bytes: refused.
+    assert!(matches!(
+        a.lock("big").value(vec![b'x'; 5000]).acquire(),
+        Err(Error::Refused { .. })
+    ));
+    a.ping().unwrap();
 }

@@ -644,9 +644,9 @@ fn route(shared: &Shared, r: Response) {
                         hs.ids.push(id);
                         hs.epoch = epoch;
                         if let Some(lease) = h.lease {
-                            hs.valid_until = Some(now + lease);
+                            hs.valid_until = now.checked_add(lease);
                             if h.renew {
-                                hs.renew_due = Some(now + lease / 3);
+                                hs.renew_due = now.checked_add(lease / 3);
                             }
                         }
                     }
@@ -673,8 +673,8 @@ fn route(shared: &Shared, r: Response) {
                 hs.round_left = hs.round_left.saturating_sub(1);
                 if hs.round_left == 0 && !hs.round_failed {
                     if let (Some(sent), Some(lease)) = (hs.round_sent, hold.lease) {
-                        hs.valid_until = Some(sent + lease);
-                        hs.renew_due = Some(sent + lease / 3);
+                        hs.valid_until = sent.checked_add(lease);
+                        hs.renew_due = sent.checked_add(lease / 3);
                     }
                     hs.round_sent = None;
                     hs.epoch = st.epoch;
@@ -720,7 +720,7 @@ fn timers(shared: &Shared) {
         let mut hs = h.state();
         if hs
             .valid_until
-            .is_some_and(|v| now + Hold::margin(lease) >= v)
+            .is_some_and(|v| now.checked_add(Hold::margin(lease)).is_some_and(|t| t >= v))
         {
             lost.push(h.clone());
             continue;
