@@ -2321,3 +2321,31 @@ fn an_election_of_three_holdfast_lock_processes_has_one_leader_at_a_time() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// holdfast-client: the two other nodes are killed while the client holds a lease through the
+/// third, which is left without a quorum: no renewal succeeds on any server, and the client
+/// says the lease is lost before its end (measured from the kill, later than the last renewal).
+#[test]
+fn a_client_that_cannot_renew_anywhere_reports_the_loss_before_the_lease_ends() {
+    let cluster = Cluster::start_ready(3, "client-no-quorum", &[]);
+    let client = holdfast_client::Client::connect(dlock_servers(&cluster, 1)).unwrap();
+    let lease = Duration::from_secs(2);
+    let g = client.lock("job").lease(lease).acquire().expect("granted");
+    // Renewed a few times first.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(g.loss(), None);
+    kill9(cluster.node(2));
+    kill9(cluster.node(3));
+    let killed = Instant::now();
+    let why = g.wait_lost(Some(Duration::from_secs(10))).expect("lost");
+    let after = killed.elapsed();
+    assert_eq!(why, holdfast_client::Loss::LeaseNotKept);
+    assert!(
+        after < lease,
+        "reported {after:?} after the kill, lease {lease:?}"
+    );
+    // Dropping the guard now returns (nothing to unlock).
+    let start = Instant::now();
+    drop(g);
+    assert!(start.elapsed() < Duration::from_secs(1));
+}
