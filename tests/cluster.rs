@@ -2151,3 +2151,201 @@ fn native_watches_notices_and_extend_by_fence_survive_a_leader_failover() {
     let ev = r.event.expect("a loss notice");
     assert_eq!((ev.kind, ev.fence), (event_kind::LOST, fence));
 }
+
+/// The dlock addresses of the running nodes, `first` first.
+fn dlock_servers(c: &Cluster, first: usize) -> Vec<String> {
+    let mut ids: Vec<usize> = (1..=c.nodes.len()).filter(|&i| i != first).collect();
+    ids.insert(0, first);
+    ids.iter()
+        .map(|&i| c.node(i).dlock.expect("dlock").to_string())
+        .collect()
+}
+
+/// holdfast-client: the node a client is connected to (the raft leader, the harder case) is
+/// killed while the client holds a lease; the client moves to another node, keeps the lease
+/// (same fence, re-attached by fence and renewed there) and is never told it lost it.
+#[test]
+fn a_client_keeps_its_lease_when_its_node_is_killed() {
+    let cluster = Cluster::start_ready(3, "client-lease", &[]);
+    let dead = leader(&cluster);
+    let client = holdfast_client::Client::connect(dlock_servers(&cluster, dead)).unwrap();
+    let lease = Duration::from_secs(3);
+    let g = client.lock("job").lease(lease).acquire().expect("granted");
+    let fence = g.fence();
+    kill9(cluster.node(dead));
+    let survivor = if dead == 1 { 2 } else { 1 };
+    let other =
+        holdfast_client::Client::connect([cluster.node(survivor).dlock.unwrap().to_string()])
+            .unwrap();
+    // Held for three lease lengths across the failover.
+    let until = Instant::now() + lease * 3;
+    while Instant::now() < until {
+        assert_eq!(g.loss(), None, "the client was told it lost the lease");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let info = match other.get("job") {
+        Ok(i) => i,
+        Err(e) => panic!("get on a survivor: {e}"),
+    };
+    assert_eq!(info.holders.len(), 1, "{info:?}");
+    assert_eq!(info.holders[0].fence, fence, "the same grant");
+    assert!(other.check_fence("job", fence).unwrap());
+    assert!(matches!(
+        other.lock("job").wait(Duration::ZERO).acquire(),
+        Err(holdfast_client::Error::AcquireTimeout { .. })
+    ));
+    g.unlock().expect("unlocked through the new node");
+    other
+        .lock("job")
+        .wait(Duration::from_secs(5))
+        .acquire()
+        .expect("free again")
+        .unlock()
+        .unwrap();
+}
+
+/// `holdfast-lock --elect` in three processes, each connected to another node first: one leads
+/// at a time. The leader is killed (SIGKILL, its command too): the next leads within the lease
+/// plus the grace (its lock-delay) plus slack, with a greater fence; then the second steps down
+/// by SIGTERM and the third leads. Leader intervals never overlap and fences increase.
+#[test]
+fn an_election_of_three_holdfast_lock_processes_has_one_leader_at_a_time() {
+    let cluster = Cluster::start_ready(3, "client-elect", &[]);
+    let dir = std::env::temp_dir().join(format!("holdfast-elect-cluster-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let log = dir.join("log");
+    let _ = std::fs::remove_file(&log);
+    let now_ns = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    };
+    // "start FENCE NS HOLDFAST_LOCK_PID SH_PID" and "end FENCE NS".
+    let script = format!(
+        "echo start $HOLDFAST_FENCE $(date +%s%N) $PPID $$ >> {0}; \
+         trap 'echo end $HOLDFAST_FENCE $(date +%s%N) >> {0}; exit 0' TERM; \
+         while :; do sleep 0.02; done",
+        log.display()
+    );
+    let lines = || -> Vec<Vec<String>> {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| l.split_whitespace().map(String::from).collect())
+            .collect()
+    };
+    let starts =
+        || -> Vec<Vec<String>> { lines().into_iter().filter(|l| l[0] == "start").collect() };
+    let wait_starts = |n: usize, within: Duration| -> Duration {
+        let t = Instant::now();
+        while starts().len() < n {
+            assert!(
+                t.elapsed() < within,
+                "no leader {n} within {within:?}: {:?}",
+                lines()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        t.elapsed()
+    };
+    let lease = Duration::from_secs(2);
+    let grace = Duration::from_millis(300);
+    let (lease_s, grace_s) = (
+        format!("{}ms", lease.as_millis()),
+        format!("{}ms", grace.as_millis()),
+    );
+    let mut candidates: Vec<std::process::Child> = (1..=3)
+        .map(|first| {
+            std::process::Command::new(env!("CARGO_BIN_EXE_holdfast-lock"))
+                .args(["--server", &dlock_servers(&cluster, first).join(",")])
+                .args(["--elect", "election/svc", "--lease", &lease_s])
+                .args(["--grace", &grace_s])
+                .args(["--heartbeat", "200ms", "--", "sh", "-c", &script])
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .expect("spawn holdfast-lock")
+        })
+        .collect();
+    wait_starts(1, Duration::from_secs(20));
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(starts().len(), 1, "two leaders: {:?}", lines());
+    // Kill the leader and its command at once.
+    let first = starts()[0].clone();
+    let (lock_pid, sh_pid): (i32, i32) = (first[3].parse().unwrap(), first[4].parse().unwrap());
+    let killed = candidates
+        .iter()
+        .position(|c| c.id() as i32 == lock_pid)
+        .expect("the leader is one of ours");
+    // SAFETY: SIGKILL to a child we spawned (not reaped) and to its own child, the sh.
+    unsafe {
+        libc::kill(lock_pid, libc::SIGKILL);
+        libc::kill(sh_pid, libc::SIGKILL);
+    }
+    let killed_ns = now_ns();
+    let _ = candidates[killed].wait();
+    let took = wait_starts(2, Duration::from_secs(20));
+    assert!(
+        took <= lease + grace + Duration::from_secs(3),
+        "the next leader took {took:?}"
+    );
+    // The second steps down (SIGTERM, forwarded to its command, which ends; the lock is released).
+    let second = starts()[1].clone();
+    let pid2: i32 = second[3].parse().unwrap();
+    // SAFETY: SIGTERM to a child we spawned and have not reaped.
+    unsafe { libc::kill(pid2, libc::SIGTERM) };
+    wait_starts(3, Duration::from_secs(10));
+    let pid3: i32 = starts()[2][3].parse().unwrap();
+    // SAFETY: as above.
+    unsafe { libc::kill(pid3, libc::SIGTERM) };
+    for c in &mut candidates {
+        let _ = c.wait();
+    }
+    // Intervals: (fence, start, end), the killed leader ending when it was killed.
+    let all = lines();
+    let mut intervals: Vec<(u64, u128, u128)> = Vec::new();
+    for l in all.iter().filter(|l| l[0] == "start") {
+        let fence: u64 = l[1].parse().unwrap();
+        let start: u128 = l[2].parse().unwrap();
+        let end = all
+            .iter()
+            .find(|e| e[0] == "end" && e[1] == l[1])
+            .map(|e| e[2].parse().unwrap())
+            .unwrap_or(killed_ns);
+        intervals.push((fence, start, end));
+    }
+    assert_eq!(intervals.len(), 3, "{all:?}");
+    for w in intervals.windows(2) {
+        assert!(w[1].0 > w[0].0, "fences increase: {intervals:?}");
+        assert!(w[1].1 >= w[0].2, "leaders overlap: {intervals:?}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// holdfast-client: the two other nodes are killed while the client holds a lease through the
+/// third, which is left without a quorum: no renewal succeeds on any server, and the client
+/// says the lease is lost before its end (measured from the kill, later than the last renewal).
+#[test]
+fn a_client_that_cannot_renew_anywhere_reports_the_loss_before_the_lease_ends() {
+    let cluster = Cluster::start_ready(3, "client-no-quorum", &[]);
+    let client = holdfast_client::Client::connect(dlock_servers(&cluster, 1)).unwrap();
+    let lease = Duration::from_secs(2);
+    let g = client.lock("job").lease(lease).acquire().expect("granted");
+    // Renewed a few times first.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(g.loss(), None);
+    kill9(cluster.node(2));
+    kill9(cluster.node(3));
+    let killed = Instant::now();
+    let why = g.wait_lost(Some(Duration::from_secs(10))).expect("lost");
+    let after = killed.elapsed();
+    assert_eq!(why, holdfast_client::Loss::LeaseNotKept);
+    assert!(
+        after < lease,
+        "reported {after:?} after the kill, lease {lease:?}"
+    );
+    // Dropping the guard now returns (nothing to unlock).
+    let start = Instant::now();
+    drop(g);
+    assert!(start.elapsed() < Duration::from_secs(1));
+}

@@ -396,3 +396,84 @@ fn tls_takes_the_lock_and_a_wrong_ca_or_plain_tcp_runs_nothing() {
     drop(d);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// `--elect`: the first candidate runs its command; a second waits; when leadership is taken
+/// away (an Unlock by fence from another client) the leader's command, which ignores SIGTERM,
+/// is killed after the grace, and the second candidate leads with a greater fence.
+#[test]
+fn elect_runs_the_command_only_while_leading_and_stops_it_when_leadership_is_lost() {
+    let d = Daemon::start(&[]);
+    let dir = std::env::temp_dir().join(format!("holdfast-elect-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let log = dir.join("log");
+    let _ = std::fs::remove_file(&log);
+    let starts = || -> Vec<u64> {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.strip_prefix("start ")?.parse().ok())
+            .collect()
+    };
+    let wait_starts = |n: usize| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while starts().len() < n {
+            assert!(Instant::now() < deadline, "{n} leaders never started");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    let candidate = |script: &str| {
+        lock_cmd(&d)
+            .args(["--elect", "svc", "--lease", "1s", "--grace", "300ms", "--"])
+            .args([
+                "sh",
+                "-c",
+                &format!(
+                    "{script}; echo start $HOLDFAST_FENCE >> {0}; exec sleep 30",
+                    log.display()
+                ),
+            ])
+            .spawn()
+            .expect("spawn")
+    };
+    let mut first = candidate("trap '' TERM");
+    wait_starts(1);
+    let mut second = candidate("true");
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(starts().len(), 1, "two leaders at once");
+    let c = holdfast_client::Client::connect([d.dlock.unwrap().to_string()]).unwrap();
+    let leader = c.leader("svc").unwrap().expect("a leader");
+    assert_eq!(leader.fence, starts()[0]);
+    let value = String::from_utf8(leader.value.unwrap()).unwrap();
+    assert!(value.ends_with(&format!(":{}", first.id())), "{value}");
+    let taken = Instant::now();
+    c.unlock_fence("svc", leader.fence).unwrap();
+    let st = wait_with_deadline(&mut first, Duration::from_secs(5));
+    assert_eq!(
+        st.code(),
+        Some(128 + libc::SIGKILL),
+        "killed after the grace"
+    );
+    assert!(taken.elapsed() >= Duration::from_millis(300));
+    wait_starts(2);
+    assert!(starts()[1] > starts()[0]);
+    // SAFETY: kill(2) on the PID of the child we spawned.
+    unsafe { libc::kill(second.id() as i32, libc::SIGTERM) };
+    let st = wait_with_deadline(&mut second, Duration::from_secs(5));
+    assert_eq!(st.code(), Some(128 + libc::SIGTERM));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn elect_takes_no_key_and_not_slots() {
+    for args in [
+        vec!["--elect", "e", "key", "--", "true"],
+        vec!["--elect", "e", "--slots", "2", "--", "true"],
+    ] {
+        let st = Command::new(env!("CARGO_BIN_EXE_holdfast-lock"))
+            .args(&args)
+            .stderr(Stdio::null())
+            .status()
+            .unwrap();
+        assert_eq!(st.code(), Some(64), "{args:?}");
+    }
+}

@@ -1,8 +1,10 @@
-//! `holdfast-lock`: flock(1) for many machines, over the dlock protocol.
+//! `holdfast-lock`: flock(1) for many machines, over holdfast's native protocol (through the
+//! `holdfast-client` library).
 //!
 //! ```text
-//! holdfast-lock [--server HOST:PORT] [--wait DURATION] [--lease DURATION] [--token T]
-//!               [--heartbeat DURATION] [--kill-on-loss] KEY... -- COMMAND [ARG...]
+//! holdfast-lock [--server HOST:PORT[,HOST:PORT...]] [--wait DURATION] [--lease DURATION] [--token T]
+//!               [--heartbeat DURATION] [--kill-on-loss] [--print-fence] KEY... -- COMMAND [ARG...]
+//! holdfast-lock --elect NAME [--lease DURATION] [--value V] [--grace DURATION] [--server ...] -- COMMAND
 //! holdfast-lock --slots N [--counter HOST:PORT] [--wait DURATION] [--kill-on-loss] KEY -- COMMAND
 //! ```
 //!
@@ -15,12 +17,25 @@
 //! report). Exit codes of its own (sysexits.h): 64 usage, 69 server unreachable or the
 //! connection lost before the lock was granted, 75 the wait timed out (like `flock -w`), 1 the
 //! server refused the request (its error text is printed), 71 COMMAND could not be started.
+//! Several servers (a cluster's nodes) may be given, comma-separated: the first that answers is
+//! used, and the next one when a connection breaks. `--lease D` holds the keys as a lease of D
+//! that is not renewed: it ends after D even if COMMAND still runs (said on stderr, and COMMAND
+//! gets SIGTERM with `--kill-on-loss`, as when the connection is lost).
 //!
-//! The lock's fencing token (the server's Response field 7) is given to COMMAND as the
-//! environment variable `HOLDFAST_FENCE`, so that a job can hand it to the storage it writes to
-//! (which refuses writes carrying a smaller token than one it has seen); `--print-fence` also
-//! prints it on standard output, one line, before COMMAND starts. A server that sends no token
-//! (an original dlock server) leaves the variable unset and prints nothing.
+//! With `--elect NAME`, holdfast-lock is a candidate in the election NAME (docs/recipes.md,
+//! "Leader election"): it waits until it leads (a lock on NAME with a lease of `--lease`,
+//! default 10s, renewed in the background and kept across a reconnect to another server;
+//! `--value`, default HOST:PID, shows who leads), runs COMMAND only while it leads, and when
+//! leadership is lost (the lease could not be renewed, the grant was taken away) stops COMMAND:
+//! SIGTERM, then SIGKILL after `--grace` (default 5s). It exits with COMMAND's status. The
+//! leadership carries a lock-delay of the grace: when a leader dies or is cut off, the next
+//! one is granted only after its lease ran out and the grace passed, while its COMMAND is
+//! being stopped (an Unlock by fence ends it at once, as an operator's removal should).
+//!
+//! The lock's fencing token (the server's Response field 7; with `--elect`, the leader's term)
+//! is given to COMMAND as the environment variable `HOLDFAST_FENCE`, so that a job can hand it
+//! to the storage it writes to (which refuses writes carrying a smaller token than one it has
+//! seen); `--print-fence` also prints it on standard output, one line, before COMMAND starts.
 //!
 //! SIGINT and SIGTERM sent to holdfast-lock are passed on to COMMAND. A SIGINT typed at the
 //! terminal already reaches COMMAND (same process group) and is not sent twice: only signals
@@ -34,7 +49,7 @@ use std::process::{Child, Command, ExitCode};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
-use holdfast::proto::dlock::{self as dl, req_type, status, LockFields};
+use holdfast_client::{Client, Error, LossSignal};
 
 const EX_USAGE: u8 = 64;
 const EX_UNAVAILABLE: u8 = 69;
@@ -44,13 +59,16 @@ const EX_REFUSED: u8 = 1;
 /// Default ping interval: well inside the server's default 60 s idle timeout, and often enough
 /// that a lost connection is noticed within seconds.
 const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(2);
+/// `--elect`: the default lease of the leadership, and the default grace between SIGTERM and
+/// SIGKILL when it is lost.
+const DEFAULT_ELECT_LEASE: Duration = Duration::from_secs(10);
+const DEFAULT_GRACE: Duration = Duration::from_secs(5);
 /// How often the supervising loop looks at the child and the signals while nothing happens.
 const TICK_MS: i32 = 50;
-/// Largest response frame accepted from the server.
-const MAX_RESPONSE: usize = 16 << 20;
 
 struct Args {
-    server: String,
+    /// `--server`, split at commas.
+    servers: Vec<String>,
     wait: Option<Duration>,
     lease: Option<Duration>,
     token: Option<String>,
@@ -62,13 +80,20 @@ struct Args {
     /// `--slots N`: take one of N slots of a yrmcds counter instead of a dlock lock.
     slots: Option<u32>,
     counter: String,
+    /// `--elect NAME`: run COMMAND only while this process leads the election NAME.
+    elect: Option<String>,
+    value: Option<String>,
+    grace: Duration,
     /// `--tls`: the client configuration (the server's certificate checked against `--tls-ca`,
     /// else the system's CAs; `--tls-cert`/`--tls-key` for mutual TLS).
     tls: Option<std::sync::Arc<holdfast::tls::rustls::ClientConfig>>,
 }
 
 fn usage(opts: &getopts::Options) -> String {
-    opts.usage("Usage: holdfast-lock [options] KEY... -- COMMAND [ARG...]")
+    opts.usage(
+        "Usage: holdfast-lock [options] KEY... -- COMMAND [ARG...]\n       \
+         holdfast-lock --elect NAME [options] -- COMMAND [ARG...]",
+    )
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -76,7 +101,7 @@ fn parse_args() -> Result<Args, String> {
     opts.optopt(
         "s",
         "server",
-        "dlock server (default 127.0.0.1:2627)",
+        "dlock server (default 127.0.0.1:2627); several, comma-separated, are tried in turn",
         "HOST:PORT",
     )
     .optopt(
@@ -88,7 +113,8 @@ fn parse_args() -> Result<Args, String> {
     .optopt(
         "l",
         "lease",
-        "hold the keys as a lease of this length",
+        "hold the keys as a lease of this length (not renewed); with --elect, the \
+         leadership's lease, renewed (default 10s)",
         "DURATION",
     )
     .optopt("t", "token", "access token", "T")
@@ -102,6 +128,25 @@ fn parse_args() -> Result<Args, String> {
         "",
         "print-fence",
         "print the lock's fencing token (also in COMMAND's HOLDFAST_FENCE)",
+    )
+    .optopt(
+        "",
+        "elect",
+        "campaign in the election NAME; run COMMAND only while leading, stop it when \
+         leadership is lost",
+        "NAME",
+    )
+    .optopt(
+        "",
+        "value",
+        "with --elect: who this candidate is, shown to observers (default HOST:PID)",
+        "V",
+    )
+    .optopt(
+        "",
+        "grace",
+        "with --elect: time between SIGTERM and SIGKILL when leadership is lost (default 5s)",
+        "DURATION",
     )
     .optopt(
         "",
@@ -151,10 +196,16 @@ fn parse_args() -> Result<Args, String> {
             .map(|s| parse_duration(&s).ok_or(format!("--{name} {s}: not a duration")))
             .transpose()
     };
+    let servers: Vec<String> = m
+        .opt_str("server")
+        .unwrap_or_else(|| "127.0.0.1:2627".into())
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(String::from)
+        .collect();
     let args = Args {
-        server: m
-            .opt_str("server")
-            .unwrap_or_else(|| "127.0.0.1:2627".into()),
+        servers,
         wait: duration("wait")?,
         lease: duration("lease")?,
         token: m.opt_str("token"),
@@ -173,13 +224,30 @@ fn parse_args() -> Result<Args, String> {
         counter: m
             .opt_str("counter")
             .unwrap_or_else(|| "127.0.0.1:11215".into()),
+        elect: m.opt_str("elect"),
+        value: m.opt_str("value"),
+        grace: duration("grace")?.unwrap_or(DEFAULT_GRACE),
         tls: tls_config(&m)?,
     };
+    if args.servers.is_empty() {
+        return Err("--server names no server".into());
+    }
     if args.slots.is_some() && args.keys.len() != 1 {
         return Err("--slots takes exactly one KEY (the counter's name)".into());
     }
-    if args.keys.is_empty() {
-        return Err(format!("no KEY given\n{}", usage(&opts)));
+    match &args.elect {
+        Some(_) if !args.keys.is_empty() => {
+            return Err("--elect NAME takes no KEY (NAME is the key)".into())
+        }
+        Some(_) if args.slots.is_some() => {
+            return Err("--elect and --slots exclude each other".into())
+        }
+        Some(_) if args.lease.is_some_and(|l| l.is_zero()) => {
+            return Err("--lease must be positive".into())
+        }
+        Some(_) => {}
+        None if args.keys.is_empty() => return Err(format!("no KEY given\n{}", usage(&opts))),
+        None => {}
     }
     if args.command.is_empty() {
         return Err(format!("no COMMAND given after --\n{}", usage(&opts)));
@@ -236,65 +304,87 @@ fn main() -> ExitCode {
     ExitCode::from(run(&args))
 }
 
-fn run(args: &Args) -> u8 {
-    let mut conn = match Conn::connect(&args.server, args.tls.as_ref()) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("holdfast-lock: cannot reach {}: {e}", args.server);
-            return EX_UNAVAILABLE;
+/// The servers as given, for messages.
+fn servers(args: &Args) -> String {
+    args.servers.join(",")
+}
+
+fn connect(args: &Args) -> Result<Client, u8> {
+    let mut b = Client::builder(args.servers.clone()).ping_interval(args.heartbeat);
+    if let Some(t) = &args.token {
+        b = b.token(t.as_bytes());
+    }
+    if let Some(tls) = &args.tls {
+        b = b.tls(tls.clone());
+    }
+    b.connect().map_err(|e| {
+        eprintln!("holdfast-lock: cannot reach {}: {e}", servers(args));
+        EX_UNAVAILABLE
+    })
+}
+
+/// The exit code and message of a lock (or campaign) that was not granted.
+fn not_granted(args: &Args, e: Error) -> u8 {
+    match e {
+        Error::AcquireTimeout { .. } => {
+            eprintln!("holdfast-lock: {e}");
+            EX_TEMPFAIL
         }
-    };
-    let token = args.token.as_deref().map(str::as_bytes);
-    let keys: Vec<&[u8]> = args.keys.iter().map(|k| k.as_bytes()).collect();
-    let micros = |d: Duration| d.as_micros().min(u64::MAX as u128) as u64;
-    let lock = LockFields {
-        wait_micro: args.wait.map(micros),
-        // A lease must be > 0 to be one; round sub-microsecond leases up.
-        release_micro: args.lease.map(|d| micros(d).max(1)),
-        keys: &keys,
-        native: Default::default(),
-    };
-    let mut frame = Vec::new();
-    dl::encode_request(&mut frame, Some(1), token, req_type::LOCK, Some(lock));
-    let granted = conn.send(&frame).and_then(|_| conn.response());
-    let fence = match granted {
-        Ok(r) if r.status == Some(status::OK) => r.fence,
-        Ok(r) if r.status == Some(status::ACQUIRE_TIMEOUT) => {
-            let busy: Vec<String> = r
-                .keys
-                .iter()
-                .map(|k| String::from_utf8_lossy(k).into_owned())
-                .collect();
-            eprintln!(
-                "holdfast-lock: timed out waiting for the lock (busy: {})",
-                busy.join(" ")
-            );
-            return EX_TEMPFAIL;
+        Error::Refused { status, text } => {
+            eprintln!("holdfast-lock: the server refused the lock (status {status}: {text})");
+            EX_REFUSED
         }
-        Ok(r) => {
-            let text = r
-                .error_text
-                .as_deref()
-                .map(String::from_utf8_lossy)
-                .unwrap_or_default();
-            eprintln!(
-                "holdfast-lock: the server refused the lock (status {:?}: {text})",
-                r.status
-            );
-            return EX_REFUSED;
+        Error::Invalid(why) => {
+            eprintln!("holdfast-lock: {why}");
+            EX_USAGE
         }
-        Err(e) => {
+        e => {
             eprintln!(
                 "holdfast-lock: connection to {} lost before the lock was granted: {e}",
-                args.server
+                servers(args)
             );
-            return EX_UNAVAILABLE;
+            EX_UNAVAILABLE
+        }
+    }
+}
+
+fn run(args: &Args) -> u8 {
+    let client = match connect(args) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let granted = match &args.elect {
+        Some(name) => {
+            let value = args.value.clone().unwrap_or_else(default_value);
+            let lease = args.lease.unwrap_or(DEFAULT_ELECT_LEASE);
+            // A lock-delay of the grace: a leader that dies or is cut off keeps the next one
+            // out while its COMMAND is being stopped (at most 60 s, the protocol's limit).
+            let delay = args.grace.min(Duration::from_secs(60));
+            client
+                .lock(name)
+                .value(value)
+                .lease(lease)
+                .lock_delay(delay)
+                .acquire()
+        }
+        None => {
+            let mut req = client.lock_many(&args.keys).wait_for(args.wait);
+            if let Some(lease) = args.lease {
+                // A lease must be > 0 to be one; round sub-microsecond leases up.
+                req = req.lease(lease.max(Duration::from_micros(1))).renew(false);
+            }
+            req.acquire()
         }
     };
-
+    let guard = match granted {
+        Ok(g) => g,
+        Err(e) => return not_granted(args, e),
+    };
+    let fence = guard.fence();
     let mut command = Command::new(&args.command[0]);
     command.args(&args.command[1..]);
-    if let Some(fence) = fence {
+    // A server that sends no token (fence 0) leaves the variable unset and prints nothing.
+    if fence > 0 {
         command.env("HOLDFAST_FENCE", fence.to_string());
         if args.print_fence {
             let mut out = std::io::stdout().lock();
@@ -312,31 +402,34 @@ fn run(args: &Args) -> u8 {
             return EX_OSERR;
         }
     };
-    let status = supervise(&mut conn, &mut child, args, token);
-
-    // Release explicitly (a lease would otherwise outlive us), then close.
-    if conn.alive {
-        let mut frame = Vec::new();
-        dl::encode_request(
-            &mut frame,
-            Some(2),
-            token,
-            req_type::UNLOCK,
-            Some(LockFields {
-                keys: &keys,
-                ..Default::default()
-            }),
-        );
-        let _ = conn.send(&frame);
-    }
+    let status = supervise(&mut child, &guard.loss_signal(), args);
+    // Release explicitly (a lease would otherwise outlive us); after a loss there is nothing
+    // to release, and a connection that is gone makes this return at once.
+    let _ = guard.unlock();
+    client.close();
     status
 }
 
-/// Wait for the child, pinging the server and forwarding signals meanwhile.
-fn supervise(conn: &mut Conn, child: &mut Child, args: &Args, token: Option<&[u8]>) -> u8 {
-    let mut next_ping = Instant::now() + args.heartbeat;
-    let mut ping = Vec::new();
-    dl::encode_request(&mut ping, None, token, req_type::PING, None);
+/// `--value`'s default: this host's name and our PID.
+fn default_value() -> String {
+    let mut name = [0u8; 256];
+    // SAFETY: gethostname writes at most `len` bytes into the buffer we own.
+    let ok = unsafe { libc::gethostname(name.as_mut_ptr().cast(), name.len()) } == 0;
+    let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+    let host = if ok {
+        String::from_utf8_lossy(&name[..end]).into_owned()
+    } else {
+        "localhost".into()
+    };
+    format!("{host}:{}", std::process::id())
+}
+
+/// Wait for the child, forwarding signals, and watching the lock: when it is lost, say so;
+/// with `--elect` stop COMMAND (SIGTERM, SIGKILL after the grace), with `--kill-on-loss` send
+/// it SIGTERM.
+fn supervise(child: &mut Child, lost: &LossSignal, args: &Args) -> u8 {
+    let mut told = false;
+    let mut kill_at = None;
     loop {
         let sig = PENDING_SIGNAL.swap(0, Ordering::AcqRel);
         if sig != 0 {
@@ -351,28 +444,36 @@ fn supervise(conn: &mut Conn, child: &mut Child, args: &Args, token: Option<&[u8
                 return EX_OSERR;
             }
         }
-        if conn.alive {
-            if Instant::now() >= next_ping {
-                next_ping = Instant::now() + args.heartbeat;
-                if conn.send(&ping).is_err() {
-                    conn.alive = false;
+        if !told {
+            if let Some(why) = lost.wait(Some(Duration::from_millis(TICK_MS as u64))) {
+                told = true;
+                let what = if args.elect.is_some() {
+                    "leadership"
+                } else {
+                    "the lock"
+                };
+                match why {
+                    holdfast_client::Loss::ConnectionLost => eprintln!(
+                        "holdfast-lock: connection to {} lost: {what} is no longer held",
+                        servers(args)
+                    ),
+                    why => eprintln!("holdfast-lock: {why}: {what} is lost"),
                 }
-            }
-            if conn.alive && conn.poll_readable(TICK_MS) && conn.drain().is_err() {
-                conn.alive = false;
-            }
-            if !conn.alive {
-                eprintln!(
-                    "holdfast-lock: connection to {} lost: the lock is no longer held",
-                    args.server
-                );
-                if args.kill_on_loss {
+                if args.elect.is_some() || args.kill_on_loss {
                     // SAFETY: as above.
                     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+                }
+                if args.elect.is_some() {
+                    kill_at = Some(Instant::now() + args.grace);
                 }
             }
         } else {
             std::thread::sleep(Duration::from_millis(TICK_MS as u64));
+        }
+        if kill_at.is_some_and(|t| Instant::now() >= t) {
+            kill_at = None;
+            // SAFETY: as above.
+            unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
         }
     }
 }
@@ -411,7 +512,7 @@ fn install_forwarding() {
     }
 }
 
-/// A connection to the server, plain or TLS.
+/// A connection to the counter server (`--slots`), plain or TLS.
 enum Stream {
     Plain(TcpStream),
     Tls(Box<holdfast::tls::ClientStream>),
@@ -423,6 +524,33 @@ impl Stream {
             Stream::Plain(s) => s,
             Stream::Tls(s) => &s.sock,
         }
+    }
+
+    fn connect(
+        server: &str,
+        tls: Option<&std::sync::Arc<holdfast::tls::rustls::ClientConfig>>,
+    ) -> std::io::Result<Stream> {
+        let mut last = None;
+        for addr in server.to_socket_addrs()? {
+            match TcpStream::connect_timeout(&addr, Duration::from_secs(5)) {
+                Ok(tcp) => {
+                    tcp.set_nodelay(true)?;
+                    return Ok(match tls {
+                        Some(config) => {
+                            let name = holdfast::tls::server_name_of(server)
+                                .map_err(|e| std::io::Error::new(ErrorKind::InvalidInput, e))?;
+                            tcp.set_read_timeout(Some(Duration::from_secs(5)))?;
+                            let s = holdfast::tls::connect_blocking(config.clone(), name, tcp)?;
+                            s.sock.set_read_timeout(None)?;
+                            Stream::Tls(Box::new(s))
+                        }
+                        None => Stream::Plain(tcp),
+                    });
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| std::io::Error::new(ErrorKind::NotFound, "no address")))
     }
 }
 
@@ -454,111 +582,6 @@ impl Write for Stream {
 impl AsRawFd for Stream {
     fn as_raw_fd(&self) -> std::os::fd::RawFd {
         self.tcp().as_raw_fd()
-    }
-}
-
-struct Conn {
-    stream: Stream,
-    buf: Vec<u8>,
-    alive: bool,
-}
-
-impl Conn {
-    fn connect(
-        server: &str,
-        tls: Option<&std::sync::Arc<holdfast::tls::rustls::ClientConfig>>,
-    ) -> std::io::Result<Conn> {
-        let mut last = None;
-        for addr in server.to_socket_addrs()? {
-            match TcpStream::connect_timeout(&addr, Duration::from_secs(5)) {
-                Ok(tcp) => {
-                    tcp.set_nodelay(true)?;
-                    let stream = match tls {
-                        Some(config) => {
-                            // The name checked is the host as given (an IP address or a DNS name).
-                            let host = server
-                                .rsplit_once(':')
-                                .map_or(server, |(h, _)| h)
-                                .trim_start_matches('[')
-                                .trim_end_matches(']');
-                            let name = holdfast::tls::server_name(host)
-                                .map_err(|e| std::io::Error::new(ErrorKind::InvalidInput, e))?;
-                            tcp.set_read_timeout(Some(Duration::from_secs(5)))?;
-                            let s = holdfast::tls::connect_blocking(config.clone(), name, tcp)?;
-                            s.sock.set_read_timeout(None)?;
-                            Stream::Tls(Box::new(s))
-                        }
-                        None => Stream::Plain(tcp),
-                    };
-                    return Ok(Conn {
-                        stream,
-                        buf: Vec::new(),
-                        alive: true,
-                    });
-                }
-                Err(e) => last = Some(e),
-            }
-        }
-        Err(last.unwrap_or_else(|| std::io::Error::new(ErrorKind::NotFound, "no address")))
-    }
-
-    fn send(&mut self, frame: &[u8]) -> std::io::Result<()> {
-        self.stream.write_all(frame)
-    }
-
-    /// Block until one whole response arrives.
-    fn response(&mut self) -> std::io::Result<dl::Response> {
-        loop {
-            if let Some(r) = self.take_response()? {
-                return Ok(r);
-            }
-            let mut chunk = [0u8; 65536];
-            match self.stream.read(&mut chunk) {
-                Ok(0) => return Err(ErrorKind::UnexpectedEof.into()),
-                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-        }
-    }
-
-    fn take_response(&mut self) -> std::io::Result<Option<dl::Response>> {
-        let bad = |e: &str| std::io::Error::new(ErrorKind::InvalidData, e.to_string());
-        match dl::parse_frame(&self.buf, MAX_RESPONSE) {
-            Ok((body, n)) => {
-                let r = dl::decode_response(body).map_err(bad)?;
-                self.buf.drain(..n);
-                Ok(Some(r))
-            }
-            Err(dl::FrameError::Incomplete) => Ok(None),
-            Err(dl::FrameError::TooLarge) => Err(bad("response too large")),
-        }
-    }
-
-    fn poll_readable(&self, timeout_ms: i32) -> bool {
-        let mut pfd = libc::pollfd {
-            fd: self.stream.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd for the duration of the call.
-        let n = unsafe { libc::poll(&mut pfd, 1, timeout_ms) };
-        n > 0
-    }
-
-    /// Read and discard what arrived (ping answers); an error or EOF means the connection is lost.
-    fn drain(&mut self) -> std::io::Result<()> {
-        let mut chunk = [0u8; 65536];
-        match self.stream.read(&mut chunk) {
-            Ok(0) => Err(ErrorKind::UnexpectedEof.into()),
-            Ok(n) => {
-                self.buf.extend_from_slice(&chunk[..n]);
-                while self.take_response()?.is_some() {}
-                Ok(())
-            }
-            Err(e) if e.kind() == ErrorKind::Interrupted => Ok(()),
-            Err(e) => Err(e),
-        }
     }
 }
 
@@ -597,8 +620,8 @@ mod slots {
 
     pub fn run(args: &Args, n: u32) -> u8 {
         let name = args.keys[0].as_bytes();
-        let mut stream = match Conn::connect(&args.counter, args.tls.as_ref()) {
-            Ok(c) => c.stream,
+        let mut stream = match Stream::connect(&args.counter, args.tls.as_ref()) {
+            Ok(s) => s,
             Err(e) => {
                 eprintln!("holdfast-lock: cannot reach {}: {e}", args.counter);
                 return EX_UNAVAILABLE;

@@ -14,7 +14,7 @@ mod native;
 mod reply;
 pub(crate) mod sessions;
 pub mod watches;
-pub mod wire;
+pub use holdfast_wire::dlock as wire;
 
 pub use command::REFUSALS;
 pub use reply::tag as reply_tag;
@@ -113,10 +113,31 @@ pub(crate) struct To {
 /// after the current one began, so a lease of exactly its duration on that clock could end up
 /// to a millisecond before its duration has passed; a lease never ends early (`docs/protocol.md`).
 pub(crate) fn lease_on_the_table_clock(lease_us: Option<u64>) -> Option<u64> {
-    lease_us
-        .filter(|&us| us > 0)
-        .map(|us| us.div_ceil(1000).saturating_add(LEASE_CLOCK_SLACK_MS) * 1000)
+    lease_us.filter(|&us| us > 0).map(|us| {
+        us.div_ceil(1000)
+            .saturating_add(LEASE_CLOCK_SLACK_MS)
+            .saturating_mul(1000)
+    })
 }
 
 /// What [`lease_on_the_table_clock`] adds: one tick of the state machine's clock.
 pub const LEASE_CLOCK_SLACK_MS: u64 = 1;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lease_on_the_table_clock_is_rounded_up_and_never_wraps() {
+        assert_eq!(lease_on_the_table_clock(None), None);
+        assert_eq!(lease_on_the_table_clock(Some(0)), None);
+        assert_eq!(lease_on_the_table_clock(Some(1)), Some(2000));
+        assert_eq!(lease_on_the_table_clock(Some(1000)), Some(2000));
+        assert_eq!(lease_on_the_table_clock(Some(1001)), Some(3000));
+        // The longest leases a client can ask for saturate instead of wrapping to a short one
+        // (or overflowing: a panic of the owner thread in a debug build).
+        for us in [u64::MAX, u64::MAX - 999, u64::MAX / 1000 * 1000] {
+            assert!(lease_on_the_table_clock(Some(us)).unwrap() >= us, "{us}");
+        }
+    }
+}

@@ -82,7 +82,7 @@ struct PResponse {
     server_unix_time: Option<i64>,
 }
 
-use crate::rng::Rng as XorShift;
+use holdfast::rng::Rng as XorShift;
 
 fn random_request(rng: &mut XorShift) -> PRequest {
     let lock = rng.chance(70).then(|| {

@@ -1073,5 +1073,5 @@ mod client_tests {
 }
 
 #[cfg(test)]
-#[path = "wire_tests.rs"]
+#[path = "dlock_tests.rs"]
 mod tests;
