@@ -57,9 +57,10 @@ pub struct Conn {
     /// first request sets it (2, or 3 for the native protocol); a request of the other version
     /// gets status Version.
     pub dlock_version: u8,
-    /// Requests it may still parse in the worker's current turn (the worker sets it each turn;
-    /// unbounded where nothing does, as in [`crate::server::sim::Sim`]).
-    pub turn_budget: u32,
+    /// Parsing stops while `inflight` is at this: [`MAX_INFLIGHT`], or lower for the rest of a
+    /// worker's turn once the connection has had its share of it (the worker sets it each turn;
+    /// [`crate::server::sim::Sim`] leaves it). One compare per request, as before the share.
+    pub inflight_cap: u32,
 }
 
 /// Where a connection's key dump is (`docs/compat.md`, "Key dump").
@@ -88,7 +89,7 @@ impl Conn {
             dump: Dump::Idle,
             authenticated: true,
             dlock_version: 0,
-            turn_budget: u32::MAX,
+            inflight_cap: MAX_INFLIGHT,
         }
     }
 
@@ -115,7 +116,6 @@ impl Conn {
                 op: Op::Literal { bytes: span, close },
             });
             self.inflight += 1;
-            self.turn_budget = self.turn_budget.saturating_sub(1);
         }
     }
 
@@ -124,20 +124,24 @@ impl Conn {
     pub fn push(&mut self, id: ConnId, op: Op, batch: &mut Batch) {
         batch.ops.push(OpMsg { conn: id, op });
         self.inflight += 1;
-        self.turn_budget = self.turn_budget.saturating_sub(1);
     }
 
     pub fn pending_output(&self) -> usize {
         self.wbuf.len() - self.wpos
     }
 
+    /// Whether this turn's share of requests is parsed (the cap is below [`MAX_INFLIGHT`]):
+    /// the connection waits for the next turn, not for replies.
+    pub fn had_its_turn(&self) -> bool {
+        self.inflight >= self.inflight_cap && self.inflight_cap < MAX_INFLIGHT
+    }
+
     /// May more requests be parsed now?
     pub fn can_parse(&self) -> bool {
         !self.closing
-            && self.turn_budget > 0
             && self.dump == Dump::Idle
             && self.reply_bound < REPLY_BUDGET
-            && self.inflight < MAX_INFLIGHT
+            && self.inflight < self.inflight_cap
             && self.pending_output() < WBUF_HIGH
     }
 

@@ -56,8 +56,11 @@ const FIRST_CONN: usize = 16;
 /// the median with 64 KiB, 0.28-0.31 ms with 32 KiB and 0.29-0.30 ms with 16 KiB
 /// (tools/bench_load.py), the writer as fast with each.
 const READ_CHUNK: usize = 32 * 1024;
-/// Requests of one connection parsed per turn (`Conn::turn_budget`): the turn's share of a
-/// pipeline of small requests, which a read of [`READ_CHUNK`] can hold a thousand of.
+/// Requests of one connection parsed per turn (`Conn::inflight_cap`, requests in flight at
+/// its first service in the turn plus this): the turn's share of a pipeline of small requests,
+/// which a read of [`READ_CHUNK`] can hold a thousand of. Requests the worker answers itself
+/// with nothing in flight (a `version` after the last reply) cost no owner work and are not
+/// counted; the read bounds them.
 const REQUESTS_PER_TURN: u32 = 256;
 /// Reads of one connection per loop turn, its later passes included (`Socket::spent_turn`): the
 /// rest is read next turn, which comes at once, after the connections that became ready
@@ -116,7 +119,7 @@ struct Socket {
     /// The worker's turn in which this connection used its reads: it is read again in the
     /// next turn, not in this one's later passes.
     spent_turn: u64,
-    /// The turn whose [`REQUESTS_PER_TURN`] its `Conn::turn_budget` counts down.
+    /// The turn whose [`REQUESTS_PER_TURN`] its `Conn::inflight_cap` allows.
     budget_turn: u64,
 }
 
@@ -125,7 +128,7 @@ impl Socket {
     fn fresh_budget(&mut self, turn: u64) {
         if self.budget_turn != turn {
             self.budget_turn = turn;
-            self.conn.turn_budget = REQUESTS_PER_TURN;
+            self.conn.inflight_cap = (self.conn.inflight + REQUESTS_PER_TURN).min(MAX_INFLIGHT);
         }
     }
 }
@@ -533,7 +536,7 @@ impl Worker {
         while let Some(s) = self.sockets.get_mut(slot) {
             if !s.conn.can_parse() {
                 s.read_pending = !s.conn.closing;
-                if s.read_pending && s.conn.turn_budget == 0 {
+                if s.read_pending && s.conn.had_its_turn() {
                     // Its requests of this turn are parsed: the rest waits for the next.
                     s.spent_turn = self.turn;
                     self.recheck.push(slot);
@@ -673,7 +676,7 @@ impl Worker {
             s.conn.parse_buffered(id, cx, &mut self.batch);
             self.dirty.push(slot);
         }
-        if s.conn.turn_budget == 0 && !s.conn.closing {
+        if s.conn.had_its_turn() && !s.conn.closing {
             // This turn's requests are parsed; the rest (buffered, or still in the socket)
             // waits for the next.
             s.read_pending = true;
