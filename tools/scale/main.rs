@@ -86,6 +86,8 @@ struct Opts {
     intake_samples: usize,
     intake: Duration,
     phases: Vec<String>,
+    /// `--bulk-writer 1`: the leases phase runs beside a client streaming 1,000-byte sets.
+    bulk_writer: bool,
 }
 
 const USAGE: &str =
@@ -95,6 +97,7 @@ const USAGE: &str =
     [--threads N daemon I/O threads (its default)] [--budget SECONDS (300)]
     [--probe-pace-us N: sampled lease i is sent no earlier than i*N us into the burst (500)]
     [--intake-samples N: the first N samples have 1.0-1.3 s leases (500)]
+    [--bulk-writer 0|1: the leases phase beside a client streaming 1,000-byte sets (0)]
     [--intake-ms N: the bulk leases are sent evenly over N ms, 0: one burst (2000)]
     [--phases lockd,dlock,shared,watch,mc,leasemem,leases]
 ";
@@ -119,6 +122,7 @@ fn parse_opts() -> Result<Opts, String> {
         ]
         .map(String::from)
         .to_vec(),
+        bulk_writer: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
@@ -144,6 +148,7 @@ fn parse_opts() -> Result<Opts, String> {
             "--intake-samples" => o.intake_samples = num(&v)?,
             "--intake-ms" => o.intake = Duration::from_millis(num(&v)? as u64),
             "--phases" => o.phases = v.split(',').map(String::from).collect(),
+            "--bulk-writer" => o.bulk_writer = num(&v)? != 0,
             _ => return Err(format!("unknown flag {flag}")),
         }
     }
@@ -1001,6 +1006,9 @@ fn phase_leases(opts: &Opts, r: &mut Results) -> Result<(), String> {
     let probes = connect_many(port, PROBES)?;
     let waiters = connect_many(port, opts.samples)?;
     ctl.wait_connections((BULK + PROBES + opts.samples) as u64 + 1)?;
+    let writer = opts
+        .bulk_writer
+        .then(|| BulkWriter::start(d.port("memcache")));
 
     let mut rng = Rng::mixed(0x5eed_1ea5e);
     let releases: Vec<u16> = (0..opts.leases)
@@ -1219,10 +1227,64 @@ fn phase_leases(opts: &Opts, r: &mut Results) -> Result<(), String> {
         rep.expiries,
         opts.leases
     );
+    if let Some(w) = writer {
+        let (bytes, took) = w.stop();
+        println!(
+            "leases: beside a bulk writer of 1,000-byte sets: {:.0} MB/s over the phase ({:.1} s)",
+            bytes as f64 / took.as_secs_f64() / 1e6,
+            took.as_secs_f64()
+        );
+    }
     r.lease = Some(rep);
     drop(bulk);
     d.stop();
     Ok(())
+}
+
+/// A client streaming pipelined 1,000-byte `set ... noreply` on a memcached connection of its
+/// own, from a thread of its own, until stopped (the load beside the leases of `--bulk-writer`).
+struct BulkWriter {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<u64>,
+    started: Instant,
+}
+
+impl BulkWriter {
+    fn start(port: u16) -> BulkWriter {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let Ok(mut s) = StdStream::connect(("127.0.0.1", port)) else {
+                return 0;
+            };
+            let mut chunk = Vec::new();
+            for k in 0..512 {
+                chunk.extend_from_slice(format!("set bulk-{k} 0 0 1000 noreply\r\n").as_bytes());
+                chunk.extend_from_slice(&[b'v'; 1000]);
+                chunk.extend_from_slice(b"\r\n");
+            }
+            let mut sent = 0u64;
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                if s.write_all(&chunk).is_err() {
+                    break;
+                }
+                sent += chunk.len() as u64;
+            }
+            sent
+        });
+        BulkWriter {
+            stop,
+            thread,
+            started: Instant::now(),
+        }
+    }
+
+    /// Stop it: the bytes it sent and for how long.
+    fn stop(self) -> (u64, Duration) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let took = self.started.elapsed();
+        (self.thread.join().unwrap_or(0), took)
+    }
 }
 
 fn run(opts: &Opts) -> Result<bool, String> {
