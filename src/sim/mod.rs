@@ -2334,15 +2334,22 @@ pub mod holdfast {
     /// the connection it routes to, completions, close, then its body. Returns the
     /// connection, the close and the body.
     pub fn next_effect<'a>(r: &mut Reader<'a>) -> Result<(Option<ConnId>, bool, &'a [u8]), String> {
-        let (_session, to, close, body) = next_effect_of_session(r)?;
-        Ok((to, close, body))
+        let e = next_effect_of_session(r)?;
+        Ok((e.to, e.close, e.body))
     }
 
-    /// [`next_effect`] with the session it is for (an effect of a turn that closed its
-    /// session's connection routes nowhere).
-    pub fn next_effect_of_session<'a>(
-        r: &mut Reader<'a>,
-    ) -> Result<(u64, Option<ConnId>, bool, &'a [u8]), String> {
+    /// One effect in canonical form, with the session it is for.
+    pub struct SessionEffect<'a> {
+        pub session: u64,
+        /// The connection it routes to: none for a session whose connection closed in the
+        /// same turn, after the effect was made.
+        pub to: Option<ConnId>,
+        pub close: bool,
+        pub body: &'a [u8],
+    }
+
+    /// [`next_effect`] with the session it is for.
+    pub fn next_effect_of_session<'a>(r: &mut Reader<'a>) -> Result<SessionEffect<'a>, String> {
         let err = |e| format!("effects: {:?}", e);
         let session = r.u64().map_err(err)?;
         let to = match r.bool().map_err(err)? {
@@ -2352,7 +2359,12 @@ pub mod holdfast {
         let _done = r.u64().map_err(err)?;
         let close = r.bool().map_err(err)?;
         let body = r.bytes(usize::MAX).map_err(err)?;
-        Ok((session, to, close, body))
+        Ok(SessionEffect {
+            session,
+            to,
+            close,
+            body,
+        })
     }
 
     fn name(i: u64) -> Vec<u8> {

@@ -62,7 +62,8 @@ const OPENS: u8 = 2;
 /// Waiting Locks a client keeps at most.
 const MAX_WAITS: usize = 2;
 
-/// A grant's mode.
+/// A grant's mode, and which fit together (the reference rule the models check the tables'
+/// grants against).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
     Excl,
@@ -72,7 +73,8 @@ pub enum Mode {
 }
 
 impl Mode {
-    fn limit(self) -> u32 {
+    /// The key's limit a grant of this mode needs.
+    pub fn limit(self) -> u32 {
         match self {
             Mode::Slots(l) => l,
             _ => 1,
@@ -80,7 +82,7 @@ impl Mode {
     }
 
     /// Whether a grant of this mode fits beside holders of `others`.
-    fn fits(self, others: &[Mode]) -> bool {
+    pub fn fits(self, others: &[Mode]) -> bool {
         match self {
             Mode::Excl => others.is_empty(),
             Mode::Shared => others.iter().all(|m| *m == Mode::Shared),
@@ -675,7 +677,8 @@ impl NativeWorkload {
         let mut answered = matches!(sent.req, Req::Close);
         let mut r = Reader::new(effects);
         while r.remaining() > 0 {
-            let (session, to, _close, body) = next_effect_of_session(&mut r)?;
+            let e = next_effect_of_session(&mut r)?;
+            let (session, to, body) = (e.session, e.to, e.body);
             if body.first() != Some(&tag::DLOCK) {
                 continue;
             }

@@ -667,7 +667,7 @@ fn the_cluster_lock_check_reads_grants_from_canonical_effects() {
 /// Seeds of the native workload alternate between the two machines: holdfast's `Replayer` on
 /// even seeds, the cluster state (`Replicated`) on odd ones.
 fn run_native_seed(seed: u64) -> Result<(Report, native::NativeCounts), String> {
-    let state = if seed % 2 == 0 {
+    let state = if seed.is_multiple_of(2) {
         SimState::replayer
     } else {
         SimState::replicated
