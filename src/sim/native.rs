@@ -153,12 +153,13 @@ struct Wait {
 }
 
 /// A lock-delay that began when a grant of `mode` ended (between `from.0` and `from.1`): the key
-/// is delayed until `from_real + delay`, at least `until`.
+/// is delayed from that end for its delay, until `until` at least and `until_hi` at most.
 #[derive(Clone, Copy, Debug)]
 struct Delay {
     key: usize,
     from: (u64, u64),
     until: u64,
+    until_hi: u64,
     mode: Mode,
 }
 
@@ -767,7 +768,7 @@ impl NativeWorkload {
                 w.lock, w.deadline
             ));
         }
-        self.delays.retain(|d| d.until > now);
+        self.delays.retain(|d| d.until_hi > now);
         Ok(())
     }
 
@@ -801,6 +802,7 @@ impl NativeWorkload {
                 key: k,
                 from,
                 until: from.0 + g.delay_ms,
+                until_hi: from.1 + g.delay_ms,
                 mode: g.mode,
             });
         }
@@ -937,7 +939,7 @@ impl NativeWorkload {
                 (status::OK, Some(f)) => self.grant(sent.conn, sent.rid, l, f, (now, now)),
                 (status::ACQUIRE_TIMEOUT, None) if l.wait_ms == Some(0) => {
                     self.counts.timeouts += 1;
-                    Ok(())
+                    self.busy(&a.keys)
                 }
                 (status::INVALID_ARGUMENT, None) => self.limit_refused(l),
                 (s, f) => Err(format!("answered {s} (fence {f:?})")),
@@ -1027,6 +1029,26 @@ impl NativeWorkload {
             Req::Ping if a.status == status::OK => Ok(()),
             Req::Ping | Req::Close => Err(format!("answered {}", a.status)),
         }
+    }
+
+    /// Keys a Lock that may not wait found busy: each has a holder, a waiter or a lock-delay
+    /// that may still run (the model does not say which Locks fit: only that a busy key is not
+    /// free of everything, as after an Unlock, which starts no lock-delay).
+    fn busy(&self, keys: &[Vec<u8>]) -> Result<(), String> {
+        let now = self.clock;
+        for name in keys {
+            let k = key_index(name)?;
+            let held = self.grants.range((k, 0)..=(k, u64::MAX)).next().is_some();
+            let waited = self.waits.values().any(|w| w.lock.keys.contains(&k));
+            let delayed = self.delays.iter().any(|d| d.key == k && d.until_hi > now);
+            if !(held || waited || delayed) {
+                return Err(format!(
+                    "{} busy, with no holder, no waiter and no lock-delay",
+                    key_name(k)
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// A Lock refused for its limit: a key had holders or waiters of another limit.
@@ -1294,7 +1316,23 @@ impl NativeWorkload {
                     ));
                 }
             }
-            self.counts.delays_seen += u64::from(info.delayed_micro > 0);
+            if info.delayed_micro > 0 {
+                // A lock-delay the model knows that may run that long.
+                let longest = self
+                    .delays
+                    .iter()
+                    .filter(|d| d.key == k)
+                    .map(|d| d.until_hi.saturating_sub(now) * 1000)
+                    .max()
+                    .unwrap_or(0);
+                if info.delayed_micro > longest {
+                    return Err(format!(
+                        "{name}: delayed {} µs at {now}; the model's lock-delays may run {longest} µs",
+                        info.delayed_micro
+                    ));
+                }
+                self.counts.delays_seen += 1;
+            }
         }
         Ok(())
     }
