@@ -28,11 +28,12 @@
 //!   Expired notice to its open holder, a waiting Lock not answered by its wait deadline, a Lock
 //!   answered twice or never.
 //!
-//! Watches are not driven here: a watch belongs to its node's connections and is not in a
-//! snapshot, so a node that restarts from its snapshot (or installs a leader's) legitimately
-//! sends other effects than its peers for the same entry, and the simulator compares every
-//! replica's effects byte for byte. `tests/invariants.rs` checks watchers' events (in apply
-//! order, none missing) against its model on one node, and `tests/cluster.rs`
+//! Watches are not driven here: only the watcher's own node subscribes a Watch and makes its
+//! events (nor are they in a snapshot), so the nodes' effects for one entry differ by design,
+//! while the simulator checks that every replica's effects are the same byte for byte (here
+//! every replica's machine is built as the same node's, so a client of that node would watch on
+//! all of them, and one restored from a snapshot would have lost the watches its peers keep). `tests/invariants.rs` checks watchers' events
+//! (in apply order, none missing) against its model on one node, and `tests/cluster.rs`
 //! (`native_watches_notices_and_extend_by_fence_survive_a_leader_failover`) across a leader
 //! failover.
 
