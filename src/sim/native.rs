@@ -20,10 +20,13 @@
 //!   limits;
 //! - a grant certainly inside a lock-delay (one starts when a grant with a lock-delay ends by
 //!   loss or expiry, never by Unlock);
+//! - a grant while an earlier Lock waits for one of its keys (per-key FIFO: a waiting
+//!   exclusive Lock is never overtaken by later shared ones);
 //! - a fencing token not above every earlier token of its key;
 //! - an answer the model disagrees with: Unlock, Extend (own and by fence), Get's holders (in
 //!   grant order, values, lease left, mode, limit, waiters, lock-delay left) and CheckFence, all
-//!   applied in log order, hence linearizable;
+//!   applied in log order, hence linearizable; a key found busy (or shown delayed) with no
+//!   holder, no waiter and no lock-delay that may still run;
 //! - a notice the model does not expect (or a Lost one missing), a lease that ran out with no
 //!   Expired notice to its open holder, a waiting Lock not answered by its wait deadline, a Lock
 //!   answered twice or never.
@@ -151,6 +154,8 @@ struct Wait {
     conn: ConnId,
     lock: LockReq,
     deadline: Option<u64>,
+    /// Its place in the keys' queues (the order the Locks were applied).
+    seq: u64,
 }
 
 /// A lock-delay that began when a grant of `mode` ended (between `from.0` and `from.1`): the key
@@ -328,6 +333,7 @@ pub struct NativeWorkload {
     /// Per key, the largest token granted.
     last_fence: [u64; 3],
     waits: BTreeMap<(u64, u64), Wait>,
+    waits_queued: u64,
     delays: Vec<Delay>,
     closed: BTreeSet<ConnId>,
     /// Each session's connection, from the effects routed to it.
@@ -379,6 +385,7 @@ impl NativeWorkload {
             grants: BTreeMap::new(),
             last_fence: [0; 3],
             waits: BTreeMap::new(),
+            waits_queued: 0,
             delays: Vec::new(),
             closed: BTreeSet::new(),
             sessions: BTreeMap::new(),
@@ -727,10 +734,12 @@ impl NativeWorkload {
             }
             let deadline = l.wait_ms.map(|w| self.clock + w);
             let key = (u64::from(sent.conn.slot), sent.rid);
+            self.waits_queued += 1;
             let wait = Wait {
                 conn: sent.conn,
                 lock: l.clone(),
                 deadline,
+                seq: self.waits_queued,
             };
             self.waits.insert(key, wait);
         }
@@ -937,7 +946,10 @@ impl NativeWorkload {
         let now = self.clock;
         match &sent.req {
             Req::Lock(l) => match (a.status, a.fence) {
-                (status::OK, Some(f)) => self.grant(sent.conn, sent.rid, l, f, (now, now)),
+                (status::OK, Some(f)) => {
+                    self.first_in_line(l, u64::MAX)?;
+                    self.grant(sent.conn, sent.rid, l, f, (now, now))
+                }
                 (status::ACQUIRE_TIMEOUT, None) if l.wait_ms == Some(0) => {
                     self.counts.timeouts += 1;
                     self.busy(&a.keys)
@@ -1088,6 +1100,7 @@ impl NativeWorkload {
         match (a.status, a.fence) {
             (status::OK, Some(f)) => {
                 self.counts.waited_grants += 1;
+                self.first_in_line(&w.lock, w.seq)?;
                 self.grant(to, rid, &w.lock, f, window(prev, now))
             }
             (status::ACQUIRE_TIMEOUT, None) => match w.deadline {
@@ -1098,6 +1111,25 @@ impl NativeWorkload {
                 d => Err(format!("request {rid} timed out before its deadline {d:?}")),
             },
             (s, f) => Err(format!("waiting request {rid} answered {s} (fence {f:?})")),
+        }
+    }
+
+    /// A Lock is granted only when no earlier Lock waits for one of its keys (per-key FIFO: a
+    /// waiting exclusive Lock is never overtaken by later shared ones); `seq`: its place in the
+    /// queues (`u64::MAX` for a Lock granted at once). The waits of a connection closing in this
+    /// turn may have been dropped before.
+    fn first_in_line(&self, lock: &LockReq, seq: u64) -> Result<(), String> {
+        let earlier = self.waits.iter().find(|(_, w)| {
+            w.seq < seq
+                && Some(w.conn) != self.closing
+                && w.lock.keys.iter().any(|k| lock.keys.contains(k))
+        });
+        match earlier {
+            Some(((c, rid), w)) => Err(format!(
+                "granted while client {c}'s earlier Lock {rid} waits for a key of it: {:?}",
+                w.lock
+            )),
+            None => Ok(()),
         }
     }
 

@@ -857,6 +857,29 @@ mod forged_native {
     }
 
     #[test]
+    fn a_grant_past_a_waiting_lock_is_caught() {
+        let (mut w, mut m) = (NativeWorkload::new(), HoldfastMachine::new());
+        step(&mut w, &mut m, 1, lock(0, Mode::Shared, 0), T0).unwrap();
+        let wait = Req::Lock(LockReq {
+            keys: vec![0],
+            mode: Mode::Excl,
+            wait_ms: None,
+            lease_ms: None,
+            value: None,
+            delay_ms: 0,
+        });
+        step(&mut w, &mut m, 2, wait, T0).unwrap();
+        // The real state queues a shared Lock behind the waiting exclusive one...
+        step(&mut w, &mut m, 3, lock(0, Mode::Shared, 0), T0).unwrap();
+        // ...a replica that forgot it grants it beside the shared holder.
+        let why = step(&mut w, &mut diverged(3), 3, lock(0, Mode::Shared, 0), T0).unwrap_err();
+        assert!(
+            why.contains("granted while client 2's earlier Lock"),
+            "{why}"
+        );
+    }
+
+    #[test]
     fn a_token_not_above_the_last_is_caught() {
         let (mut w, mut m) = (NativeWorkload::new(), HoldfastMachine::new());
         step(&mut w, &mut m, 1, lock(0, Mode::Excl, 0), T0).unwrap();
