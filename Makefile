@@ -304,9 +304,13 @@ owner-ceiling:
 # with the cluster node's own state (`Replicated`, 100 in cargo test). A failing seed is printed; replay it with
 # HOLDFAST_SIM_SEED=N cargo test --lib sim::tests::one_seed -- --ignored --nocapture.
 # Half of the seeds change the membership under load; SIM_MEMBERSHIP_ONLY=1 runs only those.
+# Then the native protocol's workload (src/sim/native.rs, SIM_NATIVE_SEEDS seeds, the two
+# machines in turn; 40 in cargo test): replay a seed with
+# HOLDFAST_SIM_SEED=N [HOLDFAST_SIM_TRACE=1] cargo test --lib sim::tests::one_native_seed -- --ignored --nocapture.
 # Then the liveness mode (src/sim/live.rs; 24 seeds in cargo test): replay a seed with
 # HOLDFAST_SIM_SEED=N [HOLDFAST_SIM_TRACE=1] cargo test --lib sim::tests::one_live_seed -- --ignored --nocapture.
 SIM_SEEDS ?= 100000
+SIM_NATIVE_SEEDS ?= $(SIM_SEEDS)
 SIM_FIRST ?= 1000
 SIM_MEMBERSHIP_ONLY ?= 0
 SIM_ENV = HOLDFAST_SIM_FIRST=$(SIM_FIRST) HOLDFAST_SIM_SEEDS=$(SIM_SEEDS) \
@@ -317,6 +321,8 @@ cluster-sim:
 		sim::tests::replicas_of_holdfast_agree_under_faults_100k_seeds -- --ignored --nocapture
 	$(SIM_ENV) $(CARGO) test --release --lib \
 		sim::tests::replicas_of_the_cluster_state_agree_under_faults_over_many_seeds -- --nocapture
+	$(SIM_ENV) HOLDFAST_SIM_NATIVE_SEEDS=$(SIM_NATIVE_SEEDS) $(CARGO) test --release --lib \
+		sim::tests::the_native_workload_holds_under_faults_over_many_seeds -- --nocapture
 	$(SIM_ENV) HOLDFAST_SIM_LIVE_SEEDS=$(SIM_SEEDS) $(CARGO) test --release --lib \
 		sim::tests::the_liveness_mode_holds_over_many_seeds -- --nocapture
 

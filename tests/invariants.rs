@@ -29,7 +29,9 @@ use holdfast::proto::memcache::binary;
 use holdfast::rng::Rng;
 use holdfast::server::msg::ConnId;
 use holdfast::server::sim::{Sim, SIM_UNIX_START};
+// A grant's mode (exclusive stands for version 2's holds too) and which fit together.
 use holdfast::server::LEASE_CLOCK_SLACK_MS;
+use holdfast::sim::native::Mode;
 
 /// The tables' clock is Unix milliseconds; the sim's (and this model's) counts from its start.
 const EPOCH_MS: u64 = SIM_UNIX_START * 1000;
@@ -1086,35 +1088,6 @@ enum Mix {
     /// The classic mix and version-3 dlock clients; `watches`: whether they Watch (not in the
     /// schedules replayed with snapshot restores: watches are node-local, not in snapshots).
     Native { watches: bool },
-}
-
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Mode {
-    /// Exclusive (version 2's holds too).
-    Excl,
-    Shared,
-    /// A semaphore slot of a key with this limit (above 1).
-    Slots(u32),
-}
-
-impl Mode {
-    fn limit(self) -> u32 {
-        match self {
-            Mode::Slots(l) => l,
-            _ => 1,
-        }
-    }
-
-    /// Whether a grant of this mode fits beside holders of `others`.
-    fn fits(self, others: &[Mode]) -> bool {
-        match self {
-            Mode::Excl => others.is_empty(),
-            Mode::Shared => others.iter().all(|m| *m == Mode::Shared),
-            Mode::Slots(l) => {
-                others.iter().all(|m| *m == Mode::Slots(l)) && (others.len() as u32) < l
-            }
-        }
-    }
 }
 
 #[derive(Debug)]

@@ -89,6 +89,7 @@ use crate::server::msg::ConnId;
 
 mod env;
 mod live;
+pub mod native;
 mod snap;
 use env::{DiskFaults, Io, MemLog, Record, RestoreJob, Shared, SimClock, SimLink, SimMachine};
 use env::{SimStore, SimSyncer};
@@ -2047,6 +2048,18 @@ pub fn run_replicated_seed(seed: u64) -> Result<Report, String> {
         .map_err(|e| format!("seed {} (cluster state): {}", seed, e))
 }
 
+/// One seeded run of the native protocol's workload (`native.rs`) over `state` (holdfast's
+/// `Replayer` or its cluster state): the run's report and what the clients' requests reached.
+pub fn run_native(
+    seed: u64,
+    opts: Options,
+    state: fn() -> SimState,
+) -> Result<(Report, native::NativeCounts), String> {
+    let mut c = Cluster::new(seed, opts, state, native::NativeWorkload::new());
+    let report = c.run().map_err(|e| format!("seed {seed} (native): {e}"))?;
+    Ok((report, c.workload.counts))
+}
+
 /// Liveness mode ([`Options::liveness`], `live.rs`) over holdfast's cluster state: seed's
 /// faults without membership changes, pauses in 70% of the seeds.
 pub fn run_live_seed(seed: u64) -> Result<Report, String> {
@@ -2321,8 +2334,24 @@ pub mod holdfast {
     /// the connection it routes to, completions, close, then its body. Returns the
     /// connection, the close and the body.
     pub fn next_effect<'a>(r: &mut Reader<'a>) -> Result<(Option<ConnId>, bool, &'a [u8]), String> {
+        let e = next_effect_of_session(r)?;
+        Ok((e.to, e.close, e.body))
+    }
+
+    /// One effect in canonical form, with the session it is for.
+    pub struct SessionEffect<'a> {
+        pub session: u64,
+        /// The connection it routes to: none for a session whose connection closed in the
+        /// same turn, after the effect was made.
+        pub to: Option<ConnId>,
+        pub close: bool,
+        pub body: &'a [u8],
+    }
+
+    /// [`next_effect`] with the session it is for.
+    pub fn next_effect_of_session<'a>(r: &mut Reader<'a>) -> Result<SessionEffect<'a>, String> {
         let err = |e| format!("effects: {:?}", e);
-        let _session = r.u64().map_err(err)?;
+        let session = r.u64().map_err(err)?;
         let to = match r.bool().map_err(err)? {
             true => Some(ConnId::decode(r).map_err(err)?),
             false => None,
@@ -2330,7 +2359,12 @@ pub mod holdfast {
         let _done = r.u64().map_err(err)?;
         let close = r.bool().map_err(err)?;
         let body = r.bytes(usize::MAX).map_err(err)?;
-        Ok((to, close, body))
+        Ok(SessionEffect {
+            session,
+            to,
+            close,
+            body,
+        })
     }
 
     fn name(i: u64) -> Vec<u8> {
