@@ -189,6 +189,18 @@ def dlock_frame(req_type, key):
     return struct.pack(">I", len(body)) + body
 
 
+def read_varint(body, i):
+    """The varint at body[i]: (its value, the index after it)."""
+    v, shift = 0, 0
+    while True:
+        b = body[i]
+        i += 1
+        v |= (b & 0x7F) << shift
+        shift += 7
+        if not b & 0x80:
+            return v, i
+
+
 def dlock_status(sock, buf):
     n, = struct.unpack(">I", read_exact(sock, buf, 4))
     body = read_exact(sock, buf, n)
@@ -198,25 +210,11 @@ def dlock_status(sock, buf):
         i += 1
         field, wire = tag >> 3, tag & 7
         if wire == 0:
-            v, shift = 0, 0
-            while True:
-                b = body[i]
-                i += 1
-                v |= (b & 0x7F) << shift
-                shift += 7
-                if not b & 0x80:
-                    break
+            v, i = read_varint(body, i)
             if field == 3:
                 return v
         elif wire == 2:
-            ln, shift = 0, 0
-            while True:
-                b = body[i]
-                i += 1
-                ln |= (b & 0x7F) << shift
-                shift += 7
-                if not b & 0x80:
-                    break
+            ln, i = read_varint(body, i)
             i += ln
         else:
             raise OSError(f"unexpected wire type {wire}")
