@@ -93,7 +93,11 @@ impl Daemon {
     }
 
     pub fn memcache(&self) -> Client {
-        Client::connect(self.memcache.expect("memcache listener"))
+        Client::connect(self.memcache_addr())
+    }
+
+    pub fn memcache_addr(&self) -> SocketAddr {
+        self.memcache.expect("memcache listener")
     }
 
     pub fn lockd(&self) -> Client {
