@@ -305,8 +305,9 @@ owner-ceiling:
 # HOLDFAST_SIM_SEED=N cargo test --lib sim::tests::one_seed -- --ignored --nocapture.
 # Half of the seeds change the membership under load; SIM_MEMBERSHIP_ONLY=1 runs only those.
 # Then the native protocol's workload (src/sim/native.rs, SIM_NATIVE_SEEDS seeds, the two
-# machines in turn; 40 in cargo test): replay a seed with
-# HOLDFAST_SIM_SEED=N [HOLDFAST_SIM_TRACE=1] cargo test --lib sim::tests::one_native_seed -- --ignored --nocapture.
+# machines in turn; 40 in cargo test), and as many with a watcher (30 in cargo test): replay a
+# seed with HOLDFAST_SIM_SEED=N [HOLDFAST_SIM_TRACE=1] cargo test --lib
+# sim::tests::one_native_seed (one_watching_seed) -- --ignored --nocapture.
 # Then the liveness mode (src/sim/live.rs; 24 seeds in cargo test): replay a seed with
 # HOLDFAST_SIM_SEED=N [HOLDFAST_SIM_TRACE=1] cargo test --lib sim::tests::one_live_seed -- --ignored --nocapture.
 SIM_SEEDS ?= 100000
@@ -323,6 +324,8 @@ cluster-sim:
 		sim::tests::replicas_of_the_cluster_state_agree_under_faults_over_many_seeds -- --nocapture
 	$(SIM_ENV) HOLDFAST_SIM_NATIVE_SEEDS=$(SIM_NATIVE_SEEDS) $(CARGO) test --release --lib \
 		sim::tests::the_native_workload_holds_under_faults_over_many_seeds -- --nocapture
+	$(SIM_ENV) HOLDFAST_SIM_WATCH_SEEDS=$(SIM_NATIVE_SEEDS) $(CARGO) test --release --lib \
+		sim::tests::a_watcher_sees_every_change_of_its_keys_under_faults -- --nocapture
 	$(SIM_ENV) HOLDFAST_SIM_LIVE_SEEDS=$(SIM_SEEDS) $(CARGO) test --release --lib \
 		sim::tests::the_liveness_mode_holds_over_many_seeds -- --nocapture
 

@@ -444,6 +444,14 @@ impl Options {
         Options::drawn(seed, false)
     }
 
+    /// No snapshot is made, sent or installed: a node that restarts applies its whole log
+    /// again. For what a snapshot does not carry (the native protocol's watches).
+    pub fn without_compaction(mut self) -> Options {
+        self.snapshot_every = u64::MAX / 2;
+        self.snapshot_floor_bytes = u64::MAX / 2;
+        self
+    }
+
     fn drawn(seed: u64, membership: bool) -> Options {
         let mut r = Rng::new(seed ^ 0x006f_7074_696f_6e73);
         let mut o = Options {
@@ -2054,8 +2062,9 @@ pub fn run_native(
     seed: u64,
     opts: Options,
     state: fn() -> SimState,
+    workload: native::NativeWorkload,
 ) -> Result<(Report, native::NativeCounts), String> {
-    let mut c = Cluster::new(seed, opts, state, native::NativeWorkload::new());
+    let mut c = Cluster::new(seed, opts, state, workload);
     let report = c.run().map_err(|e| format!("seed {seed} (native): {e}"))?;
     Ok((report, c.workload.counts))
 }

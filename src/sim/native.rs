@@ -31,14 +31,19 @@
 //!   Expired notice to its open holder, a waiting Lock not answered by its wait deadline, a Lock
 //!   answered twice or never.
 //!
-//! Watches are not driven here: only the watcher's own node subscribes a Watch and makes its
-//! events (nor are they in a snapshot), so the nodes' effects for one entry differ by design,
-//! while the simulator checks that every replica's effects are the same byte for byte (here
-//! every replica's machine is built as the same node's, so a client of that node would watch on
-//! all of them, and one restored from a snapshot would have lost the watches its peers keep). `tests/invariants.rs` checks watchers' events
-//! (in apply order, none missing) against its model on one node, and `tests/cluster.rs`
-//! (`native_watches_notices_and_extend_by_fence_survive_a_leader_failover`) across a leader
-//! failover.
+//! Watches, in [`NativeWorkload::watching`]: client 0 also Watches and Unwatches keys, and
+//! each change of a key it watches that the model learns (a grant, an end by Unlock, expiry or
+//! loss) must reach it once under that key's Watch id, a grant's event before its end's, with
+//! no event the model does not call for; an Expired event also tells the model that a lease
+//! whose holder was not told ran out. A Watch or Unwatch takes effect at the end of its
+//! command (the events of timers that fired before it follow the keys watched before it), and
+//! an expiry that may have come before its key's Watch may have an event or not. Only the
+//! watcher's own node subscribes a Watch and watches are not in a snapshot, so these runs make
+//! no snapshot and every replica plays the watcher's node (node 0): then every replica's
+//! effects, events included, are the same byte for byte, as the simulator checks.
+//! `tests/invariants.rs` also checks watchers' events (in apply order) on one node, and
+//! `tests/cluster.rs` (`native_watches_notices_and_extend_by_fence_survive_a_leader_failover`)
+//! across a leader failover.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -123,6 +128,9 @@ pub enum Req {
     },
     Get(Vec<usize>),
     Check(usize, u64),
+    /// The watcher's ([`NativeWorkload::watching`]).
+    Watch(Vec<usize>),
+    Unwatch(Vec<usize>),
     Ping,
     /// The client's connection ends.
     Close,
@@ -147,6 +155,36 @@ struct Grant {
     /// Bounds of its lease's deadline on the log's clock (ms); `None`: connection-bound.
     lease: Option<(u64, u64)>,
     delay_ms: u64,
+}
+
+/// How a grant ended.
+#[derive(Clone, Copy, Debug)]
+enum End {
+    /// By an Unlock (its own or by fence): no lock-delay.
+    Released,
+    /// Its lease ran out at an instant within these bounds.
+    Expired(u64, u64),
+    /// Its connection closed, or it was unlocked by fence, at this instant.
+    Lost(u64),
+}
+
+/// The watcher: client 0, when the workload watches ([`NativeWorkload::watching`]).
+#[derive(Default)]
+struct Watcher {
+    /// Watched key -> (the Watch's request id, the log's clock when it was answered).
+    keys: BTreeMap<usize, (u64, u64)>,
+    /// Watches and Unwatches answered in this command: they take effect at its end (the
+    /// events of timers that fired before the request in the same command follow the keys
+    /// watched before it).
+    pending: Vec<(usize, Option<u64>)>,
+    /// Events of this command the model's changes call for: (key, kind, fence).
+    expect: Vec<(usize, u32, u64)>,
+    /// Expiries that may have come before their key was watched: an event may come, or not.
+    maybe: Vec<(usize, u32, u64)>,
+    /// Events of this command received, in order.
+    got: Vec<(usize, u32, u64)>,
+    /// Every Watch's request id.
+    rids: BTreeSet<u64>,
 }
 
 /// A waiting Lock.
@@ -203,6 +241,10 @@ pub struct NativeCounts {
     pub delays_seen: u64,
     pub checks_ok: u64,
     pub checks_stale: u64,
+    pub watches: u64,
+    pub unwatches: u64,
+    /// Watcher events received and matched, by kind (acquired, released, expired, lost).
+    pub events: [u64; 4],
 }
 
 impl NativeCounts {
@@ -232,6 +274,9 @@ impl NativeCounts {
             delays_seen,
             checks_ok,
             checks_stale,
+            watches,
+            unwatches,
+            events,
         } = *o;
         self.grants += grants;
         self.waited_grants += waited_grants;
@@ -257,6 +302,11 @@ impl NativeCounts {
         self.delays_seen += delays_seen;
         self.checks_ok += checks_ok;
         self.checks_stale += checks_stale;
+        self.watches += watches;
+        self.unwatches += unwatches;
+        for (a, b) in self.events.iter_mut().zip(events) {
+            *a += b;
+        }
     }
 }
 
@@ -344,6 +394,8 @@ pub struct NativeWorkload {
     lost_due: Vec<(ConnId, u64, usize, u64)>,
     lost_got: Vec<(ConnId, u64, usize, u64)>,
     batch: Batch,
+    /// Client 0 watches keys ([`NativeWorkload::watching`]).
+    watcher: Option<Watcher>,
     /// HOLDFAST_SIM_TRACE=1: every command and what it answered, on stderr.
     trace: bool,
     pub counts: NativeCounts,
@@ -393,8 +445,22 @@ impl NativeWorkload {
             lost_due: Vec::new(),
             lost_got: Vec::new(),
             batch: Batch::default(),
+            watcher: None,
             trace: std::env::var("HOLDFAST_SIM_TRACE").is_ok_and(|v| v == "1"),
             counts: NativeCounts::default(),
+        }
+    }
+
+    /// The workload with a watcher: client 0 also Watches and Unwatches keys and never closes
+    /// its connection, and the check requires every change of a key it watches (each grant and
+    /// its end, of the kind the model knows) to reach it once, under that key's Watch id, the
+    /// grant before its end, and no other event. Watches are the watcher's node's own and not
+    /// in a snapshot, so this runs only where no node restores one (every replica plays the
+    /// watcher's node, node 0): see [`super::Options::without_compaction`].
+    pub fn watching() -> NativeWorkload {
+        NativeWorkload {
+            watcher: Some(Watcher::default()),
+            ..NativeWorkload::new()
         }
     }
 
@@ -422,6 +488,9 @@ impl NativeWorkload {
         let mut out = vec![flags];
         out.extend_from_slice(&conn.gen.to_le_bytes());
         encode_frame(&req, rid, &mut out);
+        if let (Req::Watch(_), Some(w)) = (&req, self.watcher.as_mut()) {
+            w.rids.insert(rid);
+        }
         self.sent.insert(client, Sent { conn, rid, req });
         out
     }
@@ -492,6 +561,21 @@ impl NativeWorkload {
                     }
                 }
                 Req::Get(keys)
+            }
+            77..=91 if self.watcher.is_some() && client == 0 => {
+                let w = self.watcher.as_ref().expect("watching");
+                if w.keys.is_empty() || rng.chance(55) {
+                    let mut keys = vec![some_key(rng)];
+                    if rng.chance(30) {
+                        let k = some_key(rng);
+                        if !keys.contains(&k) {
+                            keys.push(k);
+                        }
+                    }
+                    Req::Watch(keys)
+                } else {
+                    Req::Unwatch(vec![some_key(rng)])
+                }
             }
             75..=83 => {
                 let k = some_key(rng);
@@ -595,6 +679,8 @@ fn encode_frame(req: &Req, rid: u64, out: &mut Vec<u8>) {
             },
         ),
         Req::Get(keys) => (req_type::GET, keys.clone(), Default::default()),
+        Req::Watch(keys) => (req_type::WATCH, keys.clone(), Default::default()),
+        Req::Unwatch(keys) => (req_type::UNWATCH, keys.clone(), Default::default()),
         Req::Check(k, f) => (
             req_type::CHECK_FENCE,
             vec![*k],
@@ -712,7 +798,9 @@ impl NativeWorkload {
                     a.id, a.status, a.fence, a.keys, a.extra.info, a.extra.event
                 );
             }
-            if a.extra.event.is_some() {
+            if let Some(ev) = self.watch_event(to, &a)? {
+                self.watcher.as_mut().expect("watching").got.push(ev);
+            } else if a.extra.event.is_some() {
                 self.notice(to, &a, prev)?;
             } else if to == sent.conn && a.id == Some(sent.rid) && !answered {
                 answered = true;
@@ -749,6 +837,18 @@ impl NativeWorkload {
     /// The checks once a command's effects are all seen.
     fn after_command(&mut self) -> Result<(), String> {
         let now = self.clock;
+        // An Expired event the model did not call for yet: a lease whose holder was not told
+        // (its connection closed) ran out in this command.
+        let got = self
+            .watcher
+            .as_ref()
+            .map(|w| w.got.clone())
+            .unwrap_or_default();
+        for (k, kind, f) in got {
+            if kind == event_kind::EXPIRED && self.grants.contains_key(&(k, f)) {
+                self.agree(k, f, false, "an Expired event")?;
+            }
+        }
         self.lost_due.sort_unstable();
         self.lost_got.sort_unstable();
         if self.lost_due != self.lost_got {
@@ -779,6 +879,95 @@ impl NativeWorkload {
             ));
         }
         self.delays.retain(|d| d.until_hi > now);
+        self.match_events()
+    }
+
+    /// The event `a` to `to`, when it is one of the watcher's Watches' (a notice carries its
+    /// Lock's or Extend's request id, never a Watch's).
+    fn watch_event(&self, to: ConnId, a: &Answer) -> Result<Option<(usize, u32, u64)>, String> {
+        let (Some(w), Some(ev)) = (&self.watcher, &a.extra.event) else {
+            return Ok(None);
+        };
+        let rid = a.id.unwrap_or(0);
+        if to.slot != 0 || !w.rids.contains(&rid) {
+            return Ok(None);
+        }
+        let k = key_index(&ev.key)?;
+        match w.keys.get(&k) {
+            Some(&(id, _)) if id == rid => Ok(Some((k, ev.kind, ev.fence))),
+            other => Err(format!(
+                "an event of {} {} under Watch {rid}; the watcher's Watch of it: {other:?}",
+                key_name(k),
+                ev.fence
+            )),
+        }
+    }
+
+    /// A change of `k` the model learned: an event the watcher must get, if it watches `k`.
+    /// An expiry within `at` may have come before the Watch (an event may come, or not).
+    fn changed(&mut self, k: usize, kind: u32, f: u64, at: Option<(u64, u64)>) {
+        let Some(w) = self.watcher.as_mut() else {
+            return;
+        };
+        let Some(&(_, since)) = w.keys.get(&k) else {
+            return;
+        };
+        match at {
+            // Timers due by the Watch's time fired before it.
+            Some((lo, hi)) if kind == event_kind::EXPIRED && lo <= since => {
+                if hi > since {
+                    w.maybe.push((k, kind, f));
+                }
+            }
+            _ => w.expect.push((k, kind, f)),
+        }
+    }
+
+    /// The watcher's events of this command against the changes the model learned: each once,
+    /// a grant's before its end, none the model does not call for; then the Watches and
+    /// Unwatches of this command take effect.
+    fn match_events(&mut self) -> Result<(), String> {
+        let now = self.clock;
+        let Some(w) = self.watcher.as_mut() else {
+            return Ok(());
+        };
+        let got = std::mem::take(&mut w.got);
+        let mut expect = std::mem::take(&mut w.expect);
+        let mut maybe = std::mem::take(&mut w.maybe);
+        for (i, &(k, kind, f)) in got.iter().enumerate() {
+            let name = key_name(k);
+            if kind == event_kind::ACQUIRED && got[..i].iter().any(|e| (e.0, e.2) == (k, f)) {
+                return Err(format!(
+                    "{name} {f}: Acquired after an event of its end: {got:?}"
+                ));
+            }
+            if let Some(j) = expect.iter().position(|e| *e == (k, kind, f)) {
+                expect.remove(j);
+            } else if let Some(j) = maybe.iter().position(|e| *e == (k, kind, f)) {
+                maybe.remove(j);
+            } else {
+                return Err(format!(
+                    "an event of kind {kind} for {name} {f} the model does not call for (got \
+                     {got:?}, the model's {expect:?})"
+                ));
+            }
+            self.counts.events[(kind as usize).clamp(1, 4) - 1] += 1;
+        }
+        if !expect.is_empty() {
+            return Err(format!(
+                "watcher events missing: (key, kind, fence) {expect:?}; got {got:?}"
+            ));
+        }
+        for (k, rid) in std::mem::take(&mut w.pending) {
+            match rid {
+                Some(rid) => {
+                    w.keys.insert(k, (rid, now));
+                }
+                None => {
+                    w.keys.remove(&k);
+                }
+            }
+        }
         Ok(())
     }
 
@@ -796,16 +985,22 @@ impl NativeWorkload {
             .collect();
         for (k, f) in lost {
             self.counts.lost_by_close += 1;
-            self.end(k, f, Some((now, now)));
+            self.end(k, f, End::Lost(now));
         }
     }
 
-    /// Grant `(k, f)` ended; `delay_from`: by loss or expiry (between those instants), its
-    /// lock-delay begins.
-    fn end(&mut self, k: usize, f: u64, delay_from: Option<(u64, u64)>) {
+    /// Grant `(k, f)` ended `how`: by loss or expiry, its lock-delay begins; a watcher of `k`
+    /// is told.
+    fn end(&mut self, k: usize, f: u64, how: End) {
         let Some(g) = self.grants.remove(&(k, f)) else {
             return;
         };
+        let (kind, delay_from) = match how {
+            End::Released => (event_kind::RELEASED, None),
+            End::Expired(lo, hi) => (event_kind::EXPIRED, Some((lo, hi))),
+            End::Lost(at) => (event_kind::LOST, Some((at, at))),
+        };
+        self.changed(k, kind, f, delay_from);
         if let Some(from) = delay_from.filter(|_| g.delay_ms > 0) {
             self.counts.delays_started += 1;
             self.delays.push(Delay {
@@ -830,7 +1025,7 @@ impl NativeWorkload {
             ));
         }
         self.counts.silent_expiries += 1;
-        self.end(k, f, Some(at));
+        self.end(k, f, End::Expired(at.0, at.1));
         Ok(())
     }
 
@@ -961,7 +1156,7 @@ impl NativeWorkload {
                 let released = self.own_grants(sent, keys, a)?;
                 self.counts.unlocks += u64::from(a.status == status::OK);
                 for (k, f) in released {
-                    self.end(k, f, None);
+                    self.end(k, f, End::Released);
                 }
                 Ok(())
             }
@@ -978,7 +1173,7 @@ impl NativeWorkload {
                             self.lost_due.push((g.conn, g.rid, k, *f));
                         }
                         self.counts.unlocks_by_fence += 1;
-                        self.end(k, *f, None);
+                        self.end(k, *f, End::Released);
                         Ok(())
                     }
                     status::NOT_HELD => {
@@ -1026,6 +1221,21 @@ impl NativeWorkload {
                 }
             }
             Req::Get(keys) => self.check_get(keys, a),
+            Req::Watch(keys) => {
+                // Its answer shows the keys' state as a Get's would.
+                self.check_get(keys, a)?;
+                self.counts.watches += 1;
+                let w = self.watcher.as_mut().ok_or("a Watch of no watcher")?;
+                w.pending.extend(keys.iter().map(|&k| (k, Some(sent.rid))));
+                Ok(())
+            }
+            Req::Unwatch(keys) if a.status == status::OK => {
+                self.counts.unwatches += 1;
+                let w = self.watcher.as_mut().ok_or("an Unwatch of no watcher")?;
+                w.pending.extend(keys.iter().map(|&k| (k, None)));
+                Ok(())
+            }
+            Req::Unwatch(_) => Err(format!("Unwatch answered {}", a.status)),
             Req::Check(k, f) => {
                 let live = match a.status {
                     status::OK => true,
@@ -1210,10 +1420,11 @@ impl NativeWorkload {
                 delay_ms: lock.delay_ms,
             };
             self.grants.insert((k, f), g);
+            self.changed(k, event_kind::ACQUIRED, f, None);
             if self.closing == Some(conn) && lease.is_none() {
                 // Granted in the turn that closes its connection, before the close.
                 self.counts.lost_by_close += 1;
-                self.end(k, f, Some((now, now)));
+                self.end(k, f, End::Lost(now));
             }
         }
         self.counts.grants += 1;
@@ -1249,7 +1460,7 @@ impl NativeWorkload {
                 }
                 self.counts.expired_notices += 1;
                 let (wlo, whi) = window(prev, now);
-                self.end(k, f, Some((lo.max(wlo), hi.min(whi))));
+                self.end(k, f, End::Expired(lo.max(wlo), hi.min(whi)));
                 Ok(())
             }
             event_kind::LOST => {

@@ -3,6 +3,14 @@ use std::time::Instant;
 use super::holdfast::{HoldfastMachine, LockWorkload};
 use super::*;
 
+/// A count from the environment (`name`), else `default`.
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
 /// Runs `seeds` through `run` and sums their reports; every failing seed is listed at the end
 /// (the run goes on past one) so that each can become a named test below.
 /// HOLDFAST_SIM_MEMBERSHIP_ONLY=1 skips the seeds without membership changes.
@@ -104,10 +112,7 @@ fn run_seeds(
 
 #[test]
 fn replicas_of_holdfast_agree_under_faults_over_many_seeds() {
-    let seeds: u64 = std::env::var("HOLDFAST_SIM_SEEDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(200);
+    let seeds: u64 = env_u64("HOLDFAST_SIM_SEEDS", 200);
     let t = run_seeds(0..seeds, run_holdfast_seed);
     // The faults and the paths they exercise really happened.
     assert!(t.commands > seeds * 10, "{:?}", t);
@@ -145,14 +150,8 @@ fn replicas_of_holdfast_agree_under_faults_over_many_seeds() {
 #[test]
 #[ignore]
 fn replicas_of_holdfast_agree_under_faults_100k_seeds() {
-    let first: u64 = std::env::var("HOLDFAST_SIM_FIRST")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(1_000);
-    let n: u64 = std::env::var("HOLDFAST_SIM_SEEDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(100_000);
+    let first: u64 = env_u64("HOLDFAST_SIM_FIRST", 1_000);
+    let n: u64 = env_u64("HOLDFAST_SIM_SEEDS", 100_000);
     run_seeds(first..first + n, run_holdfast_seed);
 }
 
@@ -284,14 +283,8 @@ fn a_driver_that_acks_before_syncing_is_caught() {
 /// applies): replicas agree byte for byte, each request applies once, never two holders.
 #[test]
 fn replicas_of_the_cluster_state_agree_under_faults_over_many_seeds() {
-    let seeds: u64 = std::env::var("HOLDFAST_SIM_SEEDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(100);
-    let first: u64 = std::env::var("HOLDFAST_SIM_FIRST")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
+    let seeds: u64 = env_u64("HOLDFAST_SIM_SEEDS", 100);
+    let first: u64 = env_u64("HOLDFAST_SIM_FIRST", 0);
     let t = run_seeds(first..first + seeds, run_replicated_seed);
     assert!(t.commands > seeds * 10, "{:?}", t);
     assert!(
@@ -456,14 +449,8 @@ fn one_live_seed_from_the_environment() {
 #[ignore]
 fn scan_a_mutation() {
     let which = std::env::var("HOLDFAST_SIM_MUTATION").expect("HOLDFAST_SIM_MUTATION");
-    let n: u64 = std::env::var("HOLDFAST_SIM_SEEDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(200);
-    let first: u64 = std::env::var("HOLDFAST_SIM_FIRST")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
+    let n: u64 = env_u64("HOLDFAST_SIM_SEEDS", 200);
+    let first: u64 = env_u64("HOLDFAST_SIM_FIRST", 0);
     let mut failed = 0;
     for seed in first..first + n {
         if let Err(e) = run_live(seed, mutated(seed, &which)) {
@@ -495,14 +482,8 @@ fn mutate(mut o: Options, which: &str) -> Options {
 /// the faults, fences, expiries, pauses, send cuts and write-deadline closes really happened.
 #[test]
 fn the_liveness_mode_holds_over_many_seeds() {
-    let seeds: u64 = std::env::var("HOLDFAST_SIM_LIVE_SEEDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(24);
-    let first: u64 = std::env::var("HOLDFAST_SIM_FIRST")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
+    let seeds: u64 = env_u64("HOLDFAST_SIM_LIVE_SEEDS", 24);
+    let first: u64 = env_u64("HOLDFAST_SIM_FIRST", 0);
     let t = run_seeds(first..first + seeds, run_live_seed);
     assert!(t.live_grants > seeds * 20, "{:?}", t);
     assert!(t.tokens_checked > seeds * 20, "{:?}", t);
@@ -672,7 +653,26 @@ fn run_native_seed(seed: u64) -> Result<(Report, native::NativeCounts), String> 
     } else {
         SimState::replicated
     };
-    run_native(seed, Options::for_seed(seed), state)
+    run_native(
+        seed,
+        Options::for_seed(seed),
+        state,
+        native::NativeWorkload::new(),
+    )
+}
+
+/// A seed of the native workload with a watcher ([`native::NativeWorkload::watching`]): the
+/// seed's faults without membership changes (a joiner needs a snapshot) and without
+/// compaction, on both machines as [`run_native_seed`].
+fn run_watching_seed(seed: u64) -> Result<(Report, native::NativeCounts), String> {
+    let state = if seed.is_multiple_of(2) {
+        SimState::replayer
+    } else {
+        SimState::replicated
+    };
+    let opts = Options::for_seed_without_membership(seed).without_compaction();
+    run_native(seed, opts, state, native::NativeWorkload::watching())
+        .map_err(|e| format!("watching: {e}"))
 }
 
 /// [`run_seeds`] of the native workload: the reports and the counts of what it reached.
@@ -725,14 +725,8 @@ fn assert_native_reached(c: &native::NativeCounts, seeds: u64) {
 /// order, or an answer it disagrees with. `make cluster-sim` runs `HOLDFAST_SIM_NATIVE_SEEDS`.
 #[test]
 fn the_native_workload_holds_under_faults_over_many_seeds() {
-    let seeds: u64 = std::env::var("HOLDFAST_SIM_NATIVE_SEEDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(40);
-    let first: u64 = std::env::var("HOLDFAST_SIM_FIRST")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
+    let seeds: u64 = env_u64("HOLDFAST_SIM_NATIVE_SEEDS", 40);
+    let first: u64 = env_u64("HOLDFAST_SIM_FIRST", 0);
     let (t, c) = run_native_seeds(first..first + seeds);
     assert!(t.commands > seeds * 10, "{t:?}");
     assert!(
@@ -740,6 +734,44 @@ fn the_native_workload_holds_under_faults_over_many_seeds() {
         "{t:?}"
     );
     assert_native_reached(&c, seeds);
+}
+
+/// The native workload with a watcher, under the seeds' faults (crashes, partitions, lost and
+/// late messages, new leaders) with no snapshot: every replica makes the same events, and each
+/// change of a watched key reaches the watcher once, under its Watch's id, the grant before its
+/// end. `make cluster-sim` runs `HOLDFAST_SIM_WATCH_SEEDS`.
+#[test]
+fn a_watcher_sees_every_change_of_its_keys_under_faults() {
+    let seeds: u64 = env_u64("HOLDFAST_SIM_WATCH_SEEDS", 30);
+    let first: u64 = env_u64("HOLDFAST_SIM_FIRST", 0);
+    let mut c = native::NativeCounts::default();
+    let t = run_seeds(first..first + seeds, |seed| {
+        let (r, n) = run_watching_seed(seed)?;
+        c.add(&n);
+        Ok(r)
+    });
+    eprintln!("watching: {c:?}");
+    assert!(t.commands > seeds * 10 && t.crashes > 0, "{t:?}");
+    assert_eq!(t.snapshots_installed, 0, "{t:?}");
+    assert!(c.watches > seeds && c.unwatches > 0, "{c:?}");
+    assert!(
+        c.events.iter().all(|&n| n > 0),
+        "every kind of event: {c:?}"
+    );
+    assert!(c.grants > seeds * 5 && c.expired_notices > 0, "{c:?}");
+}
+
+/// Replays one seed of the watcher's workload: `HOLDFAST_SIM_SEED=5 cargo test --lib
+/// sim::tests::one_watching_seed -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn one_watching_seed_from_the_environment() {
+    let seed: u64 = std::env::var("HOLDFAST_SIM_SEED")
+        .expect("HOLDFAST_SIM_SEED")
+        .parse()
+        .expect("a number");
+    let r = run_watching_seed(seed).unwrap_or_else(|e| panic!("{}", e));
+    eprintln!("{:?}", r);
 }
 
 /// A native seed replays identically.
@@ -794,8 +826,23 @@ mod forged_native {
         req: Req,
         t: u64,
     ) -> Result<(), String> {
+        step_also(w, m, None, client, req, t)
+    }
+
+    /// [`step`], and `other` applies it too.
+    fn step_also(
+        w: &mut NativeWorkload,
+        m: &mut HoldfastMachine,
+        other: Option<&mut HoldfastMachine>,
+        client: u64,
+        req: Req,
+        t: u64,
+    ) -> Result<(), String> {
         let request = w.send(client, req);
         let command = w.command(client, &request, t);
+        if let Some(o) = other {
+            o.apply(&command);
+        }
         let effects = m.apply(&command);
         w.check(client, &command, &effects)
     }
@@ -902,6 +949,48 @@ mod forged_native {
         assert!(why.contains("Get: k0 1 is not live"), "{why}");
         let why = step(&mut w, &mut diverged(0), 2, Req::Check(0, 1), T0).unwrap_err();
         assert!(why.contains("CheckFence: k0 1 is not live"), "{why}");
+    }
+
+    /// `client` sends `req`; `m` and `other` both apply it; the check reads `m`'s effects.
+    fn step_both(
+        w: &mut NativeWorkload,
+        m: &mut HoldfastMachine,
+        other: &mut HoldfastMachine,
+        client: u64,
+        req: Req,
+        t: u64,
+    ) -> Result<(), String> {
+        step_also(w, m, Some(other), client, req, t)
+    }
+
+    #[test]
+    fn a_watcher_event_missing_is_caught() {
+        let w = &mut NativeWorkload::watching();
+        let (m, d) = (&mut HoldfastMachine::new(), &mut HoldfastMachine::new());
+        // The watcher's Watch reaches only `m`; `d` applies the rest.
+        step(w, m, 0, Req::Watch(vec![0]), T0).unwrap();
+        let why = step_both(w, d, m, 1, lock(0, Mode::Excl, 0), T0 + 1).unwrap_err();
+        assert!(why.contains("watcher events missing"), "{why}");
+        // The real state tells the watcher.
+        let (w, m) = (&mut NativeWorkload::watching(), &mut HoldfastMachine::new());
+        step(w, m, 0, Req::Watch(vec![0]), T0).unwrap();
+        step(w, m, 1, lock(0, Mode::Excl, 0), T0 + 1).unwrap();
+        step(w, m, 1, Req::Close, T0 + 2).unwrap();
+    }
+
+    #[test]
+    fn a_watcher_event_after_its_unwatch_is_caught() {
+        let w = &mut NativeWorkload::watching();
+        let (m, d) = (&mut HoldfastMachine::new(), &mut HoldfastMachine::new());
+        step_both(w, m, d, 0, Req::Watch(vec![0, 1]), T0).unwrap();
+        // The Unwatch reaches only `m`: `d` still sends events of k0.
+        step(w, m, 0, Req::Unwatch(vec![0]), T0 + 1).unwrap();
+        step_both(w, m, d, 1, lock(1, Mode::Excl, 0), T0 + 2).unwrap();
+        let why = step_both(w, d, m, 1, lock(0, Mode::Excl, 0), T0 + 3).unwrap_err();
+        assert!(
+            why.contains("k0 2 under Watch 1; the watcher's Watch of it: None"),
+            "{why}"
+        );
     }
 }
 

@@ -823,3 +823,85 @@ fn a_large_batch_goes_out_in_entries_of_a_mebibyte_in_order_and_in_flight_bytes_
         .collect();
     assert_eq!(queued, sent[seen.len()..], "the rest waits, in order");
 }
+
+/// A proposal of `node` (run 1, number `seq`) at `time`: each connection's version-3 frame
+/// (request `id`, `ty` on `key`) as the worker parses it, after the `DlockOpen` of its accept.
+fn native_proposal(node: u64, seq: u64, time: u64, reqs: &[(ConnId, u64, u64, &[u8])]) -> Vec<u8> {
+    use crate::proto::dlock as dl;
+    let config = match config::parse(std::iter::empty::<&str>()) {
+        Ok(Command::Run(c)) => c,
+        other => panic!("{other:?}"),
+    };
+    let secrets = Default::default();
+    let cx = crate::server::worker::decode::Cx {
+        config: &config,
+        secrets: &secrets,
+    };
+    let mut batch = Batch::default();
+    for &(conn, id, ty, key) in reqs {
+        batch.ops.push(OpMsg {
+            conn,
+            op: Op::DlockOpen,
+        });
+        let keys = [key];
+        let lock = dl::LockFields {
+            keys: &keys,
+            ..Default::default()
+        };
+        let mut frame = Vec::new();
+        dl::encode_request_version(
+            &mut frame,
+            dl::NATIVE_VERSION,
+            Some(id),
+            None,
+            ty,
+            Some(lock),
+        );
+        crate::server::worker::conn::Conn::new(crate::server::Proto::Dlock)
+            .receive(&frame, conn, cx, &mut batch);
+    }
+    let mut data = vec![KIND_COMMANDS];
+    for v in [node, 1, seq] {
+        data.extend_from_slice(&v.to_le_bytes());
+    }
+    command::encode_entry_of_batches(time, std::iter::once(&batch), &mut data);
+    data
+}
+
+#[test]
+fn installing_a_snapshot_closes_this_nodes_watchers_and_no_other_connection() {
+    use crate::cluster::node::Machine;
+    use crate::proto::dlock::req_type;
+    // On node 1: `w` watches "db", `h` holds it; on node 2, `v` watches it too.
+    let (w, h) = (ConnId::on_node(1, 0, 5, 1), ConnId::on_node(1, 0, 6, 1));
+    let v = ConnId::on_node(2, 0, 7, 1);
+    let mut r = replica(1);
+    let mut leader = replica(2);
+    for p in [
+        native_proposal(1, 1, T0, &[(w, 1, req_type::WATCH, b"db")]),
+        native_proposal(1, 2, T0 + 1, &[(h, 1, req_type::LOCK, b"db")]),
+        native_proposal(2, 1, T0 + 2, &[(v, 1, req_type::WATCH, b"db")]),
+    ] {
+        r.apply(0, &p);
+        leader.apply(0, &p);
+    }
+    replies(&mut r);
+    // The leader went on without this node: a Release it never applied.
+    leader.apply(
+        0,
+        &native_proposal(1, 3, T0 + 3, &[(h, 2, req_type::UNLOCK, b"db")]),
+    );
+    let restored = r.restorer()(&leader.snapshot()).expect("restore");
+    drop(r.install(restored));
+    // The watcher missed the Released event: its connection closes; the holder's stays.
+    assert_eq!(replies(&mut r), vec![(w, 0, true)]);
+    assert_eq!(r.snapshot(), leader.snapshot());
+    // A later change reaches no watcher of this node (none is left), nor the other node's.
+    r.apply(
+        0,
+        &native_proposal(1, 4, T0 + 4, &[(h, 3, req_type::LOCK, b"db")]),
+    );
+    let after = replies(&mut r);
+    assert!(after.iter().all(|(c, _, _)| *c == h), "{after:?}");
+    assert!(!after.is_empty());
+}
