@@ -1072,3 +1072,61 @@ fn a_multi_get_whose_reply_outgrows_the_budget_fails_and_closes() {
     c.send(b"get huge\r\n");
     assert!(c.line().starts_with("VALUE huge 0 1000000"));
 }
+
+/// The admin port's `/metrics` value of `name` (no labels).
+fn metric(d: &Daemon, name: &str) -> f64 {
+    let mut s = TcpStream::connect(d.admin.expect("admin port")).expect("connect admin");
+    s.set_read_timeout(Some(DEADLINE)).expect("timeout");
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .expect("ask");
+    let mut all = Vec::new();
+    s.read_to_end(&mut all).expect("metrics");
+    let text = String::from_utf8(all).expect("text");
+    let body = &text[text.find("\r\n\r\n").expect("head") + 4..];
+    common::sample(&common::check_exposition(body), name, "")
+        .unwrap_or_else(|| panic!("no {name} in /metrics"))
+}
+
+#[test]
+fn a_flood_of_ten_thousand_pipelining_connections_keeps_the_owners_queue_bounded() {
+    let _g = serial();
+    // A separate owner thread: the queue is the channel between it and the workers.
+    let d = Daemon::start(&["--threads", "2"]);
+    const CONNS: usize = 10_000;
+    const DEPTH: usize = 100;
+    let mut conns: Vec<Client> = (0..CONNS).map(|_| d.memcache()).collect();
+    // Every connection sends its whole pipeline before anyone reads a reply: a million
+    // requests, about 30 MB, arrive at once.
+    let started = Instant::now();
+    for (i, c) in conns.iter_mut().enumerate() {
+        let mut p = Vec::with_capacity(DEPTH * 32);
+        for j in 0..DEPTH {
+            p.extend_from_slice(format!("add f{i}.{j} 0 0 1\r\nx\r\n").as_bytes());
+        }
+        c.send(&p);
+    }
+    // Another client is answered meanwhile.
+    let mut probe = d.memcache();
+    let t = Instant::now();
+    probe.expect(b"add probe 0 0 1\r\np\r\n", b"STORED\r\n");
+    let probe_wait = t.elapsed();
+    for c in conns.iter_mut() {
+        assert_eq!(c.take(DEPTH * 8), b"STORED\r\n".repeat(DEPTH));
+    }
+    let took = started.elapsed();
+    let peak = metric(&d, "holdfast_owner_queue_requests_peak");
+    let now = metric(&d, "holdfast_owner_queue_requests");
+    eprintln!(
+        "flood of {CONNS} x {DEPTH}: answered in {took:?}; the probe waited {probe_wait:?}; \
+         the owner's queue peaked at {peak} requests"
+    );
+    // 16 batches in the channel and the 64 of the owner's turn, each at most a turn's 4,096
+    // requests plus one connection's share of 256 and a poll's 1,024 accepts: far below the
+    // million requests of the flood.
+    assert!(
+        peak > 0.0 && peak <= (16.0 + 64.0) * (4096.0 + 256.0 + 1024.0),
+        "{peak}"
+    );
+    assert_eq!(now, 0.0);
+    probe.expect(b"get f9999.99\r\n", b"VALUE f9999.99 0 1\r\nx\r\nEND\r\n");
+}

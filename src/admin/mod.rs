@@ -100,7 +100,9 @@ impl Ctx {
 
     fn ask_now(&self, q: query::Query) -> Option<query::Answer> {
         let (tx, rx) = crossbeam_channel::bounded(1);
-        self.to_owner.send(ToOwner::Admin(q, tx)).then_some(())?;
+        self.to_owner
+            .send(ToOwner::Admin(q, tx), OWNER_DEADLINE)
+            .then_some(())?;
         rx.recv_timeout(OWNER_DEADLINE).ok()
     }
 }

@@ -337,7 +337,24 @@ pub fn metrics(s: &Snapshot, ctx: &Ctx) -> String {
             s.open[proto.index()].to_string(),
         ));
     }
-    let active = ctx.active.load(std::sync::atomic::Ordering::Relaxed);
+    let relaxed = std::sync::atomic::Ordering::Relaxed;
+    for (name, help, value) in [
+        (
+            "holdfast_owner_queue_requests",
+            "requests the workers handed to a separate owner thread that it has not taken yet",
+            &ctx.shared.owner_queue,
+        ),
+        (
+            "holdfast_owner_queue_requests_peak",
+            "the most requests ever waiting for a separate owner thread to take them",
+            &ctx.shared.owner_queue_peak,
+        ),
+    ] {
+        family(&mut fams, name, Kind::Gauge, help)
+            .samples
+            .push((String::new(), value.load(relaxed).to_string()));
+    }
+    let active = ctx.active.load(relaxed);
     family(
         &mut fams,
         "holdfast_admin_connections",

@@ -146,6 +146,10 @@ pub struct Shared {
     pub open_per_listener: [AtomicU64; Proto::ALL.len()],
     pub total_connections: AtomicU64,
     pub rejected_connections: AtomicU64,
+    /// Requests the workers handed to a separate owner thread that it has not taken yet (a
+    /// single thread's owner takes each batch as it is made), and the most there ever were.
+    pub owner_queue: AtomicU64,
+    pub owner_queue_peak: AtomicU64,
     pub started: Instant,
     /// The wall clock at `started`, in Unix milliseconds: the state machine's clock is
     /// `started_unix_ms` plus the monotonic time since `started`, so it never runs backwards.
@@ -220,6 +224,8 @@ impl Server {
             open_per_listener: Default::default(),
             total_connections: AtomicU64::new(0),
             rejected_connections: AtomicU64::new(0),
+            owner_queue: AtomicU64::new(0),
+            owner_queue_peak: AtomicU64::new(0),
             started,
             started_unix_ms,
             pid: std::process::id(),
@@ -263,7 +269,7 @@ impl Server {
 
         let admin_listener = bind_admin(&config)?;
 
-        let (to_owner, owner_rx) = crossbeam_channel::unbounded();
+        let (to_owner, owner_rx) = crossbeam_channel::bounded(worker::OWNER_QUEUE_BATCHES);
         let mut wakers = Vec::new();
         let mut worker_links = Vec::new();
         let mut workers = Vec::new();

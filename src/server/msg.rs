@@ -146,12 +146,23 @@ pub struct OwnerLink {
 }
 
 impl OwnerLink {
-    /// Send and wake; false if the owner is gone.
-    pub fn send(&self, msg: ToOwner) -> bool {
-        let sent = self.tx.send(msg).is_ok();
-        if let Some(w) = &self.wake {
-            let _ = w.wake();
-        }
+    /// Send and wake; false if the owner is gone, or its channel stayed full for `wait`.
+    pub fn send(&self, msg: ToOwner, wait: std::time::Duration) -> bool {
+        let wake = || {
+            if let Some(w) = &self.wake {
+                let _ = w.wake();
+            }
+        };
+        let sent = match self.tx.try_send(msg) {
+            Ok(()) => true,
+            Err(crossbeam_channel::TrySendError::Full(msg)) => {
+                // The thread that drains it must be awake to make room.
+                wake();
+                self.tx.send_timeout(msg, wait).is_ok()
+            }
+            Err(crossbeam_channel::TrySendError::Disconnected(_)) => false,
+        };
+        wake();
         sent
     }
 }

@@ -143,6 +143,8 @@ pub(crate) fn sim_shared(config: Config) -> Shared {
         open_per_listener: Default::default(),
         total_connections: AtomicU64::new(0),
         rejected_connections: AtomicU64::new(0),
+        owner_queue: AtomicU64::new(0),
+        owner_queue_peak: AtomicU64::new(0),
         started: Instant::now(),
         started_unix_ms: SIM_UNIX_START * 1000,
         pid: 1,

@@ -923,7 +923,12 @@ impl ClusterOwner {
     fn take(&mut self, msg: ToOwner, now: Instant) -> bool {
         match msg {
             ToOwner::Shutdown => return false,
-            ToOwner::Batch(b) => self.core.admit(&mut self.state, b, now),
+            ToOwner::Batch(b) => {
+                let n = b.ops.len() as u64;
+                let queue = &self.core.shared.owner_queue;
+                queue.fetch_sub(n, std::sync::atomic::Ordering::Relaxed);
+                self.core.admit(&mut self.state, b, now)
+            }
             ToOwner::Admin(crate::admin::data::Query::Cluster, reply) => {
                 let _ = reply.send(crate::admin::data::Answer::Cluster(Some(self.status())));
             }

@@ -193,6 +193,12 @@ impl Owner {
                     if i > 0 {
                         now = self.tick(now);
                     }
+                    if !self.inline {
+                        let n = batch.ops.len() as u64;
+                        self.shared
+                            .owner_queue
+                            .fetch_sub(n, std::sync::atomic::Ordering::Relaxed);
+                    }
                     now = self.apply(batch, now)
                 }
                 ToOwner::Admin(query, reply) => {

@@ -72,6 +72,16 @@ const REQUESTS_PER_TURN: u32 = 256;
 /// in a turn's later passes kept a lock probe on another connection waiting 2.4-2.6 ms at the
 /// median; one read, 0.23-0.26 ms, with the writer as fast.
 const READS_PER_TURN: usize = 1;
+/// A turn's work over all its connections: requests parsed into one batch, and bytes read.
+/// Connections past it keep their place in line (`Worker::deferred`) and are served first in
+/// the next turn, so that under a flood of busy connections each turn stays short and every
+/// connection gets its share in turn. It also bounds a batch, and with the owner's bounded
+/// channel ([`OWNER_QUEUE_BATCHES`]) the work queued for the owner: a worker whose batches the
+/// owner has not taken waits, reading nothing, and its clients' sockets fill (backpressure).
+const TURN_REQUESTS: usize = 4096;
+const TURN_BYTES: usize = 1 << 20;
+/// Batches the workers' channel to a separate owner thread holds before a worker's send waits.
+pub const OWNER_QUEUE_BATCHES: usize = 16;
 /// Run to completion: rounds of (apply the owner's replies, write, resume connections that
 /// were held back, run the owner on what that parsed) per poll. Two: the replies to this poll's
 /// requests are written in the same pass, and what they unblock is parsed once. Without a
@@ -121,6 +131,8 @@ struct Socket {
     spent_turn: u64,
     /// The turn whose [`REQUESTS_PER_TURN`] its `Conn::inflight_cap` allows.
     budget_turn: u64,
+    /// On `Worker::deferred`: the turn's work ran out before its turn came.
+    deferred: bool,
 }
 
 impl Socket {
@@ -175,6 +187,11 @@ pub struct Worker {
     dirty: Vec<usize>,
     /// Connections to look at again at the end of the turn (closing, read pending).
     recheck: Vec<usize>,
+    /// Connections not served in a turn whose work ran out ([`TURN_REQUESTS`], [`TURN_BYTES`]),
+    /// in the order they asked: the next turn serves them first.
+    deferred: std::collections::VecDeque<usize>,
+    /// Bytes read in this turn.
+    turn_bytes: usize,
     accept_paused: bool,
     /// Loop turns so far.
     turn: u64,
@@ -245,6 +262,8 @@ impl Worker {
             handshake_timeout,
             dirty: Vec::new(),
             recheck: Vec::new(),
+            deferred: Default::default(),
+            turn_bytes: 0,
             accept_paused: false,
             turn: 0,
             stalled: Vec::new(),
@@ -285,7 +304,8 @@ impl Worker {
         // Connections left to look at again (found while finishing the last turn) must not
         // wait for an unrelated event.
         let replies_left = self.inline.is_some() && !self.from_owner.is_empty();
-        let mut timeout = if !self.recheck.is_empty() || !self.dirty.is_empty() || replies_left {
+        let more = !self.recheck.is_empty() || !self.deferred.is_empty() || !self.dirty.is_empty();
+        let mut timeout = if more || replies_left {
             Some(Duration::ZERO)
         } else {
             self.accept_paused.then_some(ACCEPT_BACKOFF)
@@ -313,6 +333,7 @@ impl Worker {
             return false;
         }
         self.turn += 1;
+        self.turn_bytes = 0;
         // One clock read per turn (vDSO, no syscall), none per request: the owner's latency
         // histograms count each lock request of this turn's batch from here.
         self.batch.stamp = Some(Instant::now());
@@ -328,6 +349,16 @@ impl Worker {
             self.accept_paused = false;
             for i in 0..self.listeners.len() {
                 self.accept(i);
+            }
+        }
+        // Those the last turn had no room for go first.
+        for _ in 0..self.deferred.len() {
+            let Some(slot) = self.deferred.pop_front() else {
+                break;
+            };
+            if let Some(s) = self.sockets.get_mut(slot) {
+                s.deferred = false;
+                self.resume(slot);
             }
         }
         for event in events.iter() {
@@ -478,6 +509,7 @@ impl Worker {
             read_pending: false,
             spent_turn: u64::MAX,
             budget_turn: u64::MAX,
+            deferred: false,
             write_interest: false,
             sent: 0,
             stall: None,
@@ -543,6 +575,15 @@ impl Worker {
                 }
                 break;
             }
+            if self.batch.ops.len() >= TURN_REQUESTS || self.turn_bytes >= TURN_BYTES {
+                // The turn is full: this connection is first in line for the next.
+                s.read_pending = true;
+                if !s.deferred {
+                    s.deferred = true;
+                    self.deferred.push_back(slot);
+                }
+                break;
+            }
             if reads == READS_PER_TURN || s.spent_turn == self.turn {
                 // Fairness: finish this turn for the others; the next turn resumes it.
                 s.spent_turn = self.turn;
@@ -552,7 +593,11 @@ impl Worker {
             }
             reads += 1;
             s.read_pending = false;
-            match s.stream.read(scratch) {
+            let got = s.stream.read(scratch);
+            if let Ok(n) = got {
+                self.turn_bytes += n;
+            }
+            match got {
                 Ok(0) => {
                     // EOF (perhaps only a half-close): answer what was asked, then close.
                     let id = ConnId::on_node(self.node, self.id, slot as u32, s.gen);
@@ -667,6 +712,13 @@ impl Worker {
             return;
         };
         s.fresh_budget(self.turn);
+        if self.batch.ops.len() >= TURN_REQUESTS {
+            if !s.deferred {
+                s.deferred = true;
+                self.deferred.push_back(slot);
+            }
+            return;
+        }
         if !s.conn.rbuf.is_empty() && s.conn.can_parse() {
             let id = ConnId::on_node(self.node, self.id, slot as u32, s.gen);
             let cx = Cx {
@@ -819,7 +871,15 @@ impl Worker {
             full.spare_reply_arena = self.pool_reply_arena.take();
             let delivered = match self.inline.as_mut() {
                 Some(owner) => owner.step_inline(Some(full)),
-                None => self.to_owner.send(ToOwner::Batch(full)).is_ok(),
+                None => {
+                    // Counted until the owner takes it: the queue `/metrics` shows.
+                    let n = full.ops.len() as u64;
+                    let queued = self.shared.owner_queue.fetch_add(n, Ordering::Relaxed) + n;
+                    self.shared
+                        .owner_queue_peak
+                        .fetch_max(queued, Ordering::Relaxed);
+                    self.to_owner.send(ToOwner::Batch(full)).is_ok()
+                }
             };
             if !delivered {
                 // The owner is gone or stopping: so is the daemon.
