@@ -1120,11 +1120,11 @@ fn a_flood_of_ten_thousand_pipelining_connections_keeps_the_owners_queue_bounded
         "flood of {CONNS} x {DEPTH}: answered in {took:?}; the probe waited {probe_wait:?}; \
          the owner's queue peaked at {peak} requests"
     );
-    // 16 batches in the channel and the 64 of the owner's turn, each at most a turn's 4,096
+    // 4 batches in the channel and the 64 of the owner's turn, each at most a turn's 4,096
     // requests plus one connection's share of 256 and a poll's 1,024 accepts: far below the
     // million requests of the flood.
     assert!(
-        peak > 0.0 && peak <= (16.0 + 64.0) * (4096.0 + 256.0 + 1024.0),
+        peak > 0.0 && peak <= (4.0 + 64.0) * (4096.0 + 256.0 + 1024.0),
         "{peak}"
     );
     assert_eq!(now, 0.0);

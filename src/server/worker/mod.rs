@@ -81,7 +81,10 @@ const READS_PER_TURN: usize = 1;
 const TURN_REQUESTS: usize = 4096;
 const TURN_BYTES: usize = 1 << 20;
 /// Batches the workers' channel to a separate owner thread holds before a worker's send waits.
-pub const OWNER_QUEUE_BATCHES: usize = 16;
+/// A request queues at the owner behind every batch ahead of it: beside a bulk writer with
+/// `--threads 2`, a lock probe waited 0.56-0.58 ms at the median with four, 1.4-1.6 ms with
+/// sixteen (tools/bench_load.py), the writer as fast; with two it lost a seventh of its rate.
+pub const OWNER_QUEUE_BATCHES: usize = 4;
 /// Run to completion: rounds of (apply the owner's replies, write, resume connections that
 /// were held back, run the owner on what that parsed) per poll. Two: the replies to this poll's
 /// requests are written in the same pass, and what they unblock is parsed once. Without a
