@@ -52,8 +52,13 @@ fn check_private_meta(path: &Path, meta: &std::fs::Metadata) -> Result<(), Strin
 
 /// Read a file of at most [`MAX_FILE`] bytes.
 fn read_capped(path: &Path) -> Result<Vec<u8>, String> {
-    use std::io::Read;
     let f = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    take_capped(path, f)
+}
+
+/// The rest of open file `f` (named `path` in errors), if it is at most [`MAX_FILE`] bytes.
+fn take_capped(path: &Path, f: std::fs::File) -> Result<Vec<u8>, String> {
+    use std::io::Read;
     let mut bytes = Vec::new();
     f.take(MAX_FILE + 1)
         .read_to_end(&mut bytes)
@@ -67,20 +72,12 @@ fn read_capped(path: &Path) -> Result<Vec<u8>, String> {
 /// A secret file: opened, checked private on the open file (see [`check_private`]: what is
 /// checked is what is read, even if the path is replaced meanwhile), then read.
 pub fn read_secret(path: &Path) -> Result<Vec<u8>, String> {
-    use std::io::Read;
     let f = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let meta = f
         .metadata()
         .map_err(|e| format!("{}: {e}", path.display()))?;
     check_private_meta(path, &meta)?;
-    let mut bytes = Vec::new();
-    f.take(MAX_FILE + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    if bytes.len() as u64 > MAX_FILE {
-        return Err(format!("{}: larger than {MAX_FILE} bytes", path.display()));
-    }
-    Ok(bytes)
+    take_capped(path, f)
 }
 
 /// *ring* with AES-128-GCM ahead of AES-256-GCM in each TLS version (as Go's crypto/tls and
@@ -214,4 +211,38 @@ pub fn connect_blocking(
         conn.complete_io(&mut tcp)?;
     }
     Ok(rustls::StreamOwned::new(conn, tcp))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// A file of `len` bytes with `mode` in a directory of this test's own.
+    fn file(name: &str, len: u64, mode: u32) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("holdfast-tls-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(name);
+        std::fs::write(&path, vec![b'x'; len as usize]).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+        path
+    }
+
+    #[test]
+    fn files_over_the_cap_and_secrets_others_can_read_are_refused() {
+        let at_cap = file("at-cap", MAX_FILE, 0o600);
+        assert_eq!(read_secret(&at_cap).unwrap().len() as u64, MAX_FILE);
+        assert_eq!(read_capped(&at_cap).unwrap().len() as u64, MAX_FILE);
+        let over = file("over", MAX_FILE + 1, 0o600);
+        for r in [read_secret(&over), read_capped(&over)] {
+            let e = r.unwrap_err();
+            assert!(e.contains("larger than"), "{e}");
+        }
+        let shared = file("shared", 10, 0o644);
+        assert!(read_secret(&shared).is_err());
+        assert_eq!(read_capped(&shared).unwrap().len(), 10);
+        for p in [at_cap, over, shared] {
+            let _ = std::fs::remove_dir_all(p.parent().unwrap());
+        }
+    }
 }
