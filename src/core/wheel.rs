@@ -42,8 +42,9 @@
 //!
 //! A cascade moves all of a slot's timers at once: a level-2 slot spans 4,096 ms, and with a
 //! million leases of a few seconds it holds hundreds of thousands (12-21 ms of work in one
-//! `advance_to`, every lease due meanwhile late by as much). So the next slot above level 1 to
-//! cascade is emptied ahead of time ([`Stage`]), up to [`STAGE_BUDGET`] timers per
+//! `advance_to`, every lease due meanwhile late by as much); a level-1 slot spans 64 ms and
+//! holds tens of thousands of them. So the next slot of level 1 and the next slot above level 1
+//! to cascade are each emptied ahead of time ([`Stage`]), up to [`STAGE_BUDGET`] timers per
 //! `advance_to`, into lists by their digit of the level below, which become that level's when
 //! the slot starts: the cascade itself then re-files only the timers of its first sub-slot.
 
@@ -69,10 +70,17 @@ const NIL: usize = usize::MAX;
 /// `Entry::level` of a timer in the due list rather than in a level (no level has this number).
 const DUE: u8 = u8::MAX;
 
-/// Timers an `advance_to` moves ahead of time out of the next slot to cascade (see [`Stage`]):
-/// about 0.1 ms of work. Called every millisecond while timers are pending, it moves a million
-/// timers a second, so a level-2 slot (4,096 ms) of up to four million is ready before it starts.
+/// Timers moved ahead of time into each of the two stages (see [`Stage`]) when the clock
+/// advances: 0.1-0.3 ms of work each (a cache miss or two per timer). Advanced every
+/// millisecond, that is a million timers a second into each, so a level-2 slot (4,096 ms) of
+/// up to four million and a level-1 slot (64 ms) of up to 64,000 are ready before they start.
 const STAGE_BUDGET: usize = 1024;
+
+/// The stage of the next level-1 slot to cascade (into level 0).
+const NEAR: usize = 0;
+
+/// The stage of the next slot above level 1 to cascade.
+const FAR: usize = 1;
 
 /// Handle to a pending timer: its slab index plus the generation it was inserted with. A handle
 /// whose timer fired or was cancelled, even if the slab slot now holds another timer, is stale and
@@ -112,15 +120,27 @@ impl Level {
     };
 }
 
-/// The next slot above level 1 to cascade, emptied ahead of time: its timers, a bounded number
-/// per `advance_to`, are sorted into the lists of the level below by their digit of that level.
+impl Stage {
+    const NONE: Stage = Stage {
+        level: 0,
+        slot: 0,
+        start: 0,
+        lists: Level::EMPTY,
+    };
+}
+
+/// A slot to cascade next, emptied ahead of time: its timers, a bounded number per
+/// `advance_to`, are sorted into the lists of the level below by their digit of that level.
+/// There are two: [`NEAR`] for level 1, [`FAR`] for the levels above. Their timers never
+/// share a level (NEAR's are at level 0, FAR's at level 1 or above), and NEAR's slot always
+/// starts before FAR's (it lies within the current revolution of level 2).
 /// When the clock reaches the slot's start, every lower level is empty (their timers were all
 /// due before it), so the lists become that level's at once, and only the timers of its first
 /// slot (digit 0: due within that level's first span) are re-filed one by one. A cascade of a
 /// level-2 slot, up to a few million timers in one go, then costs 64 list heads and a 64th of
 /// its timers.
 struct Stage {
-    /// The staged slot's level (2 and above); 0: no slot is staged.
+    /// The staged slot's level (1 for [`NEAR`], 2 and above for [`FAR`]); 0: none is staged.
     level: usize,
     slot: usize,
     /// When the clock reaches the staged slot.
@@ -150,10 +170,18 @@ pub struct Wheel<T> {
     due_earliest: u64,
     /// Reused buffer for ordering the due list by deadline when it fires.
     scratch: Vec<(u64, usize)>,
-    /// The next cascade above level 1, prepared ahead of time.
-    stage: Box<Stage>,
-    /// Timers staged per `advance_to` ([`STAGE_BUDGET`]; smaller in tests).
+    /// The next cascades of level 1 ([`NEAR`]) and above ([`FAR`]), prepared ahead of time.
+    stages: Box<[Stage; 2]>,
+    /// Timers staged per millisecond into each stage ([`STAGE_BUDGET`]; smaller in tests).
     stage_budget: usize,
+    /// The clock when timers were last staged. An owner calls `advance_to` before every
+    /// request, thousands of times in one millisecond of a busy turn: a budget per call
+    /// emptied a slot of half a million timers into the stage in one 20 ms stretch, the very
+    /// stall the stage is there to spread. So staging follows the clock, not the calls.
+    staged_at: u64,
+    /// Timers moved into a stage (tests measure the pace).
+    #[cfg(test)]
+    staged: usize,
     /// Timers re-filed or fired one by one by cascades (tests measure a cascade's work).
     #[cfg(test)]
     refiled: usize,
@@ -171,13 +199,11 @@ impl<T> Wheel<T> {
             due: NIL,
             due_earliest: u64::MAX,
             scratch: Vec::new(),
-            stage: Box::new(Stage {
-                level: 0,
-                slot: 0,
-                start: 0,
-                lists: Level::EMPTY,
-            }),
+            stages: Box::new([Stage::NONE, Stage::NONE]),
             stage_budget: STAGE_BUDGET,
+            staged_at: now_ms,
+            #[cfg(test)]
+            staged: 0,
             #[cfg(test)]
             refiled: 0,
         }
@@ -247,15 +273,19 @@ impl<T> Wheel<T> {
         self.fire_due(fired);
         loop {
             let next = self.next_expiration();
-            // The staged slot's timers join the level below before anything else happens at
-            // its start (every lower level is empty then).
-            let staged = self.stage.level != 0;
-            if staged && self.stage.start <= target && next.is_none_or(|n| self.stage.start <= n.2)
+            // A staged slot's timers join the level below before anything else happens at its
+            // start (every lower level is empty then). NEAR's slot starts before FAR's.
+            let stage = [NEAR, FAR]
+                .into_iter()
+                .find(|&i| self.stages[i].level != 0)
+                .map(|i| (i, &self.stages[i]));
+            if let Some((i, st)) =
+                stage.filter(|(_, st)| st.start <= target && next.is_none_or(|n| st.start <= n.2))
             {
                 // Nothing else starts then: a level-`l` slot past 0 is no higher level's start.
-                let (level, slot) = (self.stage.level, self.stage.slot);
-                self.now = self.stage.start;
-                self.unstage(fired);
+                let (level, slot) = (st.level, st.slot);
+                self.now = st.start;
+                self.unstage(i, fired);
                 if self.levels[level].occupied & (1 << slot) != 0 {
                     // Timers filed there after the stage was last topped up.
                     self.expire_slot(level, slot, fired);
@@ -271,16 +301,27 @@ impl<T> Wheel<T> {
             }
         }
         self.now = target;
-        self.stage_ahead();
+        // One budget per call that moves the clock, however far: catching up on a long turn's
+        // milliseconds would make the next turn long in turn.
+        if self.now > self.staged_at {
+            self.staged_at = self.now;
+            self.stage_ahead(self.stage_budget);
+        }
     }
 
-    /// Move up to `stage_budget` timers of the next slot above level 1 to cascade into the
-    /// stage (choosing that slot if none is staged).
-    fn stage_ahead(&mut self) {
-        if self.stage.level == 0 {
-            // The earliest occupied slot of levels 2 and above.
+    /// Move up to `budget` timers of the next slot of level 1, and as many of the next slot
+    /// above level 1, to cascade into their stages (choosing those slots if none is staged).
+    fn stage_ahead(&mut self, budget: usize) {
+        self.stage_one(NEAR, 0b10, budget);
+        self.stage_one(FAR, !0b11, budget);
+    }
+
+    /// [`Wheel::stage_ahead`] for stage `i`, which takes the earliest occupied slot of the
+    /// levels in the bitmap `of_levels`.
+    fn stage_one(&mut self, i: usize, of_levels: u16, budget: usize) {
+        if self.stages[i].level == 0 {
             let mut best: Option<(u64, usize, usize)> = None;
-            let mut levels = self.nonempty_levels & !0b11;
+            let mut levels = self.nonempty_levels & of_levels;
             while levels != 0 {
                 let level = levels.trailing_zeros() as usize;
                 levels &= levels - 1;
@@ -293,21 +334,27 @@ impl<T> Wheel<T> {
             let Some((start, level, slot)) = best else {
                 return;
             };
-            self.stage.level = level;
-            self.stage.slot = slot;
-            self.stage.start = start;
+            let st = &mut self.stages[i];
+            st.level = level;
+            st.slot = slot;
+            st.start = start;
         }
-        let (level, slot) = (self.stage.level, self.stage.slot);
-        for _ in 0..self.stage_budget {
+        let (level, slot) = (self.stages[i].level, self.stages[i].slot);
+        for _ in 0..budget {
             let idx = self.levels[level].head[slot];
             if idx == NIL {
                 return;
             }
+            #[cfg(test)]
+            {
+                self.staged += 1;
+            }
             self.unlink(idx);
             let below = level - 1;
             let s = digit(self.entries[idx].deadline, below);
-            let old_head = std::mem::replace(&mut self.stage.lists.head[s], idx);
-            self.stage.lists.occupied |= 1 << s;
+            let lists = &mut self.stages[i].lists;
+            let old_head = std::mem::replace(&mut lists.head[s], idx);
+            lists.occupied |= 1 << s;
             if old_head != NIL {
                 self.entries[old_head].prev = idx;
             }
@@ -318,23 +365,32 @@ impl<T> Wheel<T> {
         }
     }
 
-    /// Whether a timer at `level` due at `deadline` is in the stage rather than in the level:
-    /// the stage holds the level's timers due within the staged slot, which the level itself
+    /// Whether a timer at `level` due at `deadline` is in a stage rather than in the level: a
+    /// stage holds the level's timers due within the staged slot, which the level itself
     /// cannot hold before the clock reaches that slot.
     fn in_stage(&self, level: u8, deadline: u64) -> bool {
-        let st = &self.stage;
+        let st = &self.stages[Self::stage_of(level)];
         st.level != 0
             && usize::from(level) + 1 == st.level
             && deadline >= st.start
             && (deadline - st.start) >> (st.level * LEVEL_BITS) == 0
     }
 
-    /// The clock is at the staged slot's start: its timers become the level below's, those of
+    /// The stage that may hold timers at `level` (a staged timer is at the level below its slot's).
+    fn stage_of(level: u8) -> usize {
+        if level == 0 {
+            NEAR
+        } else {
+            FAR
+        }
+    }
+
+    /// The clock is at stage `i`'s slot's start: its timers become the level below's, those of
     /// that level's first slot re-filed lower (or fired, due now).
-    fn unstage(&mut self, fired: &mut Vec<T>) {
-        let below = self.stage.level - 1;
-        self.stage.level = 0;
-        let mut lists = std::mem::replace(&mut self.stage.lists, Level::EMPTY);
+    fn unstage(&mut self, i: usize, fired: &mut Vec<T>) {
+        let below = self.stages[i].level - 1;
+        self.stages[i].level = 0;
+        let mut lists = std::mem::replace(&mut self.stages[i].lists, Level::EMPTY);
         let mut first = std::mem::replace(&mut lists.head[0], NIL);
         lists.occupied &= !1;
         debug_assert_eq!(
@@ -372,11 +428,15 @@ impl<T> Wheel<T> {
             return Some(self.due_earliest);
         }
         let next = self.next_expiration().map(|(_, _, start)| start);
-        let st = &self.stage;
-        match (next, st.level != 0 && st.lists.occupied != 0) {
-            (Some(start), true) => Some(start.min(st.start)),
-            (None, true) => Some(st.start),
-            (next, false) => next,
+        let staged = self
+            .stages
+            .iter()
+            .filter(|st| st.level != 0 && st.lists.occupied != 0)
+            .map(|st| st.start)
+            .min();
+        match (next, staged) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
         }
     }
 
@@ -488,9 +548,10 @@ impl<T> Wheel<T> {
             }
         } else if self.in_stage(level, deadline) {
             let slot = digit(deadline, level as usize);
-            self.stage.lists.head[slot] = next;
+            let lists = &mut self.stages[Self::stage_of(level)].lists;
+            lists.head[slot] = next;
             if next == NIL {
-                self.stage.lists.occupied &= !(1 << slot);
+                lists.occupied &= !(1 << slot);
             }
         } else {
             let slot = digit(deadline, level as usize);
@@ -553,11 +614,14 @@ impl<T> Wheel<T> {
                 walk(head, l as u8);
             }
         }
-        if self.stage.level != 0 {
-            let st = &self.stage;
+        for (i, st) in self.stages.iter().enumerate() {
+            if st.level == 0 {
+                assert_eq!(st.lists.occupied, 0, "lists of no stage");
+                continue;
+            }
             assert!(
-                st.level >= 2 && st.start > self.now,
-                "stage {} at {}",
+                (st.level == 1) == (i == NEAR) && st.start > self.now,
+                "stage {i} of level {} at {}",
                 st.level,
                 st.start
             );
@@ -580,8 +644,12 @@ impl<T> Wheel<T> {
                     (prev, idx) = (idx, e.next);
                 }
             }
-        } else {
-            assert_eq!(self.stage.lists.occupied, 0, "lists of no stage");
+        }
+        if self.stages[NEAR].level != 0 && self.stages[FAR].level != 0 {
+            assert!(
+                self.stages[NEAR].start < self.stages[FAR].start,
+                "NEAR's slot starts first"
+            );
         }
         assert_eq!(seen, self.entries.len(), "entries off every list");
     }

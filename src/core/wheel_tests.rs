@@ -373,32 +373,28 @@ fn random_operations_match_btreemap_model_with_partial_stages() {
     }
 }
 
-/// A level-2 slot of 100,000 timers, its start reached a millisecond at a time: staged ahead
-/// while the clock runs, its cascade re-files only the timers of its first level-1 slot; with
-/// nothing staged, all of them at once. Every timer fires at its deadline.
-#[test]
-fn a_crowded_level_2_slot_is_staged_before_it_starts() {
-    for (budget, most) in [(STAGE_BUDGET, 100_000 / 64 + 200), (0, 100_000)] {
+/// `n` timers spread over the slot `[start, start + span)` (one slot of level 1 or 2), the
+/// clock then run a millisecond at a time to `2 * (start + span)`: staged ahead with the full
+/// budget, its cascade re-files at most `n / 64` and a margin in one advance (the timers of its
+/// first sub-slot); with nothing staged, all `n` at once. Every timer fires at its deadline.
+fn crowded_slot(n: usize, start: u64, span: u64, seed: u64) {
+    for (budget, most) in [(STAGE_BUDGET, n / 64 + 200), (0, n)] {
         let mut w: Wheel<u64> = Wheel::new(0);
         w.set_stage_budget(budget);
-        let mut rng = Rng(42);
-        // Deadlines spread over the level-2 slot [4096, 8192).
-        let mut deadlines: Vec<u64> = (0..100_000).map(|_| 4096 + rng.below(4096)).collect();
+        let mut rng = Rng(seed);
+        let mut deadlines: Vec<u64> = (0..n).map(|_| start + rng.below(span)).collect();
         for (i, &d) in deadlines.iter().enumerate() {
             w.insert(d, i as u64);
         }
         deadlines.sort_unstable();
         let (mut fired, mut worst, mut got) = (Vec::new(), 0, Vec::new());
-        for t in 1..=8192 {
+        for t in 1..=2 * (start + span) {
             let before = w.refiled;
             fired.clear();
             w.advance_to(t, &mut fired);
             worst = worst.max(w.refiled - before);
-            for &id in &fired {
-                got.push(t);
-                let _ = id;
-            }
-            if t % 512 == 0 {
+            got.extend(fired.iter().map(|_| t));
+            if t % 64 == 0 {
                 w.check_invariants();
             }
         }
@@ -412,9 +408,45 @@ fn a_crowded_level_2_slot_is_staged_before_it_starts() {
         );
         if budget == 0 {
             assert_eq!(
-                worst, 100_000,
+                worst, n,
                 "without a stage the cascade takes them all at once"
             );
         }
     }
+}
+
+/// A level-2 slot (4,096 ms) of 100,000 timers.
+#[test]
+fn a_crowded_level_2_slot_is_staged_before_it_starts() {
+    crowded_slot(100_000, 4096, 4096, 42);
+}
+
+/// A level-1 slot (64 ms) of 30,000 timers: a few hundred thousand leases a second of one TTL
+/// fill one.
+#[test]
+fn a_crowded_level_1_slot_is_staged_before_it_starts() {
+    crowded_slot(30_000, 128, 64, 7);
+}
+
+/// Staging follows the clock, not the calls: an owner advances the wheel before every request,
+/// thousands of times within one millisecond, and each call that moves the clock stages one
+/// budget.
+#[test]
+fn staging_is_paced_by_the_clock_not_by_calls() {
+    let mut w: Wheel<u64> = Wheel::new(0);
+    for i in 0..100_000u64 {
+        w.insert(4096 + i % 4096, i);
+    }
+    let mut fired = Vec::new();
+    for _ in 0..10_000 {
+        w.advance_to(1, &mut fired);
+    }
+    assert_eq!(w.staged, STAGE_BUDGET, "one millisecond, one budget");
+    w.advance_to(2, &mut fired);
+    assert_eq!(w.staged, 2 * STAGE_BUDGET);
+    // A jump stages one budget too: catching up would lengthen the turn after a long one.
+    w.advance_to(1000, &mut fired);
+    assert_eq!(w.staged, 3 * STAGE_BUDGET);
+    assert!(fired.is_empty());
+    w.check_invariants();
 }
