@@ -216,8 +216,9 @@ bench: release
 	$(PYTHON) tools/bench_load.py
 
 # Latency under load alone (tools/bench_load.py; also the last part of make bench): a bulk writer
-# beside a lock probe, holdfast's four lock protocols against memcached -t 1 / -t 4 and Redis.
-# Tuned by LOAD_SECONDS (10), LOAD_ROUNDS (3), LOAD_CASES, LOAD_BYTES (per run; default no limit).
+# beside a lock probe, holdfast's four lock protocols against memcached -t 1 / -t 4 and Redis;
+# the writer unpaced, then paced at one rate for every server. Tuned by LOAD_SECONDS (10),
+# LOAD_ROUNDS (3), LOAD_CASES, LOAD_RATES (MB/s; 0,250), LOAD_BYTES (per run; default no limit).
 bench-load: release
 	$(PYTHON) tools/bench_load.py
 

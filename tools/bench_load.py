@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
 """Latency under load (`make bench`'s last part, or alone: `make bench-load`).
 
-One client streams 1,000-byte `set ... noreply` (Redis: SET with CLIENT REPLY OFF) as fast as the
-server takes them, while a second client, in a process of its own, times one lock and one unlock
-every 5 ms on its own connection. Each run starts its server fresh. Servers and probes, run
-alternately (A B C ... A B C ...), LOAD_ROUNDS times each:
+One client streams 1,000-byte `set ... noreply` (Redis: SET with CLIENT REPLY OFF), while a
+second client, in a process of its own, times one lock and one unlock every 5 ms on its own
+connection. The writer runs twice: as fast as the server takes them (its MB/s is the server's
+write rate, and a faster server carries more load beside the probe), then paced at the same
+rate for every server (250 MB/s by default, below every server's own rate here), which puts the
+same load beside every server's probe. Each run starts its server fresh. Servers and probes,
+run alternately (A B C ... A B C ...), LOAD_ROUNDS times each:
 
   holdfast (default flags): the probe in each lock protocol it speaks: memcached text
       (add + delete), memcached binary (add + delete), old (TRY + REL), dlock (Lock + Unlock);
@@ -16,6 +19,8 @@ p50, p99 and max. Every process started here is stopped by PID, also on an error
 
 Environment (all optional):
   LOAD_SECONDS   measured seconds per run (default 10)
+  LOAD_RATES     comma-separated writer rates in MB/s, 0: as fast as the server takes them
+                 (default 0,250)
   LOAD_BYTES     bytes the writer sends at most per run (default 0: no limit; every server
                  then gets the same time, whatever its speed)
   LOAD_ROUNDS    runs per server and probe (default 3)
@@ -48,33 +53,40 @@ VALUE = 1000
 # Distinct keys the writer cycles through (64 MB of items: inside every server's default memory).
 KEYS = 65536
 CHUNK_KEYS = 512
+# A paced writer sends smaller chunks (64 KB), so that it is never more than a fraction of a
+# millisecond ahead of its rate.
+PACED_CHUNK_KEYS = 64
+RATES = [float(r) for r in os.environ.get("LOAD_RATES", "0,250").split(",") if r]
 
 
 # ---- the writer ----
 
-def mc_chunks():
+def mc_chunks(per_chunk):
     value = b"v" * VALUE
-    for start in range(0, KEYS, CHUNK_KEYS):
+    for start in range(0, KEYS, per_chunk):
         yield b"".join(b"set load-%d 0 0 %d noreply\r\n%s\r\n" % (k, VALUE, value)
-                       for k in range(start, start + CHUNK_KEYS))
+                       for k in range(start, start + per_chunk))
 
 
-def redis_chunks():
+def redis_chunks(per_chunk):
     value = b"v" * VALUE
-    for start in range(0, KEYS, CHUNK_KEYS):
+    for start in range(0, KEYS, per_chunk):
         parts = []
-        for k in range(start, start + CHUNK_KEYS):
+        for k in range(start, start + per_chunk):
             key = b"load-%d" % k
             parts.append(b"*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n"
                          % (len(key), key, VALUE, value))
         yield b"".join(parts)
 
 
-def writer_main(port, redis, ready, stop, conn):
-    """Send pipelined writes until `stop` or MAX_BYTES; report (bytes, seconds)."""
+def writer_main(port, redis, rate, ready, stop, conn):
+    """Send pipelined writes until `stop` or MAX_BYTES, at `rate` MB/s (0: as fast as the
+    server takes them); report (bytes, seconds)."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    chunks = list(redis_chunks() if redis else mc_chunks())
+    per_chunk = PACED_CHUNK_KEYS if rate else CHUNK_KEYS
+    chunks = list(redis_chunks(per_chunk) if redis else mc_chunks(per_chunk))
+    bytes_per_s = rate * 1e6
     s = socket.create_connection(("127.0.0.1", port), timeout=PROBE_TIMEOUT)
     if redis:
         s.sendall(b"*3\r\n$6\r\nCLIENT\r\n$5\r\nREPLY\r\n$3\r\nOFF\r\n")
@@ -83,6 +95,10 @@ def writer_main(port, redis, ready, stop, conn):
     start = time.monotonic()
     try:
         while not stop.is_set() and sent < MAX_BYTES:
+            if rate:
+                ahead = start + sent / bytes_per_s - time.monotonic()
+                if ahead > 0:
+                    time.sleep(ahead)
             c = chunks[i % len(chunks)]
             s.sendall(c)
             sent += len(c)
@@ -328,7 +344,7 @@ CASES = {
 }
 
 
-def run_case(case_id, logdir):
+def run_case(case_id, rate, logdir):
     what, start, kind, redis = CASES[case_id]
     servers = Servers(logdir)
     try:
@@ -337,7 +353,8 @@ def run_case(case_id, logdir):
         ready, stop = ctx.Event(), ctx.Event()
         w_recv, w_send = ctx.Pipe(False)
         p_recv, p_send = ctx.Pipe(False)
-        writer = ctx.Process(target=writer_main, args=(writer_port, redis, ready, stop, w_send))
+        writer = ctx.Process(target=writer_main,
+                             args=(writer_port, redis, rate, ready, stop, w_send))
         probe = ctx.Process(target=probe_main, args=(probe_port, kind, ready, stop, p_send))
         probe.start()
         writer.start()
@@ -381,13 +398,15 @@ def main():
         return 2
     bench.ensure_packages()
     logdir = tempfile.mkdtemp(prefix="holdfast-bench-load-")
-    results = {c: [] for c in wanted}
+    results = {(rate, c): [] for rate in RATES for c in wanted}
     load_before = os.getloadavg()
     try:
         for r in range(ROUNDS):
-            for c in wanted:
-                log(f"[load] round {r + 1}/{ROUNDS}: {c}")
-                results[c].append(run_case(c, logdir))
+            for rate in RATES:
+                for c in wanted:
+                    paced = f" at {rate:g} MB/s" if rate else ""
+                    log(f"[load] round {r + 1}/{ROUNDS}: {c}{paced}")
+                    results[(rate, c)].append(run_case(c, rate, logdir))
     finally:
         shutil.rmtree(logdir, ignore_errors=True)
     load_after = os.getloadavg()
@@ -396,19 +415,25 @@ def main():
           f"timing a lock and an unlock every {PROBE_EVERY * 1000:.0f} ms on its own connection, "
           f"{SECONDS:.0f} s per run, each server fresh, medians of {ROUNDS} alternating rounds. "
           f"Load average {load_before[0]:.1f} before, {load_after[0]:.1f} after.")
-    print()
-    print("| server, probe | writer MB/s | probe p50 ms | probe p99 ms | probe max ms | notes |")
-    print("|---|---|---|---|---|---|")
-    for c in wanted:
-        ok = [x for x in results[c] if "failed" not in x]
-        notes = "; ".join(x["failed"] for x in results[c] if "failed" in x)
-        if not ok:
-            print(f"| {CASES[c][0]} | - | - | - | - | {notes} |")
-            continue
-        med = lambda k: statistics.median(x[k] for x in ok)
-        rng = lambda k: f"{min(x[k] for x in ok):.1f}-{max(x[k] for x in ok):.1f}"
-        print(f"| {CASES[c][0]} | {med('mbs'):.0f} | {med('p50'):.2f} | {med('p99'):.1f} | "
-              f"{med('max'):.1f} | max {rng('max')}{'; ' + notes if notes else ''} |")
+    for rate in RATES:
+        print()
+        print(f"Writer paced at {rate:g} MB/s:" if rate
+              else "Writer as fast as the server takes it:")
+        print()
+        print("| server, probe | writer MB/s | probe p50 ms | probe p99 ms | probe max ms "
+              "| notes |")
+        print("|---|---|---|---|---|---|")
+        for c in wanted:
+            runs = results[(rate, c)]
+            ok = [x for x in runs if "failed" not in x]
+            notes = "; ".join(x["failed"] for x in runs if "failed" in x)
+            if not ok:
+                print(f"| {CASES[c][0]} | - | - | - | - | {notes} |")
+                continue
+            med = lambda k: statistics.median(x[k] for x in ok)
+            rng = lambda k: f"{min(x[k] for x in ok):.1f}-{max(x[k] for x in ok):.1f}"
+            print(f"| {CASES[c][0]} | {med('mbs'):.0f} | {med('p50'):.2f} | {med('p99'):.1f} | "
+                  f"{med('max'):.1f} | max {rng('max')}{'; ' + notes if notes else ''} |")
     return 0
 
 
