@@ -73,4 +73,5 @@ pub mod protocol;
 pub mod rng;
 pub mod server;
 pub mod sim;
+pub mod slice;
 pub mod tls;

@@ -850,6 +850,7 @@ impl ClusterOwner {
     }
 
     pub fn run(mut self) {
+        crate::slice::request_for_this_thread(crate::slice::SERVING_THREAD_NANOS);
         loop {
             let wait = self.core.wait(&self.node, Instant::now());
             let inbound = self.node.inbound().clone();

@@ -144,6 +144,7 @@ impl Owner {
     }
 
     pub fn run(mut self) {
+        crate::slice::request_for_this_thread(crate::slice::SERVING_THREAD_NANOS);
         loop {
             let now = clock(&self.shared);
             let wait = match self.next_deadline() {

@@ -295,6 +295,7 @@ impl Worker {
     }
 
     pub fn run(mut self) {
+        crate::slice::request_for_this_thread(crate::slice::SERVING_THREAD_NANOS);
         let mut events = Events::with_capacity(EVENTS);
         while self.turn(&mut events) {}
         // Shutdown: drop every connection; the process is exiting.
