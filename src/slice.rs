@@ -32,8 +32,16 @@ struct SchedAttr {
 /// `SCHED_OTHER`: the only policy whose slice this asks to change.
 const SCHED_OTHER: u32 = 0;
 
-/// Ask for a slice of `nanos` (the kernel keeps it within 0.1-100 ms) for the calling thread.
-/// True if the kernel took the request.
+/// `SCHED_FLAG_RESET_ON_FORK`: threads and processes this thread creates start with the
+/// default slice. A serving thread starts helpers (the cluster owner forks its snapshot
+/// children and spawns install, compaction and reaper threads), which are not latency-bound
+/// and must not share its head start. (It also starts them at nice 0 if this one runs at a
+/// negative nice value.)
+const SCHED_FLAG_RESET_ON_FORK: u64 = 0x01;
+
+/// Ask for a slice of `nanos` (the kernel keeps it within 0.1-100 ms) for the calling thread,
+/// not passed on to what it creates. True if the thread has that slice now: a kernel before
+/// 6.12 accepts the request and ignores it, which reads back as no slice.
 pub fn request_for_this_thread(nanos: u64) -> bool {
     let mut attr = SchedAttr::default();
     let size = std::mem::size_of::<SchedAttr>() as u32;
@@ -44,12 +52,15 @@ pub fn request_for_this_thread(nanos: u64) -> bool {
     }
     attr.size = size;
     attr.runtime = nanos;
+    attr.flags |= SCHED_FLAG_RESET_ON_FORK;
     // SAFETY: sched_setattr reads a struct we own whose `size` field names its length.
-    unsafe { libc::syscall(libc::SYS_sched_setattr, 0, &attr, 0) == 0 }
+    let set = unsafe { libc::syscall(libc::SYS_sched_setattr, 0, &attr, 0) };
+    set == 0 && of_thread(0) == nanos
 }
 
-/// The slice thread `tid` of this user has (0 for the calling thread), in nanoseconds; 0 if it
-/// has the kernel's default or cannot be read.
+/// The slice thread `tid` of this user has (0 for the calling thread), in nanoseconds: the
+/// kernel's default if it asked for none (a kernel before 6.12 reads 0), 0 if it cannot be
+/// read.
 pub fn of_thread(tid: i32) -> u64 {
     let mut attr = SchedAttr::default();
     let size = std::mem::size_of::<SchedAttr>() as u32;
@@ -63,10 +74,11 @@ pub fn of_thread(tid: i32) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    /// On a kernel that takes the request, the thread's slice is the one asked for and its
-    /// nice value is unchanged; on one that does not, nothing changes.
+    /// On a kernel that takes the request, the thread's slice is the one asked for, its nice
+    /// value is unchanged and a thread it starts has the default slice; on one that does not,
+    /// nothing changes.
     #[test]
-    fn a_thread_gets_the_slice_it_asks_for_and_keeps_its_nice_value() {
+    fn a_thread_gets_the_slice_it_asks_for_keeps_its_nice_value_and_does_not_pass_it_on() {
         std::thread::spawn(|| {
             // SAFETY: getpriority reads the calling thread's nice value.
             let nice = || unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };
@@ -74,6 +86,8 @@ mod tests {
             let default = super::of_thread(0);
             if super::request_for_this_thread(200_000) {
                 assert_eq!(super::of_thread(0), 200_000);
+                let child = std::thread::spawn(|| super::of_thread(0)).join().unwrap();
+                assert_eq!(child, default, "a thread it starts has the default slice");
             } else {
                 assert_eq!(super::of_thread(0), default);
             }

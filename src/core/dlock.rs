@@ -648,7 +648,8 @@ impl DlockTable {
                 break;
             }
             let at = next.max(self.wheel.now());
-            self.wheel.advance_to(at, &mut fired);
+            // The `advance_to` below stages once for the whole walk.
+            self.wheel.step_to(at, &mut fired);
             if fired.is_empty() {
                 // A hierarchical wheel may report a cascade point; it must make progress.
                 if self.wheel.next_deadline().is_some_and(|n| n <= at) {

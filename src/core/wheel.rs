@@ -267,6 +267,19 @@ impl<T> Wheel<T> {
     /// the timers that were inserted already due. Work is proportional to the occupied slots
     /// passed, not to the milliseconds elapsed.
     pub fn advance_to(&mut self, now_ms: u64, fired: &mut Vec<T>) {
+        self.step_to(now_ms, fired);
+        // One budget per call that moves the clock, however far: catching up on a long turn's
+        // milliseconds would make the next turn long in turn.
+        if self.now > self.staged_at {
+            self.staged_at = self.now;
+            self.stage_ahead(self.stage_budget);
+        }
+    }
+
+    /// [`Wheel::advance_to`] without staging: for a caller that walks through a turn's
+    /// deadlines one at a time and then calls `advance_to` for the turn's time, which stages
+    /// once for all of them.
+    pub fn step_to(&mut self, now_ms: u64, fired: &mut Vec<T>) {
         let target = now_ms.max(self.now);
         // Everything in the due list is at or before the old `now`, and every timer in the levels
         // is after it, so the due list goes first.
@@ -301,12 +314,6 @@ impl<T> Wheel<T> {
             }
         }
         self.now = target;
-        // One budget per call that moves the clock, however far: catching up on a long turn's
-        // milliseconds would make the next turn long in turn.
-        if self.now > self.staged_at {
-            self.staged_at = self.now;
-            self.stage_ahead(self.stage_budget);
-        }
     }
 
     /// Move up to `budget` timers of the next slot of level 1, and as many of the next slot

@@ -298,7 +298,11 @@ fn model_check_staging(seed: u64, start: u64, steps: usize, budget: usize) {
                     _ => w.next_deadline().unwrap_or(now),
                 };
                 fired.clear();
-                w.advance_to(target, &mut fired);
+                if rng.below(4) == 0 {
+                    w.step_to(target, &mut fired);
+                } else {
+                    w.advance_to(target, &mut fired);
+                }
                 assert_eq!(w.now(), target.max(now), "step {step}");
                 let order: Vec<u64> = fired.iter().map(|id| deadlines[id]).collect();
                 assert!(order.windows(2).all(|p| p[0] <= p[1]), "step {step}: order");
@@ -447,6 +451,14 @@ fn staging_is_paced_by_the_clock_not_by_calls() {
     // A jump stages one budget too: catching up would lengthen the turn after a long one.
     w.advance_to(1000, &mut fired);
     assert_eq!(w.staged, 3 * STAGE_BUDGET);
+    // So does a walk through a turn's deadlines one at a time (`step_to`) that ends with the
+    // turn's `advance_to`.
+    for t in 1001..1020 {
+        w.step_to(t, &mut fired);
+    }
+    assert_eq!(w.staged, 3 * STAGE_BUDGET);
+    w.advance_to(1020, &mut fired);
+    assert_eq!(w.staged, 4 * STAGE_BUDGET);
     assert!(fired.is_empty());
     w.check_invariants();
 }
