@@ -444,6 +444,27 @@ fn wait_for_quorum(addr: SocketAddr) {
     }
 }
 
+/// A node's owner drives raft on a thread of its own, which asks for the scheduler's shortest
+/// slice like the I/O workers; the node's other threads (peer links, snapshot, compaction and
+/// install helpers) keep the default. Checked on a kernel that grants such a request.
+#[test]
+fn a_nodes_owner_and_workers_ask_for_the_shortest_scheduler_slice() {
+    if !common::kernel_grants_slices() {
+        eprintln!("this kernel grants no slice requests: nothing to check");
+        return;
+    }
+    let cluster = Cluster::start_ready(1, "slice", &["--threads", "2"]);
+    let expected = ["holdfast-owner", "holdfast-worker", "holdfast-worker"]
+        .map(|c| (c.to_string(), holdfast::slice::SERVING_THREAD_NANOS))
+        .to_vec();
+    let (serving, others) = common::serving_threads_once_they_are(cluster.node(1).pid(), &expected);
+    assert_eq!(serving, expected);
+    assert!(!others.is_empty(), "a node has helper threads");
+    for (comm, slice) in others {
+        assert_ne!(slice, holdfast::slice::SERVING_THREAD_NANOS, "{comm}");
+    }
+}
+
 #[test]
 fn a_lock_taken_through_one_node_is_held_on_every_node_and_tokens_grow_across_nodes() {
     let cluster = Cluster::start_ready(3, "one-lock", &[]);

@@ -465,3 +465,57 @@ pub fn sample(samples: &[Sample], name: &str, labels: &str) -> Option<f64> {
         .find(|(n, l, _)| n == name && l == labels)
         .map(|s| s.2)
 }
+
+/// Whether this kernel gives a thread of this process the slice it asks for
+/// (`holdfast::slice::request_for_this_thread`; Linux 6.12 and later).
+pub fn kernel_grants_slices() -> bool {
+    std::thread::spawn(|| {
+        holdfast::slice::request_for_this_thread(holdfast::slice::SERVING_THREAD_NANOS)
+    })
+    .join()
+    .expect("the asking thread")
+}
+
+/// A thread's name (its comm) and its scheduler slice in nanoseconds.
+pub type ThreadSlice = (String, u64);
+
+/// The daemon `pid`'s threads and their scheduler slices (`holdfast::slice::of_thread`), split
+/// into the threads that serve requests (the I/O workers and the owner; a thread's comm holds
+/// 15 bytes, so "holdfast-worker-0" reads "holdfast-worker"), sorted, and the others. A
+/// thread names itself and asks for its slice once it runs, which may be after the daemon has
+/// printed its addresses: this reads until the serving threads are `expected`, for at most
+/// ten seconds, and then returns what it read last.
+pub fn serving_threads_once_they_are(
+    pid: u32,
+    expected: &[ThreadSlice],
+) -> (Vec<ThreadSlice>, Vec<ThreadSlice>) {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let mut serving = Vec::new();
+        let mut others = Vec::new();
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            return (serving, others);
+        };
+        for task in tasks.flatten() {
+            let Ok(tid) = task.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            // A thread that ended since the directory was read has no comm.
+            let Ok(comm) = std::fs::read_to_string(task.path().join("comm")) else {
+                continue;
+            };
+            let comm = comm.trim().to_string();
+            let slice = holdfast::slice::of_thread(tid);
+            if comm.starts_with("holdfast-worker") || comm == "holdfast-owner" {
+                serving.push((comm, slice));
+            } else {
+                others.push((comm, slice));
+            }
+        }
+        serving.sort();
+        if serving == expected || Instant::now() > deadline {
+            return (serving, others);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
