@@ -1256,6 +1256,12 @@ impl DlockTable {
         })
     }
 
+    /// Timers the lease wheel has moved into its stages so far.
+    #[cfg(test)]
+    fn timers_staged(&self) -> usize {
+        self.wheel.timers_staged()
+    }
+
     /// Every internal index agrees with every other, and nobody grantable is left waiting;
     /// panics otherwise.
     pub fn check_invariants(&self) {

@@ -455,6 +455,50 @@ fn lock_expires_due_leases_before_looking_at_its_keys() {
     );
 }
 
+/// A turn that runs late walks the deadlines it passed one at a time, and stages the wheel's
+/// next cascades once for the whole walk, not once per deadline: a walk that staged per step
+/// emptied a crowded slot in one stretch, the stall the stages are there to spread.
+#[test]
+fn a_walk_through_a_late_turns_deadlines_stages_the_wheel_once() {
+    let mut t = table(0);
+    let mut ev = Vec::new();
+    let keys: Vec<Vec<u8>> = (0..100_200u32)
+        .map(|i| format!("k{i}").into_bytes())
+        .collect();
+    // 100,000 leases due 4-8 s from now (a slot above level 1, staged ahead of time) and one
+    // due every millisecond of the first 200.
+    for (i, key) in keys.iter().enumerate() {
+        let lease_ms = if i < 100_000 {
+            4096 + i as u64 % 4096
+        } else {
+            i as u64 - 99_999
+        };
+        let r = t.lock(
+            c(1),
+            LockRequest {
+                token: 0,
+                keys: &[key.as_slice()],
+                wait_us: None,
+                lease_us: Some(lease_ms * 1000),
+            },
+            0,
+            &mut ev,
+        );
+        assert_eq!(r, LockResult::Granted);
+    }
+    assert_eq!(ev, []);
+    let before = t.timers_staged();
+    // One turn, 200 ms late: 200 deadlines walked, one `advance`.
+    t.advance(200, &mut ev);
+    assert_eq!(t.stats().lease_expiries, 200, "every short lease ended");
+    let staged = t.timers_staged() - before;
+    assert!(
+        staged <= 2 * crate::core::wheel::STAGE_BUDGET,
+        "{staged} timers staged in one late turn"
+    );
+    t.check_invariants();
+}
+
 #[test]
 fn leases_survive_disconnect_and_expire_on_time() {
     let mut t = table(0);

@@ -74,7 +74,7 @@ const DUE: u8 = u8::MAX;
 /// advances: 0.1-0.3 ms of work each (a cache miss or two per timer). Advanced every
 /// millisecond, that is a million timers a second into each, so a level-2 slot (4,096 ms) of
 /// up to four million and a level-1 slot (64 ms) of up to 64,000 are ready before they start.
-const STAGE_BUDGET: usize = 1024;
+pub(crate) const STAGE_BUDGET: usize = 1024;
 
 /// The stage of the next level-1 slot to cascade (into level 0).
 const NEAR: usize = 0;
@@ -576,6 +576,11 @@ impl<T> Wheel<T> {
 
 #[cfg(test)]
 impl<T> Wheel<T> {
+    /// Timers moved into a stage so far.
+    pub(crate) fn timers_staged(&self) -> usize {
+        self.staged
+    }
+
     /// Timers staged per `advance_to` (tests make it small, so that stages stay partial).
     fn set_stage_budget(&mut self, n: usize) {
         self.stage_budget = n;
