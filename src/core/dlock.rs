@@ -689,6 +689,11 @@ impl DlockTable {
         self.wheel.next_deadline()
     }
 
+    /// See [`crate::core::wheel::Wheel::next_staging`].
+    pub fn next_staging(&self) -> Option<u64> {
+        self.wheel.next_staging()
+    }
+
     pub fn stats(&self) -> DlockStats {
         DlockStats {
             waiting: self.waiters.len() as u64,

@@ -379,6 +379,11 @@ impl LockdTable {
         self.orphan_timers.next_deadline()
     }
 
+    /// See [`crate::core::wheel::Wheel::next_staging`].
+    pub fn next_staging(&self) -> Option<u64> {
+        self.orphan_timers.next_staging()
+    }
+
     /// Every locked name, held or orphaned (SYNC), in byte order: the SYNC reply is an effect,
     /// and the table's slot order depends on its history, which a restored replica does not
     /// share. O(n log n); SYNC is rare.

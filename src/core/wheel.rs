@@ -81,6 +81,9 @@ const NEAR: usize = 0;
 
 /// The stage of the next slot above level 1 to cascade.
 const FAR: usize = 1;
+/// The levels each stage takes its slots from (a bitmap): level 1 for [`NEAR`], the levels
+/// above it for [`FAR`].
+const STAGE_LEVELS: [u16; 2] = [0b10, !0b11];
 
 /// Handle to a pending timer: its slab index plus the generation it was inserted with. A handle
 /// whose timer fired or was cancelled, even if the slab slot now holds another timer, is stale and
@@ -319,8 +322,26 @@ impl<T> Wheel<T> {
     /// Move up to `budget` timers of the next slot of level 1, and as many of the next slot
     /// above level 1, to cascade into their stages (choosing those slots if none is staged).
     fn stage_ahead(&mut self, budget: usize) {
-        self.stage_one(NEAR, 0b10, budget);
-        self.stage_one(FAR, !0b11, budget);
+        for i in [NEAR, FAR] {
+            self.stage_one(i, STAGE_LEVELS[i], budget);
+        }
+    }
+
+    /// When an idle owner should call `advance_to` to stage more: the next millisecond while a
+    /// stage has timers left to move, `None` when both are complete (until a staged slot
+    /// starts, which `next_deadline` names) or have nothing to take. An owner that only woke
+    /// at `next_deadline` would stage nothing while idle, and a crowded slot would cascade at
+    /// once when it starts.
+    pub fn next_staging(&self) -> Option<u64> {
+        let pending = |i: usize| {
+            let st = &self.stages[i];
+            if st.level == 0 {
+                self.nonempty_levels & STAGE_LEVELS[i] != 0
+            } else {
+                self.levels[st.level].head[st.slot] != NIL
+            }
+        };
+        (pending(NEAR) || pending(FAR)).then(|| self.now + 1)
     }
 
     /// [`Wheel::stage_ahead`] for stage `i`, which takes the earliest occupied slot of the

@@ -377,6 +377,54 @@ fn random_operations_match_btreemap_model_with_partial_stages() {
     }
 }
 
+/// An owner with nothing else to do sleeps until the wheel asks to be advanced. Woken at
+/// `next_staging` too, it prepares a crowded slot of level 1 or 2 before the slot starts, a
+/// budget per wake; woken only at `next_deadline`, it staged nothing and the slot cascaded at
+/// once. Either way every timer fires at its deadline.
+#[test]
+fn an_idle_owner_woken_to_stage_cascades_crowded_slots_a_budget_at_a_time() {
+    // A level-1 slot starts 64 ms after the one before: 64 budgets are ready by then.
+    for (start, span, n) in [(64, 64, 30_000), (4096, 4096, 100_000)] {
+        for wake_to_stage in [true, false] {
+            let mut w: Wheel<u64> = Wheel::new(0);
+            let mut rng = Rng(start);
+            let mut deadlines: Vec<u64> = (0..n).map(|_| start + rng.below(span)).collect();
+            for (i, &d) in deadlines.iter().enumerate() {
+                w.insert(d, i as u64);
+            }
+            deadlines.sort_unstable();
+            let (mut fired, mut worst, mut got, mut wakes) = (Vec::new(), 0, Vec::new(), 0);
+            loop {
+                let next = w.next_deadline();
+                let next = match (next, w.next_staging().filter(|_| wake_to_stage)) {
+                    (Some(a), Some(b)) => a.min(b),
+                    (a, b) => match a.or(b) {
+                        Some(t) => t,
+                        None => break,
+                    },
+                };
+                let before = w.refiled;
+                fired.clear();
+                w.advance_to(next, &mut fired);
+                wakes += 1;
+                worst = worst.max(w.refiled - before);
+                got.extend(fired.iter().map(|_| next));
+            }
+            w.check_invariants();
+            assert_eq!(got, deadlines, "every timer at its deadline");
+            if wake_to_stage {
+                assert!(worst <= n / 64 + 200, "{worst} re-filed in one wake");
+                assert!(
+                    wakes <= 2 * (span as usize + n / STAGE_BUDGET + 10),
+                    "{wakes} wakes"
+                );
+            } else {
+                assert_eq!(worst, n, "not woken to stage, the slot cascades at once");
+            }
+        }
+    }
+}
+
 /// `n` timers spread over the slot `[start, start + span)` (one slot of level 1 or 2), the
 /// clock then run a millisecond at a time to `2 * (start + span)`: staged ahead with the full
 /// budget, its cascade re-files at most `n / 64` and a margin in one advance (the timers of its

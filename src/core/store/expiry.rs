@@ -89,6 +89,11 @@ impl Store {
         self.wheel.next_deadline()
     }
 
+    /// See [`crate::core::wheel::Wheel::next_staging`].
+    pub fn next_staging(&self) -> Option<u64> {
+        self.wheel.next_staging()
+    }
+
     /// Runs every timer due at `now`: expiry of unlocked items, a due delayed flush, and the
     /// freeing of flushed items.
     pub fn advance(&mut self, now: Now) {

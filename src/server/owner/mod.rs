@@ -220,8 +220,9 @@ impl Owner {
         true
     }
 
+    /// When the tables must next be advanced: a deadline, or a cascade to prepare.
     fn next_deadline(&self) -> Option<u64> {
-        self.tables.next_deadline()
+        self.tables.next_wake()
     }
 
     /// Apply one batch from `now` on; returns the time its last operations saw (later than

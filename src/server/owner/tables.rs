@@ -113,6 +113,21 @@ impl Tables {
         .min()
     }
 
+    /// When a single node's owner should next advance the tables: the next deadline, or
+    /// sooner while a timing wheel has a cascade to prepare (`Wheel::next_staging`). A cluster
+    /// advances them only by proposals, at deadlines.
+    pub fn next_wake(&self) -> Option<u64> {
+        [
+            self.next_deadline(),
+            self.store.next_staging(),
+            self.lockd.next_staging(),
+            self.dlock.next_staging(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
     /// The state from bytes written by [`Tables::snapshot`], with this daemon's configuration.
     /// Untrusted input: truncated or corrupt bytes are an error, never a panic.
     pub fn restore(c: &crate::config::Config, bytes: &[u8]) -> Result<Tables, DecodeError> {
