@@ -869,7 +869,8 @@ def goals(mon, probe, probe_errors, rss_limit, rss_what):
     worst = max(mon.peak_rss.values()) * 1024
     lines = [
         f"zero leader changes: {verdict(changes == 0)} ((term, leader) pairs seen beyond the "
-        f"first: {seen}; largest leader-change counter increase: {counter})",
+        f"first: {seen}; largest leader-change counter increase: {counter}; leaders seen: "
+        f"{', '.join(f'node {n} (term {t})' for t, n in sorted(mon.leaders)) or 'none'})",
         f"zero no-quorum answers: {verdict(nq == 0)} (nodes' counters: {mon.no_quorum()}, probe "
         f"errors: {len(probe_errors)}; fences: {mon.fences()})",
         f"probe p99 <= {GOAL_P99_MS} ms: "
