@@ -45,8 +45,10 @@
 //! `advance_to`, every lease due meanwhile late by as much); a level-1 slot spans 64 ms and
 //! holds tens of thousands of them. So the next slot of level 1 and the next slot above level 1
 //! to cascade are each emptied ahead of time ([`Stage`]), up to [`STAGE_BUDGET`] timers per
-//! `advance_to`, into lists by their digit of the level below, which become that level's when
-//! the slot starts: the cascade itself then re-files only the timers of its first sub-slot.
+//! `advance_to` that moves the clock, into lists by their digit of the level below, which become
+//! that level's when the slot starts: the cascade itself then re-files only the timers of its
+//! first sub-slot. Staging needs calls: `next_staging` names the next millisecond while a stage
+//! has timers left to move, and an owner with nothing else to do wakes then too.
 
 use slab::Slab;
 
