@@ -128,7 +128,7 @@ impl Owner {
         }
         let due = || {
             let now = clock(&self.shared);
-            self.next_deadline().is_some_and(|d| d <= now.ms)
+            self.next_wake().is_some_and(|d| d <= now.ms)
         };
         if self.turn.is_empty() && !due() {
             return true;
@@ -139,7 +139,7 @@ impl Owner {
     /// How long the worker running this owner may sleep before a timer is due.
     pub fn until_due(&self) -> Option<Duration> {
         let now = clock(&self.shared);
-        self.next_deadline()
+        self.next_wake()
             .map(|d| Duration::from_millis(d.saturating_sub(now.ms)))
     }
 
@@ -147,7 +147,7 @@ impl Owner {
         crate::slice::request_for_this_thread(crate::slice::SERVING_THREAD_NANOS);
         loop {
             let now = clock(&self.shared);
-            let wait = match self.next_deadline() {
+            let wait = match self.next_wake() {
                 Some(d) if d <= now.ms => Duration::ZERO,
                 Some(d) => Duration::from_millis(d - now.ms).min(IDLE_SLEEP),
                 None => IDLE_SLEEP,
@@ -221,7 +221,7 @@ impl Owner {
     }
 
     /// When the tables must next be advanced: a deadline, or a cascade to prepare.
-    fn next_deadline(&self) -> Option<u64> {
+    fn next_wake(&self) -> Option<u64> {
         self.tables.next_wake()
     }
 
@@ -275,11 +275,12 @@ impl Owner {
         }
     }
 
-    /// Fire what is due; most turns nothing is, and the check is one look at each wheel. True
-    /// when something was due.
+    /// Fire what is due, and stage what a wheel has to prepare; most turns neither is, and the
+    /// check is one look at each wheel. True when a timer was due: staging alone answers
+    /// nothing, so it gives no reason to send replies early.
     fn fire_timers(&mut self, now: Now) -> bool {
-        let due = self.next_deadline().is_some_and(|d| d <= now.ms);
-        if due {
+        let due = self.tables.next_deadline().is_some_and(|d| d <= now.ms);
+        if due || self.next_wake().is_some_and(|d| d <= now.ms) {
             fire_timers(&mut self.tables, &mut self.fx, now);
         }
         due
