@@ -354,6 +354,24 @@ def test_lost_is_set_before_the_lease_ends_when_every_server_is_gone():
         stop_holdfast(d.proc)
 
 
+def test_a_lease_is_lost_in_time_while_the_client_waits_between_rounds_of_reconnects():
+    # With no server answering, the keeper waits between rounds over the servers; that wait
+    # must end for a lease's deadline, however long the pause between rounds.
+    d = start_holdfast(base=DLOCK_ONLY, want=("dlock",))
+    c = holdfast.Client([dlock_addr(d)])
+    c.reconnect_delay = 5.0
+    try:
+        lease = c.lock("gone/slow-rounds", lease=1.0)
+        stop_holdfast(d.proc)
+        assert lease.lost.wait(SOON_S)
+        lost_at = time.monotonic()
+        assert lost_at < lease.expires, (lost_at, lease.expires)
+        assert "could not be renewed" in lease.lost_reason
+    finally:
+        c.close()
+        stop_holdfast(d.proc)
+
+
 def test_two_threads_of_one_client_never_both_hold_an_exclusive_lock(client):
     inside = [0]
     seen = []

@@ -725,7 +725,9 @@ class Client:
                 except Error as e:
                     log.debug("holdfast: leases waiting for a server: %s", e)
                     with self._mu:
-                        self._wake.wait(self.reconnect_delay)
+                        # Until the next round, or sooner for a lease's deadline (next_at).
+                        left = next_at - time.monotonic()
+                        self._wake.wait(max(0.0, min(self.reconnect_delay, left)))
                     continue
                 for hold in reattach:
                     log.info("holdfast: lock %r (fence %d): re-attaching to %s", hold.name,
