@@ -308,8 +308,7 @@ impl Worker {
         // Connections left to look at again (found while finishing the last turn) must not
         // wait for an unrelated event.
         let replies_left = self.inline.is_some() && !self.from_owner.is_empty();
-        let more = !self.recheck.is_empty() || !self.deferred.is_empty() || !self.dirty.is_empty();
-        let mut timeout = if more || replies_left {
+        let mut timeout = if self.work_left() || replies_left {
             Some(Duration::ZERO)
         } else {
             self.accept_paused.then_some(ACCEPT_BACKOFF)
@@ -408,6 +407,11 @@ impl Worker {
             }
         }
         true
+    }
+
+    /// Connections to look at again in the next turn without waiting for an event.
+    fn work_left(&self) -> bool {
+        !self.recheck.is_empty() || !self.deferred.is_empty() || !self.dirty.is_empty()
     }
 
     fn accept(&mut self, index: usize) {
@@ -940,7 +944,12 @@ impl Worker {
             }
             s.write_interest = !drained;
         }
-        if drained && (s.conn.closing || s.read_pending || !s.conn.rbuf.is_empty()) {
+        if drained
+            && (s.conn.closing || (s.read_pending || !s.conn.rbuf.is_empty()) && s.conn.can_parse())
+        {
+            // Only a connection that can go on: one held back by its requests in flight is
+            // looked at again when their replies arrive (`apply_replies`), and until then the
+            // worker sleeps instead of polling for it without end.
             self.recheck.push(slot);
         } else if s.conn.dump == conn::Dump::Waiting && s.conn.pending_output() < WBUF_HIGH {
             // A key dump paused for its reader may go on (only then: no spinning while the

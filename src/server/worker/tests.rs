@@ -124,3 +124,46 @@ fn a_pipeline_of_small_requests_is_parsed_a_turns_budget_at_a_time() {
         "requests parsed per turn"
     );
 }
+
+/// A connection that has [`MAX_INFLIGHT`] requests at the owner and more buffered is parsed no
+/// further until replies come, and leaves the worker nothing to do meanwhile: its polls sleep
+/// instead of returning at once, turn after turn, while the owner works (a cluster's owner
+/// waits for commits; a busy poll there took a CPU from the nodes).
+#[test]
+fn a_connection_held_back_by_its_requests_in_flight_lets_the_worker_sleep() {
+    let (mut w, batches) = worker();
+    let mut pipeline = connect(&mut w, Proto::Memcache);
+    let set = b"set k 0 0 1 noreply\r\nx\r\n";
+    let sets = 3 * MAX_INFLIGHT as usize;
+    let stream: Vec<u8> = set.iter().copied().cycle().take(set.len() * sets).collect();
+    std::io::Write::write_all(&mut pipeline, &stream).expect("pipeline write");
+    std::thread::sleep(Duration::from_millis(50));
+    let mut events = Events::with_capacity(EVENTS);
+    let mut parsed = 0;
+    // The first turn has the connection's bytes to read; each later one runs only while the
+    // worker has work left (else its poll would sleep: the owner here never answers). Enough
+    // turns to parse the requests allowed in flight a turn's share at a time, and a few more.
+    let enough = 2 * MAX_INFLIGHT as usize / REQUESTS_PER_TURN as usize + 4;
+    let mut turns = 0;
+    while turns == 0 || w.work_left() {
+        assert!(
+            turns < enough,
+            "after {turns} turns the worker still has work left ({parsed} requests parsed): \
+             it polls without sleeping for a connection that cannot go on"
+        );
+        assert!(w.turn(&mut events), "the worker stopped");
+        turns += 1;
+        while let Ok(ToOwner::Batch(b)) = batches.try_recv() {
+            parsed += requests(&b, 0);
+        }
+    }
+    assert_eq!(
+        parsed, MAX_INFLIGHT as usize,
+        "requests parsed before the worker rests"
+    );
+    let s = w.sockets.get(0).expect("the connection is open");
+    assert!(
+        s.read_pending || !s.conn.rbuf.is_empty(),
+        "more requests wait in the connection"
+    );
+}
