@@ -202,7 +202,7 @@ pub struct NodeConfig {
 /// `--max-item-size` is larger). A peer frame holds an append of entries up to 1 MiB or one
 /// entry, so no frame is larger than a few MiB. Two of them fill what the owner keeps in flight
 /// (`MAX_INFLIGHT_BYTES`), so one commits while the next is on its way.
-pub const MAX_ENTRY_BYTES: usize = 96 << 10;
+pub const MAX_ENTRY_BYTES: usize = 48 << 10;
 
 /// The largest entry a node proposes: [`MAX_ENTRY_BYTES`] of requests and one more, whose
 /// value is at most `max_item_size` (with its key and the op's fields).

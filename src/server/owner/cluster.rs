@@ -121,13 +121,13 @@ const MAX_QUEUED_BATCHES: usize = 4096;
 /// Bytes of this node's proposals in flight at most (with [`MAX_INFLIGHT_PROPOSALS`]): a
 /// request from another node waits behind at most these of this node's bytes in the leader's
 /// log, and one of this node behind these and the batches queued before it (at most
-/// [`MAX_QUEUED_BYTES`]). A bulk writer's throughput is
-/// about this window over the time a sync and a round trip take, and a lock request waits
-/// behind about that time. Measured on two cores with a 1 GiB fill through one node of three
-/// and a TRY + REL probe on another (`make bench-cluster-state`): 512 KiB gave 53-54 MB/s and
-/// a probe p50 of 12-16 ms; 192 KiB gives 45 MB/s and a p50 of 6.5 ms (128 KiB: 41-49 MB/s,
-/// 5-9 ms).
-const MAX_INFLIGHT_BYTES: usize = 192 << 10;
+/// [`MAX_QUEUED_BYTES`]). A bulk writer's throughput is about this window over the time a sync
+/// and a round trip take, and a lock request waits behind about that time (Little's law): the
+/// window trades the one for the other. Measured on two cores with a 1 GiB fill through one
+/// node of three and a TRY + REL probe on another (`make bench-cluster-state`, the leader on
+/// the probe's node): 96 KiB gives 32-37 MB/s and a probe p50 of 3.7-4.2 ms, p99 20-26 ms;
+/// 192 KiB 44 MB/s, 5.7 ms, 30-31 ms. A lock server's writes are small: the shorter wait wins.
+const MAX_INFLIGHT_BYTES: usize = 96 << 10;
 /// Bytes of batches queued for proposal at which the owner stops taking more from the workers
 /// (they wait in the channel, and the workers stop reading at their own caps).
 const MAX_QUEUED_BYTES: usize = 2 << 20;
