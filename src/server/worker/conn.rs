@@ -33,6 +33,9 @@ pub struct Conn {
     pub rbuf: Vec<u8>,
     /// memcached text: how far the first line was already searched for its end.
     pub scanned: usize,
+    /// `rbuf` ends in the start of a request that parsing stopped at: nothing more is parsed
+    /// from it until more bytes arrive (so the worker does not look at it again meanwhile).
+    pub partial: bool,
     /// Bytes still to be discarded (the rest of a refused, oversized request).
     pub skip: usize,
     /// Reply bytes not yet written; `wpos` of them are already written.
@@ -80,6 +83,7 @@ impl Conn {
             proto,
             rbuf: Vec::new(),
             scanned: 0,
+            partial: false,
             skip: 0,
             wbuf: Vec::new(),
             wpos: 0,
@@ -143,6 +147,11 @@ impl Conn {
             && self.reply_bound < REPLY_BUDGET
             && self.inflight < self.inflight_cap
             && self.pending_output() < WBUF_HIGH
+    }
+
+    /// Whether buffered bytes hold a request that may be parsed now (not only the start of one).
+    pub fn parsable_buffered(&self) -> bool {
+        !self.rbuf.is_empty() && !self.partial && self.can_parse()
     }
 
     /// Whether everything is answered and written, so a closing connection may go.

@@ -60,6 +60,7 @@ pub fn parse(
     batch: &mut Batch,
 ) -> (usize, bool) {
     let mut pos = 0;
+    conn.partial = false;
     while pos < data.len() {
         if conn.skip > 0 {
             let n = conn.skip.min(data.len() - pos);
@@ -81,7 +82,10 @@ pub fn parse(
         let step = crate::protocol::protocols!(parse_one);
         match step {
             Step::Consumed(n) => pos += n,
-            Step::Incomplete => break,
+            Step::Incomplete => {
+                conn.partial = true;
+                break;
+            }
             Step::Fatal => return (pos, true),
         }
     }

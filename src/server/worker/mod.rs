@@ -727,7 +727,7 @@ impl Worker {
             }
             return;
         }
-        if !s.conn.rbuf.is_empty() && s.conn.can_parse() {
+        if s.conn.parsable_buffered() {
             let id = ConnId::on_node(self.node, self.id, slot as u32, s.gen);
             let cx = Cx {
                 config: &self.shared.config,
@@ -945,11 +945,14 @@ impl Worker {
             s.write_interest = !drained;
         }
         if drained
-            && (s.conn.closing || (s.read_pending || !s.conn.rbuf.is_empty()) && s.conn.can_parse())
+            && (s.conn.closing
+                || s.read_pending && s.conn.can_parse()
+                || s.conn.parsable_buffered())
         {
             // Only a connection that can go on: one held back by its requests in flight is
-            // looked at again when their replies arrive (`apply_replies`), and until then the
-            // worker sleeps instead of polling for it without end.
+            // looked at again when their replies arrive (`apply_replies`), one with half a
+            // request when the rest arrives, and until then the worker sleeps instead of
+            // polling for it without end.
             self.recheck.push(slot);
         } else if s.conn.dump == conn::Dump::Waiting && s.conn.pending_output() < WBUF_HIGH {
             // A key dump paused for its reader may go on (only then: no spinning while the

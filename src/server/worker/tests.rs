@@ -167,3 +167,41 @@ fn a_connection_held_back_by_its_requests_in_flight_lets_the_worker_sleep() {
         "more requests wait in the connection"
     );
 }
+
+/// A connection that sent only the start of a request leaves the worker nothing to do until
+/// the rest arrives (its polls sleep; a client that stops mid-request costs no CPU), and the
+/// request is parsed once it has.
+#[test]
+fn half_a_request_lets_the_worker_sleep_until_the_rest_arrives() {
+    let (mut w, batches) = worker();
+    let mut client = connect(&mut w, Proto::Memcache);
+    std::io::Write::write_all(&mut client, b"get half").expect("write");
+    std::thread::sleep(Duration::from_millis(50));
+    let mut events = Events::with_capacity(EVENTS);
+    let mut turns = 0;
+    while turns == 0 || w.work_left() {
+        assert!(
+            turns < 4,
+            "after {turns} turns the worker still has work left: it polls without sleeping \
+             for a connection whose request is not whole"
+        );
+        assert!(w.turn(&mut events), "the worker stopped");
+        turns += 1;
+    }
+    let mut early = 0;
+    while let Ok(ToOwner::Batch(b)) = batches.try_recv() {
+        early += requests(&b, 0);
+    }
+    assert_eq!(early, 0, "half a request was parsed");
+    std::io::Write::write_all(&mut client, b"-key\r\n").expect("write");
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(w.turn(&mut events), "the worker stopped");
+    let mut parsed = 0;
+    while let Ok(ToOwner::Batch(b)) = batches.try_recv() {
+        parsed += requests(&b, 0);
+    }
+    assert_eq!(
+        parsed, 1,
+        "the whole request is parsed once the rest arrives"
+    );
+}
