@@ -135,7 +135,7 @@ const DEFAULT_TLS_HANDSHAKE_TIMEOUT_MS: u64 = 10_000;
 const MIN_ITEM_SIZE: usize = 1024;
 /// The binary protocol's 32-bit body length bounds the item size.
 const MAX_ITEM_SIZE_LIMIT: usize = 1 << 30;
-/// The largest `--max-item-size` in cluster mode: an entry holds about a mebibyte of requests
+/// The largest `--max-item-size` in cluster mode: an entry holds up to its cap of requests
 /// and one more (`cluster::node::MAX_ENTRY_BYTES`), and must fit one log record
 /// (64 MiB) and one peer frame (the node's frame cap grows with it).
 pub const MAX_CLUSTER_ITEM_SIZE: usize = 32 << 20;

@@ -766,15 +766,16 @@ fn what_a_node_without_a_quorum_keeps_for_the_log_stays_bounded() {
 /// than [`MAX_INFLIGHT_BYTES`] of them are in flight: a request that comes after waits behind a
 /// bounded number of bytes, not behind the whole batch.
 #[test]
-fn a_large_batch_goes_out_in_entries_of_a_mebibyte_in_order_and_in_flight_bytes_are_capped() {
+fn a_large_batch_goes_out_in_capped_entries_in_order_and_in_flight_bytes_are_capped() {
     let mut lone = Lone::start("entry-cap");
     let t0 = Instant::now();
     let conn = ConnId::on_node(3, 0, 1, 1);
     let mut b = Batch::default();
     open(&mut b, conn);
-    let value = vec![b'v'; 100 << 10];
+    // A few requests to an entry, so that entries hold more than one.
+    let value = vec![b'v'; MAX_ENTRY_BYTES / 4];
     let mut sent = Vec::new();
-    for i in 0..200 {
+    for i in 0..400 {
         let mut p = format!("k{i}\0").into_bytes();
         p.extend_from_slice(&value);
         request(&mut b, conn, ld::op::TRY, &p);
@@ -808,6 +809,12 @@ fn a_large_batch_goes_out_in_entries_of_a_mebibyte_in_order_and_in_flight_bytes_
         }
     }
     assert!(seen.len() < sent.len(), "not all of it is in flight");
+    assert!(
+        seen.len() > inflight.len(),
+        "{} requests in {} entries: entries of one request each",
+        seen.len(),
+        inflight.len()
+    );
     assert_eq!(seen, sent[..seen.len()], "in order, each once");
     let queued: Vec<Vec<u8>> = lone
         .owner
