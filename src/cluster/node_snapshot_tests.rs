@@ -262,7 +262,9 @@ fn an_installing_follower_lets_the_leaders_lease_expire() {
 }
 
 /// A snapshot child that runs past its time is killed, counted failed, and the snapshot is
-/// made by a later child: one stuck child does not hold off every later snapshot.
+/// made by a later child: one stuck child does not hold off every later snapshot. (A later
+/// child runs at the lowest priority and may run past its time too on a loaded machine: it is
+/// then counted and tried again as well, so the count is at least one.)
 #[test]
 fn a_hung_snapshot_child_is_killed_and_tried_again() {
     let dir = TempDir::new("snapshot-hung");
@@ -288,7 +290,7 @@ fn a_hung_snapshot_child_is_killed_and_tried_again() {
         node.tick(Instant::now()).unwrap();
         node.ready(&mut m).unwrap();
     }
-    let by = Instant::now() + Duration::from_secs(2) + SNAPSHOT_RETRY + Duration::from_secs(20);
+    let by = Instant::now() + 4 * (Duration::from_secs(2) + SNAPSHOT_RETRY);
     while node.snapshot_stats().made == 0 {
         assert!(Instant::now() < by, "the hung child was not replaced");
         assert!(node.propose(b"tick".to_vec()));
@@ -296,5 +298,6 @@ fn a_hung_snapshot_child_is_killed_and_tried_again() {
         node.ready(&mut m).unwrap();
         std::thread::sleep(Duration::from_millis(100));
     }
-    assert_eq!(node.snapshot_stats().failed, 1);
+    let failed = node.snapshot_stats().failed;
+    assert!(failed >= 1, "the hung child was not counted failed");
 }
