@@ -10,12 +10,13 @@ Sub-parts (STATE_PARTS, default items,locks,paused,wiped):
   probe p50/p99/max, the disk floor beside them (a 4 KiB append + fdatasync every 10 ms in the
   data directories' filesystem), leader changes (every node's /cluster polled every 150 ms, and the
   leader-change counters), no-quorum answers (probe errors, and the nodes' counters), fences,
-  peak RSS per node (every 100 ms; with a forked snapshot child, the Pss of both: a child has the
-  node as parent; VmHWM at the end), state size (the item bytes of /metrics), data directory
-  size at the end and its peak (sampled every second). Beside it the same write through one
-  holdfast node and through a 3-node etcd cluster (JSON gateway `/v3/kv/put`, pipelined,
-  through its node 1), with etcd's own probe (a put + a delete of one key on its node 2: two
-  commits in a row, as TRY + REL) and the disk floor beside it.
+  peak RSS per node (its VmRSS every 100 ms, plus the own pages of its forked snapshot child,
+  read every second: a child has the node as parent; VmHWM at the end), state size (the item
+  bytes of /metrics), data directory size at the end and its peak (sampled every second).
+  Beside it the same write through one holdfast node and through a 3-node etcd cluster (JSON
+  gateway `/v3/kv/put`, pipelined, through its node 1), with etcd's own probe (a put + a
+  delete of one key on its node 2: two commits in a row, as TRY + REL) and the disk floor
+  beside it.
 - locks: the same with STATE_LOCKS held old-protocol locks (pipelined TRY of distinct names, 200
   at a time per connection, on a few connections to node 1, kept open), beside one holdfast node
   holding the same locks.
@@ -88,8 +89,9 @@ LOCK_CONNECTIONS = 4
 # The probe: one TRY + REL every PROBE_EVERY seconds on node 2's old-protocol port.
 PROBE_EVERY = 0.010
 PROBE_TIMEOUT = 30.0
-# Samplers: RSS every 100 ms, /cluster of each node every 150 ms, data directories every 1 s.
-RSS_EVERY, STATUS_EVERY, DU_EVERY = 0.1, 0.15, 1.0
+# Samplers: RSS every 100 ms, a snapshot child's own pages every 1 s, /cluster of each node
+# every 150 ms, data directories every 1 s.
+RSS_EVERY, CHILD_EVERY, STATUS_EVERY, DU_EVERY = 0.1, 1.0, 0.15, 1.0
 # Paused follower: writes allowed before giving up on two snapshots (a multiple of the state),
 # and how long its catch-up may take; the wiped node likewise.
 PAUSED_WRITE_FACTOR = 6
@@ -150,29 +152,22 @@ def children(pid):
     return out
 
 
-def pss_kib(pid):
-    """The proportional set size of pid (/proc/PID/smaps_rollup): each page it shares with
-    another process counts for half, so the Pss of a node and of its forked child add up to the
-    memory the two hold."""
+def private_kib(pid):
+    """The memory of pid that no other process maps (/proc/PID/smaps_rollup, Private_Clean +
+    Private_Dirty): for a forked snapshot child, the pages its node has copied since the fork.
+
+    Reading it walks pid's page tables (about 25 ms per GiB here) under pid's memory-map lock,
+    so it is read only for children, and seldom: on a node itself it would stall every mmap,
+    munmap and brk of the node for as long, which is the probe's latency tail."""
+    total = None
     try:
         with open(f"/proc/{pid}/smaps_rollup") as f:
             for line in f:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1])
+                if line.startswith(("Private_Clean:", "Private_Dirty:")):
+                    total = (total or 0) + int(line.split()[1])
     except OSError:
         pass
-    return None
-
-
-def tree_rss_kib(pid):
-    """(memory of pid, of its children summed, number of children): VmRSS while it has no
-    child; with a child (a snapshot being written), Pss, so that the copy-on-write pages they
-    share count once."""
-    kids = children(pid)
-    if not kids:
-        return proc_status_kib(pid, "VmRSS"), 0, 0
-    own = pss_kib(pid)
-    return own, sum(pss_kib(c) or 0 for c in kids), len(kids)
+    return total
 
 
 def disk_bytes(path):
@@ -397,7 +392,9 @@ class Monitor:
         self.unanswered = {i: 0 for i in self.nodes}
         self.last = {}
         self.start_metrics = {i: metrics(cluster.admin[i]) for i in self.nodes}
+        self.child_own = {}  # a snapshot child's pid -> its own pages (KiB), last read
         self.threads = [threading.Thread(target=self.rss_loop, daemon=True),
+                        threading.Thread(target=self.child_loop, daemon=True),
                         threading.Thread(target=self.du_loop, daemon=True)]
         self.threads += [threading.Thread(target=self.status_loop, args=(i,), daemon=True)
                          for i in self.nodes]
@@ -414,13 +411,33 @@ class Monitor:
         return out
 
     def rss_loop(self):
+        """A node's memory: its VmRSS (read without taking its memory-map lock) plus, while it
+        has forked snapshot children, their own pages as `child_loop` last read them: the pages
+        a node and its child share copy-on-write count once."""
         while not self.stop.wait(RSS_EVERY):
             for i, pid in self.pids().items():
-                own, kids, n = tree_rss_kib(pid)
-                if own is not None:
-                    self.peak_rss[i] = max(self.peak_rss[i], own + kids)
-                    self.peak_children[i] = max(self.peak_children[i], kids)
-                    self.max_children[i] = max(self.max_children[i], n)
+                own = proc_status_kib(pid, "VmRSS")
+                if own is None:
+                    continue
+                kids = children(pid)
+                copies = sum(self.child_own.get(c, 0) for c in kids)
+                self.peak_rss[i] = max(self.peak_rss[i], own + copies)
+                self.peak_children[i] = max(self.peak_children[i], copies)
+                self.max_children[i] = max(self.max_children[i], len(kids))
+
+    def child_loop(self):
+        """Each snapshot child's own pages, every CHILD_EVERY, at the lowest CPU priority (the
+        walk of a child's page tables takes CPU the nodes need)."""
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        except OSError:
+            pass
+        while not self.stop.wait(CHILD_EVERY):
+            for pid in self.pids().values():
+                for c in children(pid):
+                    own = private_kib(c)
+                    if own is not None:
+                        self.child_own[c] = own
 
     def du_loop(self):
         while True:
@@ -846,8 +863,9 @@ def disk_floor_line(lat, what="the fill"):
 
 def node_table(mon, state_bytes=None):
     print()
-    print("| node | peak RSS MiB (children incl.) | of it children, peak MiB | forked children "
-          "seen | VmHWM MiB | data dir MiB at the end | data dir peak MiB | RSS / state |")
+    print("| node | peak RSS MiB (children incl.) | of it children's own pages, peak MiB "
+          "| forked children seen | VmHWM MiB | data dir MiB at the end | data dir peak MiB "
+          "| RSS / state |")
     print("|---|---|---|---|---|---|---|---|")
     for i in mon.nodes:
         peak = mon.peak_rss[i] * 1024
@@ -857,9 +875,10 @@ def node_table(mon, state_bytes=None):
               f"| {mon.max_children[i]} | {mib(None if hwm is None else hwm * 1024)} "
               f"| {mib(mon.du_end[i])} | {mib(mon.peak_du[i])} | {r} |")
     print()
-    print("Peak RSS is sampled every 100 ms: the node's VmRSS, or while it has a forked "
-          "snapshot child, the node's Pss plus the child's (pages they share copy-on-write "
-          "count once).")
+    print("Peak RSS is sampled every 100 ms: the node's VmRSS, plus while it has a forked "
+          "snapshot child the child's own pages (the pages the node copied since the fork; "
+          "read every second, so the last second's copies may be missed). Pages the two "
+          "share copy-on-write count once.")
 
 
 def goals(mon, probe, probe_errors, rss_limit, rss_what):
