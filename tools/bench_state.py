@@ -154,7 +154,8 @@ def children(pid):
 
 def private_kib(pid):
     """The memory of pid that no other process maps (/proc/PID/smaps_rollup, Private_Clean +
-    Private_Dirty): for a forked snapshot child, the pages its node has copied since the fork.
+    Private_Dirty): for a forked snapshot child, the pages only it still maps (those its node
+    has copied or freed since the fork) and its own allocations.
 
     Reading it walks pid's page tables (about 25 ms per GiB here) under pid's memory-map lock,
     so it is read only for children, and seldom: on a node itself it would stall every mmap,
@@ -876,9 +877,10 @@ def node_table(mon, state_bytes=None):
               f"| {mib(mon.du_end[i])} | {mib(mon.peak_du[i])} | {r} |")
     print()
     print("Peak RSS is sampled every 100 ms: the node's VmRSS, plus while it has a forked "
-          "snapshot child the child's own pages (the pages the node copied since the fork; "
-          "read every second, so the last second's copies may be missed). Pages the two "
-          "share copy-on-write count once.")
+          "snapshot child the child's own pages (those the node copied or freed since the "
+          "fork, and the child's buffers; read every second, so the copies of a child's "
+          "last second are missed: a lower bound). Pages the two share copy-on-write count "
+          "once.")
 
 
 def goals(mon, probe, probe_errors, rss_limit, rss_what):
